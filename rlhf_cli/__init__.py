@@ -1,0 +1,50 @@
+"""The ``rlhf`` command: one entry point for the core (verl-style) and the results store.
+
+``rlhf ppo key=value ...`` runs exactly like ``python -m verl.trainer.main_ppo key=value ...``.
+Subcommands import their module lazily, so ``rlhf config check`` never imports torch's heavy parts,
+Ray or DuckDB. This package sits above the layers: it may import ``rlhf_core`` and ``infra``.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "ppo": ("rlhf_core.trainer.main_ppo", "main", "PPO / GRPO / RLOO / REINFORCE++ training (ppo_trainer.yaml keys)"),
+    "sft": ("rlhf_core.trainer.main_sft", "main", "supervised fine-tuning (sft_trainer.yaml keys)"),
+    "eval": ("rlhf_core.trainer.main_eval", "main", "score a responses parquet (evaluation.yaml keys)"),
+    "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
+    "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k --local-dir DIR --out OUT"),
+    "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
+    "results": ("infra.results_cli", "main", "query the DuckDB results store: rlhf results sql \"SELECT ...\""),
+    "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: rlhf <command> [args]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``rlhf <command> ...``; returns the subcommand's exit code (2 for a usage error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        import difflib
+
+        near = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = SUBCOMMANDS[name]
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model construction and loading: the tiny model factory, Hugging Face loading helpers, LoRA."""
