@@ -1,0 +1,59 @@
+"""Batch: the driver/worker container keeps rows aligned through every reshaping."""
+import numpy as np
+import pytest
+import torch
+
+from rlhf_core.protocol import Batch
+
+
+def _batch() -> Batch:
+    return Batch.from_dict(
+        {
+            "input_ids": torch.arange(12).reshape(4, 3),
+            "uid": np.array(["a", "b", "c", "d"], dtype=object),
+            "reward_model": [{"ground_truth": str(i)} for i in range(4)],
+        },
+        meta={"temperature": 1.0},
+    )
+
+
+def test_repeat_interleave_keeps_groups_adjacent():
+    # verl's repeat(interleave=True): p1,p1,p2,p2 — not p1,p2,p1,p2
+    rep = _batch().repeat_interleave(2)
+    assert list(rep["uid"]) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert rep["input_ids"][:, 0].tolist() == [0, 0, 3, 3, 6, 6, 9, 9]
+    assert rep["reward_model"][3] == {"ground_truth": "1"}
+
+
+def test_chunk_and_concat_round_trip():
+    b = _batch()
+    parts = b.chunk(2)
+    assert [len(p) for p in parts] == [2, 2]
+    assert list(parts[1]["uid"]) == ["c", "d"]
+    back = Batch.concat(parts)
+    assert torch.equal(back["input_ids"], b["input_ids"]) and list(back["uid"]) == list(b["uid"])
+    assert back.meta == {"temperature": 1.0}
+
+
+def test_chunk_refuses_uneven_split():
+    with pytest.raises(ValueError, match="4 sequences into 3"):
+        _batch().chunk(3)
+
+
+def test_mismatched_sizes_are_rejected():
+    with pytest.raises(ValueError, match="disagree"):
+        Batch.from_dict({"a": torch.zeros(3), "b": np.array([1, 2], dtype=object)})
+
+
+def test_index_union_select():
+    b = _batch()
+    sub = b.index([3, 0])
+    assert list(sub["uid"]) == ["d", "a"] and sub["input_ids"][0].tolist() == [9, 10, 11]
+    extra = Batch.from_dict({"score": torch.tensor([1.0, 2.0, 3.0, 4.0])})
+    both = b.union(extra)
+    assert set(both.keys()) == {"input_ids", "uid", "reward_model", "score"}
+    assert b.select(["uid"]).keys() == ["uid"]
+    with pytest.raises(KeyError, match="nope"):
+        b.select(["nope"])
+    with pytest.raises(ValueError, match="differs"):
+        b.union(Batch.from_dict({"input_ids": torch.zeros(4, 3, dtype=torch.long)}))
