@@ -1,0 +1,54 @@
+"""Pure tensor RL math (no I/O, no Ray/Prefect/MLflow/vLLM): advantage estimators, policy/value losses,
+loss aggregation, KL estimators and controllers, rollout importance sampling.
+
+Names follow verl's ``core_algos`` so custom code ports by changing the import.
+"""
+from rlhf_core.algos.advantages import (
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+    get_adv_estimator,
+    get_adv_estimator_fn,
+    register_adv_est,
+    registered_adv_estimators,
+)
+from rlhf_core.algos.kl import KL_KINDS, kl_penalty, kl_penalty_full
+from rlhf_core.algos.kl_controller import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+)
+from rlhf_core.algos.loss_agg import LOSS_AGG_MODES, agg_loss, global_token_and_seq_counts
+from rlhf_core.algos.policy_loss import (
+    compute_policy_loss,
+    compute_value_loss,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
+from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+from rlhf_core.algos.utils import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    "AdaptiveKLController", "FixedKLController", "KL_KINDS", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",
+    "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
+    "compute_policy_loss", "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage", "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage", "compute_rloo_vectorized_outcome_advantage",
+    "compute_rollout_importance_weights", "compute_value_loss", "entropy_from_logits", "get_adv_estimator",
+    "get_adv_estimator_fn", "get_kl_controller", "get_policy_loss_fn", "global_token_and_seq_counts",
+    "kl_penalty", "kl_penalty_full", "logprobs_from_logits", "masked_mean", "masked_sum", "masked_var",
+    "masked_whiten", "register_adv_est", "register_policy_loss", "registered_adv_estimators",
+]

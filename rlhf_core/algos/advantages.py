@@ -1,0 +1,240 @@
+"""Advantage estimators, keyed by ``algorithm.adv_estimator`` (verl ``core_algos.register_adv_est``).
+
+Every estimator is called with keywords only, takes what it needs and ignores the rest::
+
+    advantages, returns = get_adv_estimator("grpo")(
+        token_level_rewards=r, response_mask=m, index=uid, values=v, gamma=1.0, lam=1.0,
+        epsilon=1e-6, norm_adv_by_std_in_grpo=True, reward_baselines=None)
+
+Inputs: ``token_level_rewards (B, T)`` float, ``response_mask (B, T)`` 0/1, ``index (B,)`` group keys
+(numpy object/str array, list or tensor; verl's ``uid``), ``values (B, T)`` float (gae),
+``reward_baselines (B,)`` float (remax). Outputs: ``advantages (B, T)`` and ``returns (B, T)``,
+float32, exactly 0 at masked positions, computed without gradient. Semantics: ``shared/spec/SEMANTICS.md``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from rlhf_core.algos.groups import group_stats_loop, group_stats_vectorized
+from rlhf_core.algos.utils import masked_whiten
+
+AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+_ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+
+
+def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Decorator registering an estimator under ``name`` (the config's ``algorithm.adv_estimator``).
+
+    Raises:
+        ValueError: when ``name`` is already registered.
+    """
+    key = str(getattr(name, "value", name))
+
+    def decorator(fn: AdvEstimator) -> AdvEstimator:
+        if key in _ADV_ESTIMATORS and _ADV_ESTIMATORS[key] is not fn:
+            raise ValueError(f"advantage estimator {key!r} is already registered")
+        _ADV_ESTIMATORS[key] = fn
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator(name: str) -> AdvEstimator:
+    """The estimator registered under ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the registered ones.
+    """
+    key = str(getattr(name, "value", name))
+    if key not in _ADV_ESTIMATORS:
+        raise ValueError(f"unknown adv_estimator {key!r}; registered: {sorted(_ADV_ESTIMATORS)}")
+    return _ADV_ESTIMATORS[key]
+
+
+get_adv_estimator_fn = get_adv_estimator  # verl's name
+
+
+def registered_adv_estimators() -> list[str]:
+    """Names of all registered estimators, sorted."""
+    return sorted(_ADV_ESTIMATORS)
+
+
+def _finish(adv: torch.Tensor, ret: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    valid = mask != 0
+    zero = torch.zeros((), dtype=torch.float32, device=adv.device)
+    return torch.where(valid, adv.float(), zero), torch.where(valid, ret.float(), zero)
+
+
+def _masked_carry_scan(rewards, mask, gamma, values=None, lam=1.0):
+    """Backward scan over valid tokens only: masked positions are skipped, not reset (see gae)."""
+    b, t_len = rewards.shape
+    valid = (mask != 0).to(torch.float32)
+    r = rewards.float()
+    v = values.float() if values is not None else None
+    next_value = torch.zeros(b, dtype=torch.float32, device=r.device)
+    carry = torch.zeros(b, dtype=torch.float32, device=r.device)
+    out = torch.zeros(b, t_len, dtype=torch.float32, device=r.device)
+    for t in reversed(range(t_len)):
+        m = valid[:, t]
+        v_t = v[:, t] if v is not None else torch.zeros_like(next_value)
+        v_t = torch.where(m != 0, v_t, torch.zeros_like(v_t))  # a masked value is never read
+        step = r[:, t] + gamma * next_value - v_t + gamma * lam * carry
+        carry = torch.where(m != 0, step, carry)
+        if v is not None:
+            next_value = torch.where(m != 0, v_t, next_value)
+        out[:, t] = carry
+    return out
+
+
+@register_adv_est("gae")
+@torch.no_grad()
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: torch.Tensor | None = None,
+    gamma: float = 1.0, lam: float = 1.0, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438, eq. 16).
+
+    δ_t = r_t + γ·V_{t+1} − V_t; A_t = δ_t + γλ·A_{t+1}, backward over the *valid* tokens: a masked
+    position neither reads its own value/reward nor breaks the recursion (the next value and the running
+    A carry across it, verl's multi-turn behaviour). returns = A + V (before whitening); then A is
+    whitened over all valid tokens of the batch (unbiased var, mean shifted).
+
+    Args: ``token_level_rewards, values, response_mask``: ``(B, T)``; ``gamma``, ``lam``: floats.
+    Returns: ``(advantages, returns)`` ``(B, T)`` float32, 0 at masked positions.
+    Raises: ValueError when ``values`` is None.
+    """
+    if values is None:
+        raise ValueError("adv_estimator 'gae' needs critic values (values=None); enable the critic")
+    adv = _masked_carry_scan(token_level_rewards, response_mask, gamma, values=values, lam=lam)
+    returns = adv + values.float()
+    return _finish(masked_whiten(adv, response_mask), returns, response_mask)
+
+
+def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return seq_adv.float().unsqueeze(-1) * (mask != 0).float()
+
+
+def _grpo(rewards, mask, index, epsilon, norm_by_std, stats_fn):
+    scores = rewards.float().sum(dim=-1)
+    mean, std, _, const = stats_fn(scores, index)
+    centered = scores.double() - mean
+    adv = centered / (std + epsilon) if norm_by_std else centered
+    adv = torch.where(const, torch.zeros_like(adv), adv)
+    a = _broadcast(adv, mask)
+    return _finish(a, a, mask)
+
+
+@register_adv_est("grpo")
+@torch.no_grad()
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
+    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300, §4.1.2): A_i = (s_i − mean_g)/(std_g + ε).
+
+    s_i = Σ_t rewards; std is unbiased; ``norm_adv_by_std_in_grpo=False`` gives A = s − mean_g (Dr. GRPO).
+    A group of one has mean 0, std 1. A group whose scores are equal up to float rounding gets A = 0
+    exactly (verl would divide rounding noise by ε). A is broadcast to valid tokens; returns = A.
+
+    Returns: ``(advantages, returns)`` ``(B, T)`` float32.
+    """
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, group_stats_loop)
+
+
+@register_adv_est("grpo_vectorized")
+@torch.no_grad()
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
+    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO with group statistics by bincount/scatter; same numbers as ``grpo``."""
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, group_stats_vectorized)
+
+
+def _rloo(rewards, mask, index, stats_fn):
+    scores = rewards.float().sum(dim=-1)
+    mean, _, size, const = stats_fn(scores, index)
+    if bool((size < 2).any()):
+        raise ValueError("rloo needs at least 2 samples per prompt (actor_rollout_ref.rollout.n >= 2); "
+                         "a group has only 1")
+    n = size.double()
+    adv = n / (n - 1) * (scores.double() - mean)
+    adv = torch.where(const, torch.zeros_like(adv), adv)
+    a = _broadcast(adv, mask)
+    return _finish(a, a, mask)
+
+
+@register_adv_est("rloo")
+@torch.no_grad()
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740, eq. 6): A_i = s_i − mean of the other samples of the group
+    = n/(n−1)·(s_i − mean_g). Broadcast to valid tokens; returns = A.
+
+    Raises: ValueError when a group has a single sample (n = 1 is a config error).
+    Returns: ``(advantages, returns)`` ``(B, T)`` float32.
+    """
+    return _rloo(token_level_rewards, response_mask, index, group_stats_loop)
+
+
+@register_adv_est("rloo_vectorized")
+@torch.no_grad()
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO with group statistics by bincount/scatter; same numbers as ``rloo``."""
+    return _rloo(token_level_rewards, response_mask, index, group_stats_vectorized)
+
+
+@register_adv_est("reinforce_plus_plus")
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262, §3): G_t = r_t + γ·G_{t+1} over valid tokens, whitened over the batch.
+
+    Masked positions are skipped by the recursion (like gae), not reset. verl resets the running return
+    at masked tokens, which differs only for a mask with holes (multi-turn).
+    Returns: ``(advantages = whiten(G), returns = G)`` ``(B, T)`` float32.
+    """
+    g = _masked_carry_scan(token_level_rewards, response_mask, gamma)
+    return _finish(masked_whiten(g, response_mask), g, response_mask)
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (arXiv:2501.03262 v2): (s − mean_g) broadcast to valid tokens, whitened over the batch.
+
+    A group of one has mean 0 (verl). Returns: ``(advantages, returns)``, both the whitened value, ``(B, T)`` float32.
+    """
+    scores = token_level_rewards.float().sum(dim=-1)
+    mean, _, _, const = group_stats_vectorized(scores, index)
+    centered = torch.where(const, torch.zeros_like(mean), scores.double() - mean)
+    a = masked_whiten(_broadcast(centered, response_mask), response_mask)
+    return _finish(a, a, response_mask)
+
+
+@register_adv_est("remax")
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, reward_baselines: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505, Alg. 1): G_t = Σ_{t'≥t} r_{t'} (valid tokens), A_t = G_t − b.
+
+    ``reward_baselines (B,)`` is the greedy response's score b. Returns ``(A, G)`` ``(B, T)`` float32.
+    Raises: ValueError when ``reward_baselines`` is None.
+    """
+    if reward_baselines is None:
+        raise ValueError("adv_estimator 'remax' needs reward_baselines (B,): the greedy response's score")
+    valid = (response_mask != 0).float()
+    r = torch.where(valid != 0, token_level_rewards.float(), torch.zeros((), device=valid.device))
+    returns = r.flip(-1).cumsum(-1).flip(-1)
+    adv = returns - reward_baselines.float().reshape(-1, 1)
+    return _finish(adv, returns, response_mask)

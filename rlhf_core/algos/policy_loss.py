@@ -1,0 +1,135 @@
+"""PPO policy loss (clipped, dual-clip) and clipped value loss, with a policy-loss registry.
+
+The registry is keyed by verl's ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla``); every
+entry has the signature of :func:`compute_policy_loss`. Metrics are returned as 0-d *detached* float32
+tensors (no device sync inside the micro-batch loop); call ``float()`` / ``.item()`` when logging.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rlhf_core.algos.loss_agg import agg_loss
+from rlhf_core.algos.utils import masked_mean
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under ``name`` (``policy_loss.loss_mode``).
+
+    Raises:
+        ValueError: when ``name`` is already registered.
+    """
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        _POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    """The policy loss registered under ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the registered ones.
+    """
+    if name not in _POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss_mode {name!r}; registered: {sorted(_POLICY_LOSSES)}")
+    return _POLICY_LOSSES[name]
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+    loss_agg_mode: str,
+    rollout_is_weights: torch.Tensor | None = None,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) with dual clip (Ye et al. 2020,
+    arXiv:1912.09729, eq. 5); verl ``compute_policy_loss_vanilla``.
+
+    r = exp(clamp(logπ − logπ_old, −20, 20)); L = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high));
+    for A < 0: L = min(L, −A·c) with c = ``clip_ratio_c`` (> 1). When given, the detached
+    ``rollout_is_weights`` multiply L per token. The scalar is ``agg_loss(L, response_mask, loss_agg_mode,
+    global_tokens, global_seqs)`` (see ``loss_agg`` for micro-batch contributions).
+
+    Args:
+        old_log_prob, log_prob, advantages: ``(B, T)`` float (gradient flows through ``log_prob`` only).
+        response_mask: ``(B, T)`` 0/1.
+        rollout_is_weights: ``(B, T)`` float or ``None``.
+    Returns:
+        ``(pg_loss 0-d tensor, metrics)`` with metrics (0-d detached float32, masked means over this batch):
+        ``pg_clipfrac`` (fraction of tokens where the clipped term is active), ``ppo_kl`` = mean(logπ_old − logπ),
+        ``pg_clipfrac_lower`` (fraction of A<0 tokens where the dual clip is active).
+    Raises:
+        ValueError: when ``clip_ratio_c <= 1``.
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    loss_dual = torch.minimum(loss_ppo, -advantages * clip_ratio_c)
+    negative = advantages < 0
+    pg_losses = torch.where(negative, loss_dual, loss_ppo)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.detach()
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+            "pg_clipfrac_lower": masked_mean(((loss_ppo > -advantages * clip_ratio_c) & negative).float(),
+                                             response_mask),
+        }
+    return pg_loss, {k: v.detach().float() for k, v in metrics.items()}
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float | None,
+    loss_agg_mode: str,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss (PPO2 baseline, verl ``compute_value_loss``): ½·agg(max((V−R)², (V_clip−R)²)).
+
+    V_clip = V_old + clip(V − V_old, −``cliprange_value``, +``cliprange_value``); ``None`` disables clipping.
+
+    Args:
+        vpreds: ``(B, T)`` float, current critic values V (gradient flows through these).
+        returns: ``(B, T)`` float targets R. values: ``(B, T)`` float V_old at rollout.
+        response_mask: ``(B, T)`` 0/1.
+    Returns:
+        ``(vf_loss 0-d tensor, vf_clipfrac 0-d detached float32)``; vf_clipfrac = masked mean of
+        1[(V_clip−R)² > (V−R)²].
+    """
+    if cliprange_value is None:
+        vclipped = vpreds
+    else:
+        vclipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+    loss1 = (vpreds - returns) ** 2
+    loss2 = (vclipped - returns) ** 2
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode,
+                             global_tokens=global_tokens, global_seqs=global_seqs)
+    with torch.no_grad():
+        clipfrac = masked_mean((loss2 > loss1).float(), response_mask)
+    return vf_loss, clipfrac.detach().float()

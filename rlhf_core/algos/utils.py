@@ -1,0 +1,140 @@
+"""Masked reductions and log-prob/entropy helpers shared by the RL math (verl's ``torch_functional``).
+
+Masking rule for every function here: ``mask`` is ``(B, T)`` (any dtype, 0 = padding, non-zero =
+valid, used as a weight); values at masked positions are *ignored*, even when they are ``inf`` or
+``NaN`` (they are replaced by 0 before multiplying, so neither value nor gradient leaks).
+"""
+from __future__ import annotations
+
+import torch
+
+_EPS_COUNT = 1e-8
+
+
+def _masked_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values * mask`` with masked positions exactly 0 (no ``0 * inf = NaN``)."""
+    mask = mask.to(values.dtype) if mask.dtype == torch.bool else mask
+    return torch.where(mask != 0, values * mask, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Σ values·mask over ``axis`` (all elements when ``None``).
+
+    Args:
+        values: ``(B, T)`` float.
+        mask: ``(B, T)`` 0/1 (or weights), broadcastable to ``values``.
+    Returns:
+        0-d tensor, or ``values`` reduced over ``axis``.
+    """
+    v = _masked_values(values, mask)
+    return v.sum() if axis is None else v.sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Σ values·mask / Σ mask over ``axis`` (verl ``masked_mean``); an all-masked slice gives 0, not NaN.
+
+    Args:
+        values: ``(B, T)`` float.
+        mask: ``(B, T)`` 0/1 (or weights).
+    Returns:
+        0-d tensor (``axis=None``) or the reduced tensor, e.g. ``(B,)`` for ``axis=-1``.
+    """
+    m = mask.to(values.dtype)
+    total = m.sum() if axis is None else m.sum(dim=axis)
+    return masked_sum(values, m, axis) / total.clamp_min(_EPS_COUNT)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the valid elements (all of them together), unbiased (Bessel) by default, as verl.
+
+    One valid element has variance 0 here (verl divides by zero); no valid element is an error.
+
+    Returns:
+        0-d tensor.
+    Raises:
+        ValueError: when ``mask`` has no valid element.
+    """
+    m = mask.to(values.dtype)
+    count = m.sum()
+    if count <= 0:
+        raise ValueError("masked_var: the mask has no valid element")
+    mean = masked_mean(values, m)
+    var = masked_mean((values - mean) ** 2, m)
+    if unbiased:
+        var = var * count / (count - 1) if count > 1 else torch.zeros_like(var)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values − mean) / sqrt(var + 1e-8) with mean and unbiased var over the valid elements (verl ``masked_whiten``).
+
+    With ``shift_mean=False`` the mean is added back (only the scale is normalised). All positions
+    are transformed; callers multiply by the mask afterwards when masked positions must be 0.
+
+    Args:
+        values: ``(B, T)`` float.
+        mask: ``(B, T)`` 0/1.
+    Returns:
+        ``(B, T)``, dtype of ``values``.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    safe = torch.where(mask != 0, values, mean)
+    whitened = (safe - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def _row_chunks(n_rows: int, chunk_rows: int):
+    step = max(1, int(chunk_rows))
+    return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """log softmax(logits)[label] per position: ``logits[label] − logsumexp(logits)``.
+
+    Computed in float32 ``chunk_rows`` rows at a time, so a bf16 ``(B, T, V)`` tensor is never
+    upcast or log-softmaxed whole (verl ``logprobs_from_logits_v2``).
+
+    Args:
+        logits: ``(B, T, V)`` float (any float dtype).
+        labels: ``(B, T)`` int64 token ids.
+    Returns:
+        ``(B, T)`` float32.
+    """
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    flat_labels = labels.reshape(-1, 1).to(torch.long)
+    parts = []
+    for s, e in _row_chunks(flat.shape[0], chunk_rows):
+        chunk = flat[s:e].float()
+        parts.append(chunk.gather(-1, flat_labels[s:e]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+    if not parts:
+        return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+    return torch.cat(parts).reshape(labels.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: H = logsumexp(z) − Σ_v p_v·z_v (verl ``entropy_from_logits``).
+
+    Stable for large logits (logsumexp) and for ``-inf`` logits (a banned token contributes 0, not NaN);
+    computed in float32, ``chunk_rows`` rows at a time.
+
+    Args:
+        logits: ``(B, T, V)`` float.
+    Returns:
+        ``(B, T)`` float32.
+    """
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    parts = []
+    for s, e in _row_chunks(flat.shape[0], chunk_rows):
+        chunk = flat[s:e].float()
+        lse = torch.logsumexp(chunk, dim=-1, keepdim=True)
+        p = torch.exp(chunk - lse)
+        finite = torch.where(torch.isfinite(chunk), chunk, torch.zeros((), device=chunk.device))
+        parts.append(lse.squeeze(-1) - (p * finite).sum(-1))
+    if not parts:
+        return torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    return torch.cat(parts).reshape(logits.shape[:-1])
