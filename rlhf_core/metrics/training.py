@@ -1,0 +1,117 @@
+"""Training-step metrics with verl's names (``verl/trainer/ppo/metric_utils.py``).
+
+Tensors read from the :class:`~rlhf_core.protocol.Batch` (``B`` sequences, prompt width ``P``, response width
+``T``): ``token_level_scores``, ``token_level_rewards``, ``advantages``, ``returns`` (and ``values`` with a
+critic), all ``(B, T)`` float; ``responses (B, T)``; ``response_mask (B, T)`` 0/1; ``attention_mask (B, P+T)``.
+Prompt length of a row = ``attention_mask[:, :P].sum()``, response length = ``response_mask.sum()``
+(``P = attention_mask.shape[1] - T``). Advantages, returns and values are summarised over valid response
+tokens only; scores and rewards are summed per sequence first.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from rlhf_core.protocol import Batch
+
+
+def _lengths(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``(prompt_length (B,), response_length (B,), P, T)`` as float32 tensors and ints."""
+    t = batch["responses"].shape[-1]
+    attention_mask = batch["attention_mask"]
+    p = attention_mask.shape[-1] - t
+    response_mask = batch["response_mask"] if "response_mask" in batch else attention_mask[:, p:]
+    return attention_mask[:, :p].sum(-1).float(), response_mask.sum(-1).float(), p, t
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    x = x.detach().float()
+    if x.numel() == 0:  # no valid token at all: report zeros rather than crash the step
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def compute_data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
+    """``critic/score/*``, ``critic/rewards/*`` (per-sequence sums), ``critic/advantages/*``,
+    ``critic/returns/*`` (valid tokens), with a critic ``critic/values/*`` and
+    ``critic/vf_explained_var = 1 − Var(returns − values) / (Var(returns) + 1e-5)`` (unbiased variances over
+    valid tokens, as ``torch.var``), ``response_length/{mean,max,min,clip_ratio}`` and
+    ``prompt_length/{mean,max,min,clip_ratio}`` (clip ratio = share of rows whose length equals ``T`` / ``P``).
+
+    Raises:
+        KeyError: when a needed tensor is missing (``values`` only when ``use_critic``).
+    """
+    prompt_length, response_length, p, t = _lengths(batch)
+    mask = (batch["response_mask"] if "response_mask" in batch else batch["attention_mask"][:, p:]).bool()
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/advantages", torch.masked_select(batch["advantages"], mask)))
+    valid_returns = torch.masked_select(batch["returns"], mask).float()
+    metrics.update(_stats("critic/returns", valid_returns))
+    if use_critic:
+        valid_values = torch.masked_select(batch["values"], mask).float()
+        metrics.update(_stats("critic/values", valid_values))
+        diff_var = torch.var(valid_returns - valid_values)
+        metrics["critic/vf_explained_var"] = (1.0 - diff_var / (torch.var(valid_returns) + 1e-5)).item()
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = torch.eq(response_length, t).float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_length))
+    metrics["prompt_length/clip_ratio"] = torch.eq(prompt_length, p).float().mean().item()
+    return metrics
+
+
+def compute_timing_metrics(batch: Batch, timing_raw: Mapping[str, float]) -> dict[str, float]:
+    """``timing_s/<stage>`` for every timer (seconds) and ``timing_per_token_ms/<stage>`` (milliseconds per
+    token) for the stages verl normalises: ``gen`` by response tokens; ``ref``, ``values``, ``adv``,
+    ``update_critic``, ``update_actor`` by prompt + response tokens (valid tokens of the whole batch)."""
+    prompt_length, response_length, _, _ = _lengths(batch)
+    n_prompt, n_response = prompt_length.sum().item(), response_length.sum().item()
+    tokens = {"gen": n_response}
+    tokens.update({k: n_prompt + n_response for k in ("ref", "values", "adv", "update_critic", "update_actor")})
+    out = {f"timing_s/{k}": float(v) for k, v in timing_raw.items()}
+    for k in sorted(set(tokens) & set(timing_raw)):
+        if tokens[k] > 0:
+            out[f"timing_per_token_ms/{k}"] = float(timing_raw[k]) * 1000.0 / tokens[k]
+    return out
+
+
+def compute_throughput_metrics(batch: Batch, timing_raw: Mapping[str, float], n_workers: int) -> dict[str, float]:
+    """``perf/total_num_tokens`` (valid prompt + response tokens: ``batch.meta["global_token_num"]`` summed
+    when present, else ``attention_mask.sum()``), ``perf/time_per_step = timing_raw["step"]`` (s) and
+    ``perf/throughput = total_num_tokens / (time_per_step * n_workers)`` (tokens/s per worker).
+
+    Raises:
+        KeyError: without a ``step`` timer. ValueError: when ``n_workers < 1`` or the step time is not positive.
+    """
+    if "step" not in timing_raw:
+        raise KeyError(f"compute_throughput_metrics needs timing_raw['step']; timers: {sorted(timing_raw)}")
+    step_s = float(timing_raw["step"])
+    if n_workers < 1 or step_s <= 0:
+        raise ValueError(f"need n_workers >= 1 and a positive step time, got {n_workers} and {step_s}")
+    if "global_token_num" in batch.meta:
+        total = float(sum(batch.meta["global_token_num"]))
+    else:
+        total = float(batch["attention_mask"].sum().item())
+    return {
+        "perf/total_num_tokens": total,
+        "perf/time_per_step": step_s,
+        "perf/throughput": total / (step_s * n_workers),
+    }
+
+
+def reduce_metrics(metrics: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean of every metric: accepts ``{name: [values]}`` (verl's form; a scalar counts as one value) or a list
+    of ``{name: value}`` dicts (a name missing from some dicts is averaged over the dicts that have it)."""
+    lists: dict[str, list] = defaultdict(list)
+    if isinstance(metrics, Mapping):
+        for k, v in metrics.items():
+            lists[k].extend(v if isinstance(v, (list, tuple, np.ndarray)) else [v])
+    else:
+        for d in metrics:
+            for k, v in d.items():
+                lists[k].extend(v if isinstance(v, (list, tuple, np.ndarray)) else [v])
+    return {k: float(np.mean([float(x) for x in v])) for k, v in lists.items() if len(v)}

@@ -1,0 +1,89 @@
+"""Loading a user's reward function from a file (verl ``custom_reward_function.{path,name}``).
+
+The loaded function is wrapped in :class:`FileRewardFunction`, which pickles as ``(path, name, kwargs)`` and
+re-loads the file on first use, so it can be sent to the ``prime`` manager's worker processes (a function from
+a module loaded by path cannot be pickled by reference).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+
+def _load_function(path: str, name: str) -> Callable[..., Any]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom_reward_function.path: reward function file {path!r} does not exist")
+    module_name = "rlhf_custom_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"custom_reward_function.path: cannot import {path!r} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # errors in the user's file propagate with their own traceback
+        sys.modules[module_name] = module
+    fn = getattr(module, name, None)
+    if fn is None:
+        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(
+            f"custom_reward_function.name: {path!r} has no function {name!r}; callables found there: {public}"
+        )
+    if not callable(fn):
+        raise TypeError(f"custom_reward_function.name: {name!r} in {path!r} is not callable")
+    return fn
+
+
+class FileRewardFunction:
+    """A reward function loaded from ``path``; called as ``fn(*args, **kwargs, **reward_kwargs)``.
+
+    Picklable: only ``(path, name, reward_kwargs)`` travel; the file is re-imported in the receiving process.
+    """
+
+    def __init__(self, path: str, name: str = "compute_score", reward_kwargs: dict | None = None) -> None:
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self.name = name
+        self.reward_kwargs = dict(reward_kwargs or {})
+        self._fn: Callable[..., Any] | None = _load_function(self.path, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fn is None:
+            self._fn = _load_function(self.path, self.name)
+        return self._fn(*args, **kwargs, **self.reward_kwargs)
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs, "_fn": None}
+
+    def __repr__(self) -> str:
+        return f"FileRewardFunction({self.path!r}, {self.name!r})"
+
+
+def load_custom_reward_function(
+    path: str, name: str = "compute_score", reward_kwargs: dict | None = None
+) -> FileRewardFunction:
+    """Load ``name`` from the Python file ``path`` (verl ``get_custom_reward_fn``).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        AttributeError: when the file defines no ``name`` (the message lists the callables it does define).
+        TypeError: when ``name`` is not callable.
+    """
+    return FileRewardFunction(path, name or "compute_score", reward_kwargs)
+
+
+def reward_function_from_config(config: Any) -> Callable[..., Any]:
+    """``custom_reward_function`` of a ppo_trainer/evaluation config → a scorer; the default scorer when no path.
+
+    Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and, when present,
+    ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does).
+    """
+    from rlhf_core.reward.scorers import default_compute_score
+
+    section = config.get("custom_reward_function", None) if config is not None else None
+    path = section.get("path", None) if section is not None else None
+    if not path:
+        return default_compute_score
+    kwargs = section.get("reward_kwargs", None) or {}
+    return load_custom_reward_function(str(path), section.get("name", None) or "compute_score", dict(kwargs))

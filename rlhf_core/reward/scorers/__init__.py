@@ -1,0 +1,39 @@
+"""Rule-based scorers keyed by ``data_source`` (verl ``verl.utils.reward_score.default_compute_score``).
+
+Import-light on purpose (no torch): reward worker processes import this package.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_core.reward.scorers import gsm8k, math_boxed
+
+GSM8K_SOURCES = ("openai/gsm8k",)
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES
+
+
+def default_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    gsm8k_method: str = "strict",
+) -> float:
+    """Score one response with the scorer registered for its ``data_source``.
+
+    Returns a float, as verl's default does (so validation metrics are named ``.../reward/...`` as in verl):
+    ``openai/gsm8k`` → :func:`gsm8k.compute_score` (``gsm8k_method`` strict by default, as verl);
+    MATH sources → :func:`math_boxed.compute_score`.
+
+    Raises:
+        ValueError: for an unknown ``data_source``, naming the known ones.
+    """
+    if data_source in GSM8K_SOURCES:
+        return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method)
+    if data_source in MATH_SOURCES:
+        return math_boxed.compute_score(solution_str, str(ground_truth))
+    raise ValueError(
+        f"no default reward function for data_source={data_source!r}; known data sources: "
+        f"{list(KNOWN_DATA_SOURCES)}. Set custom_reward_function.path to score other data."
+    )

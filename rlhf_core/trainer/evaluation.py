@@ -1,0 +1,150 @@
+"""Offline evaluation of a responses parquet (verl ``verl/trainer/main_eval.py``, config ``evaluation.yaml``).
+
+Input parquet, one row per prompt: ``data.prompt_key`` (a string or chat message list), ``data.response_key``
+(a list of N response strings), ``data.data_source_key`` and ``data.reward_model_key`` (a dict with
+``ground_truth``); an ``extra_info`` column is passed to scorers that accept it. ``data.path`` may be remote
+(``hdfs://``, ``s3://`` ...): it is fetched with :func:`rlhf_core.data.fs.copy_to_local`.
+
+Every response is scored in this process with ``custom_reward_function`` (or :func:`default_compute_score`),
+called as ``fn(data_source, solution_str, ground_truth[, extra_info=...])`` — positionally like verl's
+``main_eval`` so verl custom functions with three parameters keep working; ``extra_info`` is passed only when
+the function accepts it. A scorer's exception propagates, naming the row.
+
+Metrics (per data source ``ds``):
+
+* ``test_score/<ds>``: mean over prompts of the mean score over that prompt's responses (verl's number);
+* ``pass@<k>/<ds>``: the unbiased pass@k (see :func:`rlhf_core.metrics.validation.pass_at_k`) averaged over
+  prompts that have at least ``k`` responses, for ``k`` in ``1, 2, 4, …`` and ``N``; a response counts as
+  correct when its ``acc`` (if the scorer reports one) else its ``score`` is ``> 0.5``.
+
+When ``output.samples_dir`` is set, every response is written atomically to
+``<output.samples_dir>/eval_samples.parquet`` (columns of :mod:`rlhf_core.metrics.samples`; ``step`` 0,
+``uid`` = row index as text, ``sample_idx`` = response index, plus the scorer's extra keys).
+"""
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from rlhf_core.metrics.samples import CORE_COLUMNS, render_prompt, write_samples_parquet
+from rlhf_core.metrics.validation import pass_k_values, pass_at_k
+from rlhf_core.reward.custom import FileRewardFunction, reward_function_from_config
+
+SAMPLES_FILE = "eval_samples"
+
+
+def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
+    target = fn._fn if isinstance(fn, FileRewardFunction) and fn._fn is not None else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "extra_info" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _get(section: Any, key: str, default: Any) -> Any:
+    if section is None:
+        return default
+    value = section.get(key, None)
+    return default if value is None else value
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def load_eval_rows(config: Any) -> list[dict]:
+    """Read ``data.path`` (copied to a local cache first when remote) as one dict per row.
+
+    Raises:
+        KeyError: when a configured column is missing, naming the columns the file has.
+    """
+    data = config.get("data")
+    path = str(data.get("path"))
+    if "://" in path and not path.startswith("file://"):
+        from rlhf_core.data.fs import copy_to_local  # lazy: only remote paths need fsspec plumbing
+
+        path = copy_to_local(path)
+    elif path.startswith("file://"):
+        path = path[len("file://") :]
+    table = pq.read_table(path)
+    for key in ("response_key", "data_source_key", "reward_model_key"):
+        col = _get(data, key, {"response_key": "responses", "data_source_key": "data_source",
+                               "reward_model_key": "reward_model"}[key])
+        if col not in table.column_names:
+            raise KeyError(f"data.{key}={col!r} is not a column of {path}; columns: {table.column_names}")
+    return table.to_pylist()
+
+
+def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any]) -> list[dict]:
+    """One row dict per response (sample-file columns plus scorer extras)."""
+    data = config.get("data")
+    prompt_key = _get(data, "prompt_key", "prompt")
+    response_key = _get(data, "response_key", "responses")
+    ds_key = _get(data, "data_source_key", "data_source")
+    rm_key = _get(data, "reward_model_key", "reward_model")
+    pass_extra = _accepts_extra_info(scorer)
+    rows = []
+    for i, rec in enumerate(records):
+        reward_data = rec[rm_key]
+        ground_truth = reward_data.get("ground_truth") if isinstance(reward_data, dict) else reward_data
+        data_source = str(rec[ds_key])
+        kwargs = {"extra_info": rec.get("extra_info") or {}} if pass_extra else {}
+        for j, response in enumerate(_as_list(rec[response_key])):
+            try:
+                result = scorer(data_source, response, ground_truth, **kwargs)
+            except Exception as exc:
+                raise RuntimeError(f"reward function failed on row {i}, response {j}: {exc}") from exc
+            extras = dict(result) if isinstance(result, dict) else {}
+            if isinstance(result, dict) and "score" not in extras:
+                raise KeyError(f"reward function returned a dict without 'score' on row {i}: keys {sorted(extras)}")
+            score = float(extras.pop("score")) if isinstance(result, dict) else float(result)
+            extras = {k: v for k, v in extras.items() if k not in CORE_COLUMNS}  # never overwrite uid, step...
+            rows.append({
+                "step": 0, "data_source": data_source, "uid": str(i), "sample_idx": j,
+                "prompt": render_prompt(rec.get(prompt_key)), "response": response,
+                "ground_truth": ground_truth, "score": score, **extras,
+            })
+    return rows
+
+
+def evaluation_metrics(rows: list[dict]) -> dict[str, float]:
+    """``test_score/<ds>`` and ``pass@<k>/<ds>`` from the per-response rows (see the module docstring)."""
+    by_prompt: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_prompt[r["data_source"]][r["uid"]].append(r)
+    metrics: dict[str, float] = {}
+    for ds, prompts in by_prompt.items():
+        metrics[f"test_score/{ds}"] = float(np.mean([np.mean([r["score"] for r in rs]) for rs in prompts.values()]))
+        per_k: dict[int, list[float]] = defaultdict(list)
+        for rs in prompts.values():
+            correct = sum(1 for r in rs if float(r["acc"] if r.get("acc") is not None else r["score"]) > 0.5)
+            for k in pass_k_values(len(rs)):
+                per_k[k].append(pass_at_k(len(rs), correct, k))
+        for k in sorted(per_k):
+            metrics[f"pass@{k}/{ds}"] = float(np.mean(per_k[k]))
+    return metrics
+
+
+def run_evaluation(config: Any) -> dict[str, float]:
+    """Score a responses parquet as ``evaluation.yaml`` describes; returns the metrics (see module docstring).
+
+    Raises:
+        KeyError: a configured column is missing. FileNotFoundError / AttributeError: a bad
+        ``custom_reward_function``. ValueError: an unknown data source with the default scorer (wrapped in
+        RuntimeError naming the row).
+    """
+    scorer = reward_function_from_config(config)
+    rows = score_rows(load_eval_rows(config), config, scorer)
+    samples_dir = _get(config.get("output", None), "samples_dir", None)
+    if samples_dir and rows:
+        write_samples_parquet(rows, str(samples_dir), SAMPLES_FILE)
+    return evaluation_metrics(rows)

@@ -1,0 +1,111 @@
+"""Offline evaluation end to end: a responses parquet built here, default scorer, custom functions, CLI."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from omegaconf import OmegaConf
+
+from rlhf_core.trainer.evaluation import run_evaluation
+
+
+def _write_parquet(path) -> str:
+    df = pd.DataFrame({
+        "data_source": ["openai/gsm8k", "openai/gsm8k", "lighteval/MATH"],
+        "prompt": [[{"role": "user", "content": "q0"}], [{"role": "user", "content": "q1"}],
+                   [{"role": "user", "content": "q2"}]],
+        "responses": [
+            ["#### 72", "#### 71", "72", "#### 72.00"],  # strict scores 1, 0, 0 (no marker), 1
+            ["#### 1,000", "nope", "nope", "nope"],  # 1, 0, 0, 0
+            [r"so \boxed{0.5}", r"\boxed{1}"],  # 0.5 == 1/2 → 1; 1 → 0
+        ],
+        "reward_model": [{"style": "rule", "ground_truth": g} for g in ("72", "1000", r"\frac{1}{2}")],
+        "extra_info": [{"split": "test", "index": i} for i in range(3)],
+    })
+    df.to_parquet(path)
+    return str(path)
+
+
+def _config(data_path, samples_dir=None, custom_path=None, name="compute_score"):
+    return OmegaConf.create({
+        "data": {"path": data_path, "prompt_key": "prompt", "response_key": "responses",
+                 "data_source_key": "data_source", "reward_model_key": "reward_model"},
+        "custom_reward_function": {"path": custom_path, "name": name},
+        "output": {"samples_dir": samples_dir},
+    })
+
+
+def test_default_scorer_metrics_and_samples(tmp_path):
+    data = _write_parquet(tmp_path / "resp.parquet")
+    metrics = run_evaluation(_config(data, samples_dir=str(tmp_path / "samples")))
+    # gsm8k: prompt means 2/4 = 0.5 and 1/4 = 0.25 → test_score = 0.375 (mean over prompts of response means)
+    # pass@1 = (0.5 + 0.25)/2; pass@2 = (1 − C(2,2)/C(4,2) + 1 − C(3,2)/C(4,2))/2 = (5/6 + 1/2)/2 = 2/3
+    # MATH: one prompt, scores 1 and 0 → test_score 0.5, pass@1 0.5, pass@2 1
+    assert metrics == pytest.approx({
+        "test_score/openai/gsm8k": 0.375, "pass@1/openai/gsm8k": 0.375, "pass@2/openai/gsm8k": 2 / 3,
+        "pass@4/openai/gsm8k": 1.0,
+        "test_score/lighteval/MATH": 0.5, "pass@1/lighteval/MATH": 0.5, "pass@2/lighteval/MATH": 1.0,
+    })
+    table = pq.read_table(tmp_path / "samples" / "eval_samples.parquet").to_pandas()
+    assert len(table) == 10  # 4 + 4 + 2 responses
+    assert list(table["uid"]) == ["0"] * 4 + ["1"] * 4 + ["2"] * 2
+    assert list(table["sample_idx"]) == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert list(table["score"][:4]) == [1.0, 0.0, 0.0, 1.0]
+    assert set(table["step"]) == {0}
+    assert table["prompt"][0] == "user: q0" and table["ground_truth"][9] == r"\frac{1}{2}"
+
+
+def test_custom_function_with_three_parameters_and_acc(tmp_path):
+    # verl main_eval calls fn(data_source, response, ground_truth): a 3-parameter function must keep working.
+    custom = tmp_path / "my_reward.py"
+    custom.write_text(textwrap.dedent("""
+        def judge(data_source, solution_str, ground_truth):
+            hit = str(ground_truth) in solution_str
+            return {"score": 0.8 if hit else 0.2, "acc": hit}
+    """))
+    data = _write_parquet(tmp_path / "resp.parquet")
+    metrics = run_evaluation(_config(data, samples_dir=str(tmp_path / "s"), custom_path=str(custom), name="judge"))
+    # gsm8k prompt 0: "72" is in responses 0, 2, 3 → scores .8,.2,.8,.8 (mean .65), 3 correct by acc;
+    # prompt 1: "1000" is in none ("1,000" has a comma) → mean .2, 0 correct. test_score = (.65 + .2)/2 = .425
+    assert metrics["test_score/openai/gsm8k"] == pytest.approx(0.425)
+    # pass@ uses acc, not score (0.8 > 0.5 would agree here, 0.2 too): pass@1 = (3/4 + 0)/2
+    assert metrics["pass@1/openai/gsm8k"] == pytest.approx(0.375)
+    assert metrics["test_score/lighteval/MATH"] == pytest.approx(0.2) and metrics["pass@2/lighteval/MATH"] == 0.0
+    table = pq.read_table(tmp_path / "s" / "eval_samples.parquet").to_pandas()
+    assert list(table["acc"][:4]) == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_extra_info_passed_when_accepted_and_errors(tmp_path):
+    custom = tmp_path / "r.py"
+    custom.write_text(textwrap.dedent("""
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return float(extra_info["index"])          # the row's extra_info reaches the scorer
+        def broken(data_source, solution_str, ground_truth):
+            raise ZeroDivisionError("oops")
+    """))
+    data = _write_parquet(tmp_path / "resp.parquet")
+    metrics = run_evaluation(_config(data, custom_path=str(custom)))
+    assert metrics["test_score/openai/gsm8k"] == 0.5 and metrics["test_score/lighteval/MATH"] == 2.0  # (0+1)/2, 2
+    assert not list(tmp_path.glob("**/eval_samples.parquet"))  # no samples_dir → nothing written
+    with pytest.raises(RuntimeError, match="row 0, response 0: oops"):
+        run_evaluation(_config(data, custom_path=str(custom), name="broken"))
+    with pytest.raises(KeyError, match="answers"):
+        cfg = _config(data)
+        cfg.data.response_key = "answers"
+        run_evaluation(cfg)
+
+
+def test_main_eval_prints_json(tmp_path, capsys):
+    from rlhf_core.trainer.main_eval import main
+
+    data = _write_parquet(tmp_path / "resp.parquet")
+    rc = main([f"data.path={data}", f"output.samples_dir={tmp_path / 'out'}"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["test_score/openai/gsm8k"] == pytest.approx(0.375)
+    assert (tmp_path / "out" / "eval_samples.parquet").exists()
+    assert main([f"data.path={tmp_path / 'missing.parquet'}"]) == 1
+    assert "missing.parquet" in capsys.readouterr().err
