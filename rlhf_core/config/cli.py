@@ -1,0 +1,57 @@
+"""`rlhf config show|check [--config-name NAME] [--config-dir DIR] [--world-size N] [overrides]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from .errors import ConfigError
+from .loader import CONFIG_NAMES, load_config, resolved_yaml
+from .validate import validate_ppo_config, validate_sft_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlhf config", description="Show or check a verl-style config.")
+    p.add_argument("action", choices=("show", "check"), help="show: print the resolved YAML; check: validate only")
+    p.add_argument("--config-name", default="ppo_trainer",
+                   help=f"one of {', '.join(CONFIG_NAMES)} or a path to a YAML file (default ppo_trainer)")
+    p.add_argument("--config-dir", default=None, help="folder holding the shipped configs (default: the repo's)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="training workers to validate against (default trainer.nnodes x trainer.n_gpus_per_node)")
+    p.add_argument("overrides", nargs="*", help="verl/Hydra overrides: a.b=v, +a.new=v, ~a.b")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run `rlhf config ...` with ``argv`` (without the leading 'config'); return the exit code.
+
+    0 = valid (show also prints the resolved YAML to stdout); 1 = invalid config (the error,
+    naming the key, goes to stderr); 2 = bad command line (argparse).
+    """
+    try:
+        args = _parser().parse_intermixed_args(argv)
+    except SystemExit as exc:  # argparse exits on --help / usage errors
+        return int(exc.code or 0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            cfg = load_config(args.config_name, args.overrides, args.config_dir)
+            if args.world_size is not None and "actor_rollout_ref" in cfg:
+                validate_ppo_config(cfg, args.world_size)
+            elif args.world_size is not None and "optim" in cfg:
+                validate_sft_config(cfg, args.world_size)
+    except ConfigError as exc:
+        print(f"Config error: {exc}", file=sys.stderr)
+        return 1
+    for w in caught:
+        print(f"Warning: {w.message}", file=sys.stderr)
+    if args.action == "show":
+        sys.stdout.write(resolved_yaml(cfg))
+    else:
+        print(f"OK: {args.config_name} is valid", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))

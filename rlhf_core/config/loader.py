@@ -1,0 +1,116 @@
+"""Load ppo_trainer / sft_trainer / evaluation configs the way verl's Hydra entry points do."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+from .overrides import apply_overrides
+from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
+from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
+
+CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
+
+
+def config_dir() -> str:
+    """Absolute path of the repository's ``configs/`` folder.
+
+    Found relative to this file (``rlhf_core/config/`` → ``../../configs``), which is the checkout
+    in an editable install; ``RLHF_CONFIG_DIR`` overrides it.
+    """
+    env = os.environ.get("RLHF_CONFIG_DIR")
+    return str(Path(env) if env else Path(__file__).resolve().parents[2] / "configs")
+
+
+def _kind_of(user: DictConfig, path: Path) -> str:
+    if path.stem in CONFIG_NAMES:
+        return path.stem
+    keys = set(user.keys())
+    if "actor_rollout_ref" in keys or "algorithm" in keys or "critic" in keys:
+        return "ppo_trainer"
+    if "optim" in keys or "model" in keys:
+        return "sft_trainer"
+    if "data" in keys and "path" in user.data:
+        return "evaluation"
+    raise ConfigError(f"Cannot tell which config {path} extends: name it ppo_trainer.yaml, sft_trainer.yaml or "
+                      f"evaluation.yaml, or include actor_rollout_ref (PPO), model/optim (SFT) or data.path.")
+
+
+def load_base(name: str, config_dir: str | None = None) -> DictConfig:
+    """The shipped config ``name`` (one of CONFIG_NAMES), unresolved, unvalidated."""
+    path = Path(config_dir or globals()["config_dir"]()) / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"Config '{name}' not found at {path}; known configs: {list(CONFIG_NAMES)}")
+    return OmegaConf.load(path)
+
+
+def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig, DictConfig]:
+    """(kind, base, cfg): a shipped name, or a user YAML file merged over the shipped config it extends."""
+    if name in CONFIG_NAMES:
+        base = load_base(name, config_dir)
+        return name, base, copy.deepcopy(base)
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"Unknown config '{name}': expected one of {list(CONFIG_NAMES)} or a path to a YAML file")
+    try:
+        user = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    kind = _kind_of(user, path)
+    base = load_base(kind, config_dir)
+    known = set(all_paths(base))
+    for key in flatten(user, resolve=False):
+        if key not in known and not is_open(key):
+            raise unknown_key_error(key, known, f" (in {path})")
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        cfg.merge_with(user)
+    return kind, base, cfg
+
+
+def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
+    """Load a config, apply verl-style overrides, resolve, convert deprecated keys and validate.
+
+    ``name``: "ppo_trainer", "sft_trainer", "evaluation" (from ``config_dir``, default the repo's
+    configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
+    Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
+    ``data.max_prompt_length=256``). Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
+    (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
+    rules run with that world size; call validate_ppo_config/validate_sft_config again with the
+    real one. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
+    """
+    kind, base, cfg = _load_unresolved(name, config_dir)
+    apply_overrides(cfg, overrides)
+    if kind in ("ppo_trainer", "sft_trainer"):
+        try:
+            convert_deprecated(cfg, sft=kind == "sft_trainer")
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
+    try:
+        OmegaConf.resolve(cfg)
+        OmegaConf.resolve(base)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
+    errors = check_schema(cfg, base, sft=kind == "sft_trainer")
+    if errors:
+        raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
+    if kind == "ppo_trainer":
+        validate_ppo_config(cfg)
+    elif kind == "sft_trainer":
+        validate_sft_config(cfg)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def resolved_yaml(cfg: DictConfig) -> str:
+    """The config as resolved YAML text (what `rlhf config show` prints)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+__all__ = ["CONFIG_NAMES", "config_dir", "load_base", "load_config", "resolved_yaml"]

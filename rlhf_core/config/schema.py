@@ -1,0 +1,276 @@
+"""The typed schema behind the YAML files in configs/.
+
+Design decision: the shipped YAML is the single place where keys and defaults live (it mirrors
+verl's YAML, one comment per key). The schema is derived from it plus the small tables below:
+
+* type of a key = type of its (resolved) default; keys whose default is null, or that accept more
+  than one type, are listed in ``TYPES``;
+* ``CHOICES``: the allowed string values of enum-like keys;
+* ``SUPPORT``: keys accepted only at the listed values (backends we do not have yet: Megatron,
+  sglang, sequence parallelism, multimodal...). Any other value fails with "not supported yet";
+* ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs).
+
+This catches a typo (unknown key, wrong type, value outside an enum) exactly like a dataclass
+structured config would, without a second copy of every default that could drift from the YAML.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .errors import ConfigError
+
+_KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+KL_TYPES = _KL + tuple(k + "+" for k in _KL if k != "full")
+ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                  "rloo", "rloo_vectorized", "grpo_vectorized")
+LOGGERS = ("console", "mlflow", "tensorboard", "file", "wandb", "swanlab", "trackio")
+CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+DTYPES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
+_SCHED = ("constant", "cosine")
+_A = "actor_rollout_ref."
+
+# Keys whose default is null or which accept several types: path -> allowed python types.
+_INT, _FLOAT, _STR = (int,), (int, float), (str,)
+TYPES: dict[str, tuple] = {
+    "data.train_files": (str, list), "data.val_files": (str, list),
+    "data.seed": _INT, "data.val_batch_size": _INT, "data.tokenizer": _STR, "data.custom_cls.path": _STR,
+    "data.custom_cls.name": _STR, "data.micro_batch_size": _INT,
+    "data.prompt_dict_keys": (list, str), "data.response_dict_keys": (list, str),
+    "data.chat_template": _STR, "trainer.logger": (list, str),
+    _A + "model.external_lib": _STR, _A + "model.custom_chat_template": _STR,
+    _A + "actor.ppo_micro_batch_size": _INT, _A + "actor.data_loader_seed": _INT,
+    _A + "actor.rollout_is_threshold": _FLOAT, _A + "actor.rollout_is_threshold_lower": _FLOAT,
+    _A + "ref.log_prob_micro_batch_size": _INT, _A + "rollout.log_prob_micro_batch_size": _INT,
+    _A + "rollout.top_p": _FLOAT, _A + "rollout.temperature": _FLOAT,
+    _A + "rollout.val_kwargs.temperature": _FLOAT, _A + "rollout.val_kwargs.top_p": _FLOAT,
+    _A + "actor.optim.lr_decay_steps": _INT, _A + "actor.optim.lr_wsd_decay_steps": _INT,
+    "critic.ppo_micro_batch_size": _INT, "critic.ppo_micro_batch_size_per_gpu": _INT,
+    "critic.forward_micro_batch_size": _INT, "critic.forward_micro_batch_size_per_gpu": _INT,
+    "critic.optim.min_lr_ratio": _FLOAT, "critic.model.external_lib": _STR,
+    "reward_model.micro_batch_size": _INT, "reward_model.max_length": _INT,
+    "reward_model.model.input_tokenizer": _STR, "reward_model.model.external_lib": _STR,
+    "custom_reward_function.path": _STR, "algorithm.rollout_is_threshold": _FLOAT,
+    "algorithm.rollout_is_threshold_lower": _FLOAT, "trainer.total_training_steps": _INT,
+    "trainer.validation_data_dir": _STR, "trainer.rollout_data_dir": _STR,
+    "trainer.max_actor_ckpt_to_keep": _INT, "trainer.max_critic_ckpt_to_keep": _INT,
+    "trainer.max_ckpt_to_keep": _INT, "trainer.stop_after_step": _INT,
+    "trainer.default_hdfs_dir": _STR, "trainer.resume_from_path": _STR,
+    "ray_init.num_cpus": _INT, "ray_init.address": _STR, "ray_init.timeline_json_file": _STR,
+    "output.samples_dir": _STR,
+}
+# Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
+NULL_OK = {
+    "data.seed", "data.val_files", "reward_model.model.input_tokenizer",
+    _A + "actor.ppo_micro_batch_size_per_gpu", _A + "ref.log_prob_micro_batch_size_per_gpu",
+    _A + "rollout.log_prob_micro_batch_size_per_gpu", "reward_model.micro_batch_size_per_gpu",
+    "data.micro_batch_size_per_gpu", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
+    "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+}
+
+CHOICES: dict[str, tuple] = {
+    "data.truncation": ("error", "left", "right", "middle"),
+    _A + "actor.kl_loss_type": KL_TYPES, "algorithm.kl_penalty": KL_TYPES,
+    "algorithm.adv_estimator": ADV_ESTIMATORS, "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    _A + "actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum-norm"),
+    _A + "actor.rollout_is_level": ("token", "sequence", "geometric"),
+    "algorithm.rollout_is_level": ("token", "sequence", "geometric"),
+    _A + "actor.rollout_is_mode": ("truncate", "mask"), "algorithm.rollout_is_mode": ("truncate", "mask"),
+    _A + "actor.optim.lr_scheduler_type": _SCHED, "critic.optim.lr_scheduler_type": _SCHED,
+    _A + "actor.optim.optimizer": ("adam", "adamw"), _A + "actor.policy_loss.loss_mode": ("vanilla",),
+    _A + "model.fused_kernel_options.impl_backend": ("torch", "triton"),
+    _A + "actor.fsdp_config.model_dtype": DTYPES, _A + "ref.fsdp_config.model_dtype": DTYPES,
+    "critic.model.fsdp_config.model_dtype": DTYPES, "model.fsdp_config.model_dtype": DTYPES,
+    _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"), "trainer.device": ("auto", "cpu", "cuda"),
+    "optim.lr_scheduler": ("cosine", "wsd"),
+}
+SFT_CHOICES = {"data.truncation": ("error", "left", "right")}
+LIST_CHOICES: dict[str, tuple] = {
+    "trainer.logger": LOGGERS, _A + "actor.checkpoint.save_contents": CKPT_CONTENTS,
+    _A + "actor.checkpoint.load_contents": CKPT_CONTENTS, "critic.checkpoint.save_contents": CKPT_CONTENTS,
+    "critic.checkpoint.load_contents": CKPT_CONTENTS, "trainer.checkpoint.save_contents": CKPT_CONTENTS,
+    "trainer.checkpoint.load_contents": CKPT_CONTENTS,
+}
+
+_FSDP = ("fsdp", "fsdp2")
+_MEG = "Megatron-only optimizer key"
+# path -> (allowed values, why other values are refused)
+SUPPORT: dict[str, tuple[tuple, str]] = {
+    _A + "hybrid_engine": ((True,), "only the hybrid engine is supported"),
+    _A + "actor.strategy": (_FSDP, "only FSDP backends"), _A + "ref.strategy": (_FSDP, "only FSDP backends"),
+    "critic.strategy": (_FSDP, "only FSDP backends"), "reward_model.strategy": (_FSDP, "only FSDP backends"),
+    "model.strategy": (_FSDP, "only FSDP backends"),
+    _A + "model.override_config.moe_config.freeze_moe_router": ((False,), "Megatron only"),
+    _A + "model.use_fused_kernels": ((False,), "fused kernels"),
+    "reward_model.model.use_fused_kernels": ((False,), "fused kernels"),
+    _A + "model.use_shm": ((False,), "shared-memory model loading"),
+    "data.use_shm": ((False,), "shared-memory data loading"),
+    _A + "actor.ulysses_sequence_parallel_size": ((1,), "sequence parallelism"),
+    _A + "ref.ulysses_sequence_parallel_size": ((1,), "sequence parallelism"),
+    "critic.ulysses_sequence_parallel_size": ((1,), "sequence parallelism"),
+    "reward_model.ulysses_sequence_parallel_size": ((1,), "sequence parallelism"),
+    "ulysses_sequence_parallel_size": ((1,), "sequence parallelism"),
+    "data.image_key": (("images",), "multimodal data"),
+    _A + "rollout.name": (("hf", "vllm"), "rollout engines other than hf and vllm (e.g. sglang)"),
+    _A + "rollout.mode": (("sync",), "async rollout"),
+    _A + "rollout.multi_turn.enable": ((False,), "multi-turn rollout"),
+    _A + "rollout.engine_kwargs.sglang": (({},), "sglang"),
+    _A + "rollout.agent.custom_async_server.path": ((None,), "custom async servers"),
+    _A + "rollout.agent.custom_async_server.name": ((None,), "custom async servers"),
+    _A + "actor.optim.clip_grad": ((1.0,), _MEG + "; set actor_rollout_ref.actor.grad_clip"),
+    _A + "actor.optim.lr_warmup_init": ((0.0,), _MEG + "; FSDP warmup is linear from 0"),
+    _A + "actor.optim.lr_decay_steps": ((None,), _MEG),
+    _A + "actor.optim.lr_decay_style": (("constant",), _MEG + "; set lr_scheduler_type"),
+    _A + "actor.optim.min_lr": ((0.0,), _MEG + "; set min_lr_ratio"),
+    _A + "actor.optim.weight_decay_incr_style": (("constant",), _MEG),
+    _A + "actor.optim.lr_wsd_decay_style": (("exponential",), _MEG),
+    _A + "actor.optim.lr_wsd_decay_steps": ((None,), _MEG),
+    _A + "actor.optim.use_checkpoint_opt_param_scheduler": ((False,), _MEG),
+}
+OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
+              "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")
+
+
+def is_open(path: str) -> bool:
+    """True when ``path`` lies strictly inside a free-form dict (its sub-keys are not checked)."""
+    return any(path.startswith(p + ".") for p in OPEN_PATHS)
+
+
+def flatten(cfg: DictConfig, resolve: bool = True, prefix: str = "") -> dict[str, Any]:
+    """Map every leaf (and empty dict) of ``cfg`` to its dotted path; lists are leaves."""
+    out: dict[str, Any] = {}
+    container = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
+    for key, value in container.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in OPEN_PATHS:
+            out.update(flatten(value, resolve, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def all_paths(cfg: DictConfig) -> list[str]:
+    """Every dotted path in ``cfg``: leaves and the intermediate nodes."""
+    paths: set[str] = set()
+    for leaf in flatten(cfg, resolve=False):
+        parts = leaf.split(".")
+        paths.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return sorted(paths)
+
+
+def nearest_key(path: str, candidates: Iterable[str]) -> str | None:
+    """The valid key closest to a mistyped ``path`` (difflib), or None when nothing is close.
+
+    Tries the whole dotted path first, then the last component against keys with the same
+    parent, then the last component against every key's last component.
+    """
+    cands = list(candidates)
+    hit = difflib.get_close_matches(path, cands, n=1, cutoff=0.75)
+    if hit:
+        return hit[0]
+    parent, _, leaf = path.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in cands if c.rpartition(".")[0] == parent}
+    hit = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if hit:
+        return siblings[hit[0]]
+    leaves: dict[str, str] = {}
+    for c in cands:
+        leaves.setdefault(c.rpartition(".")[2], c)
+    hit = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)
+    return leaves[hit[0]] if hit else None
+
+
+def unknown_key_error(path: str, candidates: Iterable[str], hint: str = "") -> ConfigError:
+    """A ConfigError for an unknown key that names the nearest valid key."""
+    near = nearest_key(path, candidates)
+    msg = f"Unknown config key '{path}'."
+    msg += f" Did you mean '{near}'?" if near else " No similar key exists."
+    return ConfigError(msg + hint)
+
+
+def _type_name(types: tuple) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def _check_type(path: str, value: Any, default: Any) -> tuple[str | None, Any]:
+    """Return (error or None, value with numbers coerced to str for str-typed keys)."""
+    if path in TYPES:
+        types = TYPES[path]
+    elif default is None:
+        return None, value
+    else:
+        types = {bool: (bool,), int: _INT, float: _FLOAT, str: _STR, list: (list,),
+                 dict: (dict,)}.get(type(default), (type(default),))
+    if value is None:
+        ok = default is None or path in NULL_OK
+        return (None if ok else f"{path}=null: this key cannot be null (expected {_type_name(types)})"), value
+    if isinstance(value, bool) and bool not in types:
+        return f"{path}={value!r}: expected {_type_name(types)}, got a bool", value
+    if isinstance(value, types):
+        return None, value
+    if str in types and isinstance(value, (int, float)):
+        return None, str(value)  # a name like experiment_name=123 is a string, as in a structured config
+    return f"{path}={value!r}: expected {_type_name(types)}, got {type(value).__name__}", value
+
+
+def _check_value(path: str, value: Any, sft: bool) -> list[str]:
+    errors = []
+    choices = (SFT_CHOICES if sft else {}).get(path) or CHOICES.get(path)
+    if choices and value not in choices and value is not None:
+        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        errors.append(f"{path}={value!r} is not one of {list(choices)}.{hint}")
+    if path in LIST_CHOICES:
+        items = [value] if isinstance(value, str) else (value or [])
+        bad = [v for v in items if v not in LIST_CHOICES[path]]
+        if bad:
+            errors.append(f"{path}: {bad} not among the allowed values {list(LIST_CHOICES[path])}")
+    return errors
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return type(value) is type(allowed) and value == allowed
+    return value == allowed
+
+
+def check_support(cfg: DictConfig) -> list[str]:
+    """Error lines for keys of backends we do not have yet that are set away from their default."""
+    errors = []
+    for path, (allowed, why) in SUPPORT.items():
+        node = OmegaConf.select(cfg, path, default="<absent>")
+        if isinstance(node, str) and node == "<absent>":
+            continue
+        value = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+        if not any(_same(value, a) for a in allowed):
+            errors.append(f"{path}={value!r} is not supported yet ({why}); accepted: {list(allowed)}")
+    return errors
+
+
+def check_schema(cfg: DictConfig, base: DictConfig, sft: bool = False) -> list[str]:
+    """Check every known key of resolved ``cfg`` against the schema derived from ``base``.
+
+    Types (from the default or ``TYPES``), enum choices, and backend support are checked; keys
+    added with '+' (absent from ``base``) and keys inside ``OPEN_PATHS`` are not. Numbers given
+    for string keys are converted to strings in ``cfg``. Returns the list of error lines.
+    """
+    defaults = flatten(base, resolve=True)
+    values = flatten(cfg, resolve=True)
+    errors: list[str] = []
+    for path, value in values.items():
+        if path not in defaults:
+            continue
+        err, fixed = _check_type(path, value, defaults[path])
+        if err:
+            errors.append(err)
+            continue
+        if fixed is not value:
+            OmegaConf.update(cfg, path, fixed, merge=False)
+        errors.extend(_check_value(path, value, sft))
+    return errors + check_support(cfg)
+

@@ -1,0 +1,254 @@
+"""Validation of loaded configs, before any model is loaded (SEMANTICS.md "Batch sizes").
+
+Two stages, as in verl's ``RayPPOTrainer._validate_config`` and the FSDP workers' asserts:
+static rules (config only) and resource rules (need the world size = number of training workers,
+by default ``trainer.nnodes * trainer.n_gpus_per_node``). Every problem is collected and raised
+together as one ConfigError; each line names the key, the value and the rule, with the numbers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .errors import ConfigError
+
+A = "actor_rollout_ref"
+# (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
+_PPO_MICRO = (
+    (f"{A}.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", f"{A}.actor.use_dynamic_bsz", "always"),
+    (f"{A}.ref", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
+     f"{A}.ref.log_prob_use_dynamic_bsz", "ref"),
+    (f"{A}.rollout", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
+     f"{A}.rollout.log_prob_use_dynamic_bsz", "always"),
+    ("critic", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz", "critic"),
+    ("critic", "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", "critic.use_dynamic_bsz", "critic"),
+    ("reward_model", "micro_batch_size", "micro_batch_size_per_gpu", "reward_model.use_dynamic_bsz", "rm"),
+)
+_SFT_MICRO = (("data", "micro_batch_size", "micro_batch_size_per_gpu", None, "always"),)
+
+
+def _get(cfg: DictConfig, path: str, default: Any = None) -> Any:
+    return OmegaConf.select(cfg, path, default=default)
+
+
+def world_size_of(cfg: DictConfig) -> int:
+    """Training workers implied by the config: ``trainer.nnodes * trainer.n_gpus_per_node``."""
+    nnodes, per_node = _get(cfg, "trainer.nnodes", 1), _get(cfg, "trainer.n_gpus_per_node", 1)
+    if not isinstance(nnodes, int) or not isinstance(per_node, int):
+        raise ConfigError(f"trainer.nnodes={nnodes!r} and trainer.n_gpus_per_node={per_node!r} must be integers.")
+    return nnodes * per_node
+
+
+def use_critic(cfg: DictConfig) -> bool:
+    """verl's rule: a critic is built only for the GAE estimator."""
+    return _get(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def need_ref(cfg: DictConfig) -> bool:
+    """A reference policy is needed for a KL loss or a KL penalty in the reward."""
+    return bool(_get(cfg, f"{A}.actor.use_kl_loss")) or bool(_get(cfg, "algorithm.use_kl_in_reward"))
+
+
+def _in_use(cfg: DictConfig, when: str) -> bool:
+    return {"always": True, "ref": need_ref(cfg), "critic": use_critic(cfg),
+            "rm": bool(_get(cfg, "reward_model.enable"))}[when]
+
+
+def _is_interpolation(cfg: DictConfig, path: str) -> bool:
+    parent_key, _, leaf = path.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf)
+
+
+def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool = False) -> list[str]:
+    """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning.
+
+    Mirrors verl's workers: ``per_gpu = global // world_size``; the global key is then set to null.
+    Run it before resolving: a per-GPU key that is still an interpolation (e.g. the critic's, which
+    follows the actor's) counts as unset, so it takes the converted value. Raises ConfigError when
+    both keys of a pair are set explicitly, or when the global value is not a positive multiple of
+    the world size (verl would floor it silently, possibly to 0). Returns the warning texts.
+    """
+    world = world_size or world_size_of(cfg)
+    notes, errors = [], []
+    if world <= 0:
+        return notes  # the resource rules report the bad world size
+    for section, old, new, _dyn, _when in (_SFT_MICRO if sft else _PPO_MICRO):
+        old_v, new_v = _get(cfg, f"{section}.{old}"), _get(cfg, f"{section}.{new}")
+        if not isinstance(old_v, int) or isinstance(old_v, bool) or _is_interpolation(cfg, f"{section}.{old}"):
+            continue  # unset, a type error (reported by the schema check), or following another key
+        if new_v is not None and not _is_interpolation(cfg, f"{section}.{new}"):
+            errors.append(f"[{section}] You have set both '{section}.{old}'={old_v} (deprecated) AND "
+                          f"'{section}.{new}'={new_v}. Please remove '{section}.{old}' because only "
+                          f"'{section}.{new}' is supported.")
+            continue
+        if old_v <= 0 or old_v % world:
+            errors.append(f"{section}.{old}={old_v} (deprecated, global) must be a positive multiple of the "
+                          f"world size {world} to become {section}.{new}; set {section}.{new} instead.")
+            continue
+        per_gpu = old_v // world
+        with open_dict(cfg):
+            OmegaConf.update(cfg, f"{section}.{new}", per_gpu, merge=False)
+            OmegaConf.update(cfg, f"{section}.{old}", None, merge=False)
+        note = (f"{section}.{old}={old_v} is deprecated; converted to {section}.{new}={per_gpu} "
+                f"({old_v} / world size {world}). Set {section}.{new} directly.")
+        warnings.warn(note, DeprecationWarning, stacklevel=3)
+        notes.append(note)
+    if errors:
+        raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
+    return notes
+
+
+def _micro_errors(cfg: DictConfig, table: tuple) -> list[str]:
+    errors = []
+    for section, old, new, dyn, when in table:
+        if not _in_use(cfg, when) or (dyn and _get(cfg, dyn)):
+            continue
+        old_v, new_v = _get(cfg, f"{section}.{old}"), _get(cfg, f"{section}.{new}")
+        if old_v is not None and new_v is not None:
+            errors.append(f"[{section}] You have set both '{section}.{old}'={old_v} AND '{section}.{new}'"
+                          f"={new_v}. Please remove '{section}.{old}' (deprecated).")
+        elif old_v is None and new_v is None:
+            errors.append(f"[{section}] Please set at least one of '{section}.{old}' or '{section}.{new}' "
+                          f"(or enable dynamic batch size{f': {dyn}=True' if dyn else ''}).")
+        elif new_v is not None and new_v <= 0:
+            errors.append(f"{section}.{new}={new_v} must be > 0.")
+    return errors
+
+
+def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int) -> list[str]:
+    """verl's worker normalisation: mini×n ÷ world per worker, then divisible by micro per GPU."""
+    errors = []
+    tbs, mini, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{section}.ppo_mini_batch_size"), _get(cfg, n_key)
+    if mini is None or mini <= 0:
+        return [f"{section}.ppo_mini_batch_size={mini} must be > 0."]
+    if tbs % mini:
+        errors.append(f"data.train_batch_size={tbs} is not divisible by {section}.ppo_mini_batch_size={mini} "
+                      f"(each step must split into whole mini-batches).")
+    seqs = mini * n
+    if seqs % world:
+        errors.append(f"{section}.ppo_mini_batch_size={mini} x {n_key}={n} = {seqs} sequences is not "
+                      f"divisible by world size {world}.")
+    elif seqs // world == 0:
+        errors.append(f"{section}.ppo_mini_batch_size={mini} x {n_key}={n} = {seqs} sequences split over "
+                      f"world size {world} gives 0 per worker.")
+    micro = _get(cfg, f"{section}.ppo_micro_batch_size_per_gpu")
+    if micro is None and _get(cfg, f"{section}.ppo_micro_batch_size") is not None:
+        micro = _get(cfg, f"{section}.ppo_micro_batch_size") // world
+    dynamic = _get(cfg, f"{section}.use_dynamic_bsz")
+    if not dynamic and micro is not None:
+        if micro <= 0:
+            errors.append(f"{section}.ppo_micro_batch_size_per_gpu={micro} gives 0 sequences per micro-batch.")
+        elif seqs % (world * micro):
+            errors.append(f"{section}.ppo_mini_batch_size={mini} x {n_key}={n} = {seqs} sequences is not "
+                          f"divisible by world size {world} x {section}.ppo_micro_batch_size_per_gpu={micro} "
+                          f"= {world * micro}.")
+    if dynamic and (_get(cfg, f"{section}.ppo_max_token_len_per_gpu") or 0) <= 0:
+        errors.append(f"{section}.ppo_max_token_len_per_gpu="
+                      f"{_get(cfg, f'{section}.ppo_max_token_len_per_gpu')} must be > 0 with use_dynamic_bsz.")
+    return errors
+
+
+def ppo_static_errors(cfg: DictConfig) -> list[str]:
+    """Rules that need only the config (no world size)."""
+    errors = []
+    tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
+    if tbs is None or tbs <= 0:
+        errors.append(f"data.train_batch_size={tbs} must be > 0.")
+    if n is None or n < 1:
+        errors.append(f"{A}.rollout.n={n} must be >= 1.")
+    for key in ("data.max_prompt_length", "data.max_response_length", f"{A}.actor.ppo_epochs", "trainer.total_epochs"):
+        if (_get(cfg, key) or 0) < 1:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 1.")
+    vk = f"{A}.rollout.val_kwargs"
+    if _get(cfg, f"{vk}.do_sample") and not _get(cfg, f"{vk}.temperature"):
+        errors.append(f"{vk}.do_sample=True with {vk}.temperature={_get(cfg, f'{vk}.temperature')}: sampling "
+                      f"needs temperature > 0 (or set do_sample=False for greedy validation).")
+    if (_get(cfg, f"{vk}.n") or 0) < 1:
+        errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
+    adv = _get(cfg, "algorithm.adv_estimator")
+    if adv in ("rloo", "rloo_vectorized") and n is not None and n < 2:
+        errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the mean of the "
+                      f"other samples of the group), got {A}.rollout.n={n}.")
+    for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is"):
+        if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
+            errors.append(f"{key}=True needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "
+                          f"are the denominator of the importance weight), got False.")
+    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path, got null.")
+    for key in ("data.custom_cls", "custom_reward_function"):
+        if _get(cfg, f"{key}.path") and not _get(cfg, f"{key}.name"):
+            errors.append(f"{key}.path={_get(cfg, f'{key}.path')!r} needs {key}.name, got null.")
+    if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
+        errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
+    return errors
+
+
+def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
+    """Rules that depend on the world size (verl's worker-side asserts, checked up front)."""
+    errors = []
+    if world <= 0:
+        return [f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node) must be > 0."]
+    tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
+    if tbs * n % world:
+        errors.append(f"data.train_batch_size={tbs} x {A}.rollout.n={n} = {tbs * n} sequences is not divisible by "
+                      f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
+    errors += _micro_errors(cfg, _PPO_MICRO)
+    errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world)
+    if use_critic(cfg):
+        errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world)
+    tp = _get(cfg, f"{A}.rollout.tensor_model_parallel_size")
+    if _get(cfg, f"{A}.rollout.name") == "vllm" and tp and world % tp:
+        errors.append(f"{A}.rollout.tensor_model_parallel_size={tp} does not divide world size {world}.")
+    return errors
+
+
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def validate_ppo_config(cfg: DictConfig, world_size: int | None = None) -> None:
+    """Validate a resolved PPO config; raise ConfigError listing every broken rule.
+
+    ``world_size`` defaults to ``trainer.nnodes * trainer.n_gpus_per_node``. Deprecated global
+    micro-batch keys are read as ``global // world_size`` but not rewritten (load_config does that).
+    """
+    world = world_size if world_size is not None else world_size_of(cfg)
+    errors = ppo_static_errors(cfg)
+    if not errors:  # resource rules assume the basic sizes are sane
+        errors = ppo_resource_errors(cfg, world)
+    _raise(errors)
+
+
+def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
+    """Validate a resolved SFT config (verl fsdp_sft_trainer's asserts); raise ConfigError.
+
+    train_batch_size is split over ``world_size`` workers and each share over micro-batches of
+    ``data.micro_batch_size_per_gpu``; ratios must lie in [0, 1].
+    """
+    world = world_size if world_size is not None else world_size_of(cfg)
+    errors = _micro_errors(cfg, _SFT_MICRO)
+    tbs = _get(cfg, "data.train_batch_size")
+    micro = _get(cfg, "data.micro_batch_size_per_gpu")
+    if micro is None and _get(cfg, "data.micro_batch_size") is not None:
+        micro = _get(cfg, "data.micro_batch_size") // max(world, 1)
+    if tbs is None or tbs <= 0 or world <= 0:
+        errors.append(f"data.train_batch_size={tbs} and world size {world} must be > 0.")
+    elif tbs % world:
+        errors.append(f"data.train_batch_size={tbs} is not divisible by world size {world}.")
+    elif micro and (tbs // world) % micro:
+        errors.append(f"data.train_batch_size={tbs} / world size {world} = {tbs // world} per worker is not "
+                      f"divisible by data.micro_batch_size_per_gpu={micro}.")
+    for key in ("optim.warmup_steps_ratio", "optim.min_lr_ratio", "optim.stable_ratio"):
+        v = _get(cfg, key)
+        if v is not None and not 0.0 <= v <= 1.0:
+            errors.append(f"{key}={v} must lie in [0, 1].")
+    if (_get(cfg, "data.max_length") or 0) <= 0:
+        errors.append(f"data.max_length={_get(cfg, 'data.max_length')} must be > 0.")
+    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path, got null.")
+    _raise(errors)

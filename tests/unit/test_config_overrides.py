@@ -1,0 +1,107 @@
+"""verl/Hydra override forms: a.b=v, +a.new=v, ++a.b=v, ~a.b, lists, dicts, interpolations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlhf_core.config import ConfigError, apply_overrides, load_config, parse_override, parse_value
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1e-6", 1e-6),            # YAML 1.1 would read this as a string; verl/Hydra read a float
+    ("0.", 0.0), (".5", 0.5), ("-3", -3), ("42", 42),
+    ("True", True), ("false", False), ("null", None),
+    ("inf", math.inf),
+    ("abc", "abc"), ("my run", "my run"), ("", ""),
+    ("'1e-6'", "1e-6"),         # quoted stays a string
+    ('"a,b"', "a,b"),
+    ("[console,mlflow]", ["console", "mlflow"]),
+    ("['console', 'mlflow']", ["console", "mlflow"]),
+    ("[]", []), ("[1, [2, 3]]", [1, [2, 3]]),
+    ("{a: 1, b: [x, y]}", {"a": 1, "b": ["x", "y"]}),
+    ("${data.max_prompt_length}", "${data.max_prompt_length}"),
+    ("${oc.env:HOME,/tmp}", "${oc.env:HOME,/tmp}"),   # comma inside an interpolation is not a sweep
+])
+def test_parse_value(text, expected):
+    assert parse_value(text) == expected
+    assert type(parse_value(text)) is type(expected)
+
+
+def test_unquoted_comma_is_rejected_as_a_sweep():
+    with pytest.raises(ConfigError, match=r"Hydra sweep.*key=\[a,b\]"):
+        parse_override("trainer.logger=console,mlflow")
+
+
+@pytest.mark.parametrize("text,op,key", [
+    ("a.b=1", "set", "a.b"), ("+a.new=1", "add", "a.new"), ("++a.b=1", "force", "a.b"),
+    ("~a.b", "delete", "a.b"), ("~a.b=1", "delete", "a.b"),
+])
+def test_parse_override_prefixes(text, op, key):
+    ov = parse_override(text)
+    assert (ov.op, ov.key) == (op, key)
+
+
+def test_set_add_force_delete_on_a_config():
+    cfg = OmegaConf.create({"a": {"b": 1, "c": "${a.b}"}})
+    apply_overrides(cfg, ["a.b=2", "+a.new=x", "++a.d=[1,2]", "~a.c"])
+    assert OmegaConf.to_container(cfg) == {"a": {"b": 2, "new": "x", "d": [1, 2]}}
+
+
+def test_set_unknown_key_names_nearest():
+    cfg = OmegaConf.create({"trainer": {"test_freq": 2, "save_freq": -1}})
+    with pytest.raises(ConfigError, match=r"Unknown config key 'trainer.tset_freq'.*Did you mean 'trainer.test_freq'"):
+        apply_overrides(cfg, ["trainer.tset_freq=3"])
+
+
+def test_plus_on_existing_key_is_an_error_like_hydra():
+    cfg = OmegaConf.create({"a": {"b": 1}})
+    with pytest.raises(ConfigError, match=r"already at 'a.b'.*'\+\+a.b=\.\.\.'"):
+        apply_overrides(cfg, ["+a.b=2"])
+
+
+def test_delete_missing_or_mismatched_value_is_an_error():
+    cfg = OmegaConf.create({"a": {"b": 1}})
+    with pytest.raises(ConfigError, match="nothing to delete"):
+        apply_overrides(cfg, ["~a.x"])
+    with pytest.raises(ConfigError, match=r"its value is 1, not 2"):
+        apply_overrides(cfg, ["~a.b=2"])
+    apply_overrides(cfg, ["~a.b=1"])
+    assert "b" not in cfg.a
+
+
+def test_interpolations_resolve_after_overrides():
+    # rollout.prompt_length = ${data.max_prompt_length}: the override must flow through
+    cfg = load_config("ppo_trainer", ["data.max_prompt_length=256", "actor_rollout_ref.actor.use_dynamic_bsz=True"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 256
+    assert cfg.critic.use_dynamic_bsz is True and cfg.reward_model.use_dynamic_bsz is True
+    # an override can itself be an interpolation
+    cfg = load_config("ppo_trainer", ["data.max_response_length=${data.max_prompt_length}"])
+    assert cfg.actor_rollout_ref.rollout.response_length == 512
+
+
+def test_list_override_and_plus_new_key_through_load_config():
+    cfg = load_config("ppo_trainer", ["trainer.logger=[console,mlflow]", "+trainer.my_tag=abc",
+                                      "actor_rollout_ref.actor.optim.lr=3e-6", "~ray_init.timeline_json_file"])
+    assert list(cfg.trainer.logger) == ["console", "mlflow"]
+    assert cfg.trainer.my_tag == "abc"
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6
+    assert "timeline_json_file" not in cfg.ray_init
+
+
+def test_open_dict_takes_new_keys_with_plus():
+    cfg = load_config("ppo_trainer", ["+actor_rollout_ref.model.override_config.model_config.attention_dropout=0.1"])
+    assert cfg.actor_rollout_ref.model.override_config.model_config.attention_dropout == 0.1
+
+
+def test_result_is_struct_so_later_typos_fail():
+    cfg = load_config("evaluation")
+    with pytest.raises(Exception):
+        cfg.data.pth = "x"
+
+
+def test_overrides_must_be_a_list_not_a_string():
+    with pytest.raises(TypeError):
+        apply_overrides(OmegaConf.create({"a": 1}), "a=2")
