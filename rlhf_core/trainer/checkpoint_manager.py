@@ -1,0 +1,207 @@
+"""Driver-side checkpoint layout, discovery, retention and upload (verl's ``global_step_N`` layout).
+
+```
+<default_local_dir>/global_step_<N>/actor/    written by the actor workers (sharded model/optim/extra, huggingface/)
+<default_local_dir>/global_step_<N>/critic/   written by the critic workers
+<default_local_dir>/global_step_<N>/data.pt   dataloader ``state_dict()`` (torch.save)
+<default_local_dir>/global_step_<N>/trainer_state.pt   driver state beyond verl's (e.g. the adaptive KL β; ours)
+<default_local_dir>/latest_checkpointed_iteration.txt   "N", written last via a temp file + os.replace
+```
+
+Retention (``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; ``remove_previous_ckpt_in_save`` means keep 1)
+runs only *after* the new checkpoint is complete and the tracker points at it, so the last good checkpoint always
+exists. Old checkpoints are found on disk (not remembered in memory), so retention holds after a resume too.
+Only steps *below* the one just saved are candidates for deletion: after resuming from an older step, newer
+directories of the abandoned run are left alone. A step directory is removed whole once neither its actor nor its
+critic remains.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def step_dir(root: str, global_step: int) -> str:
+    return os.path.join(root, f"global_step_{global_step}")
+
+
+def parse_global_step(path: str) -> int:
+    """``N`` from a path whose last component is ``global_step_<N>``.
+
+    Raises:
+        ValueError: when the last component is not ``global_step_<N>`` (e.g. ``.../global_step_5/actor``).
+    """
+    name = os.path.basename(os.path.normpath(str(path)))
+    match = _STEP_DIR.match(name)
+    if not match:
+        raise ValueError(
+            f"trainer.resume_from_path={path!r}: the last path component must be 'global_step_<N>', got {name!r}"
+        )
+    return int(match.group(1))
+
+
+def write_tracker(root: str, global_step: int) -> None:
+    """Atomically write ``N`` to ``<root>/latest_checkpointed_iteration.txt`` (temp file, fsync, os.replace)."""
+    tmp = os.path.join(root, f".{TRACKER_FILE}.tmp.{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(str(int(global_step)))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER_FILE))
+
+
+def find_latest_checkpoint(root: str) -> str | None:
+    """The ``global_step_<N>`` directory named by the tracker file, or ``None`` (no tracker or directory gone)."""
+    tracker = os.path.join(str(root), TRACKER_FILE)
+    if not os.path.exists(tracker):
+        return None
+    with open(tracker) as fh:
+        path = step_dir(str(root), int(fh.read().strip()))
+    return path if os.path.isdir(path) else None
+
+
+def list_step_dirs(root: str) -> dict[int, str]:
+    """``{N: path}`` for every ``global_step_<N>`` directory under ``root``."""
+    if not os.path.isdir(root):
+        return {}
+    out = {}
+    for name in os.listdir(root):
+        match = _STEP_DIR.match(name)
+        if match and os.path.isdir(os.path.join(root, name)):
+            out[int(match.group(1))] = os.path.join(root, name)
+    return out
+
+
+def _keep_count(max_to_keep: int | None, remove_previous: bool) -> int | None:
+    """How many checkpoints to keep (including the new one); ``None`` = all."""
+    if remove_previous:
+        return 1
+    if max_to_keep is None or int(max_to_keep) <= 0:
+        return None
+    return int(max_to_keep)
+
+
+class CheckpointManager:
+    """Save / find / prune ``global_step_N`` checkpoints under ``default_local_dir``.
+
+    ``save_fns`` given to :meth:`save` map a component name (``actor``, ``critic``) to a callable that writes it
+    into the given directory (the driver calls the worker groups' ``save_checkpoint`` there).
+    """
+
+    def __init__(self, default_local_dir: str, default_hdfs_dir: str | None = None,
+                 max_actor_ckpt_to_keep: int | None = None, max_critic_ckpt_to_keep: int | None = None,
+                 remove_previous_ckpt_in_save: bool = False, del_local_ckpt_after_load: bool = False):
+        self.root = str(default_local_dir)
+        self.hdfs_dir = default_hdfs_dir
+        self.keep = {
+            "actor": _keep_count(max_actor_ckpt_to_keep, remove_previous_ckpt_in_save),
+            "critic": _keep_count(max_critic_ckpt_to_keep, remove_previous_ckpt_in_save),
+        }
+        self.del_local_after_load = bool(del_local_ckpt_after_load)
+
+    @classmethod
+    def from_config(cls, trainer_cfg: Any) -> "CheckpointManager":
+        get = trainer_cfg.get
+        return cls(get("default_local_dir"), get("default_hdfs_dir"), get("max_actor_ckpt_to_keep"),
+                   get("max_critic_ckpt_to_keep"), bool(get("remove_previous_ckpt_in_save", False)),
+                   bool(get("del_local_ckpt_after_load", False)))
+
+    # ---- resume ----------------------------------------------------------------------------------
+    def resolve_resume(self, resume_mode: str, resume_from_path: str | None = None) -> str | None:
+        """The ``global_step_N`` directory to resume from, or ``None`` to start fresh.
+
+        Raises:
+            ValueError: unknown ``resume_mode``; ``resume_path`` without a path, with a path whose last component is
+                not ``global_step_<N>``, or that does not exist.
+        """
+        if resume_mode == "disable":
+            return None
+        if resume_mode == "auto":
+            return find_latest_checkpoint(self.root)
+        if resume_mode == "resume_path":
+            if not resume_from_path:
+                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+            parse_global_step(resume_from_path)
+            if not os.path.isdir(resume_from_path):
+                raise ValueError(f"trainer.resume_from_path={resume_from_path!r} does not exist")
+            return str(resume_from_path)
+        raise ValueError(f"trainer.resume_mode={resume_mode!r}: expected one of auto, disable, resume_path")
+
+    @staticmethod
+    def load_dataloader_state(ckpt_dir: str) -> dict | None:
+        path = os.path.join(ckpt_dir, "data.pt")
+        return torch.load(path, weights_only=False) if os.path.exists(path) else None
+
+    @staticmethod
+    def load_trainer_state(ckpt_dir: str) -> dict | None:
+        path = os.path.join(ckpt_dir, "trainer_state.pt")
+        return torch.load(path, weights_only=False) if os.path.exists(path) else None
+
+    def after_load(self, ckpt_dir: str) -> None:
+        """``del_local_ckpt_after_load``: remove the loaded local directory (it must live elsewhere, e.g. HDFS)."""
+        if self.del_local_after_load:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+    # ---- save ------------------------------------------------------------------------------------
+    def save(self, global_step: int, save_fns: dict[str, Callable[[str], None]],
+             dataloader_state: dict | None, trainer_state: dict | None = None) -> str:
+        """Write ``global_step_N`` (components, data.pt, trainer_state.pt), then the tracker, then upload and prune.
+
+        Returns:
+            the local ``global_step_N`` directory.
+        """
+        path = step_dir(self.root, global_step)
+        os.makedirs(path, exist_ok=True)
+        for name, save in save_fns.items():
+            save(os.path.join(path, name))
+        for name, state in (("data.pt", dataloader_state), ("trainer_state.pt", trainer_state)):
+            if state is not None:
+                tmp = os.path.join(path, f".{name}.tmp")
+                torch.save(state, tmp)
+                os.replace(tmp, os.path.join(path, name))
+        write_tracker(self.root, global_step)
+        if self.hdfs_dir:
+            self.upload(path)
+        self.prune(global_step)
+        return path
+
+    def upload(self, local_dir: str) -> str:
+        """Copy ``local_dir`` (a ``global_step_N``) and the tracker to ``default_hdfs_dir`` with fsspec."""
+        import fsspec
+
+        fs, remote_root = fsspec.core.url_to_fs(str(self.hdfs_dir))
+        remote = remote_root.rstrip("/") + "/" + os.path.basename(local_dir)
+        fs.makedirs(remote, exist_ok=True)
+        fs.put(local_dir.rstrip("/") + "/", remote, recursive=True)
+        fs.put(os.path.join(self.root, TRACKER_FILE), remote_root.rstrip("/") + "/" + TRACKER_FILE)
+        return remote
+
+    def prune(self, current_step: int) -> list[str]:
+        """Apply retention to steps below ``current_step``; returns the paths removed."""
+        steps = list_step_dirs(self.root)
+        removed: list[str] = []
+        for component, keep in self.keep.items():
+            if keep is None:
+                continue
+            older = sorted((s for s in steps if s < current_step and os.path.isdir(os.path.join(steps[s], component))),
+                           reverse=True)
+            for s in older[keep - 1:]:
+                target = os.path.join(steps[s], component)
+                shutil.rmtree(target, ignore_errors=True)
+                removed.append(target)
+        for s, path in steps.items():
+            if s < current_step and not any(os.path.isdir(os.path.join(path, c)) for c in ("actor", "critic")):
+                if any(os.path.join(path, c) in removed for c in ("actor", "critic")):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+        return removed

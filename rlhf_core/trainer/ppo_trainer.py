@@ -1,0 +1,363 @@
+"""The PPO driver loop (verl's ``RayPPOTrainer.fit``), one named method per stage of SEMANTICS "One PPO step".
+
+The driver runs in the calling process and talks to worker groups (``RayWorkerGroup`` / ``LocalWorkerGroup`` or
+anything with ``world_size``, ``execute_all``, ``execute_dp``, ``shutdown``) built by an injected factory
+``make_worker_groups(config) -> {"actor_rollout": wg, "critic": wg?, "ref": wg?}``. The factory is called by
+:meth:`RayPPOTrainer.init_workers` *after* ``total_training_steps`` has been injected into
+``actor_rollout_ref.actor.optim.total_training_steps`` and ``critic.optim.total_training_steps``.
+Without a ``"ref"`` group, reference log-probs come from the actor group (role ``actor_rollout_ref``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, open_dict
+
+from rlhf_core.protocol import Batch
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager
+from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
+                                      merge, timer)
+
+logger = logging.getLogger(__name__)
+
+WorkerGroupFactory = Callable[[DictConfig], dict[str, Any]]
+
+
+def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` when given (> 0), else ``steps_per_epoch × trainer.total_epochs``.
+
+    Raises:
+        ValueError: when the result is not positive (e.g. an empty dataloader).
+    """
+    given = config.trainer.get("total_training_steps")
+    total = int(given) if given else steps_per_epoch * int(config.trainer.total_epochs)
+    if total <= 0:
+        raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
+                         f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")
+    return total
+
+
+class RayPPOTrainer:
+    """PPO / GRPO / RLOO / REINFORCE++ driver.
+
+    Args:
+        config: the full ``ppo_trainer`` config (verl key layout), already validated.
+        tokenizer: HF tokenizer (decoding validation samples).
+        make_worker_groups: factory described in the module docstring.
+        reward_fn, val_reward_fn: reward managers, ``fn(batch, return_dict=True) -> {"reward_tensor": (B, T),
+            "reward_extra_info": dict[str, list]}``; ``val_reward_fn=None`` disables validation.
+        train_dataset, val_dataset: ``RLHFDataset``-like datasets; ``collate_fn`` turns items into a ``Batch``.
+        tracker: a ``Tracking`` (anything with ``log(data, step)``); ``None`` → built from ``trainer.logger``.
+    """
+
+    def __init__(self, config: DictConfig, tokenizer: Any, make_worker_groups: WorkerGroupFactory,
+                 reward_fn: Callable, val_reward_fn: Callable | None, train_dataset: Any, val_dataset: Any = None,
+                 collate_fn: Callable | None = None, tracker: Any = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.make_worker_groups = make_worker_groups
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn if val_dataset is not None else None
+        self.tracker = tracker
+        algo = config.algorithm
+        self.use_critic = algo.adv_estimator == "gae"
+        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.kl_ctrl = None
+        if algo.use_kl_in_reward:
+            from rlhf_core.algos.kl_controller import get_kl_controller
+
+            kc = algo.kl_ctrl
+            self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
+        self._build_dataloaders(train_dataset, val_dataset, collate_fn)
+        self.checkpoints = CheckpointManager.from_config(config.trainer)
+        self.global_steps = 0
+        self.last_checkpoint_dir: str | None = None
+        self.wgs: dict[str, Any] = {}
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
+        from rlhf_core.data.loader import build_dataloader
+        from rlhf_core.data.rl_dataset import collate_fn as default_collate
+
+        data = self.config.data
+        collate = collate_fn or default_collate
+        workers = int(data.get("dataloader_num_workers", 0) or 0)
+        self.train_dataloader = build_dataloader(train_dataset, int(data.train_batch_size),
+                                                 shuffle=bool(data.get("shuffle", True)), seed=int(data.get("seed", 1) or 1),
+                                                 drop_last=True, collate_fn=collate, num_workers=workers)
+        self.val_dataloader = None
+        if val_dataset is not None:
+            val_bs = data.get("val_batch_size") or len(val_dataset)
+            self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=False, seed=0,
+                                                   drop_last=False, collate_fn=collate)
+        self.total_training_steps = compute_total_training_steps(self.config, len(self.train_dataloader))
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
+            if "critic" in self.config:
+                self.config.critic.optim.total_training_steps = self.total_training_steps
+
+    def init_workers(self) -> None:
+        """Build the worker groups (critic, then ref, then actor — verl's order) and call ``init_model``."""
+        self.wgs = dict(self.make_worker_groups(self.config))
+        for role in ("critic", "ref", "actor_rollout"):
+            if role in self.wgs:
+                self.wgs[role].execute_all("init_model")
+        self.validator = Validator(self.config, self.tokenizer, self.wgs["actor_rollout"], self.val_reward_fn,
+                                   self.val_dataloader)
+
+    @property
+    def actor_wg(self):
+        return self.wgs["actor_rollout"]
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train until ``total_training_steps`` (or ``trainer.stop_after_step``); returns the last step's metrics.
+
+        A run resumed at or beyond its last step (or its ``stop_after_step``) trains nothing and returns ``{}``
+        (or the ``val_before_train`` metrics)."""
+        if not self.wgs:
+            self.init_workers()
+        self._ensure_tracker()
+        self._load_checkpoint()
+        last_metrics: dict[str, float] = {}
+        if self.val_reward_fn is not None and self.config.trainer.get("val_before_train", True):
+            last_metrics = self.validator.validate(self.global_steps)
+            self.tracker.log(last_metrics, step=self.global_steps)
+            if self.config.trainer.get("val_only", False):
+                return last_metrics
+        stop_at = min(self.total_training_steps, int(self.config.trainer.get("stop_after_step") or 10**12))
+        if self.global_steps >= stop_at:
+            return last_metrics
+        steps_per_epoch = len(self.train_dataloader)
+        n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
+        for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
+            for batch in self.train_dataloader:
+                self.global_steps += 1
+                last_metrics = self.train_step(batch, epoch)
+                self.tracker.log(last_metrics, step=self.global_steps)
+                if self.global_steps >= stop_at:
+                    return last_metrics
+        return last_metrics
+
+    def _ensure_tracker(self) -> None:
+        if self.tracker is None:
+            from rlhf_core.trainer.tracking import Tracking
+
+            t = self.config.trainer
+            self.tracker = Tracking(t.project_name, t.experiment_name, list(t.logger), config=self.config)
+
+    def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
+        from rlhf_core.metrics.training import (compute_data_metrics, compute_throughput_metrics,
+                                                compute_timing_metrics)
+
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        is_last = self.global_steps >= self.total_training_steps
+        with timer("step", timing):
+            batch = add_uids(batch).repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
+            with timer("gen", timing):
+                batch = self.generate(batch)
+            if self.config.trainer.get("balance_batch", False):
+                batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
+                metrics.update(balance_metrics)
+            with timer("reward", timing):
+                batch = self.compute_reward(batch)
+            with timer("old_log_prob", timing):
+                batch = self.compute_old_log_prob(batch, metrics)
+                batch = self.compute_rollout_is(batch, metrics)
+            if self.use_reference_policy:
+                with timer("ref", timing):
+                    batch = self.compute_ref_log_prob(batch)
+            if self.use_critic:
+                with timer("values", timing):
+                    batch = self.compute_values(batch)
+            with timer("adv", timing):
+                batch = self.compute_advantage(batch, metrics)
+            if self.config.trainer.get("rollout_data_dir"):
+                with timer("dump_rollout_generations", timing):
+                    dump_rollouts(batch, self.tokenizer, str(self.config.trainer.rollout_data_dir), self.global_steps)
+            if self.use_critic:
+                with timer("update_critic", timing):
+                    metrics.update(self.update_critic(batch))
+            if int(self.config.trainer.critic_warmup) <= self.global_steps:
+                with timer("update_actor", timing):
+                    metrics.update(self.update_actor(batch))
+            if self._should_test(is_last):
+                with timer("testing", timing):
+                    metrics.update(self.validator.validate(self.global_steps))
+            if self._should_save(is_last):
+                with timer("save_checkpoint", timing):
+                    self.save_checkpoint()
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
+        if "update_actor" in timing:
+            metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
+        metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+        return metrics
+
+    # ---- stages ----------------------------------------------------------------------------------
+    def generate(self, batch: Batch) -> Batch:
+        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
+        batch.meta.update({"global_steps": self.global_steps, "validate": False})
+        out = self.actor_wg.execute_dp("generate_sequences", batch)
+        batch = ensure_response_mask(merge(batch, out))
+        batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
+        return batch
+
+    def compute_reward(self, batch: Batch) -> Batch:
+        """[reward] ``token_level_scores (B, T)`` (+ per-sample extra columns from the reward manager)."""
+        result = self.reward_fn(batch, return_dict=True)
+        extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
+                  if len(v) == len(batch)}
+        return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+
+    def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
+        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
+        from rlhf_core.algos.loss_agg import agg_loss
+
+        out = self.actor_wg.execute_dp("compute_log_prob", batch)
+        if "entropys" in out:
+            mode = self.config.actor_rollout_ref.actor.get("loss_agg_mode", "token-mean")
+            entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
+            metrics["actor/entropy"] = float(entropy)
+            out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
+        return merge(batch, out)
+
+    def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
+        """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
+        engine and a threshold set, log ``mismatch/rollout_is_*``; with ``rollout_is=True`` also add the detached
+        ``rollout_is_weights (B, T)`` that the actor multiplies into its per-token policy loss."""
+        from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+
+        algo = self.config.algorithm
+        if "rollout_log_probs" not in batch or algo.get("rollout_is_threshold") is None:
+            return batch
+        weights, is_metrics = compute_rollout_importance_weights(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+            level=algo.get("rollout_is_level", "token"), mode=algo.get("rollout_is_mode", "truncate"),
+            threshold=algo.get("rollout_is_threshold"), threshold_lower=algo.get("rollout_is_threshold_lower"),
+            veto_threshold=algo.get("rollout_is_veto_threshold"))
+        metrics.update(is_metrics)
+        if algo.get("rollout_is", False):
+            batch = merge(batch, Batch({"rollout_is_weights": weights.detach()}))
+        return batch
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
+        wg = self.wgs.get("ref", self.actor_wg)
+        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch))
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """[values] ``values (B, T)`` from the critic."""
+        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
+
+    def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
+        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""
+        from rlhf_core.algos.advantages import get_adv_estimator
+        from rlhf_core.algos.kl_controller import apply_kl_penalty
+
+        algo = self.config.algorithm
+        scores, mask = batch["token_level_scores"], batch["response_mask"]
+        if algo.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_prob"], mask,
+                                                   self.kl_ctrl, algo.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            rewards = scores
+        advantages, returns = get_adv_estimator(algo.adv_estimator)(
+            token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
+            values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
+            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)))
+        return merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """[update_critic] one critic update; per-rank metrics averaged."""
+        return mean_rank_metrics(_as_list(self.wgs["critic"].execute_dp("update_critic", batch)))
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """[update_actor] one actor update (the worker syncs the new weights to its rollout engine)."""
+        batch.meta["global_steps"] = self.global_steps
+        return mean_rank_metrics(_as_list(self.actor_wg.execute_dp("update_actor", batch)))
+
+    def _actor_mfu(self, batch: Batch, seconds: float) -> float:
+        """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
+        from rlhf_core.trainer.mfu import estimate_mfu
+
+        if not hasattr(self, "_hf_config"):
+            try:
+                from transformers import AutoConfig
+
+                from rlhf_core.models.loading import local_path
+
+                model = self.config.actor_rollout_ref.model
+                self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
+                                                             trust_remote_code=bool(model.get("trust_remote_code", False)))
+            except Exception as exc:  # a remote-code model the driver cannot load: MFU unknown
+                logger.warning("perf/mfu/actor unavailable: %s", exc)
+                self._hf_config = None
+        if self._hf_config is None:
+            return 0.0
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        passes = int(self.config.actor_rollout_ref.actor.get("ppo_epochs", 1) or 1)
+        seqlens = batch["attention_mask"].sum(-1).tolist()
+        return estimate_mfu(self._hf_config, seqlens, seconds, self.actor_wg.world_size, passes, name)
+
+    # ---- testing and checkpoints -----------------------------------------------------------------
+    def _should_test(self, is_last: bool) -> bool:
+        freq = int(self.config.trainer.test_freq)
+        return self.val_reward_fn is not None and freq > 0 and (is_last or self.global_steps % freq == 0)
+
+    def _should_save(self, is_last: bool) -> bool:
+        freq = int(self.config.trainer.save_freq)
+        stop_after = self.config.trainer.get("stop_after_step")
+        at_stop = bool(stop_after) and self.global_steps == int(stop_after)
+        return at_stop or (freq > 0 and (is_last or self.global_steps % freq == 0))
+
+    def save_checkpoint(self) -> str:
+        """[save_checkpoint] ``global_step_N/{actor,critic,data.pt}`` then the tracker; applies retention."""
+        step = self.global_steps
+        fns = {"actor": lambda p: self.actor_wg.execute_all("save_checkpoint", p, None, step)}
+        if self.use_critic:
+            fns["critic"] = lambda p: self.wgs["critic"].execute_all("save_checkpoint", p, None, step)
+        trainer_state = {"kl_ctrl_value": self.kl_ctrl.value} if self.kl_ctrl is not None else None
+        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state)
+        return self.last_checkpoint_dir
+
+    def _load_checkpoint(self) -> None:
+        """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
+        from rlhf_core.trainer.checkpoint_manager import parse_global_step
+
+        t = self.config.trainer
+        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        if path is None:
+            logger.info("training from scratch")
+            return
+        self.global_steps = parse_global_step(path)
+        logger.info("resuming from %s (global step %d)", path, self.global_steps)
+        self.actor_wg.execute_all("load_checkpoint", f"{path}/actor")
+        if self.use_critic:
+            self.wgs["critic"].execute_all("load_checkpoint", f"{path}/critic")
+        state = self.checkpoints.load_dataloader_state(path)
+        if state is not None:
+            self.train_dataloader.load_state_dict(state)
+        trainer_state = self.checkpoints.load_trainer_state(path) or {}
+        if self.kl_ctrl is not None and "kl_ctrl_value" in trainer_state:
+            self.kl_ctrl.value = float(trainer_state["kl_ctrl_value"])
+        self.last_checkpoint_dir = path
+        self.checkpoints.after_load(path)
+
+    def shutdown(self) -> None:
+        for wg in self.wgs.values():
+            wg.shutdown()
+        if self.tracker is not None and hasattr(self.tracker, "finish"):
+            self.tracker.finish()
+
+
+def _as_list(out: Any) -> list:
+    return out if isinstance(out, list) else [out]

@@ -1,0 +1,127 @@
+"""Validation during PPO (verl's ``RayPPOTrainer._validate``).
+
+For every batch of the validation set: give each prompt a ``uid``, repeat it ``rollout.val_kwargs.n`` times
+(interleaved), generate with ``meta["validate"] = True`` (the rollout then samples with ``val_kwargs``: greedy by
+default), score with ``val_reward_fn`` and collect one row per sample. Metrics come from
+``rlhf_core.metrics.validation`` (``val-core/<data_source>/<var>/mean@N`` ...). Every sample is written to
+``<trainer.validation_data_dir>/val_step_<N>.parquet`` (columns ``step, data_source, uid, sample_idx, prompt,
+response, ground_truth, score`` + the reward manager's extra columns) when that key is set, and the first
+``trainer.log_val_generations`` samples (seeded shuffle, like verl) are printed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from rlhf_core.protocol import Batch
+from rlhf_core.trainer.stages import add_uids, ensure_response_mask, merge, pad_to_divisor, unpad
+
+logger = logging.getLogger(__name__)
+
+BASE_COLUMNS = ("step", "data_source", "uid", "sample_idx", "prompt", "response", "ground_truth", "score")
+
+
+class Validator:
+    """Runs validation on ``val_dataloader`` with the actor group's rollout; see the module docstring."""
+
+    def __init__(self, config: Any, tokenizer: Any, actor_wg: Any, val_reward_fn: Callable | None,
+                 val_dataloader: Any):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.actor_wg = actor_wg
+        self.val_reward_fn = val_reward_fn
+        self.val_dataloader = val_dataloader
+
+    def validate(self, global_step: int) -> dict[str, float]:
+        """Generate, score and summarise the whole validation set; returns ``{metric name: value}``."""
+        from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
+
+        if self.val_reward_fn is None or self.val_dataloader is None:
+            return {}
+        rows: list[dict[str, Any]] = []
+        for batch in self.val_dataloader:
+            rows.extend(self._validate_batch(batch, global_step))
+        extra_keys = [k for k in rows[0] if k not in BASE_COLUMNS] if rows else []
+        infos = {"reward": [r["score"] for r in rows]}
+        for key in extra_keys:
+            values = [r.get(key) for r in rows]
+            if all(isinstance(v, int | float | np.number) and not isinstance(v, bool) for v in values):
+                infos[key] = [float(v) for v in values]
+        raw = process_validation_metrics([r["data_source"] for r in rows], [r["uid"] for r in rows], infos, seed=42)
+        self._log_generations(rows)
+        self._write_samples(rows, global_step)
+        return val_metrics_to_names(raw)
+
+    def _validate_batch(self, batch: Batch, global_step: int) -> list[dict[str, Any]]:
+        kw = self.config.actor_rollout_ref.rollout.val_kwargs
+        n = int(kw.get("n", 1))
+        batch = add_uids(batch).repeat_interleave(n)
+        batch.meta.update({"validate": True, "do_sample": bool(kw.get("do_sample", False)),
+                           "global_steps": global_step})
+        padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
+        out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
+        batch = ensure_response_mask(merge(batch, out))
+        result = self.val_reward_fn(batch, return_dict=True)
+        scores = result["reward_tensor"].float().sum(-1).tolist()
+        extras = result.get("reward_extra_info") or {}
+        prompts = self._decode_prompts(batch)
+        responses = self._decode_responses(batch)
+        rows = []
+        for i in range(len(batch)):
+            reward_model = batch["reward_model"][i] if "reward_model" in batch else None
+            row = {
+                "step": int(global_step),
+                "data_source": str(batch["data_source"][i]) if "data_source" in batch else "unknown",
+                "uid": str(batch["uid"][i]),
+                "sample_idx": i % n,
+                "prompt": prompts[i],
+                "response": responses[i],
+                "ground_truth": None if not isinstance(reward_model, dict) else _to_str(reward_model.get("ground_truth")),
+                "score": float(scores[i]),
+            }
+            for key, values in extras.items():
+                if key not in BASE_COLUMNS and len(values) == len(batch):
+                    row[key] = _plain(values[i])
+            rows.append(row)
+        return rows
+
+    def _decode_prompts(self, batch: Batch) -> list[str]:
+        prompts = batch["prompts"] if "prompts" in batch else batch["input_ids"]
+        mask = batch["attention_mask"][:, : prompts.shape[1]]
+        return [self.tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+                for ids, m in zip(prompts, mask)]
+
+    def _decode_responses(self, batch: Batch) -> list[str]:
+        lengths = batch["response_mask"].sum(-1).tolist()
+        return [self.tokenizer.decode(ids[: int(n)].tolist(), skip_special_tokens=True)
+                for ids, n in zip(batch["responses"], lengths)]
+
+    def _log_generations(self, rows: list[dict[str, Any]]) -> None:
+        k = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        if k <= 0 or not rows:
+            return
+        order = sorted(range(len(rows)), key=lambda i: rows[i]["prompt"])
+        np.random.RandomState(42).shuffle(order)
+        for i in order[:k]:
+            r = rows[i]
+            logger.info("[val sample] step %s score %.3f\n[prompt] %s\n[response] %s\n[ground_truth] %s",
+                        r["step"], r["score"], r["prompt"], r["response"], r["ground_truth"])
+
+    def _write_samples(self, rows: list[dict[str, Any]], global_step: int) -> str | None:
+        out_dir = self.config.trainer.get("validation_data_dir")
+        if not out_dir or not rows:
+            return None
+        from rlhf_core.metrics.samples import write_samples_parquet
+
+        return write_samples_parquet(rows, str(out_dir), f"val_step_{global_step}")
+
+
+def _to_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars → python scalars (parquet-friendly); other values unchanged."""
+    return value.item() if isinstance(value, np.generic) else value

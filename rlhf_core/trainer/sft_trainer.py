@@ -1,0 +1,191 @@
+"""The SFT driver (verl's ``fsdp_sft_trainer``): epochs of global batches, validation, checkpoints, final HF model.
+
+Workers: ``trainer.nnodes × trainer.n_gpus_per_node`` ranks of :class:`~rlhf_core.trainer.sft_worker.SFTWorker`
+— one rank runs **in-process** (``LocalWorkerGroup``: no Ray start-up, same FSDP2 code path), more ranks run on
+Ray (``RayWorkerGroup``). The driver holds the dataloaders, splits each global batch of ``data.train_batch_size``
+samples over the ranks, and logs ``train/loss``, ``train/lr`` (the LR the update ran at), ``val/loss``.
+
+Checkpoints: ``<default_local_dir>/global_step_<N>/{actor/, data.pt}`` + the tracker file, via the same
+:class:`~rlhf_core.trainer.checkpoint_manager.CheckpointManager` as PPO (``resume_mode`` auto/disable/resume_path,
+``max_ckpt_to_keep``). At the end rank 0 writes ``<default_local_dir>/hf_model`` — a plain Hugging Face directory
+(config, tokenizer, full weights, LoRA merged) that PPO can start from.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlhf_core.protocol import Batch
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+from rlhf_core.trainer.stages import mean_rank_metrics
+
+logger = logging.getLogger(__name__)
+
+
+def sft_collate(items: list[dict]) -> Batch:
+    from rlhf_core.data.rl_dataset import collate_fn
+
+    return collate_fn(items)
+
+
+class SFTTrainer:
+    """Args: ``config`` (``sft_trainer``), ``train_dataset``/``val_dataset`` (``SFTDataset``-like),
+    ``tracker`` (``log(data, step)``; ``None`` → from ``trainer.logger``)."""
+
+    def __init__(self, config: DictConfig, train_dataset: Any, val_dataset: Any = None, tracker: Any = None):
+        from rlhf_core.data.loader import build_dataloader
+
+        self.config = config
+        t, data = config.trainer, config.data
+        self.world_size = int(t.nnodes) * int(t.n_gpus_per_node)
+        seed = int(t.get("seed", 1) or 1)
+        self.train_loader = build_dataloader(train_dataset, int(data.train_batch_size), shuffle=True, seed=seed,
+                                             drop_last=True, collate_fn=sft_collate)
+        self.val_loader = None
+        if val_dataset is not None and len(val_dataset):
+            bs = min(int(data.train_batch_size), len(val_dataset))
+            bs -= bs % self.world_size
+            self.val_loader = build_dataloader(val_dataset, max(bs, self.world_size), shuffle=False, seed=seed,
+                                               drop_last=True, collate_fn=sft_collate)
+        steps_per_epoch = len(self.train_loader)
+        given = t.get("total_training_steps")
+        self.total_steps = int(given) if given else steps_per_epoch * int(t.total_epochs)
+        if self.total_steps <= 0:
+            raise ValueError(f"SFT has 0 training steps: {len(train_dataset)} samples, "
+                             f"data.train_batch_size={data.train_batch_size}")
+        keep = t.get("max_ckpt_to_keep")
+        self.checkpoints = CheckpointManager(t.default_local_dir, t.get("default_hdfs_dir"), keep, None)
+        self.tracker = tracker
+        self.global_step = 0
+        self.wg = None
+
+    def init_workers(self) -> None:
+        from rlhf_core.trainer.sft_worker import SFTWorker
+
+        kwargs = {"config": self.config, "total_steps": self.total_steps}
+        if self.world_size == 1:
+            from rlhf_core.distributed.worker_group import LocalWorkerGroup
+
+            self.wg = LocalWorkerGroup(SFTWorker, kwargs)
+        else:
+            from rlhf_core.distributed.ray_init import init_ray
+            from rlhf_core.distributed.worker_group import RayWorkerGroup
+
+            ray_cfg = self.config.get("ray_init") or {}
+            init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
+            gpus = 1.0 if str(self.config.trainer.get("device", "auto")) != "cpu" and _cluster_has_gpu() else 0.0
+            self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
+                                     num_gpus_per_worker=gpus, name_prefix="sft")
+        self.wg.execute_all("init_model")
+
+    def fit(self) -> dict[str, Any]:
+        """Train; returns ``{"metrics": last metrics, "global_step": N, "hf_model_dir": str,
+        "checkpoint_dir": str | None}``."""
+        if self.wg is None:
+            self.init_workers()
+        if self.tracker is None:
+            from rlhf_core.trainer.tracking import Tracking
+
+            t = self.config.trainer
+            self.tracker = Tracking(t.project_name, t.experiment_name, list(t.logger), config=self.config)
+        last_ckpt = self._resume()
+        t = self.config.trainer
+        save_freq, test_freq = int(t.get("save_freq", -1) or -1), int(t.get("test_freq", -1) or -1)
+        steps_per_epoch = len(self.train_loader)
+        metrics: dict[str, float] = {}
+        n_epochs = -(-self.total_steps // steps_per_epoch)
+        start_epoch = self.global_step // steps_per_epoch
+        for epoch in range(start_epoch, n_epochs):
+            for batch in self.train_loader:
+                if self.global_step >= self.total_steps:
+                    break
+                self.global_step += 1
+                is_last = self.global_step >= self.total_steps
+                metrics = mean_rank_metrics(self.wg.execute_dp("train_step", batch))
+                metrics["train/epoch"] = epoch
+                if self.val_loader is not None and (is_last or (test_freq > 0 and self.global_step % test_freq == 0)):
+                    metrics.update(self.validate())
+                self.tracker.log(metrics, step=self.global_step)
+                if is_last or (save_freq > 0 and self.global_step % save_freq == 0):
+                    last_ckpt = self.save_checkpoint()
+        hf_dir = os.path.join(str(t.default_local_dir), "hf_model")
+        self.wg.execute_all("save_hf_model", hf_dir)
+        return {"metrics": metrics, "global_step": self.global_step, "hf_model_dir": hf_dir,
+                "checkpoint_dir": last_ckpt}
+
+    def validate(self) -> dict[str, float]:
+        """``val/loss``: token-mean over the validation set (mean of per-batch token-means, like verl)."""
+        losses = [mean_rank_metrics(self.wg.execute_dp("eval_step", b))["val/loss"] for b in self.val_loader]
+        return {"val/loss": sum(losses) / len(losses)} if losses else {}
+
+    def save_checkpoint(self) -> str:
+        fns = {"actor": lambda p: self.wg.execute_all("save_checkpoint", p)}
+        return self.checkpoints.save(self.global_step, fns, self.train_loader.state_dict())
+
+    def _resume(self) -> str | None:
+        t = self.config.trainer
+        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        if path is None:
+            return None
+        self.global_step = parse_global_step(path)
+        self.wg.execute_all("load_checkpoint", os.path.join(path, "actor"))
+        state = self.checkpoints.load_dataloader_state(path)
+        if state is not None:
+            self.train_loader.load_state_dict(state)
+        logger.info("SFT resumed from %s (step %d)", path, self.global_step)
+        return path
+
+    def shutdown(self) -> None:
+        if self.wg is not None:
+            self.wg.shutdown()
+        if self.tracker is not None and hasattr(self.tracker, "finish"):
+            self.tracker.finish()
+
+
+def _cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def run_sft(config: DictConfig) -> dict[str, Any]:
+    """Validate ``config`` (``sft_trainer``), build the tokenizer and datasets, train; returns
+    :meth:`SFTTrainer.fit`'s dict (``hf_model_dir`` is the final Hugging Face model).
+
+    Raises:
+        ConfigError: a broken batch-size rule (before any model is loaded).
+    """
+    from rlhf_core.config import validate_sft_config
+    from rlhf_core.data.sft_dataset import create_sft_dataset
+    from rlhf_core.models.loading import load_tokenizer
+
+    validate_sft_config(config)  # before any model is loaded
+    model = config.model
+    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.get("trust_remote_code", False)))
+    data = config.data
+    train = create_sft_dataset(_as_list(data.train_files), tokenizer, data)
+    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.get("val_files") else None
+    trainer = SFTTrainer(config, train, val)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rlhf sft key=value ...``."""
+    from rlhf_core.config import load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config("sft_trainer", list(sys.argv[1:] if argv is None else argv))
+    result = run_sft(config)
+    print(f"sft finished at step {result['global_step']}; model: {result['hf_model_dir']}")
+    return 0
+
+
+def _as_list(value: Any) -> list:
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]

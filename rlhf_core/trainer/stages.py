@@ -1,0 +1,126 @@
+"""Small helpers shared by the PPO driver's stages: timers, batch merging, padding, rank-metric reduction."""
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+from rlhf_core.protocol import Batch
+
+
+@contextmanager
+def timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
+    """Add the wall-clock seconds of the block to ``timing_raw[name]`` (verl's ``marked_timer``)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
+
+
+def merge(batch: Batch, out: Batch) -> Batch:
+    """``batch`` with every field of ``out`` added or replaced (a worker's output overrides its input).
+
+    Raises:
+        ValueError: when the two batches have different sizes.
+    """
+    if len(out) and len(batch) and len(out) != len(batch):
+        raise ValueError(f"worker returned {len(out)} rows for a batch of {len(batch)}")
+    return Batch({**batch.tensors, **out.tensors}, {**batch.non_tensors, **out.non_tensors}, {**batch.meta, **out.meta})
+
+
+def add_uids(batch: Batch) -> Batch:
+    """A new batch with a fresh ``uid`` (uuid4 string) per row: one group per prompt before repetition."""
+    uids = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    return Batch(dict(batch.tensors), {**batch.non_tensors, "uid": uids}, dict(batch.meta))
+
+
+def ensure_response_mask(batch: Batch) -> Batch:
+    """Add ``response_mask (B, T)`` = ``attention_mask[:, -T:]`` when the rollout did not return one."""
+    if "response_mask" in batch:
+        return batch
+    t = batch["responses"].shape[1]
+    return merge(batch, Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
+
+
+def pad_to_divisor(batch: Batch, divisor: int) -> tuple[Batch, int]:
+    """Append copies of the first rows so that ``len`` is divisible by ``divisor``; returns (batch, pad count)."""
+    pad = (-len(batch)) % divisor
+    if pad == 0:
+        return batch, 0
+    idx = np.concatenate([np.arange(len(batch)), np.arange(pad) % len(batch)])
+    return batch.index(idx), pad
+
+
+def unpad(batch: Batch, pad: int) -> Batch:
+    return batch if pad == 0 else batch.index(slice(0, len(batch) - pad))
+
+
+def mean_rank_metrics(outputs: list[Any]) -> dict[str, float]:
+    """Reduce per-rank metric dicts (values: numbers or lists of numbers; or Batches carrying
+    ``meta["metrics"]``) to their mean per key (``rlhf_core.metrics.training.reduce_metrics``)."""
+    from rlhf_core.metrics.training import reduce_metrics
+
+    dicts = []
+    for out in outputs:
+        if isinstance(out, Batch):
+            out = out.meta.get("metrics", {})
+        dicts.append({k: [float(x) for x in (v if isinstance(v, list | tuple) else [v])] for k, v in (out or {}).items()})
+    return reduce_metrics(dicts)
+
+
+def balance_batch(batch: Batch, world_size: int) -> tuple[Batch, dict[str, float]]:
+    """Reorder rows so that each of the ``world_size`` equal contiguous shards gets a similar number of valid
+    tokens (verl ``trainer.balance_batch``). Greedy: longest sequence first, into the shard with the fewest tokens
+    that still has room. Metrics ``global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}`` are the
+    per-shard token totals before and after balancing."""
+    seqlens = batch["attention_mask"].sum(-1).tolist()
+    n = len(seqlens)
+    if world_size <= 1 or n % world_size:
+        return batch, {}
+    size = n // world_size
+    before = [sum(seqlens[r * size:(r + 1) * size]) for r in range(world_size)]
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    totals = [0] * world_size
+    for i in sorted(range(n), key=lambda j: (-seqlens[j], j)):
+        r = min((r for r in range(world_size) if len(parts[r]) < size), key=lambda r: (totals[r], r))
+        parts[r].append(i)
+        totals[r] += seqlens[i]
+    order = [i for part in parts for i in sorted(part)]
+    metrics = {"global_seqlen/min": float(min(before)), "global_seqlen/max": float(max(before)),
+               "global_seqlen/minmax_diff": float(max(before) - min(before)),
+               "global_seqlen/balanced_min": float(min(totals)), "global_seqlen/balanced_max": float(max(totals)),
+               "global_seqlen/mean": float(np.mean(before))}
+    return batch.index(order), metrics
+
+
+def dump_rollouts(batch: Batch, tokenizer: Any, out_dir: str, global_step: int) -> str:
+    """``trainer.rollout_data_dir``: write ``<out_dir>/<global_step>.jsonl``, one line per sequence with
+    ``input``, ``output`` (decoded, special tokens skipped), ``score`` (Σ token_level_scores), ``step`` and the
+    reward manager's extra columns (verl ``_dump_generations``)."""
+    import json
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{global_step}.jsonl")
+    p = batch["prompts"].shape[1]
+    mask = batch["attention_mask"]
+    scores = batch["token_level_scores"].sum(-1).tolist()
+    base = {"prompts", "responses", "uid", "data_source", "reward_model", "extra_info", "index", "raw_prompt",
+            "raw_prompt_ids", "full_prompts", "ability", "tools_kwargs", "interaction_kwargs"}
+    extras = [k for k, v in batch.non_tensors.items() if k not in base]
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(len(batch)):
+            prompt_ids = batch["prompts"][i][mask[i, :p].bool()].tolist()
+            n = int(batch["response_mask"][i].sum())
+            row = {"input": tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                   "output": tokenizer.decode(batch["responses"][i][:n].tolist(), skip_special_tokens=True),
+                   "score": float(scores[i]), "step": int(global_step)}
+            for k in extras:
+                v = batch[k][i]
+                row[k] = v.item() if isinstance(v, np.generic) else v
+            fh.write(json.dumps(row, default=str) + "\n")
+    return path

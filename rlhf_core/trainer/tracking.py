@@ -1,0 +1,243 @@
+"""Metric sinks for the trainers (verl's ``Tracking``): console, file (jsonl), mlflow, tensorboard, wandb, ...
+
+``Tracking(project_name, experiment_name, default_backend, config)`` fans every ``log(data, step)`` out to the
+backends named in ``trainer.logger``:
+
+* ``console`` — one line ``step:N - key:value - ...`` per call, numbers with 3 decimals (verl's LocalLogger);
+* ``file`` (ours) — JSON lines, one line per metric ``{"step": N, "name": str, "value": float, "timestamp": s}``
+  (long format, so DuckDB reads it as a table). Path: env ``RLHF_METRICS_FILE`` if set, else
+  ``<trainer.default_local_dir>/metrics.jsonl`` (else ``./metrics.jsonl`` without a config);
+* ``mlflow`` — into the run ``MLFLOW_RUN_ID`` when that env variable is set (the pipeline creates it), else a new
+  run named ``experiment_name`` in the experiment ``project_name``. The flattened config is logged as params once.
+  MLflow metric names allow letters, digits, ``_ - . : / `` and space only; other characters are replaced:
+  ``@`` → ``_at_`` (``val-core/x/reward/mean@4`` → ``val-core/x/reward/mean_at_4``), anything else → ``_``;
+* ``tensorboard`` — ``torch.utils.tensorboard`` under env ``TENSORBOARD_DIR`` or
+  ``tensorboard_log/<project>/<experiment>`` (verl's default);
+* ``wandb``, ``swanlab``, ``trackio`` — through their own packages.
+
+Non-numeric values (lists, strings) are skipped by every sink (console too, like verl).
+
+Pipeline contract (ours): when env ``RLHF_METRICS_FILE`` is set the ``file`` sink is added, and when env
+``MLFLOW_RUN_ID`` is set the ``mlflow`` sink is added, even if ``trainer.logger`` does not list them (the Prefect
+tasks set these variables to collect every stage's metrics). A listed third-party sink whose package is not
+installed (``wandb``, ``swanlab``, ``trackio``, ``tensorboard``) is skipped with a warning, so verl's default
+``logger: [console, wandb]`` runs on a machine without wandb.
+
+Raises:
+    ValueError: for an unknown backend name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import numbers
+import os
+import re
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_BACKENDS = ("console", "file", "mlflow", "tensorboard", "wandb", "swanlab", "trackio")
+_MLFLOW_INVALID = re.compile(r"[^0-9A-Za-z_\-.:/ ]")
+
+
+def sanitize_mlflow_name(name: str) -> str:
+    """``name`` with characters MLflow rejects replaced: ``@`` → ``_at_``, other invalid characters → ``_``."""
+    return _MLFLOW_INVALID.sub("_", name.replace("@", "_at_"))
+
+
+def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
+    """The entries of ``data`` that are real numbers (python, numpy or 0-d torch), as floats."""
+    out = {}
+    for key, value in data.items():
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
+        if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
+            out[key] = float(value)
+    return out
+
+
+def flatten_config(config: Any) -> dict[str, str]:
+    """A nested config (DictConfig or dict) as ``{"a.b.c": "value"}`` strings (for MLflow params)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        try:
+            config = OmegaConf.to_container(config, resolve=True)
+        except Exception:  # an unresolvable interpolation: log the raw values
+            config = OmegaConf.to_container(config, resolve=False)
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = str(node)
+
+    walk("", config or {})
+    return out
+
+
+class ConsoleSink:
+    def log(self, data: dict[str, Any], step: int) -> None:
+        parts = [f"step:{step}"] + [f"{k}:{v:.3f}" for k, v in scalar_metrics(data).items()]
+        print(" - ".join(parts), flush=True)
+
+    def finish(self) -> None:
+        pass
+
+
+class FileSink:
+    """Appends one JSON line per metric to ``path`` (flushed per call, so a crash loses nothing logged)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        now = time.time()
+        for name, value in scalar_metrics(data).items():
+            self._fh.write(json.dumps({"step": int(step), "name": name, "value": value, "timestamp": now}) + "\n")
+        self._fh.flush()
+
+    def finish(self) -> None:
+        self._fh.close()
+
+
+class MlflowSink:
+    """Logs into ``MLFLOW_RUN_ID`` when set, else into a new run (ended with FINISHED by :meth:`finish`)."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()
+        run_id = os.environ.get("MLFLOW_RUN_ID")
+        self.owns_run = not run_id
+        if run_id:
+            self.run_id = run_id
+        else:
+            exp = self.client.get_experiment_by_name(project_name)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(project_name)
+            self.run_id = self.client.create_run(exp_id, run_name=experiment_name).info.run_id
+        if config is not None:
+            self._log_params(flatten_config(config))
+
+    def _log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(sanitize_mlflow_name(k)[:250], v[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            try:
+                self.client.log_batch(self.run_id, params=items[i : i + 100])
+            except Exception as exc:  # a retried stage re-logs params the run already has
+                logger.warning("mlflow: could not log params (%s)", exc)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(sanitize_mlflow_name(k), v, ts, int(step)) for k, v in scalar_metrics(data).items()]
+        for i in range(0, len(metrics), 500):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 500])
+
+    def finish(self) -> None:
+        if self.owns_run:
+            self.client.set_terminated(self.run_id, "FINISHED")
+
+
+class TensorboardSink:
+    def __init__(self, project_name: str, experiment_name: str):
+        from torch.utils.tensorboard import SummaryWriter  # ImportError without the tensorboard package
+
+        log_dir = os.environ.get("TENSORBOARD_DIR", os.path.join("tensorboard_log", project_name, experiment_name))
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        for k, v in scalar_metrics(data).items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class _ModuleSink:
+    """wandb / swanlab / trackio: ``init(project=, name=, config=)``, ``log(data, step=)``, ``finish()``."""
+
+    def __init__(self, module_name: str, project_name: str, experiment_name: str, config: Any):
+        import importlib
+
+        self.module = importlib.import_module(module_name)
+        cfg = flatten_config(config) if config is not None else None
+        self.module.init(project=project_name, name=experiment_name, config=cfg)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        self.module.log(scalar_metrics(data), step=step)
+
+    def finish(self) -> None:
+        self.module.finish()
+
+
+def default_metrics_file(config: Any) -> str:
+    """Env ``RLHF_METRICS_FILE``, else ``<trainer.default_local_dir>/metrics.jsonl``, else ``./metrics.jsonl``."""
+    if os.environ.get("RLHF_METRICS_FILE"):
+        return os.environ["RLHF_METRICS_FILE"]
+    try:
+        return os.path.join(str(config.trainer.default_local_dir), "metrics.jsonl")
+    except Exception:
+        return "metrics.jsonl"
+
+
+class Tracking:
+    """Fan-out of metrics to the sinks in ``default_backend`` (see the module docstring)."""
+
+    def __init__(self, project_name: str, experiment_name: str, default_backend: list[str] | str = "console",
+                 config: Any = None, metrics_file: str | None = None):
+        backends = [default_backend] if isinstance(default_backend, str) else list(default_backend or [])
+        unknown = [b for b in backends if b not in SUPPORTED_BACKENDS]
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; supported: {list(SUPPORTED_BACKENDS)}")
+        if os.environ.get("RLHF_METRICS_FILE") and "file" not in backends:
+            backends.append("file")
+        if os.environ.get("MLFLOW_RUN_ID") and "mlflow" not in backends:
+            backends.append("mlflow")
+        self.sinks: dict[str, Any] = {}
+        for name in backends:
+            try:
+                self.sinks[name] = self._make_sink(name, project_name, experiment_name, config, metrics_file)
+            except ImportError as exc:
+                logger.warning("trainer.logger: %r is not installed (%s); skipping that sink", name, exc)
+
+    @staticmethod
+    def _make_sink(name: str, project_name: str, experiment_name: str, config: Any, metrics_file: str | None):
+        if name == "console":
+            return ConsoleSink()
+        if name == "file":
+            return FileSink(metrics_file or default_metrics_file(config))
+        if name == "mlflow":
+            return MlflowSink(project_name, experiment_name, config)
+        if name == "tensorboard":
+            return TensorboardSink(project_name, experiment_name)
+        return _ModuleSink(name, project_name, experiment_name, config)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        for sink in self.sinks.values():
+            sink.log(data, step)
+
+    def finish(self) -> None:
+        for sink in self.sinks.values():
+            sink.finish()
+
+
+def read_metrics_jsonl(path: str) -> dict[int, dict[str, float]]:
+    """Read a ``file``-sink jsonl back as ``{step: {name: value}}`` (the last value wins)."""
+    out: dict[int, dict[str, float]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                out.setdefault(row["step"], {})[row["name"]] = row["value"]
+    return out
