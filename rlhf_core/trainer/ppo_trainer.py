@@ -184,7 +184,8 @@ class RayPPOTrainer:
             if self.use_critic:
                 with timer("update_critic", timing):
                     metrics.update(self.update_critic(batch))
-            if int(self.config.trainer.critic_warmup) <= self.global_steps:
+            # SEMANTICS: the actor updates once step > critic_warmup (verl's `<=` gave one step too few of warmup).
+            if self.global_steps > int(self.config.trainer.critic_warmup):
                 with timer("update_actor", timing):
                     metrics.update(self.update_actor(batch))
             if self._should_test(is_last):

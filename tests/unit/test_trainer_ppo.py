@@ -226,11 +226,12 @@ def test_gae_uses_critic_and_warmup_delays_actor(tmp_path):
     cfg.actor_rollout_ref.actor.use_kl_loss = False
     trainer, final, actor, log = run(cfg)
     stages = [c[0] for c in log if c[0] != "gen"]
-    # verl: update_actor once critic_warmup <= global_step → only at steps 2 and 3
-    assert stages.count("update_critic") == 3 * 2 and stages.count("update_actor") == 2 * 2
+    # SEMANTICS: update_actor once global_step > critic_warmup = 2 → only at step 3 (verl's `<=` would also update
+    # at step 2, leaving one warmup step instead of two)
+    assert stages.count("update_critic") == 3 * 2 and stages.count("update_actor") == 1 * 2
     assert "ref" not in stages
     metrics = read_metrics_jsonl(os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl"))
-    assert "actor/pg_loss" not in metrics[1] and "actor/pg_loss" in metrics[2]
+    assert "actor/pg_loss" not in metrics[2] and "actor/pg_loss" in metrics[3]
     assert {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/values",
             "timing_s/update_critic"} <= set(metrics[1])
     assert os.path.isdir(os.path.join(cfg.trainer.default_local_dir, "global_step_3", "critic"))
