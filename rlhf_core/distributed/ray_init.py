@@ -1,0 +1,31 @@
+"""Start or connect to Ray (verl: ``ray.init`` in ``main_ppo``).
+
+``address=None`` starts an embedded local instance (token auth off, no dashboard);
+``"auto"`` or ``"ray://host:port"`` connects to an existing cluster.
+"""
+from __future__ import annotations
+
+import os
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Initialise Ray once per process; a second call is a no-op.
+
+    Args:
+        address: ``None`` → embedded local instance; ``"auto"`` / ``"ray://..."`` / ``"host:port"`` →
+            connect to an existing cluster (``num_cpus`` is then ignored: a cluster's size is its own).
+        num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
+
+    For the embedded case ``RAY_AUTH_MODE`` defaults to ``disabled`` (Ray 2.60 enables token
+    authentication by default, which a private local instance does not need); an explicit value in
+    the environment is kept.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    else:
+        ray.init(address=address)

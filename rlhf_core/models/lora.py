@@ -1,0 +1,41 @@
+"""LoRA adapters via peft for the actor, critic and SFT (verl: ``model.lora_rank/lora_alpha/target_modules``)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: str | Sequence[str] = "all-linear",
+               task_type: str = "CAUSAL_LM"):
+    """Wrap ``model`` with LoRA adapters; only the adapters (and, for a critic, the score head) train.
+
+    Args:
+        lora_rank: adapter rank ``r``; ``<= 0`` returns ``model`` unchanged.
+        lora_alpha: scaling numerator (effective scale ``alpha / r``).
+        target_modules: ``"all-linear"`` or a list of module names (e.g. ``["q_proj", "v_proj"]``).
+        task_type: ``"CAUSAL_LM"`` (actor, SFT) or ``"TOKEN_CLS"`` (critic: the ``score`` head stays trainable).
+
+    Returns the ``peft.PeftModel``. Calls ``enable_input_require_grads`` so that gradient checkpointing works
+    with frozen embeddings.
+    """
+    if lora_rank is None or int(lora_rank) <= 0:
+        return model
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    if not isinstance(target_modules, str):
+        target_modules = list(target_modules)
+    extra = {}
+    if task_type == "TOKEN_CLS":
+        # the value head is trained in full (peft's modules_to_save), so it must not also get an adapter
+        extra = {"exclude_modules": ["score", "classifier"], "modules_to_save": ["score"]}
+    config = LoraConfig(task_type=getattr(TaskType, task_type), r=int(lora_rank), lora_alpha=lora_alpha,
+                        target_modules=target_modules, bias="none", **extra)
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    return get_peft_model(model, config)
+
+
+def merge_lora(model):
+    """Fold the adapters into the base weights and return the plain base model (for saving/rollout)."""
+    if hasattr(model, "merge_and_unload"):
+        return model.merge_and_unload()
+    return model

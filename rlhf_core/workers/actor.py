@@ -1,0 +1,176 @@
+"""Data-parallel PPO actor (verl ``DataParallelPPOActor``): log-probs and the clipped policy update.
+
+Runs on every rank with this rank's shard; the model is FSDP2-sharded (or plain, for a single process).
+Loss per mini-batch: ``pg_loss − entropy_coeff·entropy + kl_loss_coef·kl_loss`` with every term aggregated by
+``loss_agg_mode`` over the *whole* mini-batch (global token/sequence counts all-reduced across ranks), so the
+update does not depend on the micro-batch split or the world size.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from rlhf_core.algos.kl import kl_penalty
+from rlhf_core.algos.loss_agg import agg_loss
+from rlhf_core.algos.policy_loss import get_policy_loss_fn
+from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
+from rlhf_core.protocol import Batch
+from rlhf_core.workers import batching
+from rlhf_core.workers.fsdp_utils import clip_grad_norm, device, world_size
+
+logger = logging.getLogger(__name__)
+
+
+def forward_response_logits(model: nn.Module, mb: Batch, response_length: int) -> torch.Tensor:
+    """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
+
+    Uses the padded path (``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``)."""
+    dev = device()
+    out = model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev),
+                position_ids=mb["position_ids"].to(dev), use_cache=False)
+    return out.logits[:, -response_length - 1:-1]
+
+
+class DataParallelPPOActor:
+    """Policy (or reference) forward and update on one rank.
+
+    Args:
+        config: ``actor_rollout_ref.actor`` (for a reference model only the forward is used).
+        model: the (FSDP2-wrapped) causal LM.
+        optimizer: ``None`` for a reference model.
+        mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
+        micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
+    """
+
+    def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 mini_batch_size: int | None = None, micro_batch_size: int | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
+
+    # ---- forward -------------------------------------------------------------------------------------------
+    def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool):
+        T = mb["responses"].shape[-1]
+        logits = forward_response_logits(self.model, mb, T).float() / temperature
+        log_prob = logprobs_from_logits(logits, mb["responses"].to(logits.device))
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return log_prob, entropy
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
+                         max_token_len: int | None = None, calculate_entropy: bool = True):
+        """Log π(response_t) and entropies of this rank's shard, logits divided by ``batch.meta['temperature']``.
+
+        Returns ``(log_probs (B, T) float32 CPU, entropys (B, T) float32 CPU or None)``; rows keep their order."""
+        temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
+        self.model.eval()
+        lps, ents = [], []
+        for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
+                                         "log_prob_max_token_len_per_gpu"):
+            lp, ent = self._log_prob_entropy(mb, temperature, calculate_entropy)
+            lps.append(lp.float().cpu())
+            if ent is not None:
+                ents.append(ent.float().cpu())
+        return torch.cat(lps), (torch.cat(ents) if calculate_entropy else None)
+
+    # ---- update --------------------------------------------------------------------------------------------
+    def _is_weights(self, mb: Batch) -> torch.Tensor | None:
+        if "rollout_is_weights" in mb:
+            return mb["rollout_is_weights"]
+        if not self.config.get("rollout_is", False) or "rollout_log_probs" not in mb:
+            return None
+        weights, _ = compute_rollout_importance_weights(
+            mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"],
+            level=self.config.get("rollout_is_level", "token"), mode=self.config.get("rollout_is_mode", "truncate"),
+            threshold=self.config.get("rollout_is_threshold"), threshold_lower=self.config.get("rollout_is_threshold_lower"),
+            veto_threshold=self.config.get("rollout_is_veto_threshold"))
+        return weights
+
+    def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
+        """This micro-batch's contribution to the mini-batch loss, and its metric contributions."""
+        cfg = self.config
+        mode = cfg.get("loss_agg_mode", "token-mean")
+        entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
+        dev = device()
+        mask = mb["response_mask"].to(dev)
+        log_prob, entropy = self._log_prob_entropy(mb, temperature, with_entropy=True)
+        clip = float(cfg.get("clip_ratio", 0.2))
+        low = cfg.get("clip_ratio_low")
+        high = cfg.get("clip_ratio_high")
+        is_w = self._is_weights(mb)
+        loss_mode = (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
+        pg_loss, pg_metrics = get_policy_loss_fn(loss_mode)(
+            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask,
+            clip if low is None else float(low), clip if high is None else float(high),
+            float(cfg.get("clip_ratio_c", 3.0)), mode,
+            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq)
+        ent = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
+        loss = pg_loss - entropy_coeff * ent if entropy_coeff else pg_loss
+        share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
+        metrics = {"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(ent.detach())}
+        metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
+        if cfg.get("use_kl_loss", False):
+            kl = kl_penalty(log_prob, mb["ref_log_prob"].to(dev), cfg.get("kl_loss_type", "low_var_kl"))
+            kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
+            loss = loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+            metrics["actor/kl_loss"] = float(kl_loss.detach())
+        return loss, metrics
+
+    def update_policy(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over this rank's shard: one optimizer step per mini-batch.
+
+        Needs ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
+        ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with ``use_kl_loss``, ``rollout_log_probs`` or
+        ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over mini-batches, identical on every
+        rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
+        ``actor/entropy``, ``actor/kl_loss`` + ``actor/kl_coef`` (with ``use_kl_loss``), ``actor/grad_norm``,
+        ``actor/skipped_steps`` (non-finite grad norm → no step). The LR is stepped by the worker.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")
+        cfg = self.config
+        temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
+        W = world_size()
+        seed = cfg.get("data_loader_seed")
+        seed = 0 if seed is None else int(seed)
+        self.model.train()
+        history: dict[str, list[float]] = {}
+        for epoch in range(int(cfg.get("ppo_epochs", 1))):
+            for mini in batching.mini_batches(batch, self.mini_batch_size or len(batch), epoch,
+                                              bool(cfg.get("shuffle", False)), seed, self.update_calls):
+                n_tok, n_seq = batching.global_counts(mini["response_mask"])
+                self.optimizer.zero_grad(set_to_none=True)
+                sums: dict[str, float] = {}
+                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
+                                                 cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
+                    loss, m = self._micro_loss(mb, temperature, n_tok, n_seq)
+                    (loss * W).backward()  # FSDP averages gradients over the W ranks; the sum is wanted
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                mini_metrics = batching.all_reduce_sum(sums)
+                grad_norm = clip_grad_norm(self.model, cfg.get("grad_clip"))
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                    mini_metrics["actor/skipped_steps"] = 0.0
+                else:
+                    logger.warning("actor: grad norm is %s; skipping this optimizer step", grad_norm)
+                    mini_metrics["actor/skipped_steps"] = 1.0
+                self.optimizer.zero_grad(set_to_none=True)
+                mini_metrics["actor/grad_norm"] = grad_norm
+                if cfg.get("use_kl_loss", False):
+                    mini_metrics["actor/kl_coef"] = float(cfg.get("kl_loss_coef", 0.001))
+                for k, v in mini_metrics.items():
+                    history.setdefault(k, []).append(v)
+        self.update_calls += 1
+        out = {k: sum(v) / len(v) for k, v in history.items()}
+        if "actor/skipped_steps" in history:
+            out["actor/skipped_steps"] = sum(history["actor/skipped_steps"])
+        return out

@@ -1,0 +1,86 @@
+"""Mini- and micro-batching shared by the actor and the critic (verl ``dp_actor``/``dp_critic`` loops).
+
+* mini-batches: contiguous slices of this rank's shard (``ppo_mini_batch_size × n ÷ world``), reshuffled per
+  epoch when ``shuffle`` (a ``torch.Generator`` seeded by ``data_loader_seed``, the update call and the epoch);
+* micro-batches: ``micro_batch_size`` rows each, or — ``use_dynamic_bsz`` — consecutive rows packed so that the
+  valid tokens of a micro-batch stay within ``max_token_len`` (order kept, so outputs concatenate back directly).
+* global counts: the mini-batch's valid tokens / sequences summed over this rank's micro-batches and all ranks,
+  for ``agg_loss(..., global_tokens, global_seqs)`` (micro-batch- and world-size-invariant losses).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlhf_core.protocol import Batch
+
+
+def token_budget_partition(seq_lens: list[int], max_token_len: int, key: str = "max_token_len") -> list[list[int]]:
+    """Consecutive groups of row indices whose summed ``seq_lens`` stay ``<= max_token_len``.
+
+    Raises ``ValueError`` naming ``key`` when a single row is longer than the budget (verl asserts the same)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, n in enumerate(seq_lens):
+        if n > max_token_len:
+            raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {n} tokens; raise it to at least "
+                             f"the longest prompt + response")
+        if current and used + n > max_token_len:
+            groups.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
+                  max_token_len: int | None = None, key: str = "max_token_len") -> list[Batch]:
+    """Split ``batch`` into micro-batches in order (by count, or by token budget when ``use_dynamic_bsz``).
+
+    Raises ``ValueError`` when neither a positive ``micro_batch_size`` nor a dynamic budget is given."""
+    if use_dynamic_bsz:
+        if not max_token_len or max_token_len <= 0:
+            raise ValueError(f"use_dynamic_bsz needs a positive {key}")
+        lens = batch["attention_mask"].sum(dim=-1).tolist()
+        return [batch.index(g) for g in token_budget_partition([int(n) for n in lens], int(max_token_len), key)]
+    if not micro_batch_size or micro_batch_size <= 0:
+        raise ValueError("a micro-batch size per GPU must be set when use_dynamic_bsz is False")
+    return batch.split(int(micro_batch_size))
+
+
+def mini_batches(batch: Batch, mini_batch_size: int, epoch: int, shuffle: bool, seed: int,
+                 call_index: int = 0) -> Iterator[Batch]:
+    """This rank's mini-batches for one epoch (the last one may be smaller when sizes do not divide)."""
+    if mini_batch_size <= 0:
+        raise ValueError(f"mini-batch size per rank must be positive, got {mini_batch_size}")
+    if shuffle:
+        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + call_index * 1009 + epoch)
+        batch = batch.index(torch.randperm(len(batch), generator=gen))
+    yield from batch.split(mini_batch_size)
+
+
+def global_counts(mask: torch.Tensor) -> tuple[float, float]:
+    """(valid tokens, sequences with a valid token) of ``mask (B, T)`` summed over all ranks (all-reduce SUM)."""
+    counts = torch.tensor([mask.float().sum().item(), float((mask != 0).any(dim=-1).sum().item())], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            counts = counts.cuda()
+        dist.all_reduce(counts)
+    return float(counts[0]), float(counts[1])
+
+
+def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
+    """Sum a dict of floats over all ranks (keys must match on every rank)."""
+    if not values or not (dist.is_initialized() and dist.get_world_size() > 1):
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return {k: float(v) for k, v in zip(keys, t.tolist())}

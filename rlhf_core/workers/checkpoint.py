@@ -1,0 +1,159 @@
+"""Sharded FSDP2 checkpoints with ``torch.distributed.checkpoint`` (verl ``FSDPCheckpointManager``).
+
+Layout of ``local_path`` (e.g. ``global_step_N/actor``)::
+
+    model/                          DCP: sharded model state            ('model')
+    optim/                          DCP: sharded optimizer state        ('optimizer')
+    extra_state_world_size_W_rank_R.pt   LR scheduler + RNG + counters  ('extra')
+    huggingface/                    config + tokenizer (+ full safetensors weights with 'hf_model')
+
+Writes go to ``<local_path>.tmp`` and are renamed into place by rank 0 once every rank has finished, so a
+crash never leaves a half-written ``local_path`` (an older checkpoint at that path is replaced only then).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
+
+from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
+
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["random"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _check_contents(contents: Sequence[str], key: str) -> list[str]:
+    bad = [c for c in contents if c not in CONTENTS]
+    if bad:
+        raise ValueError(f"checkpoint.{key} has unknown entries {bad}; allowed: {list(CONTENTS)}")
+    return list(contents)
+
+
+class FSDPCheckpointManager:
+    """Save / load one FSDP2 model (+ optimizer, LR scheduler, extra state) on every rank.
+
+    Args:
+        model: the FSDP2-sharded module. optimizer / lr_scheduler: may be ``None`` (reference, merger).
+        tokenizer: saved into ``huggingface/``; hf_config: ``model.config`` (saved into ``huggingface/``).
+        save_contents / load_contents: subsets of ``('model','optimizer','extra','hf_model')``.
+        extra_state: ``() -> dict`` of counters to save; set_extra_state: ``(dict) -> None`` to restore them.
+    """
+
+    def __init__(self, model: nn.Module, optimizer, lr_scheduler, tokenizer, hf_config,
+                 save_contents: Sequence[str] = ("model", "optimizer", "extra"),
+                 load_contents: Sequence[str] | None = None,
+                 extra_state: Callable[[], dict] | None = None, set_extra_state: Callable[[dict], None] | None = None,
+                 generation_config=None) -> None:
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.tokenizer, self.hf_config, self.generation_config = tokenizer, hf_config, generation_config
+        self.save_contents = _check_contents(save_contents, "save_contents")
+        self.load_contents = _check_contents(load_contents if load_contents is not None else save_contents,
+                                             "load_contents")
+        self.extra_state, self.set_extra_state = extra_state, set_extra_state
+
+    def _extra_path(self, root: str) -> str:
+        return os.path.join(root, f"extra_state_world_size_{world_size()}_rank_{rank()}.pt")
+
+    def save(self, local_path: str) -> str:
+        """Write the checkpoint to ``local_path`` (collective: every rank must call it). Returns the path."""
+        local_path = os.path.abspath(os.path.expanduser(local_path))
+        tmp = local_path + ".tmp"
+        if rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        _barrier()
+        if "model" in self.save_contents:
+            dcp.save(get_model_state_dict(self.model), checkpoint_id=os.path.join(tmp, "model"))
+        if "optimizer" in self.save_contents and self.optimizer is not None:
+            dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=os.path.join(tmp, "optim"))
+        if "extra" in self.save_contents:
+            extra = {"rng": rng_state(), "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+                     "counters": self.extra_state() if self.extra_state else {}}
+            torch.save(extra, self._extra_path(tmp))
+        full = full_state_dict(self.model, rank0_only=True) if "hf_model" in self.save_contents else None
+        if rank() == 0:
+            self._save_hf(os.path.join(tmp, "huggingface"), full)
+        _barrier()
+        if rank() == 0:
+            if os.path.exists(local_path):
+                shutil.rmtree(local_path)
+            os.replace(tmp, local_path)
+        _barrier()
+        return local_path
+
+    def _save_hf(self, hf_dir: str, full: dict | None) -> None:
+        os.makedirs(hf_dir, exist_ok=True)
+        if self.hf_config is not None:
+            self.hf_config.save_pretrained(hf_dir)
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(hf_dir)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(hf_dir)
+        peft_cfg = getattr(self.model, "peft_config", None)
+        if peft_cfg:  # LoRA: the merger needs r / alpha to fold the adapters
+            next(iter(peft_cfg.values())).save_pretrained(hf_dir)
+        if full:
+            from safetensors.torch import save_file
+
+            tensors = {k: v.detach().cpu().contiguous() for k, v in full.items()}
+            # tied weights share storage; safetensors refuses shared tensors, so store independent copies
+            save_file({k: v.clone() for k, v in tensors.items()}, os.path.join(hf_dir, "model.safetensors"),
+                      metadata={"format": "pt"})
+
+    def load(self, local_path: str) -> None:
+        """Restore ``load_contents`` from ``local_path`` (collective). Raises ``FileNotFoundError`` if a
+        requested part is missing; extra state needs the same world size it was saved with."""
+        local_path = os.path.abspath(os.path.expanduser(local_path))
+        if "model" in self.load_contents:
+            path = os.path.join(local_path, "model")
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"no sharded model in {local_path}")
+            sd = get_model_state_dict(self.model)
+            dcp.load(sd, checkpoint_id=path)
+            set_model_state_dict(self.model, sd)
+        if "optimizer" in self.load_contents and self.optimizer is not None:
+            path = os.path.join(local_path, "optim")
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"no optimizer state in {local_path}")
+            osd = get_optimizer_state_dict(self.model, self.optimizer)
+            dcp.load(osd, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, self.optimizer, osd)
+        if "extra" in self.load_contents:
+            path = self._extra_path(local_path)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path} is missing (was the checkpoint saved with world size {world_size()}?)")
+            extra = torch.load(path, weights_only=False)
+            set_rng_state(extra["rng"])
+            if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            if self.set_extra_state is not None:
+                self.set_extra_state(extra.get("counters", {}))
+        _barrier()

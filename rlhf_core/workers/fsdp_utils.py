@@ -1,0 +1,136 @@
+"""FSDP2 helpers: wrap a Hugging Face model with ``fully_shard``, gather its full weights, clip gradients.
+
+verl's ``apply_fsdp2``: every decoder layer (the classes in ``model._no_split_modules``, or — with
+``wrap_policy.min_num_params > 0`` — every sub-module holding at least that many parameters) is
+sharded on its own, then the root. ``fsdp_size`` ``-1`` (or ``>= world``) shards over all ranks;
+a smaller value builds a 2-D (replicate, shard) mesh (HSDP). ``param_offload``/``optimizer_offload``
+become ``CPUOffloadPolicy`` on CUDA; on CPU they are no-ops (the weights already live in host memory).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def device() -> torch.device:
+    """This rank's device: ``cuda:<current>`` when CUDA is available, else ``cpu``."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _build_mesh(fsdp_size: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ws = world_size()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if fsdp_size is None or fsdp_size < 0 or fsdp_size >= ws:
+        return init_device_mesh(dev, (ws,), mesh_dim_names=("fsdp",))
+    if ws % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {ws}")
+    return init_device_mesh(dev, (ws // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def _modules_to_wrap(model: nn.Module, min_num_params: int) -> list[nn.Module]:
+    if min_num_params and min_num_params > 0:
+        # size-based policy: the smallest sub-modules holding >= min_num_params parameters; embeddings and
+        # the output head are left to the root (they may share a tied weight).
+        skip = {id(model.get_input_embeddings())} if hasattr(model, "get_input_embeddings") else set()
+        if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+            skip.add(id(model.get_output_embeddings()))
+
+        def size(m: nn.Module) -> int:
+            return sum(p.numel() for p in m.parameters())
+
+        return [m for m in model.modules()
+                if m is not model and id(m) not in skip and size(m) >= min_num_params
+                and not any(size(c) >= min_num_params and id(c) not in skip for c in m.children())]
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    base = getattr(model, "base_model", None)
+    if not names and base is not None:
+        names = set(getattr(getattr(base, "model", base), "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, role: str = "actor") -> nn.Module:
+    """Shard ``model`` in place with FSDP2 and return it (moved to :func:`device`).
+
+    Honoured ``fsdp_config`` keys: ``wrap_policy.min_num_params``, ``fsdp_size``, ``param_offload``,
+    ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
+    ``reshard_after_forward`` (default True).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    cfg = dict(fsdp_config or {})
+    wrap = dict(cfg.get("wrap_policy") or {})
+    offload = any(bool(cfg.get(k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
+    kwargs: dict[str, Any] = {"mesh": _build_mesh(int(cfg.get("fsdp_size", -1) or -1)),
+                              "reshard_after_forward": bool(cfg.get("reshard_after_forward", True))}
+    if offload:
+        if torch.cuda.is_available():
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        else:
+            logger.info("%s: param_offload/optimizer_offload requested on CPU: no-op (weights already in host memory)", role)
+    if not torch.cuda.is_available() or not offload:
+        model.to(device())
+    broadcast_from_rank0(model)
+    for module in _modules_to_wrap(model, int(wrap.get("min_num_params", 0) or 0)):
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+@torch.no_grad()
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Make every rank start from rank 0's weights and buffers (FSDP1's ``sync_module_states``): randomly
+    initialised parts — a critic's value head, LoRA ``A`` matrices — would otherwise differ across ranks."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    staged = dist.get_backend() == "nccl"
+    for t in list(model.parameters()) + list(model.buffers()):
+        if staged and t.device.type == "cpu":  # CPU-offloaded model on nccl: broadcast through the GPU
+            buf = t.data.cuda()
+            dist.broadcast(buf, src=0)
+            t.data.copy_(buf.cpu())
+        else:
+            dist.broadcast(t.data, src=0)
+
+
+def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """The unsharded weights (HF key names) gathered from all ranks.
+
+    With ``rank0_only=False`` every rank gets the full dict (on CPU for CPU runs, on the device on CUDA);
+    with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    return get_model_state_dict(model, options=opts)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
+    """Global gradient L2 norm over all ranks (DTensor-aware); grads are clipped to ``max_norm`` when finite.
+
+    Returns the norm before clipping as a float (``inf``/``nan`` when not finite; the caller skips the step)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    value = float(norm)
+    if math.isfinite(value) and max_norm is not None and max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return value

@@ -1,0 +1,235 @@
+"""Ray-hosted FSDP2 workers (verl ``fsdp_workers.ActorRolloutRefWorker`` / ``CriticWorker``).
+
+Every method runs on every rank with this rank's shard of the batch (``RayWorkerGroup.execute_dp``);
+collective methods (``init_model``, ``update_*``, ``save/load_checkpoint``) must be called on all ranks.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.protocol import Batch
+from rlhf_core.workers.actor import DataParallelPPOActor
+from rlhf_core.workers.checkpoint import FSDPCheckpointManager
+from rlhf_core.workers.critic import DataParallelPPOCritic
+from rlhf_core.workers.fsdp_utils import full_state_dict, rank
+from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+
+logger = logging.getLogger(__name__)
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def _cfg_get(cfg, path: str, default: Any = None) -> Any:
+    node = cfg
+    for part in path.split("."):
+        if node is None or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+class ActorRolloutRefWorker:
+    """Actor (FSDP2 + AdamW), rollout engine (hybrid: its own full copy of the policy) and/or reference.
+
+    Args:
+        config: the full PPO config (verl key layout; ``actor_rollout_ref.*``, ``data.*``).
+        role: ``actor_rollout``, ``actor_rollout_ref``, ``ref`` (also ``actor``/``rollout`` alone).
+    Raises ``ValueError`` for an unknown role.
+    """
+
+    def __init__(self, config, role: str = "actor_rollout") -> None:
+        if role not in ROLES:
+            raise ValueError(f"role={role!r}: use one of {list(ROLES)}")
+        self.config = config
+        self.role = role
+        self.arr = config.actor_rollout_ref
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.actor = self.ref = self.rollout = None
+        self.actor_module = self.optimizer = self.lr_scheduler = self.ckpt = None
+
+    # ---- set-up --------------------------------------------------------------------------------------------
+    def init_model(self) -> None:
+        """Load tokenizer and models; shard with FSDP2; build optimizer, LR schedule, rollout; push weights."""
+        mcfg, acfg = self.arr.model, self.arr.actor
+        self.tokenizer = load_tokenizer(mcfg.path, bool(mcfg.get("trust_remote_code", False)))
+        n = int(_cfg_get(self.arr, "rollout.n", 1))
+        if self._is_actor:
+            note_unsupported(mcfg, bool(acfg.get("use_torch_compile", False)), "actor")
+            self.actor_module = build_model(mcfg, acfg.get("fsdp_config"), "actor")
+            self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
+            dynamic = bool(acfg.get("use_dynamic_bsz", False))
+            self.actor = DataParallelPPOActor(
+                acfg, self.actor_module, self.optimizer,
+                mini_batch_size=per_rank(acfg.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size", n),
+                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic))
+            self.ckpt = FSDPCheckpointManager(
+                self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
+                getattr(self.actor_module, "config", None),
+                save_contents=list(_cfg_get(acfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
+                load_contents=_cfg_get(acfg, "checkpoint.load_contents"),
+                extra_state=self._extra_state, set_extra_state=self._set_extra_state,
+                generation_config=getattr(self.actor_module, "generation_config", None))
+        if self._is_rollout:
+            self._init_rollout()
+        if self._is_ref:
+            rcfg = self.arr.ref
+            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.get("fsdp_config"), "ref"))
+
+    def _init_rollout(self) -> None:
+        rcfg = self.arr.rollout
+        name = rcfg.get("name", "hf")
+        seed = int(_cfg_get(self.config, "data.seed", 0) or 0) if rcfg.get("seed") is None else int(rcfg.seed)
+        if name == "hf":
+            from rlhf_core.workers.rollout.hf_rollout import HFRollout
+            from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+
+            module = build_engine_copy(self.arr.model, self.arr.actor.get("fsdp_config"))
+            self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
+        elif name == "vllm":
+            from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
+
+            self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())
+        else:
+            raise ValueError(f"actor_rollout_ref.rollout.name={name!r}: use 'hf' or 'vllm'")
+        self.sync_rollout_weights()
+
+    def sync_rollout_weights(self) -> None:
+        """Gather the actor's FSDP weights (full state dict on every rank) and load them into the rollout engine."""
+        if self.rollout is not None and self.actor_module is not None:
+            self.rollout.sync_weights(full_state_dict(self.actor_module))
+
+    def _extra_state(self) -> dict:
+        return {"actor_update_calls": self.actor.update_calls if self.actor else 0,
+                "rollout_calls": getattr(self.rollout, "calls", 0)}
+
+    def _set_extra_state(self, state: dict) -> None:
+        if self.actor is not None:
+            self.actor.update_calls = int(state.get("actor_update_calls", 0))
+        if self.rollout is not None and hasattr(self.rollout, "calls"):
+            self.rollout.calls = int(state.get("rollout_calls", 0))
+
+    def has_ref(self) -> bool:
+        """Whether this worker holds a reference model (role ``ref`` / ``actor_rollout_ref``)."""
+        return self.ref is not None
+
+    # ---- compute -------------------------------------------------------------------------------------------
+    def generate_sequences(self, batch: Batch) -> Batch:
+        """Rollout on this rank's prompts (see ``HFRollout.generate_sequences``)."""
+        if self.rollout is None:
+            raise RuntimeError(f"role {self.role!r} has no rollout engine")
+        return self.rollout.generate_sequences(batch)
+
+    def _temperature(self, batch: Batch) -> Batch:
+        batch.meta.setdefault("temperature", float(_cfg_get(self.arr, "rollout.temperature", 1.0)))
+        return batch
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """``Batch{old_log_probs (B,T), entropys (B,T)}`` from the current actor (rollout.log_prob_* batching)."""
+        if self.actor is None:
+            raise RuntimeError(f"role {self.role!r} has no actor")
+        rcfg = self.arr.rollout
+        dynamic = bool(rcfg.get("log_prob_use_dynamic_bsz", False))
+        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
+        batch = self._temperature(batch)
+        lp, ent = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.get("log_prob_max_token_len_per_gpu"))
+        return Batch({"old_log_probs": lp, "entropys": ent}, meta={"temperature": batch.meta["temperature"]})
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``Batch{ref_log_prob (B,T)}`` from the frozen reference model (ref.log_prob_* batching)."""
+        if self.ref is None:
+            raise RuntimeError(f"role {self.role!r} has no reference model")
+        rcfg = self.arr.ref
+        dynamic = bool(rcfg.get("log_prob_use_dynamic_bsz", False))
+        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
+        batch = self._temperature(batch)
+        lp, _ = self.ref.compute_log_prob(batch, micro, dynamic, rcfg.get("log_prob_max_token_len_per_gpu"),
+                                          calculate_entropy=False)
+        return Batch({"ref_log_prob": lp})
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """One PPO update on this rank's shard, one LR-scheduler step, then a weight sync to the rollout.
+
+        Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used)."""
+        if self.actor is None:
+            raise RuntimeError(f"role {self.role!r} has no actor")
+        metrics = self.actor.update_policy(self._temperature(batch))
+        metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        self.lr_scheduler.step()
+        self.sync_rollout_weights()
+        return metrics
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0) -> str:
+        """Save the actor (collective). ``hdfs_path`` is not supported yet (logged). Returns ``local_path``."""
+        if self.ckpt is None:
+            raise RuntimeError(f"role {self.role!r} has no trainable model to checkpoint")
+        if hdfs_path:
+            logger.warning("save_checkpoint: hdfs_path=%s is ignored (copy the local checkpoint instead)", hdfs_path)
+        return self.ckpt.save(local_path)
+
+    def load_checkpoint(self, local_path: str) -> None:
+        """Restore actor (+ optimizer, scheduler, RNG per ``load_contents``) and re-sync the rollout."""
+        if self.ckpt is None:
+            raise RuntimeError(f"role {self.role!r} has no trainable model to checkpoint")
+        self.ckpt.load(local_path)
+        self.sync_rollout_weights()
+
+    def get_state_dict(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights on CPU (every rank). For tests and tools."""
+        return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.actor_module).items()}
+
+
+class CriticWorker:
+    """The PPO value model on FSDP2 (``critic.*`` config section)."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.ccfg = config.critic
+        self.critic = self.module = self.optimizer = self.lr_scheduler = self.ckpt = None
+
+    def init_model(self) -> None:
+        ccfg = self.ccfg
+        mcfg = ccfg.model
+        self.tokenizer = load_tokenizer(mcfg.get("tokenizer_path") or mcfg.path, bool(mcfg.get("trust_remote_code", False)))
+        n = int(ccfg.get("rollout_n") or _cfg_get(self.config, "actor_rollout_ref.rollout.n", 1))
+        note_unsupported(mcfg, False, "critic")
+        self.module = build_model(mcfg, mcfg.get("fsdp_config") or ccfg.get("fsdp_config"), "critic", value_head=True)
+        self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
+        dynamic = bool(ccfg.get("use_dynamic_bsz", False))
+        self.critic = DataParallelPPOCritic(
+            ccfg, self.module, self.optimizer,
+            mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
+            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic))
+        self.ckpt = FSDPCheckpointManager(
+            self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
+            save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
+            load_contents=_cfg_get(ccfg, "checkpoint.load_contents"),
+            extra_state=lambda: {"critic_update_calls": self.critic.update_calls},
+            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))))
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``Batch{values (B,T)}`` (masked by ``response_mask``)."""
+        return Batch({"values": self.critic.compute_values(batch)})
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """One critic update + LR step; metrics incl. ``critic/lr``."""
+        metrics = self.critic.update_critic(batch)
+        metrics["critic/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        self.lr_scheduler.step()
+        return metrics
+
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0) -> str:
+        if hdfs_path:
+            logger.warning("save_checkpoint: hdfs_path=%s is ignored", hdfs_path)
+        return self.ckpt.save(local_path)
+
+    def load_checkpoint(self, local_path: str) -> None:
+        self.ckpt.load(local_path)
+
+    def get_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.module).items()}

@@ -1,0 +1,118 @@
+"""Turn ``global_step_N/actor`` (or ``/critic``) into a plain Hugging Face directory (verl ``model_merger``).
+
+Reads the sharded DCP ``model/`` folder in a single process (no process group needed), builds the model from
+``huggingface/config.json`` and writes ``save_pretrained`` weights + the tokenizer into ``target_dir``.
+Usage: ``rlhf merge --local-dir CKPT/global_step_N/actor --target-dir OUT`` (``main(argv)``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import torch
+
+
+def _load_dcp_full(model_dir: str) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "full.pt")
+        dcp_to_torch_save(model_dir, out)
+        return torch.load(out, weights_only=False, map_location="cpu")
+
+
+def _merge_lora(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
+    """``merge_lora_state_dict`` with ``alpha`` from ``huggingface/adapter_config.json`` (written at save time)."""
+    import json
+
+    with open(os.path.join(hf_dir, "adapter_config.json")) as f:
+        return merge_lora_state_dict(state, json.load(f).get("lora_alpha", 16))
+
+
+def merge_lora_state_dict(state: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """Fold peft LoRA weights (``...lora_A.default.weight`` / ``lora_B``) into base weights (W + B·A·alpha/r) and
+    strip peft's prefixes, giving plain HF key names (also used to feed vLLM from a LoRA actor)."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        if ".lora_" in k or ".original_module." in k:
+            continue
+        name = re.sub(r"^base_model\.model\.", "", k).replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+        out[name] = v
+        if k.endswith(".base_layer.weight"):
+            a = state[k.replace(".base_layer.weight", ".lora_A.default.weight")]
+            b = state[k.replace(".base_layer.weight", ".lora_B.default.weight")]
+            r = a.shape[0]
+            out[name] = v + (b @ a).to(v.dtype) * (alpha / r)
+    return out
+
+
+def merge_checkpoint(local_dir: str, target_dir: str) -> str:
+    """Write a ``from_pretrained``-loadable directory for the checkpoint at ``local_dir``; returns ``target_dir``.
+
+    Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or both ``model/`` and
+    full ``huggingface`` weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    hf_dir = os.path.join(local_dir, "huggingface")
+    if not os.path.exists(os.path.join(hf_dir, "config.json")):
+        raise FileNotFoundError(f"{hf_dir}/config.json not found: is {local_dir} an actor/critic checkpoint folder?")
+    config = AutoConfig.from_pretrained(hf_dir)
+    model_dir = os.path.join(local_dir, "model")
+    if os.path.isdir(model_dir):
+        state = _load_dcp_full(model_dir)
+    elif os.path.exists(os.path.join(hf_dir, "model.safetensors")):
+        from safetensors.torch import load_file
+
+        state = load_file(os.path.join(hf_dir, "model.safetensors"))
+    else:
+        raise FileNotFoundError(f"no model weights in {local_dir} (neither model/ nor huggingface/model.safetensors)")
+    if any(".lora_" in k for k in state):
+        state = _merge_lora(state, hf_dir)
+    # a critic (value head ``score``, no ``lm_head``) keeps the LM's ``architectures`` in its config: decide by keys
+    is_value_model = "score.weight" in state and "lm_head.weight" not in state
+    cls = AutoModelForTokenClassification if is_value_model else AutoModelForCausalLM
+    if is_value_model:
+        config.num_labels = 1
+        config.architectures = [type(config).__name__.replace("Config", "ForTokenClassification")]
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    model.load_state_dict(state, strict=False, assign=True)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise KeyError(f"checkpoint lacks weights for {missing[:5]} ...")
+    if getattr(config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    tmp = target_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for name in os.listdir(hf_dir):  # tokenizer files + generation config
+        if name not in ("config.json", "model.safetensors", "adapter_config.json") and os.path.isfile(os.path.join(hf_dir, name)):
+            shutil.copy2(os.path.join(hf_dir, name), os.path.join(tmp, name))
+    if os.path.exists(target_dir):
+        shutil.rmtree(target_dir)
+    os.replace(tmp, target_dir)
+    return target_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rlhf merge --local-dir DIR --target-dir OUT``; returns the exit code (0 ok, 1 error, printed)."""
+    parser = argparse.ArgumentParser(prog="rlhf merge", description=__doc__.splitlines()[0])
+    parser.add_argument("--local-dir", required=True, help="global_step_N/actor (or critic) folder")
+    parser.add_argument("--target-dir", required=True, help="output Hugging Face directory")
+    parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (verl compatible flag)")
+    args = parser.parse_args(argv)
+    try:
+        path = merge_checkpoint(args.local_dir, args.target_dir)
+    except (FileNotFoundError, KeyError) as exc:
+        print(f"rlhf merge: {exc}", file=sys.stderr)
+        return 1
+    print(f"merged {args.local_dir} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

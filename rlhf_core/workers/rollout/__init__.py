@@ -1,0 +1,1 @@
+"""Rollout engines: ``hf`` (transformers ``generate``, everywhere) and ``vllm`` (optional GPU/CPU extra)."""

@@ -1,0 +1,109 @@
+"""Hugging Face ``generate`` rollout (verl ``HFRollout``), hybrid-engine style.
+
+The engine keeps a full, unsharded copy of the policy; :meth:`HFRollout.sync_weights` loads the actor's
+gathered FSDP weights into it after every update (and at start-up). Sampling is reproducible: every call
+seeds a forked RNG with ``seed + 7919·rank + call counter``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from rlhf_core.protocol import Batch
+from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
+
+
+def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
+    """EOS ids: the tokenizer's plus the model generation config's (either may be a list)."""
+    ids: set[int] = set()
+    for v in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(module, "generation_config", None), "eos_token_id", None)):
+        if v is None:
+            continue
+        ids.update([int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)])
+    return sorted(ids)
+
+
+class HFRollout:
+    """Batched ``model.generate`` with KV cache.
+
+    Args:
+        module: the rollout's own (unsharded) causal LM, already on the device.
+        tokenizer: gives ``pad_token_id`` and ``eos_token_id``.
+        config: ``actor_rollout_ref.rollout`` (``temperature``, ``top_k``, ``top_p``, ``do_sample``, ``ignore_eos``,
+            ``response_length``, ``val_kwargs``, ``calculate_log_probs``, optional ``micro_batch_size``).
+        seed: base seed; rank: this worker's rank (different ranks sample differently).
+    """
+
+    def __init__(self, module: nn.Module, tokenizer, config: Mapping[str, Any], seed: int = 0, rank: int = 0) -> None:
+        self.module = module
+        self.tokenizer = tokenizer
+        self.config = config
+        self.seed = int(seed)
+        self.rank = int(rank)
+        self.calls = 0
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = eos_ids_of(module, tokenizer)
+
+    @torch.no_grad()
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load the actor's full weights (HF key names, e.g. ``lm_head.weight`` included) into the engine.
+
+        Raises ``RuntimeError`` (from ``load_state_dict``) on missing or unexpected keys."""
+        dev = next(self.module.parameters()).device
+        self.module.load_state_dict({k: v.to(dev) for k, v in state_dict.items()}, strict=True)
+
+    @torch.no_grad()
+    def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
+        from transformers import GenerationConfig
+
+        dev = next(self.module.parameters()).device
+        ids = mb["input_ids"].to(dev)
+        gen_cfg = GenerationConfig(
+            do_sample=params["do_sample"], temperature=params["temperature"] if params["do_sample"] else None,
+            top_k=params["top_k"] if params["do_sample"] else None, top_p=params["top_p"] if params["do_sample"] else None,
+            max_new_tokens=T, num_beams=1, pad_token_id=self.pad_token_id,
+            eos_token_id=[] if ignore_eos else self.eos_ids, use_cache=True,
+            return_dict_in_generate=True, output_logits=calc_lp)
+        out = self.module.generate(input_ids=ids, attention_mask=mb["attention_mask"].to(dev), generation_config=gen_cfg)
+        P = ids.shape[-1]
+        gen = out.sequences[:, P:]
+        n = gen.shape[-1]
+        responses = torch.full((ids.shape[0], T), self.pad_token_id, dtype=torch.long, device=dev)
+        responses[:, :n] = gen
+        lengths = torch.full((ids.shape[0],), n, dtype=torch.long, device=dev)
+        log_probs = None
+        if calc_lp:
+            logits = torch.stack(out.logits, dim=1).float() / params["temperature"]  # raw logits (b, n, V)
+            log_probs = torch.zeros((ids.shape[0], T), dtype=torch.float32, device=dev)
+            log_probs[:, :n] = torch.log_softmax(logits, dim=-1).gather(-1, gen[..., None]).squeeze(-1)
+        return responses.cpu(), lengths.cpu(), None if log_probs is None else log_probs.cpu()
+
+    def generate_sequences(self, batch: Batch) -> Batch:
+        """Generate one response per row of ``batch`` (``input_ids/attention_mask/position_ids (B, P)``, left-padded).
+
+        ``batch.meta``: ``do_sample``, ``validate`` (→ ``val_kwargs``), optional ``temperature``. Returns the
+        ARCHITECTURE rollout batch; ``rollout_log_probs`` (log-softmax of logits / temperature at each sampled
+        token) when ``calculate_log_probs``."""
+        cfg = self.config
+        params = sampling_params(cfg, batch.meta)
+        T = int(cfg.get("response_length"))
+        ignore_eos = bool(cfg.get("ignore_eos", False))
+        calc_lp = bool(cfg.get("calculate_log_probs", False))
+        size = int(cfg.get("micro_batch_size") or len(batch))
+        was_training = self.module.training
+        self.module.eval()
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed + 7919 * self.rank + self.calls)
+            parts = [self._generate_chunk(mb, params, T, calc_lp, ignore_eos) for mb in batch.split(size)]
+        self.calls += 1
+        self.module.train(was_training)
+        responses = torch.cat([p[0] for p in parts])
+        lengths = torch.cat([p[1] for p in parts])
+        mask = response_mask_from(responses, lengths, self.eos_ids, ignore_eos)
+        log_probs = torch.cat([p[2] for p in parts]) if calc_lp else None
+        out = build_rollout_batch(batch, responses, mask, self.pad_token_id, log_probs)
+        out.meta.update({"do_sample": params["do_sample"], "temperature": params["temperature"]})
+        return out

