@@ -61,6 +61,8 @@ TYPES: dict[str, tuple] = {
     "trainer.default_hdfs_dir": _STR, "trainer.resume_from_path": _STR,
     "ray_init.num_cpus": _INT, "ray_init.address": _STR, "ray_init.timeline_json_file": _STR,
     "output.samples_dir": _STR,
+    _A + "model.target_modules": (str, list), "critic.model.target_modules": (str, list),
+    "model.target_modules": (str, list), _A + "rollout.seed": _INT,
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {
