@@ -26,7 +26,7 @@ from .errors import ConfigError
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 KL_TYPES = _KL + tuple(k + "+" for k in _KL if k != "full")
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                  "rloo", "rloo_vectorized", "grpo_vectorized")
+                  "rloo", "rloo_vectorized", "grpo_vectorized", "remax")
 LOGGERS = ("console", "mlflow", "tensorboard", "file", "wandb", "swanlab", "trackio")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 DTYPES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")

@@ -5,7 +5,8 @@ holds batches and scalars; the models live in Ray worker actors. Running in-proc
 and the return value direct for the CLI and the Prefect tasks, and costs no extra Ray process.
 
 Worker placement: ``trainer.nnodes × trainer.n_gpus_per_node`` ranks per group — the actor/rollout(/ref) group,
-plus a critic group when ``algorithm.adv_estimator == gae``. On GPUs the groups share each GPU (fractional
+plus a critic group when ``algorithm.adv_estimator == gae`` and a reward-model group (``"rm"``) when
+``reward_model.enable``. On GPUs the groups share each GPU (fractional
 ``num_gpus``); on CPU the cluster's CPUs are split fractionally so that both groups fit
 (``min(1, CPUs ÷ (ranks × groups))`` per worker).
 """
@@ -50,19 +51,25 @@ def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
 
 def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     """The Ray worker groups for this config: ``actor_rollout`` (role actor_rollout_ref when a reference policy
-    is needed) and ``critic`` for GAE."""
+    is needed), ``critic`` for GAE and ``rm`` (``RewardModelWorker``) when ``reward_model.enable``."""
     from rlhf_core.distributed.worker_group import RayWorkerGroup
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     use_critic = config.algorithm.adv_estimator == "gae"
+    use_rm = bool(config.get("reward_model") is not None and config.reward_model.get("enable", False))
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    cpus, gpus = worker_resources(config, 2 if use_critic else 1)
+    cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
     wgs = {"actor_rollout": RayWorkerGroup(ActorRolloutRefWorker, world, {"config": config, "role": role},
                                            num_cpus_per_worker=cpus, num_gpus_per_worker=gpus, name_prefix="actor")}
     if use_critic:
         wgs["critic"] = RayWorkerGroup(CriticWorker, world, {"config": config}, num_cpus_per_worker=cpus,
                                        num_gpus_per_worker=gpus, name_prefix="critic")
+    if use_rm:
+        from rlhf_core.workers.reward_model import RewardModelWorker
+
+        wgs["rm"] = RayWorkerGroup(RewardModelWorker, world, {"config": config}, num_cpus_per_worker=cpus,
+                                   num_gpus_per_worker=gpus, name_prefix="rm")
     return wgs
 
 

@@ -6,6 +6,9 @@ anything with ``world_size``, ``execute_all``, ``execute_dp``, ``shutdown``) bui
 :meth:`RayPPOTrainer.init_workers` *after* ``total_training_steps`` has been injected into
 ``actor_rollout_ref.actor.optim.total_training_steps`` and ``critic.optim.total_training_steps``.
 Without a ``"ref"`` group, reference log-probs come from the actor group (role ``actor_rollout_ref``).
+With an ``"rm"`` group (``reward_model.enable``), the [reward] stage (and validation) first adds its ``rm_scores``.
+``adv_estimator: remax`` adds a [gen_max] stage after [gen]: one greedy response per prompt, scored, gives
+``reward_baselines`` (see ``rlhf_core.trainer.reward_stage``).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from omegaconf import DictConfig, open_dict
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
                                       merge, timer)
 
@@ -65,6 +69,7 @@ class RayPPOTrainer:
         self.tracker = tracker
         algo = config.algorithm
         self.use_critic = algo.adv_estimator == "gae"
+        self.use_remax = algo.adv_estimator == "remax"
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl = None
         if algo.use_kl_in_reward:
@@ -101,13 +106,13 @@ class RayPPOTrainer:
                 self.config.critic.optim.total_training_steps = self.total_training_steps
 
     def init_workers(self) -> None:
-        """Build the worker groups (critic, then ref, then actor — verl's order) and call ``init_model``."""
+        """Build the worker groups (critic, ref, reward model, then actor — verl's order) and call ``init_model``."""
         self.wgs = dict(self.make_worker_groups(self.config))
-        for role in ("critic", "ref", "actor_rollout"):
+        for role in ("critic", "ref", "rm", "actor_rollout"):
             if role in self.wgs:
                 self.wgs[role].execute_all("init_model")
         self.validator = Validator(self.config, self.tokenizer, self.wgs["actor_rollout"], self.val_reward_fn,
-                                   self.val_dataloader)
+                                   self.val_dataloader, rm_wg=self.wgs.get("rm"))
 
     @property
     def actor_wg(self):
@@ -159,9 +164,13 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
         with timer("step", timing):
-            batch = add_uids(batch).repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
+            prompts = add_uids(batch)
+            batch = prompts.repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
             with timer("gen", timing):
                 batch = self.generate(batch)
+            if self.use_remax:
+                with timer("gen_max", timing):
+                    batch = self.compute_reward_baselines(prompts, batch)
             if self.config.trainer.get("balance_batch", False):
                 batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
                 metrics.update(balance_metrics)
@@ -211,9 +220,15 @@ class RayPPOTrainer:
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
+    def compute_reward_baselines(self, prompts: Batch, batch: Batch) -> Batch:
+        """[gen_max] (remax only) ``reward_baselines (B,)``: the score of a greedy response to each prompt."""
+        return add_reward_baselines(prompts, batch, self.actor_wg, self.reward_fn, self.wgs.get("rm"),
+                                    self.global_steps)
+
     def compute_reward(self, batch: Batch) -> Batch:
-        """[reward] ``token_level_scores (B, T)`` (+ per-sample extra columns from the reward manager)."""
-        result = self.reward_fn(batch, return_dict=True)
+        """[reward] ``token_level_scores (B, T)`` (+ per-sample extra columns from the reward manager); with a
+        reward model, its ``rm_scores (B, T)`` are added first and the manager passes them through."""
+        batch, result = score_batch(batch, self.reward_fn, self.wgs.get("rm"))
         extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
                   if len(v) == len(batch)}
         return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
@@ -266,15 +281,18 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
         if algo.use_kl_in_reward:
-            rewards, kl_metrics = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_prob"], mask,
-                                                   self.kl_ctrl, algo.kl_penalty)
+            log_prob, ref_log_prob, kind = batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty
+            if kind == "full":  # the [ref] stage's exact KL(π_old ‖ π_ref) per token, penalised as k1 of (kl − 0)
+                log_prob, ref_log_prob, kind = batch["ref_kl_full"], torch.zeros_like(batch["ref_kl_full"]), "kl"
+            rewards, kl_metrics = apply_kl_penalty(scores, log_prob, ref_log_prob, mask, self.kl_ctrl, kind)
             metrics.update(kl_metrics)
         else:
             rewards = scores
         advantages, returns = get_adv_estimator(algo.adv_estimator)(
             token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
-            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)))
+            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)),
+            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
         return merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
 
     def update_critic(self, batch: Batch) -> dict[str, float]:

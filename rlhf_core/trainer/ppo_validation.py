@@ -2,7 +2,8 @@
 
 For every batch of the validation set: give each prompt a ``uid``, repeat it ``rollout.val_kwargs.n`` times
 (interleaved), generate with ``meta["validate"] = True`` (the rollout then samples with ``val_kwargs``: greedy by
-default), score with ``val_reward_fn`` and collect one row per sample. Metrics come from
+default), add the reward model's ``rm_scores`` when an ``rm_wg`` is given, score with ``val_reward_fn`` and
+collect one row per sample. Metrics come from
 ``rlhf_core.metrics.validation`` (``val-core/<data_source>/<var>/mean@N`` ...). Every sample is written to
 ``<trainer.validation_data_dir>/val_step_<N>.parquet`` (columns ``step, data_source, uid, sample_idx, prompt,
 response, ground_truth, score`` + the reward manager's extra columns) when that key is set, and the first
@@ -16,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rlhf_core.protocol import Batch
+from rlhf_core.trainer.reward_stage import score_batch
 from rlhf_core.trainer.stages import add_uids, ensure_response_mask, merge, pad_to_divisor, unpad
 
 logger = logging.getLogger(__name__)
@@ -27,8 +29,9 @@ class Validator:
     """Runs validation on ``val_dataloader`` with the actor group's rollout; see the module docstring."""
 
     def __init__(self, config: Any, tokenizer: Any, actor_wg: Any, val_reward_fn: Callable | None,
-                 val_dataloader: Any):
+                 val_dataloader: Any, rm_wg: Any = None):
         self.config = config
+        self.rm_wg = rm_wg
         self.tokenizer = tokenizer
         self.actor_wg = actor_wg
         self.val_reward_fn = val_reward_fn
@@ -43,13 +46,8 @@ class Validator:
         rows: list[dict[str, Any]] = []
         for batch in self.val_dataloader:
             rows.extend(self._validate_batch(batch, global_step))
-        extra_keys = [k for k in rows[0] if k not in BASE_COLUMNS] if rows else []
-        infos = {"reward": [r["score"] for r in rows]}
-        for key in extra_keys:
-            values = [r.get(key) for r in rows]
-            if all(isinstance(v, int | float | np.number) and not isinstance(v, bool) for v in values):
-                infos[key] = [float(v) for v in values]
-        raw = process_validation_metrics([r["data_source"] for r in rows], [r["uid"] for r in rows], infos, seed=42)
+        raw = process_validation_metrics([r["data_source"] for r in rows], [r["uid"] for r in rows],
+                                         validation_infos(rows), seed=42)
         self._log_generations(rows)
         self._write_samples(rows, global_step)
         return val_metrics_to_names(raw)
@@ -63,7 +61,7 @@ class Validator:
         padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
         out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
         batch = ensure_response_mask(merge(batch, out))
-        result = self.val_reward_fn(batch, return_dict=True)
+        batch, result = score_batch(batch, self.val_reward_fn, self.rm_wg)
         scores = result["reward_tensor"].float().sum(-1).tolist()
         extras = result.get("reward_extra_info") or {}
         prompts = self._decode_prompts(batch)
@@ -116,6 +114,25 @@ class Validator:
         from rlhf_core.metrics.samples import write_samples_parquet
 
         return write_samples_parquet(rows, str(out_dir), f"val_step_{global_step}")
+
+
+def validation_infos(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Per-sample variables for ``process_validation_metrics``: ``reward`` (the summed score) and every extra
+    column of the reward manager (keys of ``rows[0]`` beyond :data:`BASE_COLUMNS`).
+
+    A column whose values are all numbers or bools (python or numpy) becomes floats, so a scorer's
+    ``acc: True/False`` is the 0/1 core variable ``acc``. Any other column (e.g. ``pred`` strings, or one with
+    ``None`` for samples that lack the key) is passed through unchanged: ``process_validation_metrics`` does not
+    summarise non-numeric variables but uses ``pred`` for the majority vote (``maj@n``).
+    """
+    infos: dict[str, list] = {"reward": [float(r["score"]) for r in rows]}
+    for key in (k for k in (rows[0] if rows else {}) if k not in BASE_COLUMNS):
+        values = [r.get(key) for r in rows]
+        if all(isinstance(v, bool | int | float | np.integer | np.floating | np.bool_) for v in values):
+            infos[key] = [float(v) for v in values]
+        else:
+            infos[key] = values
+    return infos
 
 
 def _to_str(value: Any) -> str | None:

@@ -4,6 +4,10 @@ Runs on every rank with this rank's shard; the model is FSDP2-sharded (or plain,
 Loss per mini-batch: ``pg_loss − entropy_coeff·entropy + kl_loss_coef·kl_loss`` with every term aggregated by
 ``loss_agg_mode`` over the *whole* mini-batch (global token/sequence counts all-reduced across ranks), so the
 update does not depend on the micro-batch split or the world size.
+
+``kl_loss_type: full`` uses the exact vocabulary KL(π_θ ‖ π_ref) per response token from full logits: the
+reference model (``ref_model``, held by the same worker in role ``actor_rollout_ref``) runs forward on the same
+micro-batch without gradients, both logits divided by the same temperature as the log-probs.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from rlhf_core.algos.kl import kl_penalty
+from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.algos.policy_loss import get_policy_loss_fn
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
@@ -45,24 +49,52 @@ class DataParallelPPOActor:
         optimizer: ``None`` for a reference model.
         mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
+        ref_model: the frozen reference causal LM, needed only for ``kl_loss_type: full`` (may be set later).
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 mini_batch_size: int | None = None, micro_batch_size: int | None = None) -> None:
+                 mini_batch_size: int | None = None, micro_batch_size: int | None = None,
+                 ref_model: nn.Module | None = None) -> None:
         self.config = config
         self.model = model
+        self.ref_model = ref_model
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
 
     # ---- forward -------------------------------------------------------------------------------------------
-    def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool):
+    def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False):
+        """``(log_prob (b, T), entropy (b, T) or None)`` (+ the temperature-scaled logits ``(b, T, V)`` float32
+        when ``return_logits``)."""
         T = mb["responses"].shape[-1]
         logits = forward_response_logits(self.model, mb, T).float() / temperature
         log_prob = logprobs_from_logits(logits, mb["responses"].to(logits.device))
         entropy = entropy_from_logits(logits) if with_entropy else None
-        return log_prob, entropy
+        return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
+
+    @torch.no_grad()
+    def ref_response_logits(self, mb: Batch, temperature: float) -> torch.Tensor:
+        """The reference model's logits predicting the response tokens, ÷ ``temperature``: ``(b, T, V)`` float32.
+
+        Raises:
+            RuntimeError: when this actor has no ``ref_model`` (``kl_loss_type: full`` needs role actor_rollout_ref).
+        """
+        if self.ref_model is None:
+            raise RuntimeError("kl_loss_type 'full' needs the reference model in the actor's worker "
+                               "(role actor_rollout_ref): the exact KL is computed from both models' full logits")
+        self.ref_model.eval()
+        return forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1]).float() / temperature
+
+    def kl_loss_terms(self, mb: Batch, log_prob: torch.Tensor, logits: torch.Tensor | None,
+                      temperature: float) -> torch.Tensor:
+        """Per-token KL of the policy vs the reference for the KL loss, ``(b, T)`` (``kl_loss_type``):
+        ``full`` → :func:`kl_penalty_full` on the current and reference logits; else :func:`kl_penalty` on
+        ``log_prob`` and ``mb["ref_log_prob"]``."""
+        kind = self.config.get("kl_loss_type", "low_var_kl")
+        if kind == "full":
+            return kl_penalty_full(logits, self.ref_response_logits(mb, temperature))
+        return kl_penalty(log_prob, mb["ref_log_prob"].to(log_prob.device), kind)
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
@@ -80,6 +112,25 @@ class DataParallelPPOActor:
             if ent is not None:
                 ents.append(ent.float().cpu())
         return torch.cat(lps), (torch.cat(ents) if calculate_entropy else None)
+
+    @torch.no_grad()
+    def compute_full_kl(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
+                        max_token_len: int | None = None) -> torch.Tensor:
+        """Exact KL(π_θ ‖ π_ref) per response token from both models' full logits, each divided by
+        ``batch.meta['temperature']``, for ``algorithm.kl_penalty: full``: ``(B, T)`` float32 CPU, rows in order,
+        not masked.
+
+        Raises:
+            RuntimeError: without a ``ref_model`` (see :meth:`ref_response_logits`).
+        """
+        temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
+        self.model.eval()
+        out = []
+        for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
+                                         "log_prob_max_token_len_per_gpu"):
+            logits = forward_response_logits(self.model, mb, mb["responses"].shape[-1]).float() / temperature
+            out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
+        return torch.cat(out)
 
     # ---- update --------------------------------------------------------------------------------------------
     def _is_weights(self, mb: Batch) -> torch.Tensor | None:
@@ -101,7 +152,9 @@ class DataParallelPPOActor:
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
         dev = device()
         mask = mb["response_mask"].to(dev)
-        log_prob, entropy = self._log_prob_entropy(mb, temperature, with_entropy=True)
+        use_kl_loss = bool(cfg.get("use_kl_loss", False))
+        full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
+        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
         clip = float(cfg.get("clip_ratio", 0.2))
         low = cfg.get("clip_ratio_low")
         high = cfg.get("clip_ratio_high")
@@ -117,8 +170,8 @@ class DataParallelPPOActor:
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
         metrics = {"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(ent.detach())}
         metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
-        if cfg.get("use_kl_loss", False):
-            kl = kl_penalty(log_prob, mb["ref_log_prob"].to(dev), cfg.get("kl_loss_type", "low_var_kl"))
+        if use_kl_loss:
+            kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
             kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
             loss = loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
             metrics["actor/kl_loss"] = float(kl_loss.detach())
@@ -128,11 +181,12 @@ class DataParallelPPOActor:
         """PPO epochs over this rank's shard: one optimizer step per mini-batch.
 
         Needs ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
-        ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with ``use_kl_loss``, ``rollout_log_probs`` or
-        ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over mini-batches, identical on every
-        rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
-        ``actor/entropy``, ``actor/kl_loss`` + ``actor/kl_coef`` (with ``use_kl_loss``), ``actor/grad_norm``,
-        ``actor/skipped_steps`` (non-finite grad norm → no step). The LR is stepped by the worker.
+        ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with ``use_kl_loss`` unless ``kl_loss_type: full``,
+        ``rollout_log_probs`` or ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over
+        mini-batches, identical on every rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
+        ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
+        ``use_kl_loss``), ``actor/grad_norm``, ``actor/skipped_steps`` (non-finite grad norm → no step).
+        The LR is stepped by the worker.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")

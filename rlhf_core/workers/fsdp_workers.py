@@ -56,6 +56,10 @@ class ActorRolloutRefWorker:
     def init_model(self) -> None:
         """Load tokenizer and models; shard with FSDP2; build optimizer, LR schedule, rollout; push weights."""
         mcfg, acfg = self.arr.model, self.arr.actor
+        if (self._is_actor and acfg.get("use_kl_loss", False) and acfg.get("kl_loss_type") == "full"
+                and not self._is_ref):
+            raise ValueError(f"actor_rollout_ref.actor.kl_loss_type='full' needs the reference model in the actor's "
+                             f"worker (role 'actor_rollout_ref'), got role {self.role!r}")
         self.tokenizer = load_tokenizer(mcfg.path, bool(mcfg.get("trust_remote_code", False)))
         n = int(_cfg_get(self.arr, "rollout.n", 1))
         if self._is_actor:
@@ -79,6 +83,8 @@ class ActorRolloutRefWorker:
         if self._is_ref:
             rcfg = self.arr.ref
             self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.get("fsdp_config"), "ref"))
+        if self.actor is not None and self.ref is not None:
+            self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
@@ -139,17 +145,34 @@ class ActorRolloutRefWorker:
         lp, ent = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.get("log_prob_max_token_len_per_gpu"))
         return Batch({"old_log_probs": lp, "entropys": ent}, meta={"temperature": batch.meta["temperature"]})
 
+    def _full_kl_in_reward(self) -> bool:
+        return bool(_cfg_get(self.config, "algorithm.use_kl_in_reward", False)) and \
+            _cfg_get(self.config, "algorithm.kl_penalty") == "full"
+
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        """``Batch{ref_log_prob (B,T)}`` from the frozen reference model (ref.log_prob_* batching)."""
+        """``Batch{ref_log_prob (B,T)}`` from the frozen reference model (ref.log_prob_* batching).
+
+        With ``algorithm.use_kl_in_reward`` and ``algorithm.kl_penalty: full`` also ``ref_kl_full (B,T)``: the exact
+        KL(π_old ‖ π_ref) per response token from the current (pre-update) actor's and the reference's full logits.
+
+        Raises:
+            RuntimeError: without a reference model, or for ``kl_penalty: full`` without the actor in this worker.
+        """
         if self.ref is None:
             raise RuntimeError(f"role {self.role!r} has no reference model")
         rcfg = self.arr.ref
         dynamic = bool(rcfg.get("log_prob_use_dynamic_bsz", False))
         micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
+        max_tok = rcfg.get("log_prob_max_token_len_per_gpu")
         batch = self._temperature(batch)
-        lp, _ = self.ref.compute_log_prob(batch, micro, dynamic, rcfg.get("log_prob_max_token_len_per_gpu"),
-                                          calculate_entropy=False)
-        return Batch({"ref_log_prob": lp})
+        lp, _ = self.ref.compute_log_prob(batch, micro, dynamic, max_tok, calculate_entropy=False)
+        out = {"ref_log_prob": lp}
+        if self._full_kl_in_reward():
+            if self.actor is None:
+                raise RuntimeError("algorithm.kl_penalty='full' needs the actor and the reference in one worker "
+                                   f"(role 'actor_rollout_ref'), got role {self.role!r}")
+            out["ref_kl_full"] = self.actor.compute_full_kl(batch, micro, dynamic, max_tok)
+        return Batch(out)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One PPO update on this rank's shard, one LR-scheduler step, then a weight sync to the rollout.

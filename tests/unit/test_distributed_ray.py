@@ -24,10 +24,10 @@ from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  
 
 # 8 sequences, mini-batch 4 → 2 optimizer steps; micro-batch 1 per rank. eps=1: Adam's first steps are
 # proportional to the gradient, so equal weights after the update mean equal gradients (see test_workers_fsdp).
-OVERRIDES = ["data.train_batch_size=8", "trainer.n_gpus_per_node=2", "+actor_rollout_ref.actor.optim.eps=1.0",
+OVERRIDES = ["data.train_batch_size=8", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.optim.eps=1.0",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.use_kl_loss=True",
              "actor_rollout_ref.actor.kl_loss_coef=0.1", "actor_rollout_ref.actor.entropy_coeff=0.01",
-             "critic.ppo_micro_batch_size_per_gpu=1", "+critic.optim.eps=1.0"]
+             "critic.ppo_micro_batch_size_per_gpu=1", "critic.optim.eps=1.0"]
 
 
 @pytest.fixture(scope="module")

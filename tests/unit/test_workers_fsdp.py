@@ -147,7 +147,7 @@ def test_micro_batch_split_does_not_change_the_update(actor_group, tiny_model_di
     batch = training_batch(actor_group, seed=3)
     # eps=1 makes Adam's first step ≈ lr·g/(|g|+1), i.e. proportional to the gradient, so comparing weights after
     # one step compares gradients (with eps=1e-8 the step is lr·sign(g) and float noise in tiny gradients shows).
-    common = ["+actor_rollout_ref.actor.optim.eps=1.0", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+    common = ["actor_rollout_ref.actor.optim.eps=1.0", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.1",
               "actor_rollout_ref.actor.entropy_coeff=0.01", f"actor_rollout_ref.actor.loss_agg_mode={agg}"]
     runs = [_update_with(tiny_model_dir, batch, *common, f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m}")
             for m in (1, 2, 4)]
