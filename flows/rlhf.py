@@ -1,0 +1,158 @@
+"""The ``rlhf`` flow: prepare_data → build_model → sft → ppo_segment ×K → evaluate.
+
+Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
+``$RLHF_HOME``)::
+
+    python -m flows.rlhf                      # what `make demo` calls
+    python -m flows.rlhf --ppo-steps 2 --train-prompts 64
+
+or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from
+``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
+then the pipeline's own choices, then the ``*_overrides`` parameters (which win).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from infra.home import configure_environment
+
+configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults; user settings kept)
+
+from prefect import flow  # noqa: E402
+from prefect.runtime import flow_run  # noqa: E402
+
+from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
+from infra import lineage  # noqa: E402
+from infra.home import rlhf_home  # noqa: E402
+from infra.ray_cluster import connect_ray  # noqa: E402
+from infra.results_cli import EXAMPLE_QUERY  # noqa: E402
+from tasks import plan  # noqa: E402
+from tasks.common import make_context, stage  # noqa: E402
+from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
+
+
+@flow(name="rlhf", log_prints=True)
+def rlhf(
+    train_prompts: int | None = None,
+    val_prompts: int | None = None,
+    sft_epochs: int | None = None,
+    ppo_steps: int | None = None,
+    segment_steps: int | None = None,
+    adv_estimator: str | None = None,
+    preset: str | None = None,
+    model_path: str | None = None,
+    gsm8k_dir: str | None = None,
+    ray_address: str | None = None,
+    experiment: str | None = None,
+    sft_overrides: list[str] | None = None,
+    ppo_overrides: list[str] | None = None,
+    eval_overrides: list[str] | None = None,
+    skip_sft: bool | None = None,
+    skip_evaluate: bool | None = None,
+) -> dict[str, Any]:
+    """Post-train a model with SFT then PPO-family RL, and evaluate it.
+
+    Returns:
+        ``{"parent_run_id", "model_path", "sft_model", "ppo": final PPO result,
+        "evaluation": metrics, "home": str}``.
+    """
+    s = resolve_settings(locals())
+    home = rlhf_home()
+    fr_id = str(flow_run.get_id() or "local")
+    run_dir = home / "runs" / fr_id
+    connect_ray(s.ray_address)
+    with lineage.pipeline_run(s.experiment, fr_id, s.as_params()) as parent_run_id:
+        ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
+        prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
+        data = prepare_data(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
+        _record(parent_run_id, "prepare_data", data)
+        base_model = s.model_path
+        if not base_model:
+            built = build_model(data["train"], s.model_sizes, ctx)
+            base_model = _record(parent_run_id, "build_model", built)["model_path"]
+        model = base_model
+        if s.sft_enabled:
+            sft_list = plan.merge_overrides(s.preset_sft, [f"trainer.total_epochs={s.sft_epochs}"],
+                                            s.sft_overrides)
+            trained = sft(base_model, data["train"], data["val"], sft_list, ctx)
+            model = _record(parent_run_id, "sft", trained)["hf_dir"]
+        ppo_result = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment)
+        evaluation = {}
+        if s.evaluate_enabled:
+            evaluation = evaluate(str(run_dir / "val_samples"),
+                                  plan.merge_overrides(s.preset_eval, s.eval_overrides), ctx)
+        _log_summary(parent_run_id, ppo_result, evaluation)
+    return {"parent_run_id": parent_run_id, "model_path": base_model, "sft_model": model,
+            "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
+
+
+def _record(parent_run_id: str, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
+    """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
+    lineage.set_tags(parent_run_id, {f"stage.{stage_name}.run_id": output["run_id"]})
+    return output
+
+
+def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dict[str, Any]) -> None:
+    """Final validation (``val-*``) and evaluation metrics on the parent run, at the last global step."""
+    final = {k: v for k, v in (ppo_result.get("metrics") or {}).items() if k.startswith("val-")}
+    final.update(evaluation or {})
+    lineage.log_metrics(parent_run_id, {lineage_name(k): v for k, v in final.items()},
+                        step=int(ppo_result.get("global_step") or 0))
+
+
+def _configured_tasks(s: PipelineSettings) -> tuple:
+    """The five stage tasks with the retries/timeouts of pipeline.yaml's ``tasks:`` applied."""
+    tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
+             "ppo_segment": ppo_segment, "evaluate": evaluate}
+    return tuple(t.with_options(**s.task_options.get(name, {})) for name, t in tasks.items())
+
+
+def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
+             ctx: dict[str, Any], ppo_task: Any = ppo_segment) -> dict[str, Any]:
+    """One ``ppo`` MLflow run; one ppo_segment task per checkpoint boundary."""
+    result: dict[str, Any] = {}
+    stage_params = {"total_steps": s.ppo_steps, "segment_steps": s.segment_steps,
+                    "adv_estimator": s.adv_estimator, "model_path": model}
+    with stage("ppo", stage_params, ctx) as ppo_run_id:
+        lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
+        lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
+        for i, stop in enumerate(plan.segment_boundaries(s.ppo_steps, s.segment_steps), start=1):
+            overrides = plan.ppo_overrides(
+                s.preset_ppo, s.ppo_overrides, model_path=model, train_file=data["train"],
+                val_file=data["val"], run_dir=run_dir, total_steps=s.ppo_steps,
+                segment_steps=s.segment_steps, stop_after_step=stop,
+                adv_estimator=s.adv_estimator, experiment=s.experiment)
+            result = ppo_task(overrides, i, ppo_run_id, ctx)
+        ckpt = result.get("checkpoint_dir")
+        if ckpt and os.path.isdir(ckpt):  # copied only when small (a tiny model), else tagged
+            lineage.log_dir_artifact(ppo_run_id, ckpt, "checkpoint")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.rlhf [--name value ...]``: run the flow locally and say where results are."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.rlhf", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name in ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int)
+    for name in ("adv_estimator", "preset", "model_path", "gsm8k_dir", "ray_address", "experiment"):
+        parser.add_argument("--" + name.replace("_", "-"))
+    for name in ("sft_overrides", "ppo_overrides", "eval_overrides"):
+        parser.add_argument("--" + name.replace("_", "-"), nargs="*", metavar="KEY=VALUE")
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    out = rlhf(**args)
+    home = Path(out["home"])
+    print(f"\nResults under {home}")
+    print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
+    print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
+    print(f"  Try:    rlhf results sql \"{EXAMPLE_QUERY}\"")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""Resolve the ``rlhf`` flow's parameters against ``configs/pipeline.yaml`` and a preset."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """Every value the flow uses, after defaults are applied."""
+
+    experiment: str
+    preset: str | None
+    model_path: str | None
+    gsm8k_dir: str | None
+    ray_address: str | None
+    train_prompts: int
+    val_prompts: int
+    sft_enabled: bool
+    sft_epochs: int
+    ppo_steps: int
+    segment_steps: int
+    adv_estimator: str
+    evaluate_enabled: bool
+    model_sizes: dict[str, int]
+    preset_sft: list[str]
+    preset_ppo: list[str]
+    preset_eval: list[str]
+    sft_overrides: list[str]
+    ppo_overrides: list[str]
+    eval_overrides: list[str]
+    task_options: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def as_params(self) -> dict[str, Any]:
+        """The settings as a dict (for the parent MLflow run's params)."""
+        return dataclasses.asdict(self)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping ({} for an empty file).
+
+    Raises:
+        FileNotFoundError: ``path`` is missing.
+        ValueError: the file does not hold a mapping.
+    """
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """``configs/presets/<name>.yaml`` ({} for None).
+
+    Raises:
+        FileNotFoundError: no such preset; the message lists the available ones.
+    """
+    if not name:
+        return {}
+    path = config_dir / "presets" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (config_dir / "presets").glob("*.yaml"))
+        raise FileNotFoundError(f"preset {name!r} not found in {path.parent}; known: {known}")
+    return load_yaml(path)
+
+
+TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
+TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
+
+
+def _task_options(raw: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Validate ``tasks:`` of pipeline.yaml: ``{stage: {retries, retry_delay_seconds, timeout_seconds}}``.
+
+    Raises:
+        ValueError: an unknown stage or option name.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, opts in raw.items():
+        if name not in TASK_NAMES:
+            raise ValueError(f"pipeline.yaml tasks.{name}: unknown stage; known: {list(TASK_NAMES)}")
+        bad = set(opts or {}) - set(TASK_OPTION_KEYS)
+        if bad:
+            raise ValueError(f"pipeline.yaml tasks.{name}: unknown options {sorted(bad)}; "
+                             f"known: {list(TASK_OPTION_KEYS)}")
+        out[name] = dict(opts or {})
+    return out
+
+
+def _pick(param: Any, default: Any) -> Any:
+    return default if param is None else param
+
+
+def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
+    """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
+
+    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it.
+
+    Raises:
+        ValueError: a step count below 1.
+        FileNotFoundError: unknown preset.
+    """
+    cfg = load_yaml(config_dir / "pipeline.yaml")
+    data, sft_cfg, ppo, ev = (cfg.get(k) or {} for k in ("data", "sft", "ppo", "evaluate"))
+    preset_name = _pick(params.get("preset"), cfg.get("preset"))
+    preset = load_preset(preset_name, config_dir)
+    skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
+    s = PipelineSettings(
+        experiment=_pick(params.get("experiment"), cfg.get("experiment", "rlhf")),
+        preset=preset_name,
+        model_path=_pick(params.get("model_path"), cfg.get("model_path")),
+        gsm8k_dir=_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
+        ray_address=_pick(params.get("ray_address"), cfg.get("ray_address")),
+        train_prompts=int(_pick(params.get("train_prompts"), data.get("train_prompts", 256))),
+        val_prompts=int(_pick(params.get("val_prompts"), data.get("val_prompts", 32))),
+        sft_enabled=not skip_sft if skip_sft is not None else bool(sft_cfg.get("enabled", True)),
+        sft_epochs=int(_pick(params.get("sft_epochs"), sft_cfg.get("epochs", 1))),
+        ppo_steps=int(_pick(params.get("ppo_steps"), ppo.get("total_steps", 4))),
+        segment_steps=int(_pick(params.get("segment_steps"), ppo.get("segment_steps", 2))),
+        adv_estimator=str(_pick(params.get("adv_estimator"), ppo.get("adv_estimator", "grpo"))),
+        evaluate_enabled=not skip_eval if skip_eval is not None else bool(ev.get("enabled", True)),
+        model_sizes=dict(preset.get("model") or {}),
+        preset_sft=list(preset.get("sft") or []),
+        preset_ppo=list(preset.get("ppo") or []),
+        preset_eval=list(preset.get("evaluation") or []),
+        sft_overrides=list(params.get("sft_overrides") or []),
+        ppo_overrides=list(params.get("ppo_overrides") or []),
+        eval_overrides=list(params.get("eval_overrides") or []),
+    )
+    s = dataclasses.replace(s, task_options=_task_options(cfg.get("tasks") or {}))
+    if s.ppo_steps < 1 or s.segment_steps < 1:
+        raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
+    return s

@@ -1,0 +1,63 @@
+"""The project's home folder and the embedded-service defaults under it.
+
+Everything the pipeline writes by default lives under ``$RLHF_HOME`` (default ``./.rlhf``):
+the MLflow SQLite store and artifacts, the DuckDB results database and its parquet files,
+Prefect's ephemeral state, checkpoints and data caches.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def rlhf_home() -> Path:
+    """Return the absolute home folder (``$RLHF_HOME`` or ``./.rlhf``), creating it.
+
+    Raises:
+        OSError: the folder cannot be created.
+    """
+    home = Path(os.environ.get("RLHF_HOME") or ".rlhf").expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def embedded_defaults(home: Path) -> dict[str, str]:
+    """The environment an embedded (single-machine) run uses, as variable -> value."""
+    return {
+        "RLHF_HOME": str(home),
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the ephemeral API server needs more than Prefect's 20 s on a busy 2-core machine
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+        "RLHF_MLFLOW_ARTIFACT_ROOT": (home / "mlartifacts").as_uri(),
+        "RAY_AUTH_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def configure_environment() -> dict[str, str]:
+    """Set the embedded defaults in ``os.environ`` without overriding what the user set.
+
+    ``PREFECT_HOME`` and ``MLFLOW_TRACKING_URI`` are left alone when already set (a user with
+    a real Prefect or MLflow server keeps it). ``RAY_AUTH_MODE=disabled`` is only applied when
+    no Ray address is configured (a private local instance).
+
+    Returns:
+        The effective values of the variables this function manages.
+    """
+    home = rlhf_home()
+    defaults = embedded_defaults(home)
+    if os.environ.get("RAY_ADDRESS"):
+        defaults.pop("RAY_AUTH_MODE")
+    for key, value in defaults.items():
+        if not os.environ.get(key):
+            os.environ[key] = value
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+    return {key: os.environ[key] for key in defaults}
+
+
+def artifact_root() -> str:
+    """The artifact location for new MLflow experiments (a ``file://`` URI under the home)."""
+    return os.environ.get("RLHF_MLFLOW_ARTIFACT_ROOT") or (rlhf_home() / "mlartifacts").as_uri()

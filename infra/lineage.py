@@ -1,0 +1,246 @@
+"""MLflow lineage: one parent run per flow run, one nested run per stage.
+
+Everything goes through an explicit ``MlflowClient`` and explicit run ids — never
+mlflow's process-global active run — because Prefect runs tasks in threads and the core
+runs in other (Ray) processes. A core process logs into a stage run when it is given
+``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` (see ``stage_env``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+)
+
+PARENT_TAG = "mlflow.parentRunId"
+FLOW_RUN_TAG = "prefect.flow_run_id"
+STAGE_TAG = "rlhf.stage"
+GIT_TAG = "mlflow.source.git.commit"
+ARTIFACT_LIMIT_BYTES = 50 * 2**20
+
+
+def client() -> MlflowClient:
+    """A client for ``$MLFLOW_TRACKING_URI`` (call ``infra.home.configure_environment`` first)."""
+    return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+def get_or_create_experiment(name: str) -> str:
+    """Return the id of experiment ``name``, creating it (artifacts under the home) if missing."""
+    c = client()
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    from infra.home import artifact_root
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    location = f"{artifact_root()}/{name}" if uri.startswith("sqlite:") else None
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except Exception:  # created concurrently by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """The HEAD commit of the repository at ``cwd``, or None when unavailable."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten a nested mapping (an OmegaConf DictConfig works) to ``{"a.b.c": "value"}``.
+
+    Keys longer than MLflow's limit (250 chars) are cut from the left; values longer than
+    6000 chars are cut and end with ``...``. Lists become their ``str``.
+    """
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(params, DictConfig):
+            params = OmegaConf.to_container(params, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, prefix=f"{full}."))
+            continue
+        text = str(value)
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            text = text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
+        flat[full[-MAX_ENTITY_KEY_LENGTH:]] = text
+    return flat
+
+
+def log_params(run_id: str, params: Mapping[str, Any]) -> int:
+    """Log flattened ``params`` in batches of 100; returns how many were logged."""
+    flat = flatten_params(params)
+    items = [Param(k, v) for k, v in flat.items()]
+    c = client()
+    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+    return len(items)
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    """Log numeric ``metrics`` at ``step`` (non-numeric values are skipped)."""
+    now = int(time.time() * 1000)
+    ms = [Metric(k, float(v), now, step) for k, v in metrics.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    for i in range(0, len(ms), 1000):
+        client().log_batch(run_id, metrics=ms[i: i + 1000])
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
+    """Set string tags on a run."""
+    client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
+              parent_run_id: str | None = None) -> str:
+    """Create a RUNNING run (nested under ``parent_run_id`` when given) and return its id."""
+    all_tags = {k: str(v) for k, v in (tags or {}).items()}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    run = client().create_run(get_or_create_experiment(experiment), tags=all_tags, run_name=run_name)
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED") -> None:
+    """Mark a run FINISHED / FAILED / KILLED."""
+    client().set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def pipeline_run(experiment: str, flow_run_id: str | None, params: Mapping[str, Any],
+                 run_name: str = "rlhf") -> Iterator[str]:
+    """Parent run of one flow run: tags flow run id and git commit, logs ``params``.
+
+    Yields the run id; the run ends FINISHED, or FAILED when the body raises.
+    """
+    tags = {FLOW_RUN_TAG: flow_run_id or "", STAGE_TAG: "pipeline"}
+    commit = git_commit(Path(__file__).resolve().parent)
+    if commit:
+        tags[GIT_TAG] = commit
+    run_id = start_run(experiment, run_name, tags)
+    log_params(run_id, params)
+    status = "FAILED"
+    try:
+        yield run_id
+        status = "FINISHED"
+    finally:
+        end_run(run_id, status)
+
+
+@contextlib.contextmanager
+def stage_run(stage_name: str, params: Mapping[str, Any], parent_run_id: str | None = None,
+              experiment: str = "rlhf", flow_run_id: str | None = None) -> Iterator[str]:
+    """Nested run of one stage, yielding its run id; FINISHED on success, FAILED on error.
+
+    Args:
+        stage_name: run name and ``rlhf.stage`` tag, e.g. ``sft``.
+        params: the stage's resolved config (flattened and truncated to MLflow's limits).
+        parent_run_id: the flow's parent run; when None, the run is top-level.
+        experiment: experiment name used when there is no parent.
+    """
+    if parent_run_id:
+        experiment_id = client().get_run(parent_run_id).info.experiment_id
+        experiment = client().get_experiment(experiment_id).name
+    tags = {STAGE_TAG: stage_name}
+    if flow_run_id:
+        tags[FLOW_RUN_TAG] = flow_run_id
+    run_id = start_run(experiment, stage_name, tags, parent_run_id)
+    log_params(run_id, params)
+    status = "FAILED"
+    try:
+        yield run_id
+        status = "FINISHED"
+    finally:
+        end_run(run_id, status)
+
+
+def stage_env(run_id: str) -> dict[str, str]:
+    """Environment that makes the core's MLflow sink log into ``run_id`` from any process."""
+    env = {"MLFLOW_RUN_ID": run_id}
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        env["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+    return env
+
+
+def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def log_dataset(run_id: str, path: str | Path, name: str, context: str) -> str:
+    """Log a parquet file as a dataset input of ``run_id`` and return its sha256 digest.
+
+    The MLflow dataset carries the schema and row count (``mlflow.data.from_pandas``) with
+    ``source`` = the file's URI; the sha256 of the file's bytes is its digest and is also
+    set as tag ``dataset.<name>.sha256``.
+
+    Args:
+        context: ``training``, ``validation``, ``evaluation``...
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    import mlflow.data
+    import pandas as pd
+
+    path = Path(path).resolve()
+    digest = file_digest(path)
+    df = pd.read_parquet(path)
+    with warnings.catch_warnings():  # "source can be interpreted in multiple ways": both are local files
+        warnings.simplefilter("ignore", UserWarning)
+        ds = mlflow.data.from_pandas(df, source=path.as_uri(), name=name, digest=digest[:36])
+    entity = ds._to_mlflow_entity()
+    tags = [InputTag(key="mlflow.data.context", value=context)]
+    client().log_inputs(run_id, datasets=[DatasetInput(dataset=entity, tags=tags)])
+    set_tags(run_id, {f"dataset.{name}.sha256": digest, f"dataset.{name}.path": str(path)})
+    return digest
+
+
+def dir_size(path: str | Path) -> int:
+    """Total bytes of the files under ``path``."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def log_dir_artifact(run_id: str, local_dir: str | Path, artifact_path: str,
+                     max_bytes: int = ARTIFACT_LIMIT_BYTES) -> bool:
+    """Log a model/checkpoint folder as artifacts when it is at most ``max_bytes``.
+
+    Larger folders are not copied: only tag ``artifact.<artifact_path>.path`` records where
+    they are. Returns True when the folder was copied.
+    """
+    local_dir = Path(local_dir).resolve()
+    tags = {f"artifact.{artifact_path}.path": str(local_dir)}
+    copied = dir_size(local_dir) <= max_bytes
+    if copied:
+        client().log_artifacts(run_id, str(local_dir), artifact_path)
+    set_tags(run_id, tags)
+    return copied

@@ -1,0 +1,113 @@
+"""Connection to Ray and dispatch of a stage's driver function as a Ray task.
+
+Each pipeline stage (SFT, a PPO segment, evaluation) runs its driver function as one Ray
+remote task — the stage's "Ray job". The driver then creates its own worker actors on the
+same cluster. The driver task asks for ``num_cpus=0`` by default so that, on a small
+machine, all CPU slots stay free for the training workers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import ray
+
+# Variables a remote driver needs to find the project home and the lineage run.
+FORWARDED_ENV = (
+    "RLHF_HOME",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_EXPERIMENT_ID",
+    "RLHF_MLFLOW_ARTIFACT_ROOT",
+    "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "HF_HUB_OFFLINE",
+    "GSM8K_DIR",
+)
+
+
+def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Connect to Ray once per process; a no-op when already connected.
+
+    Args:
+        address: ``None`` → start an embedded local instance (token auth off, no dashboard);
+            ``"auto"`` → the cluster on this machine; ``"ray://host:port"`` → Ray Client.
+            ``$RAY_ADDRESS`` is used when ``address`` is None and it is set.
+        num_cpus: CPU slots for an embedded instance (default: all cores).
+
+    Returns:
+        ``ray.cluster_resources()`` of the connected cluster.
+
+    Raises:
+        ConnectionError: an explicit address cannot be reached (raised by Ray).
+    """
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+    else:
+        ray.init(address=address, log_to_driver=True)
+    return ray.cluster_resources()
+
+
+def forwarded_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables passed to a remote driver: FORWARDED_ENV that are set, plus ``extra``."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def run_on_ray(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_cpus: float = 0,
+    runtime_env: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` as a Ray remote task and wait for its result.
+
+    Connects to Ray first (embedded when no address is configured). The remote side gets
+    ``RLHF_HOME`` and the ``MLFLOW_*`` variables of this process plus ``env`` through the
+    runtime environment, so a core running in another process logs into the right run.
+
+    Args:
+        fn: an importable (module-level) function; its result must be picklable.
+        num_cpus: CPU slots the driver task reserves (0: leave them to its workers).
+        runtime_env: extra Ray runtime environment; its ``env_vars`` win over forwarded ones.
+        env: extra environment variables for the remote side.
+        timeout_s: seconds to wait; ``None`` waits forever.
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        ray.exceptions.RayTaskError: ``fn`` raised (the original exception is its cause).
+        ray.exceptions.GetTimeoutError: the result did not arrive within ``timeout_s``;
+            the task is cancelled.
+    """
+    connect_ray()
+    renv = dict(runtime_env or {})
+    renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
+    remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
+    ref = remote_fn.remote(*args, **kwargs)
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray (stops an embedded instance); a no-op when not connected."""
+    if ray.is_initialized():
+        ray.shutdown()

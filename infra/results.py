@@ -1,0 +1,290 @@
+"""DuckDB results store: per-sample generations, per-step metrics and a run index.
+
+Writers never hold a database lock: they append parquet files under ``<home>/results/``
+(each written to a temporary name and renamed into place, so a reader never sees half a
+file and a dying writer loses nothing already registered). The DuckDB file
+``<home>/results.duckdb`` holds only VIEWS over those files:
+
+- ``samples``: ``run_id, stage, step, data_source, uid, sample_idx, prompt, response,
+  ground_truth, score`` plus any extra columns the core wrote (``acc``, ``pred``, ...);
+- ``metrics``: ``run_id, stage, step, key, value``;
+- ``runs``: ``run_id, flow_run_id, stage, status, started_at, ended_at, params_json``.
+
+Views are (re)created with a brief write connection when the store is opened and when a
+table gets its first file; queries use a read-only connection. While a table has no file,
+its view selects from a typed empty relation, so queries work on an empty store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import logging
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TABLES: dict[str, dict[str, str]] = {
+    "samples": {
+        "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "data_source": "VARCHAR",
+        "uid": "VARCHAR", "sample_idx": "BIGINT", "prompt": "VARCHAR", "response": "VARCHAR",
+        "ground_truth": "VARCHAR", "score": "DOUBLE",
+    },
+    "metrics": {
+        "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "key": "VARCHAR", "value": "DOUBLE",
+    },
+    "runs": {
+        "run_id": "VARCHAR", "flow_run_id": "VARCHAR", "stage": "VARCHAR", "status": "VARCHAR",
+        "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "params_json": "VARCHAR",
+    },
+}
+logger = logging.getLogger(__name__)
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_LOCK_RETRIES = 50
+_LOCK_SLEEP_S = 0.1
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not value or not _SAFE.match(value):
+        raise ValueError(f"{kind} {value!r} must match {_SAFE.pattern} (it becomes a folder name)")
+    return value
+
+
+def _atomic_write(table: pa.Table, dest: Path) -> None:
+    """Write ``table`` to ``dest`` through a temporary sibling and an atomic rename."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _with_lock_retry(fn):
+    """Run ``fn()``, retrying while another process briefly holds the DuckDB file lock."""
+    for attempt in range(_LOCK_RETRIES):
+        try:
+            return fn()
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or attempt == _LOCK_RETRIES - 1:
+                raise
+            time.sleep(_LOCK_SLEEP_S)
+    raise AssertionError("unreachable")
+
+
+class ResultsStore:
+    """Parquet files + DuckDB views under ``home`` (see the module docstring).
+
+    Args:
+        home: the project home (``infra.home.rlhf_home()``); created when missing.
+    """
+
+    def __init__(self, home: Path | str):
+        self.home = Path(home).expanduser().resolve()
+        self.root = self.home / "results"
+        self.db_path = self.home / "results.duckdb"
+        for table in TABLES:
+            (self.root / table).mkdir(parents=True, exist_ok=True)
+        self._globbed: dict[str, bool] = {}
+        self.refresh_views(strict=False)
+
+    # ----------------------------------------------------------------- views
+    def _glob(self, table: str) -> str:
+        return str(self.root / table / "**" / "*.parquet")
+
+    def _has_files(self, table: str) -> bool:
+        return any(self.root.joinpath(table).rglob("*.parquet"))
+
+    def _view_sql(self, table: str, globbed: bool) -> str:
+        if globbed:
+            src = (f"read_parquet('{self._glob(table)}', union_by_name=true, "
+                   f"hive_partitioning=false)")
+            return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {src}"
+        cols = ", ".join(f"CAST(NULL AS {typ}) AS {name}" for name, typ in TABLES[table].items())
+        return f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false"
+
+    def refresh_views(self, strict: bool = True) -> bool:
+        """(Re)create the three views in the database file with a brief write connection.
+
+        Args:
+            strict: raise when the file stays locked; otherwise log a warning and return
+                False (the parquet files are safe either way; views are refreshed next time).
+
+        Returns:
+            True when the views were written.
+
+        Raises:
+            duckdb.IOException: ``strict`` and the file stays locked by another process ~5 s.
+        """
+        state = {t: self._has_files(t) for t in TABLES}
+
+        def _do() -> None:
+            con = duckdb.connect(str(self.db_path))
+            try:
+                for table, globbed in state.items():
+                    con.execute(self._view_sql(table, globbed))
+            finally:
+                con.close()
+
+        try:
+            _with_lock_retry(_do)
+        except duckdb.IOException as exc:
+            if strict:
+                raise
+            logger.warning("results: views in %s not refreshed (%s); will retry", self.db_path, exc)
+            return False
+        self._globbed = state
+        return True
+
+    def _after_write(self, table: str) -> None:
+        if not self._globbed.get(table):
+            self.refresh_views(strict=False)
+
+    # ---------------------------------------------------------------- writers
+    def register_samples(self, parquet_paths: Iterable[str], run_id: str, stage: str) -> int:
+        """Copy sample parquet files into the store, adding ``run_id`` and ``stage`` columns.
+
+        Each file lands at ``results/samples/run_id=<id>/stage=<stage>/<name>.parquet``;
+        registering the same file again replaces only that copy (retries are idempotent).
+
+        Args:
+            parquet_paths: local parquet files with the core's sample columns.
+            run_id: MLflow run id of the stage (letters, digits, ``_.-``).
+            stage: stage name, e.g. ``ppo`` or ``evaluate``.
+
+        Returns:
+            Number of rows registered.
+
+        Raises:
+            ValueError: ``run_id`` or ``stage`` is not a safe folder name.
+            FileNotFoundError: a path does not exist.
+        """
+        _check_name("run_id", run_id)
+        _check_name("stage", stage)
+        dest_dir = self.root / "samples" / f"run_id={run_id}" / f"stage={stage}"
+        total = 0
+        for path in parquet_paths:
+            table = pq.read_table(path)
+            for col in ("run_id", "stage"):
+                if col in table.column_names:
+                    table = table.drop_columns([col])
+            n = table.num_rows
+            table = table.add_column(0, "stage", pa.array([stage] * n, pa.string()))
+            table = table.add_column(0, "run_id", pa.array([run_id] * n, pa.string()))
+            _atomic_write(table, dest_dir / Path(path).name)
+            total += n
+        self._after_write("samples")
+        return total
+
+    def register_metrics(
+        self, rows: Iterable[Mapping[str, Any]], run_id: str, stage: str, name: str = "metrics"
+    ) -> int:
+        """Store per-step metrics in long form (``run_id, stage, step, key, value``).
+
+        Args:
+            rows: either long rows ``{"step", "key"|"name", "value"}`` (the core's jsonl
+                file sink writes ``name``) or wide rows
+                ``{"step": 3, "actor/pg_loss": 0.1, ...}`` (the core's jsonl file sink);
+                non-numeric values are skipped.
+            run_id, stage: as in :meth:`register_samples`.
+            name: file name stem, so several batches of one stage can coexist
+                (e.g. ``segment_2``); the same name replaces the earlier file.
+
+        Returns:
+            Number of (step, key, value) rows written.
+
+        Raises:
+            ValueError: unsafe ``run_id``/``stage``/``name``, or a row without ``step``.
+        """
+        _check_name("run_id", run_id)
+        _check_name("stage", stage)
+        _check_name("name", name)
+        steps, keys, values = [], [], []
+        for row in rows:
+            if "step" not in row:
+                raise ValueError(f"metrics row without 'step': {dict(row)!r:.200}")
+            step = int(row["step"])
+            long_key = "key" if "key" in row else "name" if "name" in row else None
+            items = [(row[long_key], row.get("value"))] if long_key else [
+                (k, v) for k, v in row.items() if k != "step"]
+            for key, value in items:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                steps.append(step)
+                keys.append(str(key))
+                values.append(float(value))
+        n = len(steps)
+        table = pa.table({
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "stage": pa.array([stage] * n, pa.string()),
+            "step": pa.array(steps, pa.int64()),
+            "key": pa.array(keys, pa.string()),
+            "value": pa.array(values, pa.float64()),
+        })
+        _atomic_write(table, self.root / "metrics" / f"run_id={run_id}" / f"stage={stage}" / f"{name}.parquet")
+        self._after_write("metrics")
+        return n
+
+    def index_run(
+        self, run_id: str, flow_run_id: str | None, stage: str, status: str,
+        started_at: Any, ended_at: Any | None, params_json: str,
+    ) -> None:
+        """Write (or replace) the run-index row of one stage run.
+
+        Args:
+            started_at, ended_at: ``datetime`` (naive UTC) or ``None`` for a running stage.
+            params_json: the stage's resolved config as JSON text.
+
+        Raises:
+            ValueError: unsafe ``run_id`` or ``stage``.
+        """
+        _check_name("run_id", run_id)
+        _check_name("stage", stage)
+        table = pa.table({
+            "run_id": pa.array([run_id], pa.string()),
+            "flow_run_id": pa.array([flow_run_id], pa.string()),
+            "stage": pa.array([stage], pa.string()),
+            "status": pa.array([status], pa.string()),
+            "started_at": pa.array([started_at], pa.timestamp("us")),
+            "ended_at": pa.array([ended_at], pa.timestamp("us")),
+            "params_json": pa.array([params_json], pa.string()),
+        })
+        _atomic_write(table, self.root / "runs" / f"run_id={run_id}" / f"stage={stage}.parquet")
+        self._after_write("runs")
+
+    # ---------------------------------------------------------------- readers
+    def sql(self, query: str) -> tuple[list[str], list[tuple]]:
+        """Run ``query`` on a short-lived read-only connection.
+
+        Returns:
+            ``(column_names, rows)``.
+
+        Raises:
+            duckdb.Error: the query is invalid.
+        """
+        if any(self._has_files(t) and not self._globbed.get(t) for t in TABLES):
+            self.refresh_views(strict=False)
+
+        def _do():
+            con = duckdb.connect(str(self.db_path), read_only=True)
+            try:
+                rel = con.execute(query)
+                names = [d[0] for d in rel.description] if rel.description else []
+                return names, rel.fetchall()
+            finally:
+                con.close()
+
+        return _with_lock_retry(_do)
+
+    def sql_arrow(self, query: str) -> pa.Table:
+        """Like :meth:`sql` but returns a ``pyarrow.Table``."""
+        names, rows = self.sql(query)
+        return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})

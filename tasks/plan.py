@@ -1,0 +1,184 @@
+"""Decision logic of the pipeline as plain functions (no Prefect, no Ray, no MLflow).
+
+Segment boundaries, override lists and digests are computed here so they can be tested
+directly; the Prefect tasks only call them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+
+def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
+    """Global steps at which PPO segments end: ``segment_steps, 2*segment_steps, ..., total_steps``.
+
+    Example: ``segment_boundaries(5, 2) == [2, 4, 5]``.
+
+    Raises:
+        ValueError: ``total_steps < 1`` or ``segment_steps < 1``.
+    """
+    if total_steps < 1:
+        raise ValueError(f"ppo total_steps must be >= 1, got {total_steps}")
+    if segment_steps < 1:
+        raise ValueError(f"ppo segment_steps must be >= 1, got {segment_steps}")
+    bounds = list(range(segment_steps, total_steps, segment_steps))
+    return bounds + [total_steps]
+
+
+def override_value(value: Any) -> str:
+    """Render a Python value as an OmegaConf dotted-override value (``[a,b]``, ``null``, ``True``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    return str(value)
+
+
+def as_overrides(mapping: dict[str, Any]) -> list[str]:
+    """``{"a.b": 1}`` → ``["a.b=1"]`` (order kept)."""
+    return [f"{key}={override_value(value)}" for key, value in mapping.items()]
+
+
+def merge_overrides(*lists: Iterable[str]) -> list[str]:
+    """Concatenate override lists; for a key given twice the last one wins (earlier ones dropped)."""
+    out: dict[str, str] = {}
+    for items in lists:
+        for item in items or []:
+            key = item.split("=", 1)[0].lstrip("+~")
+            out.pop(key, None)
+            out[key] = item
+    return list(out.values())
+
+
+def sft_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str, train_file: str,
+                  val_file: str, out_dir: str, experiment: str,
+                  epochs: int | None = None) -> list[str]:
+    """Overrides for ``sft_trainer``: preset, then the pipeline's choices, then the user's (which win).
+
+    ``epochs=None`` leaves ``trainer.total_epochs`` to the preset/user/defaults.
+    """
+    pipeline = as_overrides({
+        "model.partial_pretrain": model_path,
+        "data.train_files": train_file,
+        "data.val_files": val_file,
+        "trainer.default_local_dir": out_dir,
+        "trainer.project_name": experiment,
+        "trainer.experiment_name": "sft",
+        **({"trainer.total_epochs": epochs} if epochs is not None else {}),
+    })
+    return merge_overrides(preset, pipeline, user)
+
+
+def ppo_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str, train_file: str,
+                  val_file: str, run_dir: str, total_steps: int, segment_steps: int,
+                  stop_after_step: int, adv_estimator: str, experiment: str) -> list[str]:
+    """Overrides for one PPO segment that stops (and checkpoints) at ``stop_after_step``.
+
+    Every segment uses the same checkpoint folder and ``resume_mode=auto``, so segment k
+    (or a retry of it) continues from the latest checkpoint. ``save_freq`` equals the
+    segment size, so each boundary is also a regular checkpoint step.
+    """
+    run = Path(run_dir)
+    pipeline = as_overrides({
+        "actor_rollout_ref.model.path": model_path,
+        "data.train_files": train_file,
+        "data.val_files": val_file,
+        "algorithm.adv_estimator": adv_estimator,
+        "trainer.total_training_steps": total_steps,
+        "trainer.save_freq": segment_steps,
+        "trainer.test_freq": segment_steps,
+        "trainer.default_local_dir": str(run / "checkpoints"),
+        "trainer.validation_data_dir": str(run / "val_samples"),
+        "trainer.project_name": experiment,
+        "trainer.experiment_name": "ppo",
+    })
+    segment = as_overrides({"trainer.stop_after_step": stop_after_step, "trainer.resume_mode": "auto"})
+    return merge_overrides(preset, pipeline, user, segment)
+
+
+def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path: str,
+                   samples_dir: str) -> list[str]:
+    """Overrides for ``evaluation``: score ``responses_path``, write samples to ``samples_dir``."""
+    pipeline = as_overrides({"data.path": responses_path, "output.samples_dir": samples_dir})
+    return merge_overrides(preset, pipeline, user)
+
+
+def files_digest(paths: Iterable[str | Path]) -> str:
+    """sha256 over the bytes of files (a folder: all files below it, by relative name)."""
+    h = hashlib.sha256()
+    for path in sorted(str(p) for p in paths):
+        p = Path(path)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def inputs_key(name: str, files: Iterable[str | Path], **params: Any) -> str:
+    """Cache key of a stage: its name, the digest of its input files and its parameters (JSON)."""
+    blob = json.dumps(params, sort_keys=True, default=str)
+    return hashlib.sha256(f"{name}|{files_digest(files)}|{blob}".encode()).hexdigest()
+
+
+def latest_validation_samples(paths: Iterable[str]) -> pd.DataFrame:
+    """Concatenate validation sample parquet files and keep only the rows of the highest step.
+
+    Raises:
+        ValueError: no file or no row.
+    """
+    frames = [pd.read_parquet(p) for p in paths]
+    if not frames:
+        raise ValueError("no validation sample files to evaluate")
+    df = pd.concat(frames, ignore_index=True)
+    if df.empty:
+        raise ValueError("validation sample files hold no rows")
+    return df[df["step"] == df["step"].max()].reset_index(drop=True)
+
+
+def responses_from_samples(samples: pd.DataFrame) -> pd.DataFrame:
+    """Group per-sample rows (one response each) into evaluation.yaml's responses table.
+
+    Input columns: ``uid, sample_idx, prompt, response, data_source, ground_truth``.
+    Output: one row per ``uid`` with ``prompt``, ``responses`` (list of N strings ordered by
+    ``sample_idx``), ``data_source`` and ``reward_model = {"style": "rule", "ground_truth": str}``.
+
+    Raises:
+        KeyError: a required column is missing.
+    """
+    needed = ["uid", "sample_idx", "prompt", "response", "data_source", "ground_truth"]
+    missing = [c for c in needed if c not in samples.columns]
+    if missing:
+        raise KeyError(f"validation samples lack columns {missing}")
+    rows = []
+    for uid, group in samples.sort_values(["uid", "sample_idx"]).groupby("uid", sort=True):
+        first = group.iloc[0]
+        rows.append({
+            "uid": str(uid),
+            "prompt": first["prompt"],
+            "responses": [str(r) for r in group["response"]],
+            "data_source": first["data_source"],
+            "reward_model": {"style": "rule", "ground_truth": str(first["ground_truth"])},
+        })
+    return pd.DataFrame(rows)
+
+
+def take_rows(src: str, dest: str, n: int | None) -> str:
+    """Write the first ``n`` rows of parquet ``src`` to ``dest`` (all rows when n is None or <=0)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    if n and n > 0:
+        table = table.slice(0, min(n, table.num_rows))
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(dest).with_name(f".{Path(dest).name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(dest)
+    return dest

@@ -1,0 +1,62 @@
+"""Driver functions that run inside Ray (one per stage). No Prefect import here.
+
+Each takes plain, picklable arguments (config name + override list), loads the config on
+the remote side and calls the core's entry point. The MLflow run and metrics file come in
+through environment variables set by ``infra.ray_cluster.run_on_ray``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _plain(result: Any) -> Any:
+    """Make a core result picklable and small: numbers, strings, lists and dicts only."""
+    if isinstance(result, dict):
+        return {str(k): _plain(v) for k, v in result.items()}
+    if isinstance(result, (list, tuple)):
+        return [_plain(v) for v in result]
+    if hasattr(result, "item") and getattr(result, "ndim", 1) == 0:
+        return result.item()
+    if result is None or isinstance(result, (bool, int, float, str)):
+        return result
+    return str(result)
+
+
+def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> str:
+    """Build the tiny model from the prompts and answers of a verl-schema GSM8K parquet."""
+    import pandas as pd
+
+    from rlhf_core.models.tiny import build_tiny_model
+
+    df = pd.read_parquet(train_file)
+    texts: list[str] = []
+    for extra in df["extra_info"]:
+        texts.extend([str(extra.get("question", "")), str(extra.get("answer", ""))])
+    for prompt in df["prompt"]:
+        texts.extend(str(m["content"]) for m in prompt)
+    return build_tiny_model(texts, out_dir, **sizes)
+
+
+def sft_remote(overrides: list[str]) -> dict[str, Any]:
+    """``run_sft(load_config("sft_trainer", overrides))``; returns its result dict."""
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.main_sft import run_sft
+
+    return _plain(run_sft(load_config("sft_trainer", overrides)))
+
+
+def ppo_remote(overrides: list[str]) -> dict[str, Any]:
+    """``run_ppo(load_config("ppo_trainer", overrides))``; returns final metrics, global_step, checkpoint_dir."""
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.main_ppo import run_ppo
+
+    return _plain(run_ppo(load_config("ppo_trainer", overrides)))
+
+
+def evaluation_remote(overrides: list[str]) -> dict[str, Any]:
+    """``run_evaluation(load_config("evaluation", overrides))``; returns its metrics."""
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.evaluation import run_evaluation
+
+    return _plain(run_evaluation(load_config("evaluation", overrides)))

@@ -1,0 +1,201 @@
+"""The pipeline's Prefect tasks: prepare_data, build_model, sft, ppo_segment, evaluate.
+
+Each task opens its MLflow nested run (``tasks.common.stage``), dispatches the heavy work to
+Ray (``infra.ray_cluster.run_on_ray``) and registers produced samples / metrics in the
+DuckDB results store. Stages whose output is a pure function of their inputs carry a cache
+key over their input files' digests and write into a folder named by that key, so a cache
+hit points at an existing output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra import lineage
+from infra.ray_cluster import run_on_ray
+from infra.results import ResultsStore
+from tasks import plan, remote
+from tasks.common import parquet_files, read_jsonl, stage
+
+HOUR = 3600
+
+
+def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:
+    if not gsm8k_dir:
+        return []
+    return [str(p) for p in sorted(Path(gsm8k_dir).glob("*")) if p.suffix in (".jsonl", ".parquet")]
+
+
+def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
+    files = _gsm8k_files(p.get("gsm8k_dir"))
+    if not files:  # hub download: no stable digest to key on
+        return None
+    return plan.inputs_key("prepare_data", files, train=p["train_prompts"], val=p["val_prompts"],
+                           home=p["ctx"]["home"])
+
+
+@task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
+      cache_key_fn=_prepare_key, persist_result=True)
+def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
+                 ctx: dict[str, Any]) -> dict[str, str]:
+    """Preprocess GSM8K to the verl schema and cut the train/val subsets.
+
+    Args:
+        gsm8k_dir: folder with ``train.jsonl``/``test.jsonl`` (or verl parquet); None → the hub.
+        train_prompts, val_prompts: rows kept from each split (first N; <=0 keeps all).
+
+    Returns:
+        ``{"train": path, "val": path, "train_sha256": hex, "val_sha256": hex, "run_id": str}``
+        (``run_id``: this stage's MLflow run — on a cache hit, the run that produced it).
+    """
+    from rlhf_core.data.gsm8k import preprocess_gsm8k
+
+    out = Path(ctx["home"]) / "data" / "gsm8k"
+    params = {"gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts}
+    with stage("prepare_data", params, ctx) as run_id:
+        splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"))
+        train = plan.take_rows(splits["train"], str(out / f"train_{train_prompts}.parquet"), train_prompts)
+        val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}.parquet"), val_prompts)
+        result = {"train": train, "val": val, "run_id": run_id}
+        result["train_sha256"] = lineage.log_dataset(run_id, train, "gsm8k_train", "training")
+        result["val_sha256"] = lineage.log_dataset(run_id, val, "gsm8k_val", "validation")
+    return result
+
+
+def _build_key(_ctx: Any, p: dict[str, Any]) -> str:
+    return plan.inputs_key("build_model", [p["train_file"]], sizes=p["sizes"], home=p["ctx"]["home"])
+
+
+@task(name="build_model", retries=1, retry_delay_seconds=10, timeout_seconds=HOUR,
+      cache_key_fn=_build_key, persist_result=True)
+def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> dict[str, str]:
+    """Build the tiny Qwen2-style model + BPE tokenizer from the training text (on Ray).
+
+    Returns:
+        ``{"model_path": HF folder $RLHF_HOME/models/tiny-<key>, "run_id": MLflow run}``.
+    """
+    key = plan.inputs_key("build_model", [train_file], sizes=sizes)[:16]
+    out_dir = str(Path(ctx["home"]) / "models" / f"tiny-{key}")
+    with stage("build_model", {"sizes": sizes, "train_file": train_file}, ctx) as run_id:
+        lineage.log_dataset(run_id, train_file, "gsm8k_train", "training")
+        path = run_on_ray(remote.build_model_remote, train_file, out_dir, dict(sizes),
+                          timeout_s=HOUR)
+        lineage.log_dir_artifact(run_id, path, "model")
+    return {"model_path": path, "run_id": run_id}
+
+
+def _sft_key(_ctx: Any, p: dict[str, Any]) -> str:
+    return plan.inputs_key("sft", [p["model_path"], p["train_file"], p["val_file"]],
+                           overrides=p["overrides"], home=p["ctx"]["home"])
+
+
+@task(name="sft", retries=1, retry_delay_seconds=30, timeout_seconds=6 * HOUR,
+      cache_key_fn=_sft_key, persist_result=True)
+def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
+        ctx: dict[str, Any]) -> dict[str, str]:
+    """Supervised fine-tuning (a Ray job running ``run_sft``).
+
+    Args:
+        overrides: ``sft_trainer`` overrides without the paths (this task adds model, data
+            and output folder).
+
+    Returns:
+        ``{"hf_dir": the final HF model folder, "run_id": MLflow run}``.
+    """
+    from rlhf_core.config import load_config
+
+    key = _sft_key(None, {"model_path": model_path, "train_file": train_file, "val_file": val_file,
+                          "overrides": overrides, "ctx": ctx})[:16]
+    out_dir = Path(ctx["home"]) / "sft" / key
+    full = plan.sft_overrides([], overrides, model_path=model_path, train_file=train_file,
+                              val_file=val_file, out_dir=str(out_dir), experiment=ctx["experiment"])
+    config = load_config("sft_trainer", full)  # fails here, before Ray, on a bad key
+    metrics_file = out_dir / "metrics.jsonl"
+    with stage("sft", config, ctx) as run_id:
+        lineage.log_dataset(run_id, train_file, "sft_train", "training")
+        lineage.log_dataset(run_id, val_file, "sft_val", "validation")
+        metrics_file.unlink(missing_ok=True)
+        env = {**lineage.stage_env(run_id), "RLHF_METRICS_FILE": str(metrics_file)}
+        result = run_on_ray(remote.sft_remote, full, env=env, timeout_s=6 * HOUR)
+        ResultsStore(ctx["home"]).register_metrics(read_jsonl(metrics_file), run_id, "sft")
+        hf_dir = result.get("hf_dir") or result["hf_model_dir"]
+        lineage.log_dir_artifact(run_id, hf_dir, "hf_model")
+    return {"hf_dir": hf_dir, "run_id": run_id}
+
+
+@task(name="ppo_segment", retries=2, retry_delay_seconds=30, timeout_seconds=12 * HOUR,
+      cache_policy=NO_CACHE)
+def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
+                ctx: dict[str, Any]) -> dict[str, Any]:
+    """Run PPO until ``trainer.stop_after_step`` (in ``overrides``), checkpointing there.
+
+    A retry (or a re-run of a finished segment) resumes from the latest checkpoint in
+    ``trainer.default_local_dir`` (``resume_mode=auto``). Metrics go to the ``ppo`` MLflow
+    run ``ppo_run_id``; validation samples and per-step metrics are registered in DuckDB.
+
+    Returns:
+        ``run_ppo``'s result: final metrics (incl. ``val-core/...``), ``global_step``,
+        ``checkpoint_dir``.
+    """
+    from rlhf_core.config import load_config
+
+    config = load_config("ppo_trainer", overrides)
+    run_dir = Path(config.trainer.default_local_dir).parent
+    metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
+    params = {"segment": segment, "stop_after_step": config.trainer.stop_after_step}
+    with stage("ppo", params, ctx, run_id=ppo_run_id, index_stage=f"ppo_segment_{segment}"):
+        metrics_file.unlink(missing_ok=True)
+        env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
+        result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR)
+        store = ResultsStore(ctx["home"])
+        store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
+        val_dir = config.trainer.validation_data_dir
+        store.register_samples(parquet_files(val_dir), ppo_run_id, "ppo")
+        lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step")})
+    return result
+
+
+@task(name="evaluate", retries=1, retry_delay_seconds=30, timeout_seconds=2 * HOUR,
+      cache_policy=NO_CACHE)
+def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any]) -> dict[str, Any]:
+    """Score the final model's responses with ``evaluation.yaml`` semantics.
+
+    The responses parquet is built from the last PPO validation step's samples (greedy or
+    sampled per ``val_kwargs``): one row per prompt with the list of its N responses.
+
+    Returns:
+        The evaluation metrics (per data_source).
+    """
+    from rlhf_core.config import load_config
+
+    out = Path(ctx["run_dir"]) / "evaluate"
+    out.mkdir(parents=True, exist_ok=True)
+    samples = plan.latest_validation_samples(parquet_files(val_samples_dir))
+    responses_path = out / "responses.parquet"
+    plan.responses_from_samples(samples).to_parquet(responses_path)
+    full = plan.eval_overrides([], overrides, responses_path=str(responses_path),
+                               samples_dir=str(out / "samples"))
+    config = load_config("evaluation", full)
+    with stage("evaluate", config, ctx) as run_id:
+        lineage.log_dataset(run_id, responses_path, "responses", "evaluation")
+        metrics = run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id),
+                             timeout_s=2 * HOUR)
+        lineage.log_metrics(run_id, {lineage_name(k): v for k, v in metrics.items()})
+        ResultsStore(ctx["home"]).register_samples(parquet_files(out / "samples"), run_id, "evaluate")
+    return metrics
+
+
+def lineage_name(key: str) -> str:
+    """A metric name MLflow accepts (``@`` → ``_at_``, like the core's MLflow sink)."""
+    try:
+        from rlhf_core.trainer.tracking import sanitize_mlflow_name
+    except ImportError:  # pragma: no cover
+        return key.replace("@", "_at_")
+    return sanitize_mlflow_name(key)
+
+
+__all__ = ["prepare_data", "build_model", "sft", "ppo_segment", "evaluate"]

@@ -1,0 +1,158 @@
+"""The whole `rlhf` flow on real GSM8K prompts, embedded services, then SQL and MLflow checks.
+
+Runs ``python -m flows.rlhf`` in a subprocess exactly as ``make demo`` does (embedded Ray,
+Prefect ephemeral mode, MLflow SQLite and DuckDB under a temporary ``RLHF_HOME``), with two
+PPO segments so the second one resumes from the first one's checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = {"prepare_data", "build_model", "sft", "ppo", "evaluate"}
+PPO_METRICS = {"critic/score/mean", "actor/pg_loss", "actor/entropy", "timing_s/gen", "perf/throughput"}
+
+
+def _run_flow(home: Path, gsm8k_dir: Path, *extra: str) -> str:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MLFLOW_", "PREFECT_", "RLHF_", "RAY_ADDRESS"))}
+    env.update(RLHF_HOME=str(home), GSM8K_DIR=str(gsm8k_dir), RAY_AUTH_MODE="disabled")
+    cmd = [sys.executable, "-m", "flows.rlhf", "--train-prompts", "64", "--val-prompts", "8",
+           "--ppo-steps", "2", "--segment-steps", "1", "--sft-epochs", "1", *extra]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    assert "rlhf results sql" in proc.stdout  # the run tells the user how to query it
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def flow_home(tmp_path_factory, gsm8k_dir):
+    home = tmp_path_factory.mktemp("e2e") / "home"
+    _run_flow(home, gsm8k_dir)
+    return home
+
+
+def _parents(client):
+    exp = client.get_experiment_by_name("rlhf")
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    return runs, [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+
+
+@pytest.mark.slow
+def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
+    from infra.results import ResultsStore
+
+    store = ResultsStore(flow_home)
+    _, rows = store.sql("SELECT stage, count(*), count(score), min(score), max(score) "
+                        "FROM samples GROUP BY stage ORDER BY stage")
+    by_stage = {r[0]: r for r in rows}
+    assert set(by_stage) == {"evaluate", "ppo"}
+    for stage, n, n_scored, lo, hi in rows:
+        assert n > 0 and n_scored == n, stage  # every sample carries a score
+        assert 0.0 <= lo <= hi <= 1.0
+    # 8 validation prompts x val_kwargs.n=2 per validation step; evaluation scores the last step
+    assert by_stage["evaluate"][1] == 16
+    _, steps = store.sql("SELECT DISTINCT step FROM samples WHERE stage = 'ppo' ORDER BY step")
+    assert steps == [(1,), (2,)]
+    _, keys = store.sql("SELECT DISTINCT key FROM metrics WHERE stage = 'ppo'")
+    assert PPO_METRICS <= {k for (k,) in keys}
+    _, runs = store.sql("SELECT stage, status FROM runs ORDER BY stage")
+    assert ("ppo_segment_1", "FINISHED") in runs and ("ppo_segment_2", "FINISHED") in runs
+    assert all(status == "FINISHED" for _, status in runs)
+    assert {s for s, _ in runs} >= {"prepare_data", "build_model", "sft", "ppo", "evaluate"}
+
+
+@pytest.mark.slow
+def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{flow_home / 'mlflow.db'}")
+    runs, parents = _parents(client)
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["prefect.flow_run_id"]
+    # the final validation and evaluation metrics are summarised on the parent run
+    assert "val-core/openai/gsm8k/reward/mean_at_2" in parent.data.metrics
+    assert "test_score/openai/gsm8k" in parent.data.metrics
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(children) == STAGES
+    assert all(r.info.status == "FINISHED" for r in children.values())
+
+    ppo = children["ppo"]
+    history = {k: client.get_metric_history(ppo.info.run_id, k) for k in PPO_METRICS}
+    for key, points in history.items():
+        # both segments log into one run, each step once: segment 2 resumed at step 1's checkpoint
+        assert sorted(m.step for m in points) == [1, 2], key
+    assert ppo.data.params["algorithm.adv_estimator"] == "grpo"
+    assert any(k.startswith("val-core/openai/gsm8k/reward/mean") for k in ppo.data.metrics)
+
+    prep = children["prepare_data"]
+    train_path = Path(prep.data.tags["dataset.gsm8k_train.path"])
+    digest = hashlib.sha256(train_path.read_bytes()).hexdigest()
+    for run in (prep, children["sft"], ppo):
+        contexts = {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
+                    for i in run.inputs.dataset_inputs}
+        assert "training" in contexts.values() and "validation" in contexts.values()
+    assert ppo.data.tags["dataset.gsm8k_train.sha256"] == digest
+    assert [a.path for a in client.list_artifacts(children["sft"].info.run_id)] == ["hf_model"]
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["checkpoint"]
+    assert any(k.startswith("test_score/") for k in children["evaluate"].data.metrics)
+
+
+# A verl custom reward function that fails once, during the second run's second PPO segment
+# (when that run already holds its step-1 checkpoint), then scores like the default.
+FAIL_ONCE = """
+import glob, os
+from rlhf_core.reward.scorers import default_compute_score
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    home = os.environ["RLHF_HOME"]
+    marker = os.path.join(home, "failed_once")
+    if len(glob.glob(os.path.join(home, "runs", "*", "checkpoints", "global_step_1"))) >= 2 \
+            and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("injected failure")
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+"""
+
+
+@pytest.mark.slow
+def test_second_run_reuses_cache_and_retried_segment_resumes(flow_home, gsm8k_dir, tmp_path):
+    """Same inputs again: prepare_data, build_model and sft come from Prefect's cache (their
+    output folders are keyed by input digests); the parent run points at the runs that made them.
+    Segment 2 fails once; Prefect retries it and it resumes from the step-1 checkpoint."""
+    from mlflow import MlflowClient
+
+    from infra.results import ResultsStore
+
+    reward = tmp_path / "fail_once.py"
+    reward.write_text(FAIL_ONCE)
+    _run_flow(flow_home, gsm8k_dir, "--ppo-overrides", f"custom_reward_function.path={reward}",
+              "custom_reward_function.name=compute_score")
+    assert (flow_home / "failed_once").exists()  # the injected failure happened
+    client = MlflowClient(tracking_uri=f"sqlite:///{flow_home / 'mlflow.db'}")
+    runs, parents = _parents(client)
+    assert len(parents) == 2
+    first, second = parents
+    for stage in ("prepare_data", "build_model", "sft"):
+        assert second.data.tags[f"stage.{stage}.run_id"] == first.data.tags[f"stage.{stage}.run_id"]
+    new_children = {r.info.run_name for r in runs
+                    if r.data.tags.get("mlflow.parentRunId") == second.info.run_id}
+    assert new_children == {"ppo", "evaluate"}
+    [ppo] = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == second.info.run_id
+             and r.info.run_name == "ppo"]
+    # the retry resumed at step 1: step 2 is logged once and step 1 is not repeated
+    history = client.get_metric_history(ppo.info.run_id, "critic/score/mean")
+    assert sorted(m.step for m in history) == [1, 2]
+    flow_run_id = second.data.tags["prefect.flow_run_id"]
+    _, rows = ResultsStore(flow_home).sql(
+        f"SELECT stage, status FROM runs WHERE flow_run_id = '{flow_run_id}' AND stage LIKE 'ppo%' ORDER BY stage")
+    assert rows == [("ppo", "FINISHED"), ("ppo_segment_1", "FINISHED"), ("ppo_segment_2", "FINISHED")]

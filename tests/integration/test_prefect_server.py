@@ -1,0 +1,100 @@
+"""Deployment `rlhf/full` on a real Prefect server, run by a real process worker.
+
+Starts ``prefect server start`` on a free port in a temporary PREFECT_HOME, creates the
+process pool, deploys from ``prefect.yaml``, triggers a tiny run and lets
+``prefect worker start --run-once`` execute it; the flow run must end COMPLETED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from conftest_services import pick_free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+TINY = {"train_prompts": 16, "val_prompts": 4, "sft_epochs": 1, "ppo_steps": 1, "segment_steps": 1}
+
+
+def _pool_name() -> str:
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    [dep] = [d for d in spec["deployments"] if d["name"] == "full"]
+    return dep["work_pool"]["name"]
+
+
+def test_prefect_yaml_declares_the_deployment():
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    [dep] = [d for d in spec["deployments"] if d["name"] == "full"]
+    assert dep["entrypoint"] == "flows/rlhf.py:rlhf"
+    assert [s["cron"] for s in dep["schedules"]] == ["0 2 * * *"]
+    assert _pool_name() == "rlhf-pool"
+
+
+def _run(cmd, env, timeout=300, **kw):
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    port = pick_free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RLHF_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_UI_ENABLED="false")
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"prefect server did not start:\n{(tmp_path / 'server.log').read_text()[-3000:]}")
+            time.sleep(1)
+        yield api, {**env, "PREFECT_API_URL": api}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.mark.slow
+def test_deployment_runs_on_a_process_worker(prefect_server, tmp_path, gsm8k_dir):
+    api, env = prefect_server
+    pool = _pool_name()
+    _run([PREFECT, "work-pool", "create", "--type", "process", pool], env)
+    _run([PREFECT, "--no-prompt", "deploy", "--all"], env)
+    params = json.dumps({**TINY, "gsm8k_dir": str(gsm8k_dir)})
+    out = _run([PREFECT, "deployment", "run", "rlhf/full", "--params", params], env)
+    assert "rlhf/full" in out
+
+    worker_env = {**env, "RLHF_HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "disabled"}
+    worker = subprocess.run([PREFECT, "worker", "start", "--pool", pool, "--run-once"], cwd=REPO,
+                            env=worker_env, capture_output=True, text=True, timeout=1800)
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"sort": "START_TIME_DESC"}, timeout=30).json()
+    started = [r for r in runs if r["parameters"].get("ppo_steps") == TINY["ppo_steps"]]
+    assert started, f"no triggered run found; worker said:\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
+    state = started[0]["state"]["type"]
+    assert state == "COMPLETED", f"{state}\n{worker.stdout[-4000:]}\n{worker.stderr[-4000:]}"
+    # the run wrote its results under the worker's RLHF_HOME
+    assert (tmp_path / "home" / "results.duckdb").exists()
+    assert (tmp_path / "home" / "mlflow.db").exists()

@@ -1,0 +1,88 @@
+"""MLflow lineage against a real SQLite tracking store in a temporary home."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import pytest
+
+from conftest_services import *  # noqa: F401,F403
+from infra import lineage
+from infra.home import configure_environment, rlhf_home
+
+
+def test_configure_environment_sets_defaults_but_keeps_user_values(rlhf_env, monkeypatch):
+    env = configure_environment()
+    assert rlhf_home() == rlhf_env
+    assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{rlhf_env / 'mlflow.db'}"
+    assert env["PREFECT_HOME"] == str(rlhf_env / "prefect")
+    assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    monkeypatch.setenv("PREFECT_HOME", "/tmp/user-prefect-home")
+    env = configure_environment()
+    assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5999"
+    assert env["PREFECT_HOME"] == "/tmp/user-prefect-home"
+
+
+def test_flatten_params_nests_and_truncates():
+    flat = lineage.flatten_params({"a": {"b": {"c": 1}}, "l": [1, 2], "long": "x" * 7000, "k" * 300: 1})
+    assert flat["a.b.c"] == "1" and flat["l"] == "[1, 2]"
+    assert len(flat["long"]) == 6000 and flat["long"].endswith("...")
+    assert "k" * 250 in flat
+
+
+def test_parent_and_nested_runs_with_params_inputs_and_artifacts(rlhf_env, mlflow_client, tmp_path):
+    data = tmp_path / "train.parquet"
+    pd.DataFrame({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]}).to_parquet(data)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"hidden_size": 64}')
+    params = {"trainer": {"total_epochs": 2, "logger": ["console", "mlflow"]}}
+
+    with lineage.pipeline_run("exp-test", "flow-123", {"ppo_steps": 4}) as parent:
+        with lineage.stage_run("sft", params, parent_run_id=parent, flow_run_id="flow-123") as child:
+            digest = lineage.log_dataset(child, data, "gsm8k_train", "training")
+            assert lineage.log_dir_artifact(child, model_dir, "hf_model")
+            lineage.log_metrics(child, {"val/loss": 1.5, "skipped": "text"}, step=3)
+        with pytest.raises(RuntimeError):
+            with lineage.stage_run("ppo", {}, parent_run_id=parent) as failed:
+                raise RuntimeError("boom")
+
+    assert digest == hashlib.sha256(data.read_bytes()).hexdigest()
+    p = mlflow_client.get_run(parent)
+    assert p.info.status == "FINISHED"
+    assert p.data.tags[lineage.FLOW_RUN_TAG] == "flow-123"
+    assert p.data.params["ppo_steps"] == "4"
+    assert mlflow_client.get_experiment(p.info.experiment_id).name == "exp-test"
+    assert mlflow_client.get_experiment(p.info.experiment_id).artifact_location.startswith(
+        (rlhf_env / "mlartifacts").as_uri())
+
+    c = mlflow_client.get_run(child)
+    assert c.info.status == "FINISHED" and c.info.run_name == "sft"
+    assert c.data.tags[lineage.PARENT_TAG] == parent
+    assert c.data.params["trainer.total_epochs"] == "2"
+    assert c.data.params["trainer.logger"] == "['console', 'mlflow']"
+    assert c.data.tags["dataset.gsm8k_train.sha256"] == digest
+    assert c.data.metrics == {"val/loss": 1.5}
+    [inp] = c.inputs.dataset_inputs
+    assert inp.dataset.name == "gsm8k_train" and inp.dataset.digest == digest[:36]
+    assert data.resolve().as_uri() in inp.dataset.source
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
+    assert [a.path for a in mlflow_client.list_artifacts(child, "hf_model")] == ["hf_model/config.json"]
+
+    assert mlflow_client.get_run(failed).info.status == "FAILED"
+    children = mlflow_client.search_runs([p.info.experiment_id],
+                                         filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(r.info.run_name for r in children) == ["ppo", "sft"]
+
+
+def test_big_folder_is_not_copied(rlhf_env, mlflow_client, tmp_path):
+    big = tmp_path / "ckpt"
+    big.mkdir()
+    (big / "weights.bin").write_bytes(b"\0" * 2048)
+    run_id = lineage.start_run("exp-test", "ppo")
+    assert not lineage.log_dir_artifact(run_id, big, "checkpoint", max_bytes=1024)
+    run = mlflow_client.get_run(run_id)
+    assert run.data.tags["artifact.checkpoint.path"] == str(big.resolve())
+    assert mlflow_client.list_artifacts(run_id) == []

@@ -1,0 +1,131 @@
+"""Pipeline decision logic (tasks.plan, flows.settings) as plain functions, no Prefect engine."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import pytest
+
+from flows.settings import load_preset, resolve_settings
+from tasks import plan
+
+
+@pytest.mark.parametrize("total,seg,expected", [
+    (4, 2, [2, 4]), (5, 2, [2, 4, 5]), (1, 3, [1]), (3, 1, [1, 2, 3]), (6, 6, [6])])
+def test_segment_boundaries(total, seg, expected):
+    assert plan.segment_boundaries(total, seg) == expected
+
+
+def test_segment_boundaries_refuses_zero():
+    with pytest.raises(ValueError, match="segment_steps"):
+        plan.segment_boundaries(4, 0)
+    with pytest.raises(ValueError, match="total_steps"):
+        plan.segment_boundaries(0, 2)
+
+
+def test_merge_overrides_last_wins_and_keeps_order():
+    merged = plan.merge_overrides(["a=1", "b=2"], ["+c=3", "a=9"], ["b=7"])
+    assert merged == ["+c=3", "a=9", "b=7"]
+
+
+def test_ppo_overrides_segment_and_user_precedence(tmp_path):
+    o = plan.ppo_overrides(
+        ["trainer.save_freq=100", "data.train_batch_size=8"], ["data.train_batch_size=16",
+                                                                "trainer.stop_after_step=99"],
+        model_path="/m", train_file="/t.parquet", val_file="/v.parquet", run_dir=str(tmp_path),
+        total_steps=5, segment_steps=2, stop_after_step=4, adv_estimator="grpo", experiment="e")
+    d = dict(x.split("=", 1) for x in o)
+    assert d["trainer.stop_after_step"] == "4"  # the segment boundary beats any user value
+    assert d["trainer.resume_mode"] == "auto"
+    assert d["trainer.save_freq"] == "2"  # pipeline beats preset: boundaries are checkpoints
+    assert d["data.train_batch_size"] == "16"  # user beats preset
+    assert d["trainer.total_training_steps"] == "5"
+    assert d["algorithm.adv_estimator"] == "grpo"
+    assert d["trainer.default_local_dir"] == str(tmp_path / "checkpoints")
+    assert d["trainer.validation_data_dir"] == str(tmp_path / "val_samples")
+
+
+def test_override_value_rendering():
+    assert plan.as_overrides({"a": None, "b": [1, "x"], "c": True}) == ["a=null", "b=[1,x]", "c=True"]
+
+
+def test_sft_overrides_epochs_optional():
+    with_epochs = plan.sft_overrides([], [], model_path="/m", train_file="/t", val_file="/v",
+                                     out_dir="/o", experiment="e", epochs=3)
+    assert "trainer.total_epochs=3" in with_epochs
+    without = plan.sft_overrides(["trainer.total_epochs=2"], [], model_path="/m", train_file="/t",
+                                 val_file="/v", out_dir="/o", experiment="e")
+    assert "trainer.total_epochs=2" in without and "model.partial_pretrain=/m" in without
+
+
+def test_files_digest_and_inputs_key(tmp_path):
+    f = tmp_path / "a.bin"
+    f.write_bytes(b"abc")
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "x").write_bytes(b"1")
+    h1 = plan.files_digest([f, d])
+    assert h1 == plan.files_digest([d, f])  # order-independent
+    (d / "x").write_bytes(b"2")
+    assert plan.files_digest([f, d]) != h1  # content-sensitive
+    # a single file's digest covers its name and bytes
+    expected = hashlib.sha256(b"a.bin" + b"abc").hexdigest()
+    assert plan.files_digest([f]) == expected
+    assert plan.inputs_key("s", [f], n=1) != plan.inputs_key("s", [f], n=2)
+
+
+def test_responses_from_samples_groups_by_uid():
+    samples = pd.DataFrame({
+        "step": [4] * 4, "uid": ["b", "a", "a", "b"], "sample_idx": [1, 1, 0, 0],
+        "prompt": ["pb", "pa", "pa", "pb"], "response": ["b1", "a1", "a0", "b0"],
+        "data_source": ["openai/gsm8k"] * 4, "ground_truth": ["2", "1", "1", "2"], "score": [0.0] * 4})
+    out = plan.responses_from_samples(samples)
+    assert list(out["uid"]) == ["a", "b"]
+    assert [list(r) for r in out["responses"]] == [["a0", "a1"], ["b0", "b1"]]
+    assert out.iloc[1]["reward_model"] == {"style": "rule", "ground_truth": "2"}
+    with pytest.raises(KeyError, match="response"):
+        plan.responses_from_samples(samples.drop(columns=["response"]))
+
+
+def test_latest_validation_samples_keeps_last_step(tmp_path):
+    for step in (2, 4):
+        pd.DataFrame({"step": [step] * 2, "uid": ["a", "b"]}).to_parquet(tmp_path / f"s{step}.parquet")
+    df = plan.latest_validation_samples([tmp_path / "s2.parquet", tmp_path / "s4.parquet"])
+    assert list(df["step"]) == [4, 4]
+    with pytest.raises(ValueError):
+        plan.latest_validation_samples([])
+
+
+def test_take_rows(tmp_path):
+    src = tmp_path / "src.parquet"
+    pd.DataFrame({"i": range(10)}).to_parquet(src)
+    assert list(pd.read_parquet(plan.take_rows(str(src), str(tmp_path / "o.parquet"), 3))["i"]) == [0, 1, 2]
+    assert len(pd.read_parquet(plan.take_rows(str(src), str(tmp_path / "all.parquet"), 0))) == 10
+
+
+def test_resolve_settings_defaults_and_params(monkeypatch):
+    monkeypatch.setenv("GSM8K_DIR", "/data/gsm8k")
+    s = resolve_settings({})
+    assert s.preset == "tiny_cpu" and s.adv_estimator == "grpo" and s.gsm8k_dir == "/data/gsm8k"
+    assert "actor_rollout_ref.rollout.name=hf" in s.preset_ppo
+    assert s.model_sizes["hidden_size"] == 64
+    s = resolve_settings({"ppo_steps": 3, "segment_steps": 1, "preset": None, "skip_sft": True,
+                          "ppo_overrides": ["a=1"]})
+    assert (s.ppo_steps, s.segment_steps, s.sft_enabled, s.ppo_overrides) == (3, 1, False, ["a=1"])
+    assert s.preset == "tiny_cpu"  # None means "not given": pipeline.yaml's preset applies
+    assert s.task_options["ppo_segment"]["retries"] >= 1  # a failed segment is retried (resumes)
+    with pytest.raises(ValueError, match="segment_steps"):
+        resolve_settings({"segment_steps": 0})
+    with pytest.raises(FileNotFoundError, match="tiny_cpu"):
+        load_preset("no_such_preset")
+
+
+def test_task_options_are_validated():
+    from flows.settings import _task_options
+
+    assert _task_options({"sft": {"retries": 3}}) == {"sft": {"retries": 3}}
+    with pytest.raises(ValueError, match="unknown stage"):
+        _task_options({"spt": {"retries": 3}})
+    with pytest.raises(ValueError, match="retires"):
+        _task_options({"sft": {"retires": 3}})

@@ -1,0 +1,58 @@
+"""Task bodies (``task.fn``) against real GSM8K files, MLflow SQLite, DuckDB and embedded Ray."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import pytest
+
+from conftest_services import *  # noqa: F401,F403
+from infra import lineage
+from infra.results import ResultsStore
+from tasks.common import make_context
+from tasks.stages import evaluate, prepare_data
+
+
+@pytest.fixture
+def ctx(rlhf_env):
+    with lineage.pipeline_run("rlhf-test", "flow-1", {}) as parent:
+        yield make_context(str(rlhf_env), "rlhf-test", parent, "flow-1", str(rlhf_env / "runs" / "flow-1"))
+
+
+def _children(client, ctx):
+    run = client.get_run(ctx["parent_run_id"])
+    found = client.search_runs([run.info.experiment_id],
+                               filter_string=f"tags.mlflow.parentRunId = '{ctx['parent_run_id']}'")
+    return {r.info.run_name: r for r in found}
+
+
+def test_prepare_data_cuts_subsets_and_logs_lineage(ctx, gsm8k_dir, mlflow_client):
+    out = prepare_data.fn(str(gsm8k_dir), 16, 4, ctx)
+    train, val = pd.read_parquet(out["train"]), pd.read_parquet(out["val"])
+    assert (len(train), len(val)) == (16, 4)
+    assert set(train["data_source"]) == {"openai/gsm8k"}
+    assert out["train_sha256"] == hashlib.sha256(open(out["train"], "rb").read()).hexdigest()
+    run = _children(mlflow_client, ctx)["prepare_data"]
+    assert run.info.status == "FINISHED"
+    assert {i.dataset.name for i in run.inputs.dataset_inputs} == {"gsm8k_train", "gsm8k_val"}
+    assert ResultsStore(ctx["home"]).sql("SELECT stage, status FROM runs")[1] == [("prepare_data", "FINISHED")]
+
+
+def test_evaluate_scores_the_last_validation_step(ctx, ray_local, tmp_path, mlflow_client):
+    val_dir = tmp_path / "val_samples"
+    val_dir.mkdir()
+    rows = []
+    for step, answers in ((1, ["7", "8"]), (2, ["#### 7", "#### 3"])):
+        for j, ans in enumerate(answers):
+            rows.append({"step": step, "data_source": "openai/gsm8k", "uid": "q1", "sample_idx": j,
+                         "prompt": "What is 3+4?", "response": ans, "ground_truth": "7", "score": 0.0})
+    pd.DataFrame(rows).to_parquet(val_dir / "val.parquet")
+    metrics = evaluate.fn(str(val_dir), [], ctx)
+    # step 2 only: responses "#### 7" (correct) and "#### 3" (wrong) -> mean score 0.5
+    assert metrics["test_score/openai/gsm8k"] == pytest.approx(0.5)
+    run = _children(mlflow_client, ctx)["evaluate"]
+    assert run.data.metrics["test_score/openai/gsm8k"] == pytest.approx(0.5)
+    _, got = ResultsStore(ctx["home"]).sql(
+        "SELECT sample_idx, response, score FROM samples WHERE stage = 'evaluate' ORDER BY sample_idx")
+    assert got == [(0, "#### 7", 1.0), (1, "#### 3", 0.0)]
