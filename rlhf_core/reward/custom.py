@@ -6,6 +6,8 @@ a module loaded by path cannot be pickled by reference).
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import importlib.util
 import os
@@ -83,7 +85,7 @@ def reward_function_from_config(config: Any) -> Callable[..., Any]:
 
     section = config.get("custom_reward_function", None) if config is not None else None
     path = section.get("path", None) if section is not None else None
+    kwargs = (section.get("reward_kwargs", None) if section is not None else None) or {}
     if not path:
-        return default_compute_score
-    kwargs = section.get("reward_kwargs", None) or {}
+        return functools.partial(default_compute_score, **dict(kwargs)) if kwargs else default_compute_score
     return load_custom_reward_function(str(path), section.get("name", None) or "compute_score", dict(kwargs))

@@ -19,18 +19,20 @@ def default_compute_score(
     ground_truth: Any,
     extra_info: dict | None = None,
     gsm8k_method: str = "strict",
+    **scorer_kwargs: Any,
 ) -> float:
     """Score one response with the scorer registered for its ``data_source``.
 
     Returns a float, as verl's default does (so validation metrics are named ``.../reward/...`` as in verl):
     ``openai/gsm8k`` → :func:`gsm8k.compute_score` (``gsm8k_method`` strict by default, as verl);
-    MATH sources → :func:`math_boxed.compute_score`.
+    MATH sources → :func:`math_boxed.compute_score`. ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
+    go to the GSM8K scorer: ``format_score`` (a number extracted but wrong; verl's default 0.0) and ``score``.
 
     Raises:
         ValueError: for an unknown ``data_source``, naming the known ones.
     """
     if data_source in GSM8K_SOURCES:
-        return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method)
+        return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method, **scorer_kwargs)
     if data_source in MATH_SOURCES:
         return math_boxed.compute_score(solution_str, str(ground_truth))
     raise ValueError(
