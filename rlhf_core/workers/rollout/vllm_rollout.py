@@ -78,10 +78,10 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
     }
     if not torch.cuda.is_available():
         # vLLM 0.32 CPU bug: a seeded request whose prompt is split over two steps (chunked prefill: the batch's
-        # prompt tokens exceed max_num_batched_tokens, 4096 on CPU) crashes the engine in
-        # GPUModelRunner._bookkeeping_sync → ``gen.set_offset(...)``: "RuntimeError: CPU Generator does not use
-        # offset". Without chunked prefill every prompt is prefilled whole, in one step.
-        pass
+        # prompt tokens exceed max_num_batched_tokens) raises in GPUModelRunner._bookkeeping_sync →
+        # ``gen.set_offset(...)``: "RuntimeError: CPU Generator does not use offset", and every later generate()
+        # then spins forever. Without chunked prefill every prompt is prefilled whole, in one step.
+        kwargs["enable_chunked_prefill"] = False
     if config.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = max(int(config["max_num_batched_tokens"]), kwargs["max_model_len"])
     extra = ((config.get("engine_kwargs") or {}).get("vllm") or {})
