@@ -17,6 +17,7 @@ If the batch already holds ``rm_scores`` (a reward model ran), they are returned
 """
 from __future__ import annotations
 
+import abc
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -122,7 +123,7 @@ def assemble_rewards(
     return reward, dict(extra)
 
 
-class RewardManagerBase:
+class RewardManagerBase(abc.ABC):
     """Shared decode / print / assemble logic; subclasses implement :meth:`score_samples`."""
 
     def __init__(
@@ -139,8 +140,9 @@ class RewardManagerBase:
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
 
+    @abc.abstractmethod
     def score_samples(self, samples: list[DecodedSample]) -> list[Any]:
-        raise NotImplementedError
+        """One score (float, or dict with ``score``) per decoded sample, in order."""
 
     def __call__(self, batch: Batch, return_dict: bool = False) -> Any:
         if "rm_scores" in batch:
