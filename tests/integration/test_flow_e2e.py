@@ -113,14 +113,15 @@ FAIL_ONCE = """
 import glob, os
 from rlhf_core.reward.scorers import default_compute_score
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs):
     home = os.environ["RLHF_HOME"]
     marker = os.path.join(home, "failed_once")
     if len(glob.glob(os.path.join(home, "runs", "*", "checkpoints", "global_step_1"))) >= 2 \
             and not os.path.exists(marker):
         open(marker, "w").close()
         raise RuntimeError("injected failure")
-    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    # reward_kwargs: the preset's custom_reward_function.reward_kwargs (format_score) reach custom functions too
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)
 """
 
 
