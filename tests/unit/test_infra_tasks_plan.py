@@ -109,7 +109,7 @@ def test_resolve_settings_defaults_and_params(monkeypatch):
     s = resolve_settings({})
     assert s.preset == "tiny_cpu" and s.adv_estimator == "grpo" and s.gsm8k_dir == "/data/gsm8k"
     assert "actor_rollout_ref.rollout.name=hf" in s.preset_ppo
-    assert s.model_sizes["hidden_size"] == 64
+    assert s.model_sizes["hidden_size"] == 128  # configs/presets/tiny_cpu.yaml
     s = resolve_settings({"ppo_steps": 3, "segment_steps": 1, "preset": None, "skip_sft": True,
                           "ppo_overrides": ["a=1"]})
     assert (s.ppo_steps, s.segment_steps, s.sft_enabled, s.ppo_overrides) == (3, 1, False, ["a=1"])
