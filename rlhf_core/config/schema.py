@@ -8,7 +8,10 @@ verl's YAML, one comment per key). The schema is derived from it plus the small 
 * ``CHOICES``: the allowed string values of enum-like keys;
 * ``SUPPORT``: keys accepted only at the listed values (backends we do not have yet: Megatron,
   sglang, sequence parallelism, multimodal...). Any other value fails with "not supported yet";
-* ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs).
+* ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs);
+* ``EFFECT``: keys accepted at any value whose effect is limited — ``NO_EFFECT_ON_CPU`` (acts on CUDA
+  only) or ``NO_EFFECT_YET`` (read by nothing: an optimisation we do not have, same outputs). Every other
+  key is "supported", and tests/unit/test_config_key_effect.py checks that code reads it.
 
 This catches a typo (unknown key, wrong type, value outside an enum) exactly like a dataclass
 structured config would, without a second copy of every default that could drift from the YAML.
@@ -133,6 +136,49 @@ SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "actor.optim.lr_wsd_decay_style": (("exponential",), _MEG),
     _A + "actor.optim.lr_wsd_decay_steps": ((None,), _MEG),
     _A + "actor.optim.use_checkpoint_opt_param_scheduler": ((False,), _MEG),
+}
+NO_EFFECT_ON_CPU = "no effect on CPU"
+NO_EFFECT_YET = "accepted, no effect yet"
+_ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already live in host memory"
+_COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
+            "compiling costs more than it saves on a few cores")
+_OFFLOAD = "CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory"
+_UNPAD = "only the padded forward exists, same outputs; the packed varlen path needs flash-attention"
+_PREFETCH = "FSDP2's default prefetching is used; performance only"
+# path -> (status, what happens instead). Keys accepted at any value but with limited effect.
+EFFECT: dict[str, tuple[str, str]] = {
+    _A + "model.enable_activation_offload": (NO_EFFECT_ON_CPU, _ACT_OFF),
+    "critic.model.enable_activation_offload": (NO_EFFECT_ON_CPU, _ACT_OFF),
+    _A + "actor.use_torch_compile": (NO_EFFECT_ON_CPU, _COMPILE),
+    _A + "ref.use_torch_compile": (NO_EFFECT_ON_CPU, _COMPILE),
+    _A + "actor.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    _A + "actor.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    _A + "actor.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    _A + "ref.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    "critic.model.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    "critic.model.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    "reward_model.model.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    "model.fsdp_config.cpu_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    "model.fsdp_config.offload_params": (NO_EFFECT_ON_CPU, _OFFLOAD),
+    _A + "model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
+    "critic.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
+    "reward_model.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
+    "use_remove_padding": (NO_EFFECT_YET, _UNPAD),
+    _A + "model.fused_kernel_options.impl_backend": (NO_EFFECT_YET, "fused kernels are not supported yet"),
+    _A + "model.custom_chat_template": (NO_EFFECT_YET, "the tokenizer's chat template is used"),
+    _A + "actor.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),
+    _A + "actor.entropy_checkpointing": (NO_EFFECT_YET, "entropy activations are stored; same outputs"),
+    _A + "actor.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _PREFETCH),
+    _A + "ref.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _PREFETCH),
+    _A + "rollout.free_cache_engine": (NO_EFFECT_YET, "the vLLM engine is not put to sleep between rollouts: "
+                                                      "sleep/wake_up is untested here; CPU has nothing to free"),
+    _A + "rollout.load_format": (NO_EFFECT_YET, "the rollout engine loads the model, then gets the actor's weights"),
+    "reward_model.launch_reward_fn_async": (NO_EFFECT_YET, "the reward function runs synchronously; same scores"),
+    "ray_init.timeline_json_file": (NO_EFFECT_YET, "no Ray timeline is written"),
+    "data.multiturn.tools_key": (NO_EFFECT_YET, "tool schemas are not passed to the chat template"),
+    "data.multiturn.enable_thinking_key": (NO_EFFECT_YET, "no per-row enable_thinking flag"),
+    "data.balance_dp_token": (NO_EFFECT_YET, "ranks get equal sample counts"),
+    "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
               "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")

@@ -98,15 +98,20 @@ class RayWorkerGroup:
         num_gpus_per_worker: Ray GPUs per actor (``> 0`` → nccl; Ray sets ``CUDA_VISIBLE_DEVICES``).
         name_prefix: prefix of the actor names (a random suffix keeps groups distinct).
         env: extra environment variables exported in every actor before the worker is built.
+        pg_timeout_s: seconds to wait for the placement group, per placement strategy (STRICT_PACK, then PACK).
+        ready_timeout_s: seconds to wait for the actors to start and join the process group; ``None`` = no limit.
+            The PPO driver passes ``trainer.ray_wait_register_center_timeout`` for both.
 
     Raises:
         ValueError: when ``world_size < 1``.
-        TimeoutError: when the placement group cannot be scheduled (not enough resources).
+        TimeoutError: when the placement group cannot be scheduled (not enough resources), or the actors are
+            not ready within ``ready_timeout_s`` (the group is shut down first).
     """
 
     def __init__(self, worker_cls: type, world_size: int, init_kwargs: dict,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
-                 name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0) -> None:
+                 name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
+                 ready_timeout_s: float | None = None) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -133,11 +138,16 @@ class RayWorkerGroup:
             ).remote(actor_env)
             for rank in range(world_size)
         ]
-        addr, port = ray.get(self._actors[0].node_ip_and_port.remote())
-        backends = ray.get([
-            a.setup.remote(worker_cls, init_kwargs, rank, world_size, addr, port, omp)
-            for rank, a in enumerate(self._actors)
-        ])
+        try:
+            addr, port = ray.get(self._actors[0].node_ip_and_port.remote(), timeout=ready_timeout_s)
+            backends = ray.get([
+                a.setup.remote(worker_cls, init_kwargs, rank, world_size, addr, port, omp)
+                for rank, a in enumerate(self._actors)
+            ], timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            self.shutdown()
+            raise TimeoutError(f"worker group {self.name_prefix}: {world_size} actors not ready after "
+                               f"{ready_timeout_s:.0f} s") from exc
         self.backend = backends[0]
         logger.info("worker group %s: %d ranks, backend %s", self.name_prefix, world_size, self.backend)
 
@@ -153,8 +163,8 @@ class RayWorkerGroup:
                 return pg
             remove_placement_group(pg)
             logger.warning("placement group %s not ready after %.0f s; trying the next strategy", strategy, timeout_s)
-        raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on the Ray cluster "
-                           f"(available: {ray.available_resources()})")
+        raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on the Ray cluster within "
+                           f"{timeout_s:.0f} s per strategy (available: {ray.available_resources()})")
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method(*args, **kwargs)`` on every rank; results in rank order."""

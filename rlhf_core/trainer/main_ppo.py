@@ -49,9 +49,16 @@ def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
     return max(0.01, int(per * 100) / 100), 0.0
 
 
+TIMEOUT_KEY = "trainer.ray_wait_register_center_timeout"
+
+
 def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     """The Ray worker groups for this config: ``actor_rollout`` (role actor_rollout_ref when a reference policy
-    is needed), ``critic`` for GAE and ``rm`` (``RewardModelWorker``) when ``reward_model.enable``."""
+    is needed), ``critic`` for GAE and ``rm`` (``RewardModelWorker``) when ``reward_model.enable``.
+
+    ``trainer.ray_wait_register_center_timeout`` (seconds) bounds the wait for each group's placement group
+    (per placement strategy) and for its actors to start. Raises ``TimeoutError`` naming that key; groups
+    already built are shut down first."""
     from rlhf_core.distributed.worker_group import RayWorkerGroup
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -60,16 +67,24 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
-    wgs = {"actor_rollout": RayWorkerGroup(ActorRolloutRefWorker, world, {"config": config, "role": role},
-                                           num_cpus_per_worker=cpus, num_gpus_per_worker=gpus, name_prefix="actor")}
+    timeout = float(config.trainer.get("ray_wait_register_center_timeout", 300) or 300)
+    specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor")]
     if use_critic:
-        wgs["critic"] = RayWorkerGroup(CriticWorker, world, {"config": config}, num_cpus_per_worker=cpus,
-                                       num_gpus_per_worker=gpus, name_prefix="critic")
+        specs.append(("critic", CriticWorker, {"config": config}, "critic"))
     if use_rm:
         from rlhf_core.workers.reward_model import RewardModelWorker
 
-        wgs["rm"] = RayWorkerGroup(RewardModelWorker, world, {"config": config}, num_cpus_per_worker=cpus,
-                                   num_gpus_per_worker=gpus, name_prefix="rm")
+        specs.append(("rm", RewardModelWorker, {"config": config}, "rm"))
+    wgs: dict[str, Any] = {}
+    for key, cls, kwargs, prefix in specs:
+        try:
+            wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
+                                      name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout)
+        except TimeoutError as exc:
+            for wg in wgs.values():
+                wg.shutdown()
+            raise TimeoutError(f"{exc} — raise {TIMEOUT_KEY} (now {timeout:g} s) if the cluster is only slow "
+                               f"to start") from exc
     return wgs
 
 

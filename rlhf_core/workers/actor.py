@@ -25,9 +25,49 @@ from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
-from rlhf_core.workers.fsdp_utils import clip_grad_norm, device, world_size
+from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
 
 logger = logging.getLogger(__name__)
+_COMPILED: dict[str, "_CompiledOrEager"] = {}
+_CPU_EAGER_NOTED = False
+
+
+class _CompiledOrEager:
+    """``torch.compile(fn, dynamic=True)``; if compiling or running the compiled function raises, warn once and
+    stay eager (same numbers, only slower) instead of failing the run."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.compiled = torch.compile(fn, dynamic=True)
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - compile back-ends fail in many ways; eager is always correct
+                logger.warning("use_torch_compile: compiling %s failed (%s: %s); running it eagerly",
+                               self.fn.__name__, type(exc).__name__, exc)
+                self.compiled = None
+        return self.fn(*args, **kwargs)
+
+
+def hot_functions(use_torch_compile: bool):
+    """``(logprobs_from_logits, entropy_from_logits)``, ``torch.compile``-d when ``use_torch_compile`` and CUDA is
+    available (verl compiles ``entropy_from_logits`` the same way). On CPU they stay eager, logged once: on a
+    few-core CPU the compile time outweighs the gain for these element-wise kernels."""
+    global _CPU_EAGER_NOTED
+    if not use_torch_compile:
+        return logprobs_from_logits, entropy_from_logits
+    if not torch.cuda.is_available():
+        if not _CPU_EAGER_NOTED:
+            logger.info("use_torch_compile=True: log-prob/entropy run eagerly on CPU (compiling costs more than it "
+                        "saves on a few CPU cores); they are compiled on CUDA")
+            _CPU_EAGER_NOTED = True
+        return logprobs_from_logits, entropy_from_logits
+    for fn in (logprobs_from_logits, entropy_from_logits):
+        if fn.__name__ not in _COMPILED:
+            _COMPILED[fn.__name__] = _CompiledOrEager(fn)
+    return _COMPILED[logprobs_from_logits.__name__], _COMPILED[entropy_from_logits.__name__]
 
 
 def forward_response_logits(model: nn.Module, mb: Batch, response_length: int) -> torch.Tensor:
@@ -50,12 +90,18 @@ class DataParallelPPOActor:
         mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
         ref_model: the frozen reference causal LM, needed only for ``kl_loss_type: full`` (may be set later).
+        activation_offload: ``model.enable_activation_offload``: the training forward runs under
+            ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
+
+    ``config.use_torch_compile`` compiles the log-prob/entropy functions on CUDA (see :func:`hot_functions`).
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  mini_batch_size: int | None = None, micro_batch_size: int | None = None,
-                 ref_model: nn.Module | None = None) -> None:
+                 ref_model: nn.Module | None = None, activation_offload: bool = False) -> None:
         self.config = config
+        self.activation_offload = bool(activation_offload)
+        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.get("use_torch_compile", False)))
         self.model = model
         self.ref_model = ref_model
         self.optimizer = optimizer
@@ -69,8 +115,8 @@ class DataParallelPPOActor:
         when ``return_logits``)."""
         T = mb["responses"].shape[-1]
         logits = forward_response_logits(self.model, mb, T).float() / temperature
-        log_prob = logprobs_from_logits(logits, mb["responses"].to(logits.device))
-        entropy = entropy_from_logits(logits) if with_entropy else None
+        log_prob = self._logprobs_fn(logits, mb["responses"].to(logits.device))
+        entropy = self._entropy_fn(logits) if with_entropy else None
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
 
     @torch.no_grad()
@@ -205,7 +251,8 @@ class DataParallelPPOActor:
                 sums: dict[str, float] = {}
                 for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
                                                  cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
-                    loss, m = self._micro_loss(mb, temperature, n_tok, n_seq)
+                    with activation_offload(self.activation_offload):
+                        loss, m = self._micro_loss(mb, temperature, n_tok, n_seq)
                     (loss * W).backward()  # FSDP averages gradients over the W ranks; the sum is wanted
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v

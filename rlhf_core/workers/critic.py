@@ -16,7 +16,7 @@ from rlhf_core.algos.policy_loss import compute_value_loss
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor import forward_response_logits
-from rlhf_core.workers.fsdp_utils import clip_grad_norm, device, world_size
+from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,14 @@ class DataParallelPPOCritic:
         optimizer: its optimizer.
         mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
+        activation_offload: ``critic.model.enable_activation_offload``: the training forward runs under
+            ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
-                 mini_batch_size: int, micro_batch_size: int | None) -> None:
+                 mini_batch_size: int, micro_batch_size: int | None, activation_offload: bool = False) -> None:
         self.config = config
+        self.activation_offload = bool(activation_offload)
         self.model = model
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
@@ -83,7 +86,8 @@ class DataParallelPPOCritic:
                 for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
                                                  cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
                     mask = mb["response_mask"].to(dev)
-                    vpreds = self._values(mb)
+                    with activation_offload(self.activation_offload):
+                        vpreds = self._values(mb)
                     loss, clipfrac = compute_value_loss(
                         vpreds, mb["returns"].to(dev), mb["values"].to(dev), mask,
                         None if cliprange is None else float(cliprange), mode, global_tokens=n_tok, global_seqs=n_seq)

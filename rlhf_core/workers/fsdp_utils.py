@@ -8,6 +8,7 @@ become ``CPUOffloadPolicy`` on CUDA; on CPU they are no-ops (the weights already
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any, Mapping
@@ -22,6 +23,15 @@ logger = logging.getLogger(__name__)
 def device() -> torch.device:
     """This rank's device: ``cuda:<current>`` when CUDA is available, else ``cpu``."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def activation_offload(enabled: bool):
+    """Context for a training forward: ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` when ``enabled`` and
+    CUDA is available (``model.enable_activation_offload``): tensors saved for backward go to pinned host memory
+    and come back in backward. On CPU a no-op by nature (activations already live in host memory)."""
+    if enabled and torch.cuda.is_available():
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()
 
 
 def world_size() -> int:

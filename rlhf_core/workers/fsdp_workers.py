@@ -70,7 +70,8 @@ class ActorRolloutRefWorker:
             self.actor = DataParallelPPOActor(
                 acfg, self.actor_module, self.optimizer,
                 mini_batch_size=per_rank(acfg.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size", n),
-                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic))
+                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
+                activation_offload=bool(mcfg.get("enable_activation_offload", False)))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
                 getattr(self.actor_module, "config", None),
@@ -227,7 +228,8 @@ class CriticWorker:
         self.critic = DataParallelPPOCritic(
             ccfg, self.module, self.optimizer,
             mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
-            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic))
+            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
+            activation_offload=bool(mcfg.get("enable_activation_offload", False)))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),

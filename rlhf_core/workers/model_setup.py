@@ -16,14 +16,15 @@ logger = logging.getLogger(__name__)
 
 
 def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role: str) -> None:
-    """Log, once per model, the settings this build accepts but runs differently (never silently)."""
+    """Log, once per model, the settings this build accepts but runs differently (never silently).
+
+    ``use_torch_compile`` is kept for callers; the actor logs its own CPU note (``actor.hot_functions``)."""
     if model_cfg.get("use_remove_padding", False):
-        logger.info("%s: use_remove_padding=True: running the padded forward instead (same numbers; the packed "
-                    "varlen path needs flash-attention on CUDA)", role)
-    if use_torch_compile:
-        logger.info("%s: use_torch_compile=True: running eagerly (log-prob/entropy kernels are not compiled here)", role)
-    if model_cfg.get("enable_activation_offload", False):
-        logger.info("%s: enable_activation_offload=True is not implemented; activations stay on the device", role)
+        logger.info("%s: use_remove_padding=True has no effect yet: running the padded forward (same numbers; the "
+                    "packed varlen path needs flash-attention on CUDA)", role)
+    if model_cfg.get("enable_activation_offload", False) and not torch.cuda.is_available():
+        logger.info("%s: enable_activation_offload=True is a no-op on CPU (activations already live in host memory)",
+                    role)
 
 
 def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any] | None, role: str,
