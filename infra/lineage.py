@@ -142,7 +142,15 @@ def pipeline_run(experiment: str, flow_run_id: str | None, params: Mapping[str, 
     commit = git_commit(Path(__file__).resolve().parent)
     if commit:
         tags[GIT_TAG] = commit
-    run_id = start_run(experiment, run_name, tags)
+    with _tracked_run(experiment, run_name, tags, params) as run_id:
+        yield run_id
+
+
+@contextlib.contextmanager
+def _tracked_run(experiment: str, run_name: str, tags: dict[str, str], params: Mapping[str, Any],
+                 parent_run_id: str | None = None) -> Iterator[str]:
+    """Start a run with ``params``; end it FINISHED when the body returns, FAILED when it raises."""
+    run_id = start_run(experiment, run_name, tags, parent_run_id)
     log_params(run_id, params)
     status = "FAILED"
     try:
@@ -169,14 +177,8 @@ def stage_run(stage_name: str, params: Mapping[str, Any], parent_run_id: str | N
     tags = {STAGE_TAG: stage_name}
     if flow_run_id:
         tags[FLOW_RUN_TAG] = flow_run_id
-    run_id = start_run(experiment, stage_name, tags, parent_run_id)
-    log_params(run_id, params)
-    status = "FAILED"
-    try:
+    with _tracked_run(experiment, stage_name, tags, params, parent_run_id) as run_id:
         yield run_id
-        status = "FINISHED"
-    finally:
-        end_run(run_id, status)
 
 
 def stage_env(run_id: str) -> dict[str, str]:

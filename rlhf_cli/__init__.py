@@ -43,7 +43,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = SUBCOMMANDS[name]
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    from rlhf_core.config.errors import ConfigError
+    from rlhf_core.data import DataError
+
+    try:
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        # user-facing input errors: the message names the key, file or row; no traceback
+        print(f"rlhf {name}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
