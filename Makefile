@@ -37,6 +37,7 @@ test-vllm:
 
 # Benchmarks print ratios against a peer measured in the same run (the vLLM one runs in .venv-vllm).
 bench: install
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[bench]'
 	for b in bench/bench_*.py; do case $$b in *vllm*) continue;; esac; $(BIN)/python $$b || exit 1; done
 	test ! -x .venv-vllm/bin/python || .venv-vllm/bin/python bench/bench_rollout_hf_vs_vllm.py
 

@@ -33,8 +33,17 @@ def to_torch_dtype(dtype: str | torch.dtype | None, default: torch.dtype = torch
 
 
 def local_path(path: str) -> str:
-    """A local directory for ``path``: remote paths are copied via ``rlhf_core.data.fs.copy_to_local``."""
+    """A local directory for ``path``: remote paths are copied via ``rlhf_core.data.fs.copy_to_local``.
+
+    A Hugging Face hub id (``org/name``) is returned as is for ``from_pretrained``.
+
+    Raises:
+        FileNotFoundError: for a filesystem-looking path (absolute, ``~``, ``./``, ``../``) that does not exist —
+            before any model loading, instead of transformers' hub-id error.
+    """
     path = os.path.expanduser(str(path))
+    if "://" not in path and path.startswith(("/", "./", "../")) and not os.path.exists(path):
+        raise FileNotFoundError(f"model path {path!r} does not exist")
     try:
         from rlhf_core.data.fs import copy_to_local
     except ImportError:  # the data package is optional for local paths

@@ -115,13 +115,14 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
 
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
-    ray_cfg = config.get("ray_init") or {}
-    init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
+    # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(local_path(str(model_cfg.path)), bool(model_cfg.get("trust_remote_code", False)))
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    ray_cfg = config.get("ray_init") or {}
+    init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
     trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
@@ -134,8 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     """``rlhf ppo key=value ...``: load ``ppo_trainer`` with the overrides and run; returns the exit code."""
     from rlhf_core.config import load_config
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: rlhf ppo [key=value ...]   verl's ppo_trainer.yaml keys, e.g.\n"
+              "  rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL "
+              "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4\n"
+              "`rlhf config show` prints every key; `rlhf config check [overrides]` validates without training.")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config("ppo_trainer", list(sys.argv[1:] if argv is None else argv))
+    config = load_config("ppo_trainer", argv)
     result = run_ppo(config)
     print(f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
     return 0

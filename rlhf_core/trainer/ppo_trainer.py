@@ -153,7 +153,8 @@ class RayPPOTrainer:
             from rlhf_core.trainer.tracking import Tracking
 
             t = self.config.trainer
-            self.tracker = Tracking(t.project_name, t.experiment_name, list(t.logger), config=self.config)
+            logger_names = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+            self.tracker = Tracking(t.project_name, t.experiment_name, logger_names, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""

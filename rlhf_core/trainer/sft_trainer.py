@@ -91,7 +91,7 @@ class SFTTrainer:
             from rlhf_core.trainer.tracking import Tracking
 
             t = self.config.trainer
-            self.tracker = Tracking(t.project_name, t.experiment_name, list(t.logger), config=self.config)
+            self.tracker = Tracking(t.project_name, t.experiment_name, _as_list(t.logger), config=self.config)
         last_ckpt = self._resume()
         t = self.config.trainer
         save_freq, test_freq = int(t.get("save_freq", -1) or -1), int(t.get("test_freq", -1) or -1)
@@ -180,8 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     """``rlhf sft key=value ...``."""
     from rlhf_core.config import load_config
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: rlhf sft [key=value ...]   verl's sft_trainer.yaml keys, e.g.\n"
+              "  rlhf sft data.train_files=train.parquet model.partial_pretrain=MODEL trainer.total_epochs=1\n"
+              "`rlhf config show --config-name sft_trainer` prints every key.")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config("sft_trainer", list(sys.argv[1:] if argv is None else argv))
+    config = load_config("sft_trainer", argv)
     result = run_sft(config)
     print(f"sft finished at step {result['global_step']}; model: {result['hf_model_dir']}")
     return 0

@@ -80,9 +80,14 @@ def flatten_config(config: Any) -> dict[str, str]:
     return out
 
 
+def _fmt(value: float) -> str:
+    """verl's ``:.3f``, except small non-zero values (a 1e-6 learning rate) in scientific notation."""
+    return f"{value:.3e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
+
+
 class ConsoleSink:
     def log(self, data: dict[str, Any], step: int) -> None:
-        parts = [f"step:{step}"] + [f"{k}:{v:.3f}" for k, v in scalar_metrics(data).items()]
+        parts = [f"step:{step}"] + [f"{k}:{_fmt(v)}" for k, v in scalar_metrics(data).items()]
         print(" - ".join(parts), flush=True)
 
     def finish(self) -> None:

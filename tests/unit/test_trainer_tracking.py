@@ -13,11 +13,15 @@ def test_console_line_and_file_sink(tmp_path, capsys, monkeypatch):
     tr = Tracking("p", "e", ["console", "file"], metrics_file=str(path))
     tr.log({"actor/pg_loss": 0.12345, "perf/throughput": torch.tensor(10.0), "note": "skip", "lst": [1, 2]}, step=3)
     tr.log({"actor/pg_loss": 1.0}, step=4)
+    tr.log({"actor/lr": 1e-6, "actor/kl_loss": 0.0}, step=5)
     tr.finish()
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0] == "step:3 - actor/pg_loss:0.123 - perf/throughput:10.000"
+    # verl's 3 decimals would print a 1e-6 learning rate as 0.000; small non-zero values go scientific
+    assert out[-1] == "step:5 - actor/lr:1.000e-06 - actor/kl_loss:0.000"
     assert read_metrics_jsonl(str(path)) == {3: {"actor/pg_loss": 0.12345, "perf/throughput": 10.0},
-                                             4: {"actor/pg_loss": 1.0}}
+                                             4: {"actor/pg_loss": 1.0},
+                                             5: {"actor/lr": 1e-6, "actor/kl_loss": 0.0}}
 
 
 def test_file_sink_path_from_env_or_config(tmp_path, monkeypatch):

@@ -1,0 +1,430 @@
+"""One GRPO step, ours vs the peers, on the same tiny model, prompts and workload, measured in one run.
+
+    python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf]
+
+Workload (FIELD-NOTES "Peers, for comparison"): a tiny random Qwen2 built on GSM8K text (the sizes of
+``configs/presets/tiny_cpu.yaml`` unless overridden), 8 GSM8K train prompts × 4 samples × up to 32 new tokens
+(temperature 1, stop at EOS), one optimizer step per batch (GRPO advantages, no KL, no reference model, fp32).
+
+Peers, each in its own subprocess (so one peer's process group or accelerate state cannot touch another's):
+
+* ``ours``: ``RayPPOTrainer.train_step`` — the real driver step (gen, reward, old_log_prob, adv, update_actor
+  with the hybrid-engine weight sync) — on one in-process ``LocalWorkerGroup`` rank (FSDP2, single-rank
+  gloo/nccl), i.e. without Ray's per-call overhead, as a single-process peer runs.
+* ``trl``: TRL ``GRPOTrainer`` (``use_cpu=True`` on CPU, no vLLM), ``per_device_train_batch_size=32``,
+  ``num_generations=4``, ``max_completion_length=32``, ``beta=0``, fp32, no gradient checkpointing. Skipped with
+  a clear line when ``trl`` is not importable.
+* ``hf``: a plain single-process reference written here (HF ``generate`` + reward + one log-prob forward with
+  grad + GRPO loss + AdamW), the floor a framework's overhead is measured against.
+
+s/step is the wall time between the ends of consecutive steps after ``--warmup`` steps (mean over ``--steps``);
+tokens/s counts valid prompt + response tokens of the step's 32 sequences (``perf/total_num_tokens``), and
+response tokens alone. Note a real difference: ours computes ``old_log_probs`` with an extra forward pass
+(verl's order); TRL and the HF reference skip it when the batch is used for a single update.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = ("ours", "trl", "hf")
+
+
+# ---- shared set-up ---------------------------------------------------------------------------------------------
+def preset_model_sizes() -> dict[str, int]:
+    """The ``model:`` section of ``configs/presets/tiny_cpu.yaml`` (the demo's tiny model)."""
+    import yaml
+
+    return dict(yaml.safe_load((REPO / "configs" / "presets" / "tiny_cpu.yaml").read_text())["model"])
+
+
+def prepare(args, tmp: Path) -> dict:
+    """Build the tiny model and the GSM8K train parquet; pick the prompts; returns the spec every peer reads."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from rlhf_core.data.gsm8k import preprocess_gsm8k
+    from rlhf_core.data.readers import read_parquet_rows
+    from rlhf_core.models.tiny import build_tiny_model, gsm8k_texts
+
+    hf_logging.disable_progress_bar()
+    sizes = preset_model_sizes()
+    for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    model_dir = build_tiny_model(gsm8k_texts(args.gsm8k_dir, "train", limit=2000), tmp / "model", **sizes)
+    train = preprocess_gsm8k(args.gsm8k_dir, str(tmp / "gsm8k"))["train"]
+    n_prompts = args.prompts * (args.warmup + args.steps)
+    rows = read_parquet_rows(train)[:n_prompts]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)) for r in rows]
+    subset = tmp / "train_subset.parquet"
+    _write_rows(train, subset, n_prompts)
+    return {"model_dir": model_dir, "train_file": str(subset), "max_prompt_length": max(lengths),
+            "sizes": sizes, "n_prompts": n_prompts}
+
+
+def _write_rows(src: str, dst: Path, n: int) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(src).slice(0, n), dst)
+
+
+def _rows(spec: dict) -> list[dict]:
+    from rlhf_core.data.readers import read_parquet_rows
+
+    return read_parquet_rows(spec["train_file"])
+
+
+def _gsm8k_score(text: str, ground_truth) -> float:
+    from rlhf_core.reward.scorers import default_compute_score
+
+    return float(default_compute_score("openai/gsm8k", text, ground_truth))
+
+
+def _summary(step_ends: list[float], tokens: list[float], response_tokens: list[float], warmup: int) -> dict:
+    """Mean s/step over the steps after ``warmup`` (end-to-end deltas) and the matching token rates."""
+    deltas = [b - a for a, b in zip(step_ends[warmup - 1:], step_ends[warmup:])] if warmup else \
+        [step_ends[0]] + [b - a for a, b in zip(step_ends, step_ends[1:])]
+    n = len(deltas)
+    s = sum(deltas)
+    tok, rtok = sum(tokens[-n:]), sum(response_tokens[-n:])
+    return {"s_per_step": s / n, "tokens_per_s": tok / s, "response_tokens_per_s": rtok / s,
+            "tokens_per_step": tok / n, "response_tokens_per_step": rtok / n, "steps": n,
+            "step_s": [round(d, 4) for d in deltas]}
+
+
+# ---- peer: ours ------------------------------------------------------------------------------------------------
+def ours_config(spec: dict, args, out_dir: Path):
+    from rlhf_core.config import load_config, validate_ppo_config
+
+    micro = args.prompts * args.n
+    overrides = [
+        f"actor_rollout_ref.model.path={spec['model_dir']}", f"critic.model.path={spec['model_dir']}",
+        f"data.train_files={spec['train_file']}", f"data.max_prompt_length={spec['max_prompt_length']}",
+        f"data.max_response_length={args.new_tokens}", f"data.train_batch_size={args.prompts}",
+        "data.shuffle=False", "data.truncation=error",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}", "actor_rollout_ref.actor.use_torch_compile=False",
+        f"actor_rollout_ref.rollout.name={args.rollout}", f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=8",
+        "trainer.n_gpus_per_node=1", f"trainer.device={args.device}", "trainer.logger=[console]",
+        f"trainer.total_training_steps={args.warmup + args.steps + 1}", "trainer.save_freq=-1",
+        "trainer.test_freq=-1", "trainer.val_before_train=False", f"trainer.default_local_dir={out_dir / 'ckpt'}",
+    ]
+    if args.rollout == "vllm":
+        overrides += ["actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+    config = load_config("ppo_trainer", overrides)
+    validate_ppo_config(config, 1)
+    return config
+
+
+class _NoTracker:
+    def log(self, data, step):
+        pass
+
+
+def run_ours(spec: dict, args) -> dict:
+    from rlhf_core.data.rl_dataset import create_rl_dataset
+    from rlhf_core.distributed import LocalWorkerGroup
+    from rlhf_core.models.loading import load_tokenizer
+    from rlhf_core.reward import load_reward_manager
+    from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = ours_config(spec, args, Path(tmp))
+        tokenizer = load_tokenizer(spec["model_dir"])
+        train = create_rl_dataset([spec["train_file"]], tokenizer, config.data)
+
+        def factory(cfg):
+            return {"actor_rollout": LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})}
+
+        trainer = RayPPOTrainer(config, tokenizer, factory, load_reward_manager(config, tokenizer, num_examine=0),
+                                None, train, tracker=_NoTracker())
+        trainer.init_workers()
+        ends, tokens, rtokens, stages = [], [], [], {}
+        t0 = time.perf_counter()
+        for batch in trainer.train_dataloader:
+            trainer.global_steps += 1
+            metrics = trainer.train_step(batch, 0)
+            _sync(args.device)
+            ends.append(time.perf_counter() - t0)
+            tokens.append(metrics["perf/total_num_tokens"])
+            rtokens.append(metrics["response_length/mean"] * len(batch) * args.n)
+            if trainer.global_steps > args.warmup:
+                for k, v in metrics.items():
+                    if k.startswith("timing_s/"):
+                        stages[k[9:]] = stages.get(k[9:], 0.0) + v / args.steps
+            if trainer.global_steps >= args.warmup + args.steps:
+                break
+        trainer.shutdown()
+    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()}}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+# ---- peer: TRL GRPOTrainer -------------------------------------------------------------------------------------
+def run_trl(spec: dict, args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = _rows(spec)
+    data = Dataset.from_list([{"prompt": [dict(m) for m in r["prompt"]],
+                               "ground_truth": str(r["reward_model"]["ground_truth"])} for r in rows])
+
+    def gsm8k_reward(prompts, completions, ground_truth, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [_gsm8k_score(t, g) for t, g in zip(texts, ground_truth)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t0, self.ends, self.num_tokens = time.perf_counter(), [], []
+
+        def on_step_end(self, a, state, control, **kw):
+            _sync(args.device)
+            self.ends.append(time.perf_counter() - self.t0)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "num_tokens" in logs:
+                self.num_tokens.append((float(logs["num_tokens"]), float(logs.get("completions/mean_length", 0.0))))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = GRPOConfig(
+            output_dir=tmp, use_cpu=args.device == "cpu", per_device_train_batch_size=args.prompts * args.n,
+            gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.new_tokens,
+            learning_rate=args.lr, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
+            temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+            report_to="none", save_strategy="no", max_steps=args.warmup + args.steps, disable_tqdm=True,
+            dataloader_num_workers=0, shuffle_dataset=False, seed=0)
+        tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+        model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+        gen_s: list[float] = []
+        generate = model.generate
+
+        def timed_generate(*a, **kw):  # TRL's profiling goes to wandb/mlflow only: time generation here
+            t = time.perf_counter()
+            out = generate(*a, **kw)
+            _sync(args.device)
+            gen_s.append(time.perf_counter() - t)
+            return out
+
+        model.generate = timed_generate
+        clock = Clock()
+        trainer = GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=cfg, train_dataset=data,
+                              processing_class=tokenizer, callbacks=[clock])
+        clock.t0 = time.perf_counter()
+        trainer.train()
+    cumulative = [t for t, _ in clock.num_tokens]
+    tokens = [b - a for a, b in zip([0.0] + cumulative, cumulative)]
+    rtokens = [m * args.prompts * args.n for _, m in clock.num_tokens]
+    measured = gen_s[args.warmup:]
+    stages = {"gen": round(sum(measured) / len(measured), 4)} if measured else {}
+    return {**_summary(clock.ends, tokens, rtokens, args.warmup), "stages_s": stages}
+
+
+# ---- peer: plain single-process HF reference -------------------------------------------------------------------
+def run_hf(spec: dict, args) -> dict:
+    """generate → reward → GRPO advantages → one log-prob forward with grad → token-mean clipped loss → AdamW."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = torch.device(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    rows = _rows(spec)
+    torch.manual_seed(0)
+    ends, tokens, rtokens, gen_s = [], [], [], []
+    t0 = time.perf_counter()
+    for step in range(args.warmup + args.steps):
+        chunk = rows[step * args.prompts:(step + 1) * args.prompts]
+        texts = [tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False)
+                 for r in chunk for _ in range(args.n)]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
+        P = enc["input_ids"].shape[1]
+        model.eval()
+        t_gen = time.perf_counter()
+        with torch.no_grad():
+            seq = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id)
+        _sync(args.device)
+        gen_s.append(time.perf_counter() - t_gen)
+        resp = seq[:, P:]
+        is_eos = resp == tokenizer.eos_token_id
+        after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0  # tokens after the first EOS
+        resp_mask = (~after_eos).long()
+        decoded = tokenizer.batch_decode(resp * resp_mask + tokenizer.pad_token_id * (1 - resp_mask),
+                                         skip_special_tokens=True)
+        gts = [str(r["reward_model"]["ground_truth"]) for r in chunk for _ in range(args.n)]
+        scores = torch.tensor([_gsm8k_score(t, g) for t, g in zip(decoded, gts)], device=dev).view(-1, args.n)
+        adv = ((scores - scores.mean(-1, keepdim=True)) / (scores.std(-1, keepdim=True) + 1e-6)).view(-1, 1)
+        attn = torch.cat([enc["attention_mask"], resp_mask], 1)
+        model.train()
+        logits = model(input_ids=seq, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
+        logp = torch.log_softmax(logits[:, P - 1:-1].float(), -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+        ratio = torch.exp(logp - logp.detach())
+        pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+        loss = (pg * resp_mask).sum() / resp_mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        _sync(args.device)
+        ends.append(time.perf_counter() - t0)
+        tokens.append(float(attn.sum()))
+        rtokens.append(float(resp_mask.sum()))
+    measured = gen_s[args.warmup:]
+    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {"gen": round(sum(measured) / len(measured), 4)}}
+
+
+# ---- driver ----------------------------------------------------------------------------------------------------
+def run_peer_subprocess(peer: str, spec_file: Path, args) -> dict:
+    """Run one peer in a fresh interpreter; returns its result dict, or ``{"skip": reason}`` / ``{"error": ...}``."""
+    if peer == "trl" and not _importable("trl"):
+        return {"skip": "trl is not installed (pip install 'trl==1.16.*' into this venv to measure it)"}
+    out = spec_file.parent / f"result_{peer}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", peer, "--spec", str(spec_file),
+           "--result", str(out)] + _passthrough(args)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.peer_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.peer_timeout:.0f} s (--peer-timeout)"}
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        return {"error": f"exit {proc.returncode}:\n{tail}"}
+    return json.loads(out.read_text())
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _passthrough(args) -> list[str]:
+    return [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--device={args.device}", f"--prompts={args.prompts}",
+            f"--n={args.n}", f"--new-tokens={args.new_tokens}", f"--lr={args.lr}", f"--rollout={args.rollout}"]
+
+
+def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
+    import torch
+
+    sizes = spec["sizes"]
+    print(f"GRPO step on {args.device}: tiny Qwen2 {params / 1e6:.2f} M params (hidden {sizes['hidden_size']}, "
+          f"{sizes['num_layers']} layers, vocab {sizes['vocab_size']}), {args.prompts} prompts x {args.n} samples x "
+          f"<= {args.new_tokens} new tokens, longest prompt {spec['max_prompt_length']} tokens; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
+          f"{args.steps} measured steps after {args.warmup} warm-up")
+    for peer, r in results.items():
+        name = {"ours": f"ours (RayPPOTrainer.train_step, 1 rank, {args.rollout})", "trl": "TRL GRPOTrainer",
+                "hf": "plain HF reference loop"}[peer]
+        if "skip" in r:
+            print(f"  {name:46s}: SKIPPED - {r['skip']}")
+        elif "error" in r:
+            print(f"  {name:46s}: FAILED - {r['error']}")
+        else:
+            print(f"  {name:46s}: {r['s_per_step']:6.3f} s/step  {r['tokens_per_s']:8.0f} tokens/s  "
+                  f"({r['response_tokens_per_s']:7.0f} response tokens/s; {r['tokens_per_step']:.0f} tokens/step, "
+                  f"steps {r['step_s']})")
+            if r.get("stages_s"):
+                print(f"  {'':46s}  stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["stages_s"].items()))
+    print("  (tokens = valid prompt + response tokens of the step's sequences; s/step = wall time between step ends)")
+    ours = results.get("ours", {})
+    for peer in ("trl", "hf"):
+        other = results.get(peer, {})
+        if "s_per_step" in ours and "s_per_step" in other:
+            print(f"ratio {peer}/ours s/step: {other['s_per_step'] / ours['s_per_step']:.2f}x  "
+                  f"(> 1: ours is faster); tokens/s ours/{peer}: {ours['tokens_per_s'] / other['tokens_per_s']:.2f}x")
+    print(f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+          f"(the ratios mean something only on an otherwise idle machine)")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--rollout", default="hf", choices=("hf", "vllm"), help="our rollout engine")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--peer-timeout", type=float, default=300)
+    ap.add_argument("--gsm8k-dir", default=os.environ.get("GSM8K_DIR", str(REPO.parent / "shared" / "data" / "gsm8k")))
+    for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
+        ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
+    ap.add_argument("--json", help="also write all results to this file")
+    ap.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    sys.path.insert(0, str(REPO))
+    if args.worker:
+        spec = json.loads(Path(args.spec).read_text())
+        result = {"ours": run_ours, "trl": run_trl, "hf": run_hf}[args.worker](spec, args)
+        Path(args.result).write_text(json.dumps(result))
+        return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device here")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"--peers: unknown {sorted(unknown)}; use some of {list(PEERS)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = prepare(args, Path(tmp))
+        spec_file = Path(tmp) / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        results = {p: run_peer_subprocess(p, spec_file, args) for p in peers}
+        params = _count_params(spec["model_dir"])
+    report(spec, args, results, params)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"spec": {k: v for k, v in spec.items() if k != "model_dir"},
+                                               "params": params, "device": args.device, "results": results}, indent=1))
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+def _count_params(model_dir: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import torch
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
