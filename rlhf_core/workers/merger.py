@@ -101,8 +101,11 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``rlhf merge --local-dir DIR --target-dir OUT``; returns the exit code (0 ok, 1 error, printed)."""
     parser = argparse.ArgumentParser(prog="rlhf merge", description=__doc__.splitlines()[0])
-    parser.add_argument("--local-dir", required=True, help="global_step_N/actor (or critic) folder")
-    parser.add_argument("--target-dir", required=True, help="output Hugging Face directory")
+    # verl's model_merger spells them --local_dir / --target_dir: both spellings work
+    parser.add_argument("--local-dir", "--local_dir", dest="local_dir", required=True,
+                        help="global_step_N/actor (or critic) folder")
+    parser.add_argument("--target-dir", "--target_dir", dest="target_dir", required=True,
+                        help="output Hugging Face directory")
     parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (verl compatible flag)")
     args = parser.parse_args(argv)
     try:
