@@ -18,6 +18,7 @@ from rlhf_core.data.prompts import (
     TRUNCATIONS,
     encode,
     keep_short_prompts,
+    prompt_lengths,
     pad_ids,
     pad_token_id,
     positions_from_mask,
@@ -134,9 +135,22 @@ class RLHFDataset(Dataset):
             kept = keep_short_prompts(tokenizer, [rows[p][self.prompt_key] for p in positions],
                                       self.max_prompt_length, workers)
             positions = positions[kept]
+        elif self.truncation == "error":
+            self._check_lengths(tokenizer, rows, sources, positions, int(_cfg(config, "filter_overlong_prompts_workers", 1)))
         self.rows = [rows[p] for p in positions]
         self.sources = [sources[p] for p in positions]
         self.row_numbers = [int(p) for p in positions]
+
+    def _check_lengths(self, tokenizer, rows, sources, positions, workers: int) -> None:
+        """``truncation: error``: fail at construction — before any model is loaded — naming the first row whose
+        rendered prompt is longer than ``max_prompt_length`` (verl only finds it when the row is fetched)."""
+        lengths = prompt_lengths(tokenizer, [rows[p][self.prompt_key] for p in positions], workers)
+        for p, n in zip(positions, lengths):
+            if n > self.max_prompt_length:
+                raise DataError(
+                    f"{sources[p]}: prompt has {n} tokens > data.max_prompt_length={self.max_prompt_length} "
+                    "with data.truncation=error (raise max_prompt_length, set data.truncation to left/right/middle, "
+                    "or filter_overlong_prompts=True)")
 
     def _subsample(self, total: int, n: int) -> np.ndarray:
         if self.shuffle:

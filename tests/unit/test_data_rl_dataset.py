@@ -46,7 +46,8 @@ def small_parquet(tmp_path):
 def test_left_padding_mask_and_positions(tiny_tokenizer, small_parquet):
     ref = ids_of(tiny_tokenizer, QUESTIONS[0])
     n = len(ref)
-    ds = RLHFDataset(small_parquet, tiny_tokenizer, ppo_data_cfg(max_prompt_length=n + 3))
+    # rows 1 and 2 are longer than n + 3: truncate them so the dataset builds; row 0 is not truncated
+    ds = RLHFDataset(small_parquet, tiny_tokenizer, ppo_data_cfg(max_prompt_length=n + 3, truncation="left"))
     item = ds[0]
     pad = tiny_tokenizer.pad_token_id
     assert item["input_ids"].dtype == torch.int64 and item["input_ids"].shape == (n + 3,)
@@ -97,10 +98,15 @@ def test_truncation_applies_to_every_view(tiny_tokenizer, small_parquet, mode):
     assert item["raw_prompt_ids"] == expected  # the rollout engine sees the same truncation
 
 
-def test_truncation_error_names_the_row(tiny_tokenizer, small_parquet):
-    ds = RLHFDataset(small_parquet, tiny_tokenizer, ppo_data_cfg(max_prompt_length=9))
-    with pytest.raises(DataError, match=r"small.parquet row 2.*max_prompt_length=9"):
-        ds[2]
+def test_truncation_error_names_the_row_at_construction(tiny_tokenizer, small_parquet):
+    # truncation=error fails when the dataset is built (before any model is loaded), naming the first overlong row
+    lengths = [len(ids_of(tiny_tokenizer, q)) for q in QUESTIONS]
+    limit = lengths[1]  # rows 0 and 1 fit (lengths increase), row 2 is longer
+    with pytest.raises(DataError, match=rf"small.parquet row 2: prompt has {lengths[2]} tokens > "
+                                        rf"data.max_prompt_length={limit}"):
+        RLHFDataset(small_parquet, tiny_tokenizer, ppo_data_cfg(max_prompt_length=limit))
+    ds = RLHFDataset(small_parquet, tiny_tokenizer, ppo_data_cfg(max_prompt_length=lengths[2]))
+    assert len(ds) == 3  # exactly at the limit is fine
 
 
 def test_filter_keeps_prompt_exactly_at_limit(tiny_tokenizer, small_parquet):
