@@ -167,6 +167,12 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if _get(cfg, f"{vk}.do_sample") and not _get(cfg, f"{vk}.temperature"):
         errors.append(f"{vk}.do_sample=True with {vk}.temperature={_get(cfg, f'{vk}.temperature')}: sampling "
                       f"needs temperature > 0 (or set do_sample=False for greedy validation).")
+    for prefix in (f"{A}.rollout", vk):
+        temp, top_p = _get(cfg, f"{prefix}.temperature"), _get(cfg, f"{prefix}.top_p")
+        if temp is not None and temp < 0:
+            errors.append(f"{prefix}.temperature={temp} must be >= 0 (0 = greedy).")
+        if top_p is not None and not 0 < top_p <= 1:
+            errors.append(f"{prefix}.top_p={top_p} must be in (0, 1].")
     if (_get(cfg, f"{vk}.n") or 0) < 1:
         errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
     adv = _get(cfg, "algorithm.adv_estimator")

@@ -24,12 +24,14 @@ When ``output.samples_dir`` is set, every response is written atomically to
 from __future__ import annotations
 
 import inspect
+import os
 from collections import defaultdict
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from rlhf_core.data import DataError
 from rlhf_core.metrics.samples import CORE_COLUMNS, render_prompt, write_samples_parquet
 from rlhf_core.metrics.validation import pass_k_values, pass_at_k
 from rlhf_core.reward.custom import FileRewardFunction, reward_function_from_config
@@ -65,7 +67,8 @@ def load_eval_rows(config: Any) -> list[dict]:
     """Read ``data.path`` (copied to a local cache first when remote) as one dict per row.
 
     Raises:
-        KeyError: when a configured column is missing, naming the columns the file has.
+        FileNotFoundError: ``data.path`` does not exist. DataError: a configured column is missing (naming the
+            columns the file has) or the file has no rows.
     """
     data = config.get("data")
     path = str(data.get("path"))
@@ -75,12 +78,16 @@ def load_eval_rows(config: Any) -> list[dict]:
         path = copy_to_local(path)
     elif path.startswith("file://"):
         path = path[len("file://") :]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data.path {path!r} does not exist")
     table = pq.read_table(path)
-    for key in ("response_key", "data_source_key", "reward_model_key"):
-        col = _get(data, key, {"response_key": "responses", "data_source_key": "data_source",
+    for key in ("prompt_key", "response_key", "data_source_key", "reward_model_key"):
+        col = _get(data, key, {"prompt_key": "prompt", "response_key": "responses", "data_source_key": "data_source",
                                "reward_model_key": "reward_model"}[key])
         if col not in table.column_names:
-            raise KeyError(f"data.{key}={col!r} is not a column of {path}; columns: {table.column_names}")
+            raise DataError(f"{path}: data.{key}={col!r} is not a column; columns: {table.column_names}")
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows to evaluate")
     return table.to_pylist()
 
 
@@ -138,7 +145,7 @@ def run_evaluation(config: Any) -> dict[str, float]:
     """Score a responses parquet as ``evaluation.yaml`` describes; returns the metrics (see module docstring).
 
     Raises:
-        KeyError: a configured column is missing. FileNotFoundError / AttributeError: a bad
+        DataError: a configured column is missing or the file is empty. FileNotFoundError / AttributeError: a bad
         ``custom_reward_function``. ValueError: an unknown data source with the default scorer (wrapped in
         RuntimeError naming the row).
     """

@@ -215,3 +215,12 @@ def test_no_warning_without_deprecated_keys():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ppo()
+
+
+def test_sampling_parameters_must_be_in_range():
+    # a negative temperature or a top_p outside (0, 1] can never sample; both are named with their value
+    with pytest.raises(ConfigError) as err:
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.temperature=-1",
+                                    "actor_rollout_ref.rollout.val_kwargs.top_p=0"])
+    assert "actor_rollout_ref.rollout.temperature=-1 must be >= 0" in str(err.value)
+    assert "actor_rollout_ref.rollout.val_kwargs.top_p=0 must be in (0, 1]" in str(err.value)

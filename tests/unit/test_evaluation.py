@@ -7,6 +7,8 @@ import textwrap
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+
+from rlhf_core.data import DataError
 from omegaconf import OmegaConf
 
 from rlhf_core.trainer.evaluation import run_evaluation
@@ -92,10 +94,20 @@ def test_extra_info_passed_when_accepted_and_errors(tmp_path):
     assert not list(tmp_path.glob("**/eval_samples.parquet"))  # no samples_dir → nothing written
     with pytest.raises(RuntimeError, match="row 0, response 0: oops"):
         run_evaluation(_config(data, custom_path=str(custom), name="broken"))
-    with pytest.raises(KeyError, match="answers"):
+    with pytest.raises(DataError, match="resp.parquet: data.response_key='answers' is not a column"):
         cfg = _config(data)
         cfg.data.response_key = "answers"
         run_evaluation(cfg)
+    with pytest.raises(DataError, match="data.prompt_key='nope' is not a column"):
+        cfg = _config(data)
+        cfg.data.prompt_key = "nope"
+        run_evaluation(cfg)
+    with pytest.raises(FileNotFoundError, match="data.path .*missing.parquet' does not exist"):
+        run_evaluation(_config(str(tmp_path / "missing.parquet")))
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(data).slice(0, 0), empty)
+    with pytest.raises(DataError, match="empty.parquet: no rows to evaluate"):
+        run_evaluation(_config(str(empty)))
 
 
 def test_main_eval_prints_json(tmp_path, capsys):
