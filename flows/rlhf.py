@@ -8,12 +8,17 @@ Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
 
 or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from
 ``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
-then the pipeline's own choices, then the ``*_overrides`` parameters (which win).
+then the pipeline's own choices, then the ``*_overrides`` parameters (which win). Every
+stage's override list is checked (load_config) when the flow starts, so a typo fails in
+seconds; a ConfigError, DataError or FileNotFoundError in a stage is not retried. When the
+ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs are dropped.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults;
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
+from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra.ray_cluster import connect_ray  # noqa: E402
@@ -60,6 +65,7 @@ def rlhf(
         "evaluation": metrics, "home": str}``.
     """
     s = resolve_settings(locals())
+    validate_overrides(s)  # a typo in any override list fails here, before data/SFT (ConfigError)
     home = rlhf_home()
     fr_id = str(flow_run.get_id() or "local")
     run_dir = home / "runs" / fr_id
@@ -75,15 +81,12 @@ def rlhf(
             base_model = _record(parent_run_id, "build_model", built)["model_path"]
         model = base_model
         if s.sft_enabled:
-            sft_list = plan.merge_overrides(s.preset_sft, [f"trainer.total_epochs={s.sft_epochs}"],
-                                            s.sft_overrides)
-            trained = sft(base_model, data["train"], data["val"], sft_list, ctx)
+            trained = sft(base_model, data["train"], data["val"], s.sft_list(), ctx)
             model = _record(parent_run_id, "sft", trained)["hf_dir"]
         ppo_result = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment)
         evaluation = {}
         if s.evaluate_enabled:
-            evaluation = evaluate(str(run_dir / "val_samples"),
-                                  plan.merge_overrides(s.preset_eval, s.eval_overrides), ctx)
+            evaluation = evaluate(str(run_dir / "val_samples"), s.eval_list(), ctx)
         _log_summary(parent_run_id, ppo_result, evaluation)
     return {"parent_run_id": parent_run_id, "model_path": base_model, "sft_model": model,
             "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
@@ -120,11 +123,8 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
         lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
         lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
         for i, stop in enumerate(plan.segment_boundaries(s.ppo_steps, s.segment_steps), start=1):
-            overrides = plan.ppo_overrides(
-                s.preset_ppo, s.ppo_overrides, model_path=model, train_file=data["train"],
-                val_file=data["val"], run_dir=run_dir, total_steps=s.ppo_steps,
-                segment_steps=s.segment_steps, stop_after_step=stop,
-                adv_estimator=s.adv_estimator, experiment=s.experiment)
+            overrides = s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
+                                   run_dir=run_dir, stop_after_step=stop)
             result = ppo_task(overrides, i, ppo_run_id, ctx)
         ckpt = result.get("checkpoint_dir")
         if ckpt and os.path.isdir(ckpt):  # copied only when small (a tiny model), else tagged
@@ -144,14 +144,32 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"))
     for name in ("sft_overrides", "ppo_overrides", "eval_overrides"):
         parser.add_argument("--" + name.replace("_", "-"), nargs="*", metavar="KEY=VALUE")
+    parser.add_argument("--skip-sft", action="store_true", default=None,
+                        help="skip the sft stage (PPO starts from the base model)")
+    parser.add_argument("--skip-evaluate", action="store_true", default=None,
+                        help="skip the evaluate stage")
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     out = rlhf(**args)
     home = Path(out["home"])
     print(f"\nResults under {home}")
     print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
     print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
-    print(f"  Try:    rlhf results sql \"{EXAMPLE_QUERY}\"")
+    print(f"  Try:    {rlhf_command()} results sql \"{EXAMPLE_QUERY}\"")
     return 0
+
+
+def rlhf_command() -> str:
+    """How to call the ``rlhf`` CLI here: ``rlhf`` when it is on PATH, else the venv's script
+    (``.venv/bin/rlhf``, relative to the current folder when below it)."""
+    if shutil.which("rlhf"):
+        return "rlhf"
+    script = Path(sys.executable).parent / "rlhf"
+    if not script.exists():
+        return ".venv/bin/rlhf"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from tasks import plan
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -41,6 +43,24 @@ class PipelineSettings:
     def as_params(self) -> dict[str, Any]:
         """The settings as a dict (for the parent MLflow run's params)."""
         return dataclasses.asdict(self)
+
+    def sft_list(self) -> list[str]:
+        """The sft task's overrides: preset, then ``trainer.total_epochs``, then the user's."""
+        return plan.merge_overrides(self.preset_sft, [f"trainer.total_epochs={self.sft_epochs}"],
+                                    self.sft_overrides)
+
+    def eval_list(self) -> list[str]:
+        """The evaluate task's overrides: preset, then the user's."""
+        return plan.merge_overrides(self.preset_eval, self.eval_overrides)
+
+    def ppo_list(self, *, model_path: str, train_file: str, val_file: str, run_dir: str,
+                 stop_after_step: int) -> list[str]:
+        """One ppo_segment task's overrides (``plan.ppo_overrides`` with these settings)."""
+        return plan.ppo_overrides(
+            self.preset_ppo, self.ppo_overrides, model_path=model_path, train_file=train_file,
+            val_file=val_file, run_dir=run_dir, total_steps=self.ppo_steps,
+            segment_steps=self.segment_steps, stop_after_step=stop_after_step,
+            adv_estimator=self.adv_estimator, experiment=self.experiment)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -100,7 +120,9 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it.
+    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it. When the
+    user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
+    ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
     Raises:
         ValueError: a step count below 1.
@@ -127,8 +149,11 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         evaluate_enabled=not skip_eval if skip_eval is not None else bool(ev.get("enabled", True)),
         model_sizes=dict(preset.get("model") or {}),
         preset_sft=list(preset.get("sft") or []),
-        preset_ppo=list(preset.get("ppo") or []),
-        preset_eval=list(preset.get("evaluation") or []),
+        # a preset's reward_kwargs are for the default scorer: dropped when the user brings
+        # their own custom_reward_function.path (plan.drop_preset_reward_kwargs)
+        preset_ppo=plan.drop_preset_reward_kwargs(preset.get("ppo") or [], params.get("ppo_overrides") or []),
+        preset_eval=plan.drop_preset_reward_kwargs(preset.get("evaluation") or [],
+                                                   params.get("eval_overrides") or []),
         sft_overrides=list(params.get("sft_overrides") or []),
         ppo_overrides=list(params.get("ppo_overrides") or []),
         eval_overrides=list(params.get("eval_overrides") or []),
@@ -137,3 +162,41 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
     return s
+
+
+_PLACEHOLDER = "/validate-only"
+
+
+def validate_overrides(s: PipelineSettings) -> None:
+    """Load every stage's config with its combined override list, before any stage runs.
+
+    The lists are built as the tasks build them (placeholder paths for the files that do not
+    exist yet; only the stages that will run are checked), so a typo in ``--ppo-overrides``
+    fails in seconds instead of after data preparation and SFT.
+
+    Raises:
+        ConfigError: names the stage and the flag, then load_config's message (unknown key
+            with a suggestion, wrong type, impossible batch sizes...).
+    """
+    from rlhf_core.config import ConfigError, load_config
+
+    p = _PLACEHOLDER
+    checks: list[tuple[str, str, list[str]]] = []
+    if s.sft_enabled:
+        checks.append(("sft", "sft_trainer", plan.sft_overrides(
+            [], s.sft_list(), model_path=p + "/model", train_file=p + "/train.parquet",
+            val_file=p + "/val.parquet", out_dir=p + "/sft", experiment=s.experiment)))
+    checks.append(("ppo", "ppo_trainer", s.ppo_list(
+        model_path=s.model_path or p + "/model", train_file=p + "/train.parquet",
+        val_file=p + "/val.parquet", run_dir=p + "/run",
+        stop_after_step=plan.segment_boundaries(s.ppo_steps, s.segment_steps)[0])))
+    if s.evaluate_enabled:
+        checks.append(("eval", "evaluation", plan.eval_overrides(
+            [], s.eval_list(), responses_path=p + "/responses.parquet", samples_dir=p + "/samples")))
+    for stage, config_name, overrides in checks:
+        try:
+            load_config(config_name, overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"{stage} stage ({config_name}): invalid overrides (preset "
+                              f"{s.preset!r} + --{stage}-overrides), checked before any stage ran: "
+                              f"{exc}") from exc

@@ -40,9 +40,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
 
+    import os
+    from pathlib import Path
+
     from infra.home import rlhf_home
     from infra.results import ResultsStore
 
+    expected = Path(os.environ.get("RLHF_HOME") or ".rlhf").expanduser().resolve()
+    if not (expected / "results").exists():
+        # a query from another folder would silently see an empty store: say where we looked
+        print(f"note: no results under {expected} yet (set RLHF_HOME, or run from the folder the flow ran in)",
+              file=sys.stderr)
     store = ResultsStore(rlhf_home())
     if args.cmd == "path":
         print(store.db_path)

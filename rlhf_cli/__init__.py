@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func, _ = SUBCOMMANDS[name]
     from rlhf_core.config.errors import ConfigError
-    from rlhf_core.data import DataError
+    from rlhf_core.data import DataError, RemoteUnavailableError
 
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError) as exc:
         # user-facing input errors: the message names the key, file or row; no traceback
         print(f"rlhf {name}: error: {exc}", file=sys.stderr)
         return 1

@@ -44,15 +44,54 @@ def as_overrides(mapping: dict[str, Any]) -> list[str]:
     return [f"{key}={override_value(value)}" for key, value in mapping.items()]
 
 
+def override_key(item: str) -> str:
+    """The dotted key of an override (``+a.b=1`` / ``~a.b`` / ``a.b=1`` → ``a.b``)."""
+    return item.split("=", 1)[0].strip().lstrip("+~")
+
+
 def merge_overrides(*lists: Iterable[str]) -> list[str]:
     """Concatenate override lists; for a key given twice the last one wins (earlier ones dropped)."""
     out: dict[str, str] = {}
     for items in lists:
         for item in items or []:
-            key = item.split("=", 1)[0].lstrip("+~")
+            key = override_key(item)
             out.pop(key, None)
             out[key] = item
     return list(out.values())
+
+
+REWARD_PATH_KEY = "custom_reward_function.path"
+REWARD_KWARGS_KEY = "custom_reward_function.reward_kwargs"
+_UNSET = {"", "null", "none", "~", "''", '""'}
+
+
+def sets_custom_reward_path(overrides: Iterable[str]) -> bool:
+    """True when ``overrides`` (last one wins) point ``custom_reward_function.path`` at a file.
+
+    ``custom_reward_function.path=null`` (or ``~custom_reward_function.path``) means the default
+    scorers, so it does not count.
+    """
+    value: str | None = None
+    for item in overrides or []:
+        if override_key(item) == REWARD_PATH_KEY:
+            value = item.split("=", 1)[1].strip() if "=" in item and not item.startswith("~") else ""
+    return value is not None and value.lower() not in _UNSET
+
+
+def drop_preset_reward_kwargs(preset: Sequence[str], user: Sequence[str]) -> list[str]:
+    """The preset's overrides without its ``custom_reward_function.reward_kwargs`` entries when the
+    user's overrides set ``custom_reward_function.path``.
+
+    A preset's reward kwargs (e.g. tiny_cpu's ``{format_score:0.1}``) are arguments of the default
+    GSM8K scorer; a user's verl-style ``compute_score(data_source, solution_str, ground_truth,
+    extra_info=None)`` would get them as unexpected keywords (TypeError). Reward kwargs the user
+    gives themselves are kept (they are in ``user``, not touched here).
+    """
+    if not sets_custom_reward_path(user):
+        return list(preset)
+    return [item for item in preset
+            if not (override_key(item) == REWARD_KWARGS_KEY
+                    or override_key(item).startswith(REWARD_KWARGS_KEY + "."))]
 
 
 def sft_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str, train_file: str,
@@ -106,6 +145,57 @@ def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path
     """Overrides for ``evaluation``: score ``responses_path``, write samples to ``samples_dir``."""
     pipeline = as_overrides({"data.path": responses_path, "output.samples_dir": samples_dir})
     return merge_overrides(preset, pipeline, user)
+
+
+def non_retriable_types() -> tuple[type[BaseException], ...]:
+    """Errors that fail the same way on every try: a bad config, bad data, a missing file."""
+    from rlhf_core.config.errors import ConfigError
+    from rlhf_core.data import DataError
+
+    return (ConfigError, DataError, FileNotFoundError)
+
+
+def _ray_task_error() -> type[BaseException] | None:
+    try:
+        from ray.exceptions import RayTaskError
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return None
+    return RayTaskError
+
+
+def _causes(exc: BaseException, depth: int = 0) -> Iterable[BaseException]:
+    """``exc`` and, for a RayTaskError (possibly nested: a driver on Ray calling workers), its causes."""
+    yield exc
+    ray_error = _ray_task_error()
+    if depth >= 5 or ray_error is None or not isinstance(exc, ray_error):
+        return
+    inner: list[BaseException] = []
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        inner.append(cause)
+    try:
+        as_cause = exc.as_instanceof_cause()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - some causes cannot be re-typed
+        as_cause = None
+    if isinstance(as_cause, BaseException) and as_cause is not exc:
+        inner.append(as_cause)
+    for item in inner:
+        yield from _causes(item, depth + 1)
+
+
+def is_retriable(exc: BaseException | None) -> bool:
+    """Whether a failed stage is worth retrying: False for a bad config or bad data.
+
+    ``ConfigError`` (an override typo, impossible batch sizes), ``DataError`` (bad rows, an
+    unreadable dataset) and ``FileNotFoundError`` fail the same way every time, so they are not
+    retried; everything else (a lost Ray worker, a timeout, OOM, a network blip) is. Errors raised
+    on Ray arrive as ``ray.exceptions.RayTaskError``: its ``.cause`` / ``as_instanceof_cause()``
+    are checked too. ``None`` (no exception known) is retriable.
+    """
+    if exc is None:
+        return True
+    bad = non_retriable_types()
+    return not any(isinstance(e, bad) for e in _causes(exc))
 
 
 def files_digest(paths: Iterable[str | Path]) -> str:

@@ -24,6 +24,21 @@ from tasks.common import parquet_files, read_jsonl, stage
 HOUR = 3600
 
 
+def retry_unless_bad_input(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry a failed stage unless its error is non-retriable.
+
+    ``plan.is_retriable`` decides (ConfigError, DataError, FileNotFoundError — also wrapped in a
+    RayTaskError — are not retried). When the exception cannot be read the stage is retried.
+    """
+    exc = getattr(state, "data", None)
+    if not isinstance(exc, BaseException):
+        try:
+            exc = state.result(raise_on_failure=False)
+        except Exception:  # noqa: BLE001 - unreadable result: keep the retry policy
+            return True
+    return plan.is_retriable(exc if isinstance(exc, BaseException) else None)
+
+
 def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:
     if not gsm8k_dir:
         return []
@@ -39,7 +54,7 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
 
 
 @task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
-      cache_key_fn=_prepare_key, persist_result=True)
+      retry_condition_fn=retry_unless_bad_input, cache_key_fn=_prepare_key, persist_result=True)
 def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
                  ctx: dict[str, Any]) -> dict[str, str]:
     """Preprocess GSM8K to the verl schema and cut the train/val subsets.
@@ -71,7 +86,7 @@ def _build_key(_ctx: Any, p: dict[str, Any]) -> str:
 
 
 @task(name="build_model", retries=1, retry_delay_seconds=10, timeout_seconds=HOUR,
-      cache_key_fn=_build_key, persist_result=True)
+      retry_condition_fn=retry_unless_bad_input, cache_key_fn=_build_key, persist_result=True)
 def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> dict[str, str]:
     """Build the tiny Qwen2-style model + BPE tokenizer from the training text (on Ray).
 
@@ -94,7 +109,7 @@ def _sft_key(_ctx: Any, p: dict[str, Any]) -> str:
 
 
 @task(name="sft", retries=1, retry_delay_seconds=30, timeout_seconds=6 * HOUR,
-      cache_key_fn=_sft_key, persist_result=True)
+      retry_condition_fn=retry_unless_bad_input, cache_key_fn=_sft_key, persist_result=True)
 def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
         ctx: dict[str, Any]) -> dict[str, str]:
     """Supervised fine-tuning (a Ray job running ``run_sft``).
@@ -128,7 +143,7 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
 
 
 @task(name="ppo_segment", retries=2, retry_delay_seconds=30, timeout_seconds=12 * HOUR,
-      cache_policy=NO_CACHE)
+      retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
                 ctx: dict[str, Any]) -> dict[str, Any]:
     """Run PPO until ``trainer.stop_after_step`` (in ``overrides``), checkpointing there.
@@ -160,7 +175,7 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=30, timeout_seconds=2 * HOUR,
-      cache_policy=NO_CACHE)
+      retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any]) -> dict[str, Any]:
     """Score the final model's responses with ``evaluation.yaml`` semantics.
 

@@ -20,6 +20,11 @@ class DataError(ValueError):
     """Malformed input data; the message names the file, the row (or line) and the field."""
 
 
+class RemoteUnavailableError(ConnectionError):
+    """A remote source (the Hugging Face hub, an fsspec URL) could not be reached; the message says how to use
+    local files instead. A ``ConnectionError``, so the pipeline retries it (a blip) unlike a ``DataError``."""
+
+
 _LAZY = {
     "copy_to_local": "fs",
     "preprocess_gsm8k": "gsm8k",

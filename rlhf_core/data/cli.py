@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlhf_core.data import DataError
+from rlhf_core.data import DataError, RemoteUnavailableError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             paths = preprocess_gsm8k(args.local_dir, args.out)
-        except (DataError, FileNotFoundError) as exc:
+        except (DataError, FileNotFoundError, RemoteUnavailableError) as exc:
             print(f"rlhf data gsm8k: {exc}", file=sys.stderr)
             return 2
         for split, path in paths.items():

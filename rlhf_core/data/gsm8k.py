@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from rlhf_core.data import DataError
+from rlhf_core.data import DataError, RemoteUnavailableError
 from rlhf_core.data.fs import copy_to_local
 from rlhf_core.data.readers import RowSource, read_jsonl_rows, read_parquet_rows, write_parquet_atomic
 
@@ -52,10 +52,23 @@ def gsm8k_row(question: str, answer: str, split: str, index: int, where: RowSour
     }
 
 
+def _copy_from_hub(url: str) -> str:
+    """``copy_to_local(url)`` for a hub file; any failure becomes a RemoteUnavailableError saying how to use local
+    files (a ConnectionError: the pipeline retries it, since a nightly run may meet a short outage)."""
+    try:
+        return copy_to_local(url)
+    except Exception as exc:  # noqa: BLE001 - offline, proxy, missing huggingface_hub, 404, rate limit...
+        raise RemoteUnavailableError(
+            f"could not read {DATA_SOURCE} from the Hugging Face hub ({url}): {type(exc).__name__}: {exc}. "
+            "Without network access, set GSM8K_DIR (pipeline) or --local-dir (rlhf data gsm8k) to a folder "
+            "holding train.jsonl and test.jsonl (GSM8K's original question/answer format)."
+        ) from exc
+
+
 def _raw_rows(local_dir: str | None, split: str) -> tuple[list[dict[str, Any]], list[RowSource]]:
     if local_dir is None:
         url = HUB_URL.format(split=split)
-        rows = read_parquet_rows(copy_to_local(url), display=url)
+        rows = read_parquet_rows(_copy_from_hub(url), display=url)
         return rows, [RowSource(url, i) for i in range(len(rows))]
     url = local_dir.rstrip("/") + f"/{split}.jsonl"
     rows, lines = read_jsonl_rows(copy_to_local(url), display=url)
@@ -76,7 +89,8 @@ def preprocess_gsm8k(local_dir: str | None, out_dir: str) -> dict[str, str]:
 
     Raises:
         DataError: a row without a string ``question``/``answer`` or a ``####`` answer (names file, line, field),
-            or an empty split.
+            or an empty split. RemoteUnavailableError: (``local_dir=None``) the hub could not be read — the message
+            names the cause and says to set ``GSM8K_DIR`` / ``--local-dir`` to a folder with the jsonl files.
     """
     out_dir = os.path.expanduser(out_dir)
     os.makedirs(out_dir, exist_ok=True)

@@ -7,7 +7,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
-from rlhf_core.data import DataError
+from rlhf_core.data import DataError, RemoteUnavailableError
 from rlhf_core.data.cli import main
 from rlhf_core.data.gsm8k import extract_solution, preprocess_gsm8k
 
@@ -125,3 +125,25 @@ def test_hub_source_when_no_local_dir(tmp_path, monkeypatch):
     rows = pq.read_table(out["train"]).to_pylist()
     assert rows[0]["extra_info"] == {"split": "train", "index": 0, "answer": "so\n#### 9", "question": "3*3?"}
     assert (tmp_path / "home" / "cache").is_dir()
+
+
+def test_hub_unreachable_says_how_to_use_local_files(tmp_path, monkeypatch):
+    """No network and no local dir: a RemoteUnavailableError (retried by the pipeline) naming the hub, the cause, GSM8K_DIR and --local-dir."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    import rlhf_core.data.gsm8k as gsm8k
+
+    def offline(self, *args, **kwargs):
+        raise ConnectionError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(MemoryFileSystem, "info", offline)
+    monkeypatch.setattr(MemoryFileSystem, "_open", offline)
+    monkeypatch.setattr(gsm8k, "HUB_URL", "memory://offline_hub/{split}-00000-of-00001.parquet")
+    with pytest.raises(RemoteUnavailableError) as err:
+        preprocess_gsm8k(None, str(tmp_path / "out"))
+    msg = str(err.value)
+    assert "could not read openai/gsm8k from the Hugging Face hub" in msg
+    assert "ConnectionError" in msg and "name resolution" in msg
+    assert "GSM8K_DIR" in msg and "--local-dir" in msg and "train.jsonl" in msg and "test.jsonl" in msg
+    assert isinstance(err.value.__cause__, ConnectionError)
+    assert main(["gsm8k", "--out", str(tmp_path / "o")]) == 2  # the CLI prints it without a traceback

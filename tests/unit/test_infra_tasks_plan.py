@@ -129,3 +129,129 @@ def test_task_options_are_validated():
         _task_options({"spt": {"retries": 3}})
     with pytest.raises(ValueError, match="retires"):
         _task_options({"sft": {"retires": 3}})
+
+
+PRESET_PPO = ["data.train_batch_size=8", "custom_reward_function.reward_kwargs={format_score:0.1}",
+              "custom_reward_function.reward_kwargs.extra=1"]
+
+
+@pytest.mark.parametrize("user,dropped", [
+    (["custom_reward_function.path=/my/reward.py"], True),
+    (["+custom_reward_function.path=/my/reward.py"], True),
+    (["custom_reward_function.path=/my/reward.py", "custom_reward_function.path=null"], False),
+    (["~custom_reward_function.path"], False),
+    (["custom_reward_function.name=score"], False),
+    ([], False),
+])
+def test_drop_preset_reward_kwargs(user, dropped):
+    out = plan.drop_preset_reward_kwargs(PRESET_PPO, user)
+    assert out == (["data.train_batch_size=8"] if dropped else PRESET_PPO)
+
+
+def test_user_reward_path_drops_preset_kwargs_but_keeps_users_own():
+    s = resolve_settings({"ppo_overrides": ["custom_reward_function.path=/my/reward.py"]})
+    assert not [o for o in s.preset_ppo if "reward_kwargs" in o]
+    assert "actor_rollout_ref.rollout.name=hf" in s.preset_ppo  # the rest of the preset stays
+    final = s.ppo_list(model_path="/m", train_file="/t", val_file="/v", run_dir="/r", stop_after_step=1)
+    assert not [o for o in final if "reward_kwargs" in o]
+    assert resolve_settings({}).preset_ppo[-1] == "custom_reward_function.reward_kwargs={format_score:0.1}"
+    own = ["custom_reward_function.path=/my/reward.py", "custom_reward_function.reward_kwargs={scale:2}"]
+    s = resolve_settings({"ppo_overrides": own})
+    final = s.ppo_list(model_path="/m", train_file="/t", val_file="/v", run_dir="/r", stop_after_step=1)
+    assert [o for o in final if "reward_kwargs" in o] == ["custom_reward_function.reward_kwargs={scale:2}"]
+
+
+def test_is_retriable_plain_errors():
+    from rlhf_core.config.errors import ConfigError
+    from rlhf_core.data import DataError
+
+    for exc in (ConfigError("bad key"), DataError("bad row"), FileNotFoundError("x.parquet")):
+        assert not plan.is_retriable(exc), exc
+    for exc in (RuntimeError("worker died"), TimeoutError(), ConnectionError("blip"), MemoryError(), None):
+        assert plan.is_retriable(exc), exc
+
+
+def _ray_task_error(cause):
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise cause
+    except BaseException as exc:  # noqa: BLE001
+        import traceback
+
+        return RayTaskError("ppo_remote", traceback.format_exc(), exc)
+
+
+def test_is_retriable_unwraps_ray_task_errors():
+    from ray.exceptions import RayTaskError
+
+    from rlhf_core.config.errors import ConfigError
+    from rlhf_core.data import DataError
+
+    wrapped = _ray_task_error(ConfigError("unknown key"))
+    assert isinstance(wrapped, RayTaskError) and not isinstance(wrapped, ConfigError)
+    assert not plan.is_retriable(wrapped)
+    assert not plan.is_retriable(wrapped.as_instanceof_cause())  # what ray.get raises
+    assert not plan.is_retriable(_ray_task_error(FileNotFoundError("ckpt")))
+    # a driver on Ray whose worker failed: RayTaskError around RayTaskError around DataError
+    assert not plan.is_retriable(_ray_task_error(_ray_task_error(DataError("bad row"))))
+    assert plan.is_retriable(_ray_task_error(RuntimeError("nccl timeout")))
+
+
+def test_retry_condition_fn_reads_the_failed_state():
+    from prefect.states import Failed
+
+    from rlhf_core.config.errors import ConfigError
+    from tasks import stages
+
+    assert stages.retry_unless_bad_input(None, None, Failed(data=ConfigError("x"))) is False
+    assert stages.retry_unless_bad_input(None, None, Failed(data=RuntimeError("x"))) is True
+    for t in (stages.prepare_data, stages.build_model, stages.sft, stages.ppo_segment, stages.evaluate):
+        assert t.retry_condition_fn is stages.retry_unless_bad_input
+        assert t.with_options(retries=5).retry_condition_fn is stages.retry_unless_bad_input
+
+
+def test_validate_overrides_fails_fast_on_a_typo():
+    from flows.settings import validate_overrides
+    from rlhf_core.config.errors import ConfigError
+
+    validate_overrides(resolve_settings({}))  # the shipped preset + pipeline choices are valid
+    validate_overrides(resolve_settings({"ppo_overrides": ["custom_reward_function.path=/my/reward.py"]}))
+    with pytest.raises(ConfigError, match=r"ppo stage.*actor_rollout_ref\.rollout\.nn"):
+        validate_overrides(resolve_settings({"ppo_overrides": ["actor_rollout_ref.rollout.nn=4"]}))
+    with pytest.raises(ConfigError, match=r"sft stage.*optim\.lrr"):
+        validate_overrides(resolve_settings({"sft_overrides": ["optim.lrr=1"]}))
+    validate_overrides(resolve_settings({"sft_overrides": ["optim.lrr=1"], "skip_sft": True}))  # not run
+    with pytest.raises(ConfigError, match=r"eval stage.*data\.pathh"):
+        validate_overrides(resolve_settings({"eval_overrides": ["data.pathh=x"]}))
+    with pytest.raises(ConfigError, match="ppo stage"):  # impossible batch sizes, not just key names
+        validate_overrides(resolve_settings({"ppo_overrides": ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]}))
+
+
+def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_path):
+    from infra.home import embedded_defaults
+
+    for key, value in embedded_defaults(tmp_path).items():  # importing the flow sets these; keep them private
+        monkeypatch.setenv(key, value)
+    import flows.rlhf as flow_mod
+
+    seen = {}
+
+    def fake_flow(**kwargs):
+        seen.update(kwargs)
+        return {"home": "/h", "parent_run_id": "p"}
+
+    monkeypatch.setattr(flow_mod, "rlhf", fake_flow)
+    monkeypatch.setattr(flow_mod.shutil, "which", lambda name: None)
+    assert flow_mod.main(["--skip-sft", "--skip-evaluate", "--ppo-steps", "2"]) == 0
+    assert seen == {"skip_sft": True, "skip_evaluate": True, "ppo_steps": 2}
+    out = capsys.readouterr().out
+    assert "Try:    rlhf results" not in out and "bin/rlhf results sql" in out
+    seen.clear()
+    monkeypatch.setattr(flow_mod.shutil, "which", lambda name: "/usr/bin/rlhf")
+    assert flow_mod.main([]) == 0
+    assert seen == {} and "Try:    rlhf results sql" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        flow_mod.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--skip-sft" in help_text and "--skip-evaluate" in help_text
