@@ -19,9 +19,10 @@ import torch
 
 from rlhf_core.algos.groups import group_stats_loop, group_stats_vectorized
 from rlhf_core.algos.utils import masked_whiten
+from rlhf_core.registry import Registry
 
 AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-_ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+_ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("adv_estimator")
 
 
 def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
@@ -30,15 +31,7 @@ def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
     Raises:
         ValueError: when ``name`` is already registered.
     """
-    key = str(getattr(name, "value", name))
-
-    def decorator(fn: AdvEstimator) -> AdvEstimator:
-        if key in _ADV_ESTIMATORS and _ADV_ESTIMATORS[key] is not fn:
-            raise ValueError(f"advantage estimator {key!r} is already registered")
-        _ADV_ESTIMATORS[key] = fn
-        return fn
-
-    return decorator
+    return _ADV_ESTIMATORS.register(name)
 
 
 def get_adv_estimator(name: str) -> AdvEstimator:
@@ -47,10 +40,7 @@ def get_adv_estimator(name: str) -> AdvEstimator:
     Raises:
         ValueError: for an unknown name, listing the registered ones.
     """
-    key = str(getattr(name, "value", name))
-    if key not in _ADV_ESTIMATORS:
-        raise ValueError(f"unknown adv_estimator {key!r}; registered: {sorted(_ADV_ESTIMATORS)}")
-    return _ADV_ESTIMATORS[key]
+    return _ADV_ESTIMATORS.get(name)
 
 
 get_adv_estimator_fn = get_adv_estimator  # verl's name
@@ -58,7 +48,7 @@ get_adv_estimator_fn = get_adv_estimator  # verl's name
 
 def registered_adv_estimators() -> list[str]:
     """Names of all registered estimators, sorted."""
-    return sorted(_ADV_ESTIMATORS)
+    return _ADV_ESTIMATORS.names()
 
 
 def _finish(adv: torch.Tensor, ret: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

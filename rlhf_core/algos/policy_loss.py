@@ -12,9 +12,10 @@ import torch
 
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.algos.utils import masked_mean
+from rlhf_core.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss_mode")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -23,14 +24,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     Raises:
         ValueError: when ``name`` is already registered.
     """
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return _POLICY_LOSSES.register(name)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
@@ -39,9 +33,7 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     Raises:
         ValueError: for an unknown name, listing the registered ones.
     """
-    if name not in _POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss_mode {name!r}; registered: {sorted(_POLICY_LOSSES)}")
-    return _POLICY_LOSSES[name]
+    return _POLICY_LOSSES.get(name)
 
 
 @register_policy_loss("vanilla")

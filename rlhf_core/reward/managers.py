@@ -25,8 +25,9 @@ from typing import Any, Callable
 import torch
 
 from rlhf_core.protocol import Batch
+from rlhf_core.registry import Registry
 
-REWARD_MANAGERS: dict[str, type] = {}
+REWARD_MANAGERS: Registry[type] = Registry("reward_model.reward_manager")
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -35,21 +36,12 @@ def register(name: str) -> Callable[[type], type]:
     Raises:
         ValueError: when ``name`` is already registered to another class.
     """
-
-    def deco(cls: type) -> type:
-        if name in REWARD_MANAGERS and REWARD_MANAGERS[name] is not cls:
-            raise ValueError(f"reward manager {name!r} is already registered to {REWARD_MANAGERS[name].__name__}")
-        REWARD_MANAGERS[name] = cls
-        return cls
-
-    return deco
+    return REWARD_MANAGERS.register(name)
 
 
 def get_reward_manager_cls(name: str) -> type:
     """Raises ``ValueError`` naming the registered managers when ``name`` is unknown."""
-    if name not in REWARD_MANAGERS:
-        raise ValueError(f"reward_model.reward_manager={name!r} is unknown; choose one of {sorted(REWARD_MANAGERS)}")
-    return REWARD_MANAGERS[name]
+    return REWARD_MANAGERS.get(name)
 
 
 @dataclass
