@@ -98,7 +98,31 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     if data.get("val_files"):
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
                                 max_samples=int(data.get("val_max_samples", -1) or -1))
+    if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
+        for ds in (train, val):
+            check_rule_reward_inputs(ds)
     return train, val
+
+
+def check_rule_reward_inputs(dataset: Any) -> None:
+    """The default (rule) scorer needs ``reward_model.ground_truth`` on every row: check it before Ray starts.
+
+    Datasets without ``rows``/``sources`` (a ``custom_cls``) are left to the reward manager.
+
+    Raises:
+        DataError: naming the file and row of the first row without a ground truth.
+    """
+    from rlhf_core.data import DataError
+
+    rows, sources = getattr(dataset, "rows", None), getattr(dataset, "sources", None)
+    if rows is None or sources is None:
+        return
+    for row, src in zip(rows, sources):
+        rm = row.get("reward_model")
+        if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+            raise DataError(f"{src}: the default reward function needs reward_model.ground_truth, the row has "
+                            f"reward_model={rm!r} (set custom_reward_function.path or reward_model.enable to score "
+                            "without it)")
 
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
