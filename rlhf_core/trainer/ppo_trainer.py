@@ -153,8 +153,7 @@ class RayPPOTrainer:
             from rlhf_core.trainer.tracking import Tracking
 
             t = self.config.trainer
-            logger_names = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-            self.tracker = Tracking(t.project_name, t.experiment_name, logger_names, config=self.config)
+            self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""

@@ -91,7 +91,7 @@ class SFTTrainer:
             from rlhf_core.trainer.tracking import Tracking
 
             t = self.config.trainer
-            self.tracker = Tracking(t.project_name, t.experiment_name, _as_list(t.logger), config=self.config)
+            self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
         last_ckpt = self._resume()
         t = self.config.trainer
         save_freq, test_freq = int(t.get("save_freq", -1) or -1), int(t.get("test_freq", -1) or -1)
