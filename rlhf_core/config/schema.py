@@ -29,7 +29,8 @@ from .errors import ConfigError
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 KL_TYPES = _KL + tuple(k + "+" for k in _KL if k != "full")
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                  "rloo", "rloo_vectorized", "grpo_vectorized", "remax")
+                  "rloo", "rloo_vectorized", "grpo_vectorized", "remax", "opo", "grpo_passk", "gpg")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean")
 LOGGERS = ("console", "mlflow", "tensorboard", "file", "wandb", "swanlab", "trackio")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 DTYPES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
@@ -66,6 +67,7 @@ TYPES: dict[str, tuple] = {
     "output.samples_dir": _STR,
     _A + "model.target_modules": (str, list), "critic.model.target_modules": (str, list),
     "model.target_modules": (str, list), _A + "rollout.seed": _INT,
+    "critic.enable": (bool,),
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {
@@ -86,13 +88,14 @@ CHOICES: dict[str, tuple] = {
     "algorithm.rollout_is_level": ("token", "sequence", "geometric"),
     _A + "actor.rollout_is_mode": ("truncate", "mask"), "algorithm.rollout_is_mode": ("truncate", "mask"),
     _A + "actor.optim.lr_scheduler_type": _SCHED, "critic.optim.lr_scheduler_type": _SCHED,
-    _A + "actor.optim.optimizer": ("adam", "adamw"), _A + "actor.policy_loss.loss_mode": ("vanilla",),
+    _A + "actor.optim.optimizer": ("adam", "adamw"), _A + "actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     _A + "model.fused_kernel_options.impl_backend": ("torch", "triton"),
     _A + "actor.fsdp_config.model_dtype": DTYPES, _A + "ref.fsdp_config.model_dtype": DTYPES,
     "critic.model.fsdp_config.model_dtype": DTYPES, "model.fsdp_config.model_dtype": DTYPES,
-    _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime"),
+    _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime", "dapo"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"), "trainer.device": ("auto", "cpu", "cuda"),
     "optim.lr_scheduler": ("cosine", "wsd"),
+    "algorithm.pf_ppo.reweight_method": ("pow", "max_min", "max_random"),
 }
 SFT_CHOICES = {"data.truncation": ("error", "left", "right")}
 LIST_CHOICES: dict[str, tuple] = {

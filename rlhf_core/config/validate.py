@@ -43,7 +43,11 @@ def world_size_of(cfg: DictConfig) -> int:
 
 
 def use_critic(cfg: DictConfig) -> bool:
-    """verl's rule: a critic is built only for the GAE estimator."""
+    """Whether the run has a critic (verl 0.6 ``need_critic``): ``critic.enable`` when set (true/false); when null,
+    only for ``algorithm.adv_estimator: gae``."""
+    enable = _get(cfg, "critic.enable")
+    if enable is not None:
+        return bool(enable)
     return _get(cfg, "algorithm.adv_estimator") == "gae"
 
 
@@ -176,9 +180,17 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if (_get(cfg, f"{vk}.n") or 0) < 1:
         errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
     adv = _get(cfg, "algorithm.adv_estimator")
-    if adv in ("rloo", "rloo_vectorized") and n is not None and n < 2:
-        errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the mean of the "
-                      f"other samples of the group), got {A}.rollout.n={n}.")
+    if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
+        errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "
+                      f"of the group), got {A}.rollout.n={n}.")
+    if adv == "gae" and not use_critic(cfg):
+        errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
+                      "null or true, or choose an estimator without a critic such as grpo).")
+    loss_mode = _get(cfg, f"{A}.actor.policy_loss.loss_mode")
+    for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+        value = _get(cfg, f"{A}.actor.policy_loss.{key}")
+        if loss_mode == mode and (value is None or value <= 0):
+            errors.append(f"{A}.actor.policy_loss.{key}={value} must be > 0 with loss_mode={mode}.")
     for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is"):
         if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
             errors.append(f"{key}=True needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "

@@ -5,8 +5,8 @@ holds batches and scalars; the models live in Ray worker actors. Running in-proc
 and the return value direct for the CLI and the Prefect tasks, and costs no extra Ray process.
 
 Worker placement: ``trainer.nnodes × trainer.n_gpus_per_node`` ranks per group — the actor/rollout(/ref) group,
-plus a critic group when ``algorithm.adv_estimator == gae`` and a reward-model group (``"rm"``) when
-``reward_model.enable``. On GPUs the groups share each GPU (fractional
+plus a critic group when ``critic.enable`` (null: when ``algorithm.adv_estimator == gae``) and a reward-model
+group (``"rm"``) when ``reward_model.enable``. On GPUs the groups share each GPU (fractional
 ``num_gpus``); on CPU the cluster's CPUs are split fractionally so that both groups fit
 (``min(1, CPUs ÷ (ranks × groups))`` per worker).
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ TIMEOUT_KEY = "trainer.ray_wait_register_center_timeout"
 
 def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     """The Ray worker groups for this config: ``actor_rollout`` (role actor_rollout_ref when a reference policy
-    is needed), ``critic`` for GAE and ``rm`` (``RewardModelWorker``) when ``reward_model.enable``.
+    is needed), ``critic`` when ``critic.enable`` (null: for GAE) and ``rm`` (``RewardModelWorker``) when
+    ``reward_model.enable``.
 
     ``trainer.ray_wait_register_center_timeout`` (seconds) bounds the wait for each group's placement group
     (per placement strategy) and for its actors to start. Raises ``TimeoutError`` naming that key; groups
@@ -62,7 +64,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     from rlhf_core.distributed.worker_group import RayWorkerGroup
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
-    use_critic = config.algorithm.adv_estimator == "gae"
+    use_critic = critic_in_use(config)  # critic.enable; null = only for gae
     use_rm = bool(config.get("reward_model") is not None and config.reward_model.get("enable", False))
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))

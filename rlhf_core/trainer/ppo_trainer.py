@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
+from rlhf_core.config.validate import use_critic
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
@@ -68,7 +69,11 @@ class RayPPOTrainer:
         self.val_reward_fn = val_reward_fn if val_dataset is not None else None
         self.tracker = tracker
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == "gae"
+        self.use_critic = use_critic(config)  # critic.enable; null = only for gae (verl 0.6 need_critic)
+        self.use_pf_ppo = bool(algo.use_pf_ppo) and algo.adv_estimator == "gae"
+        if algo.use_pf_ppo and not self.use_pf_ppo:
+            logger.warning("algorithm.use_pf_ppo=True has no effect with adv_estimator=%s: as in verl, PF-PPO "
+                           "resamples the batch only with adv_estimator=gae", algo.adv_estimator)
         self.use_remax = algo.adv_estimator == "remax"
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl = None
@@ -293,7 +298,25 @@ class RayPPOTrainer:
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
             epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)),
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
-        return merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        batch = merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
+
+    def pf_ppo_resample(self, batch: Batch) -> Batch:
+        """PF-PPO (``algorithm.use_pf_ppo``, with gae, as verl): the batch resampled with replacement, P(row) ∝ the
+        ``algorithm.pf_ppo`` weight of its score Σ_t token_level_scores (``rlhf_core.algos.pf_ppo``). Per-row lists
+        in ``meta`` (``global_token_num``) follow the rows. Seeded by the global step, so a resumed run draws the
+        same rows (verl draws from the global RNG)."""
+        from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
+
+        pf = self.config.algorithm.pf_ppo
+        gen = torch.Generator().manual_seed(self.global_steps)
+        idx = pf_ppo_resample_indices(batch["token_level_scores"].sum(-1), pf.reweight_method, float(pf.weight_pow),
+                                      generator=gen)
+        out = batch.index(idx)
+        for key, value in batch.meta.items():
+            if isinstance(value, list) and len(value) == len(batch):
+                out.meta[key] = [value[i] for i in idx.tolist()]
+        return out
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """[update_critic] one critic update; per-rank metrics averaged."""

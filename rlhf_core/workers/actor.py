@@ -20,7 +20,7 @@ from torch import nn
 
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import get_policy_loss_fn
+from rlhf_core.algos.policy_loss import get_policy_loss_fn, policy_loss_scalars
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
@@ -201,16 +201,11 @@ class DataParallelPPOActor:
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
         log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
-        clip = float(cfg.get("clip_ratio", 0.2))
-        low = cfg.get("clip_ratio_low")
-        high = cfg.get("clip_ratio_high")
         is_w = self._is_weights(mb)
-        loss_mode = (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
-        pg_loss, pg_metrics = get_policy_loss_fn(loss_mode)(
-            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask,
-            clip if low is None else float(low), clip if high is None else float(high),
-            float(cfg.get("clip_ratio_c", 3.0)), mode,
-            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq)
+        pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
+            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
+            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq,
+            **policy_loss_scalars(cfg))
         ent = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
         loss = pg_loss - entropy_coeff * ent if entropy_coeff else pg_loss
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
