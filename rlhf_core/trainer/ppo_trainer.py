@@ -25,7 +25,7 @@ from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
-                                      merge, timer)
+                                      merge, resample_rows, timer)
 
 logger = logging.getLogger(__name__)
 
@@ -309,14 +309,9 @@ class RayPPOTrainer:
         from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 
         pf = self.config.algorithm.pf_ppo
-        gen = torch.Generator().manual_seed(self.global_steps)
         idx = pf_ppo_resample_indices(batch["token_level_scores"].sum(-1), pf.reweight_method, float(pf.weight_pow),
-                                      generator=gen)
-        out = batch.index(idx)
-        for key, value in batch.meta.items():
-            if isinstance(value, list) and len(value) == len(batch):
-                out.meta[key] = [value[i] for i in idx.tolist()]
-        return out
+                                      generator=torch.Generator().manual_seed(self.global_steps))
+        return resample_rows(batch, idx)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """[update_critic] one critic update; per-rank metrics averaged."""

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 from rlhf_core.protocol import Batch
 
@@ -44,6 +45,17 @@ def ensure_response_mask(batch: Batch) -> Batch:
         return batch
     t = batch["responses"].shape[1]
     return merge(batch, Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
+
+
+def resample_rows(batch: Batch, idx: torch.Tensor | np.ndarray) -> Batch:
+    """The rows ``idx`` of ``batch`` (repeats allowed, any order); per-row lists in ``meta`` (a list as long as the
+    batch, e.g. ``global_token_num``) follow the rows, as verl's PF-PPO resampling does with ``meta_info``."""
+    rows = [int(i) for i in idx]
+    out = batch.index(np.asarray(rows, dtype=np.int64))
+    for key, value in batch.meta.items():
+        if isinstance(value, list) and len(value) == len(batch):
+            out.meta[key] = [value[i] for i in rows]
+    return out
 
 
 def pad_to_divisor(batch: Batch, divisor: int) -> tuple[Batch, int]:
