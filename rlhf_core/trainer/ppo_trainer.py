@@ -279,7 +279,8 @@ class RayPPOTrainer:
         return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
-        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""
+        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``; then, with
+        ``algorithm.use_pf_ppo`` (gae), the batch is resampled by :meth:`pf_ppo_resample`."""
         from rlhf_core.algos.advantages import get_adv_estimator
         from rlhf_core.algos.kl_controller import apply_kl_penalty
 
