@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
+from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
 from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
@@ -83,10 +85,14 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``data.max_prompt_length=256``). Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
-    real one. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
+    real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
+    notices.py). Each key set to a value that changes nothing here gets one ConfigNotice warning naming the
+    key and why. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
     """
     kind, base, cfg = _load_unresolved(name, config_dir)
     apply_overrides(cfg, overrides)
+    resolve_aliases(cfg, base)
+    user_set = changed_paths(cfg, base)
     if kind in ("ppo_trainer", "sft_trainer"):
         try:
             convert_deprecated(cfg, sft=kind == "sft_trainer")
@@ -105,6 +111,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
     OmegaConf.set_struct(cfg, True)
+    for notice in effect_notices(cfg, user_set, kind):
+        warnings.warn(notice, ConfigNotice, stacklevel=2)
     return cfg
 
 
