@@ -52,6 +52,20 @@ def load_base(name: str, config_dir: str | None = None) -> DictConfig:
     return OmegaConf.load(path)
 
 
+def _drop_targets(node: DictConfig) -> DictConfig:
+    """``node`` without verl's ``_target_`` entries (dataclass hints for Hydra's instantiate: accepted, ignored)."""
+    plain = OmegaConf.to_container(node, resolve=False)
+
+    def strip(d):
+        return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if k != "_target_"}
+    return OmegaConf.create(strip(plain))
+
+
+def _is_target(override: str) -> bool:
+    """True for an override of a ``_target_`` entry (``a.b._target_=...``, ``+a._target_=...``)."""
+    return override.lstrip("+~").split("=", 1)[0].strip().rsplit(".", 1)[-1] == "_target_"
+
+
 def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig, DictConfig]:
     """(kind, base, cfg): a shipped name, or a user YAML file merged over the shipped config it extends."""
     if name in CONFIG_NAMES:
@@ -64,6 +78,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
         user = OmegaConf.load(path)
     except (OmegaConfBaseException, OSError, ValueError) as exc:
         raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    user = _drop_targets(user)
     kind = _kind_of(user, path)
     base = load_base(kind, config_dir)
     known = set(all_paths(base))
@@ -82,7 +97,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``name``: "ppo_trainer", "sft_trainer", "evaluation" (from ``config_dir``, default the repo's
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
-    ``data.max_prompt_length=256``). Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
+    ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
     real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
@@ -90,9 +105,9 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     key and why. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
     """
     kind, base, cfg = _load_unresolved(name, config_dir)
-    apply_overrides(cfg, overrides)
+    apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
+    user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
     resolve_aliases(cfg, base)
-    user_set = changed_paths(cfg, base)
     if kind in ("ppo_trainer", "sft_trainer"):
         try:
             convert_deprecated(cfg, sft=kind == "sft_trainer")
