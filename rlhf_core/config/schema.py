@@ -109,9 +109,9 @@ _MEG = "Megatron-only optimizer key"
 # path -> (allowed values, why other values are refused)
 SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "hybrid_engine": ((True,), "only the hybrid engine is supported"),
-    _A + "actor.strategy": (_FSDP, "only FSDP backends"), _A + "ref.strategy": (_FSDP, "only FSDP backends"),
-    "critic.strategy": (_FSDP, "only FSDP backends"), "reward_model.strategy": (_FSDP, "only FSDP backends"),
-    "model.strategy": (_FSDP, "only FSDP backends"),
+    _A + "actor.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"), _A + "ref.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
+    "critic.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"), "reward_model.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
+    "model.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
     _A + "model.override_config.moe_config.freeze_moe_router": ((False,), "Megatron only"),
     _A + "model.use_fused_kernels": ((False,), "fused kernels"),
     "reward_model.model.use_fused_kernels": ((False,), "fused kernels"),

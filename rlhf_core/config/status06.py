@@ -42,7 +42,7 @@ SUPPORT06: dict[str, tuple[tuple, str]] = {
 }
 for _r in (_A + "actor", _A + "ref", "critic.model"):
     SUPPORT06[f"{_r}.fsdp_config.ulysses_sequence_parallel_size"] = ((1,), "sequence parallelism")
-    SUPPORT06[f"{_r}.fsdp_config.strategy"] = (_FSDP, "only FSDP backends")
+    SUPPORT06[f"{_r}.fsdp_config.strategy"] = (_FSDP, "only FSDP backends; Megatron is a backend this project does not have")
 for _r in _ROLES:
     _t = f"{_r}.profiler.tool_config"
     SUPPORT06[f"{_t}.nsys.discrete"] = ((False,), _NSYS)
