@@ -116,7 +116,9 @@ EFFECT06: dict[str, tuple[str, str]] = {
     _A + "actor.use_remove_padding": (NO_EFFECT_YET, "only the padded forward exists, same outputs"),
     _A + "ref.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),
     _A + "ref.entropy_checkpointing": (NO_EFFECT_YET, "the reference computes no gradients"),
-    _A + "ref.fsdp_config.optimizer_offload": (NO_EFFECT_YET, "the reference has no optimizer"),
+    _A + "ref.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, "like param_offload for the reference (it has no "
+                                                                 "optimizer): CPUOffloadPolicy on CUDA; on CPU the "
+                                                                 "weights already live in host memory"),
     _A + "ref.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, "CPUOffloadPolicy on CUDA; on CPU the weights "
                                                               "already live in host memory"),
     "critic.model.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, "CPUOffloadPolicy on CUDA; on CPU the weights "

@@ -80,3 +80,19 @@ def test_unknown_key_under_another_backend_names_it(key, backend):
 def test_accepted_profiler_tool_is_not_refused():
     cfg = load_config("ppo_trainer", ["global_profiler.tool=torch", "global_profiler.steps=[1,2]"])
     assert cfg.actor_rollout_ref.actor.profiler.tool == "torch"  # each role follows the global tool
+
+
+def test_rlhf_ppo_stops_in_one_line_when_the_rollout_engine_is_missing(monkeypatch, tmp_path):
+    # hf's package is always importable, so point hf at a package name that does not exist: run_ppo must stop
+    # with the engine message before it reads the model path (which does not exist either) or starts Ray
+    import ray
+
+    from rlhf_core.config import notices
+    from rlhf_core.trainer.main_ppo import run_ppo
+
+    monkeypatch.setitem(notices.ENGINE_PACKAGES, "hf", "no_such_engine_pkg")
+    cfg = load_config("ppo_trainer", [A + "rollout.name=hf", f"{A}model.path={tmp_path / 'absent'}"])
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.name='hf' needs the 'no_such_engine_pkg' "
+                                          r"package, which is not importable in this environment"):
+        run_ppo(cfg)
+    assert not ray.is_initialized()
