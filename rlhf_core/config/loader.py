@@ -97,7 +97,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``name``: "ppo_trainer", "sft_trainer", "evaluation" (from ``config_dir``, default the repo's
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
-    ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
+    ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are
+    ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
     real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/

@@ -106,12 +106,13 @@ LIST_CHOICES: dict[str, tuple] = {
 
 _FSDP = ("fsdp", "fsdp2")
 _MEG = "Megatron-only optimizer key"
+_FSDP_ONLY = "only FSDP backends; Megatron is a backend this project does not have"
 # path -> (allowed values, why other values are refused)
 SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "hybrid_engine": ((True,), "only the hybrid engine is supported"),
-    _A + "actor.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"), _A + "ref.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
-    "critic.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"), "reward_model.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
-    "model.strategy": (_FSDP, "only FSDP backends; Megatron is a backend this project does not have"),
+    _A + "actor.strategy": (_FSDP, _FSDP_ONLY), _A + "ref.strategy": (_FSDP, _FSDP_ONLY),
+    "critic.strategy": (_FSDP, _FSDP_ONLY), "reward_model.strategy": (_FSDP, _FSDP_ONLY),
+    "model.strategy": (_FSDP, _FSDP_ONLY),
     _A + "model.override_config.moe_config.freeze_moe_router": ((False,), "Megatron only"),
     _A + "model.use_fused_kernels": ((False,), "fused kernels"),
     "reward_model.model.use_fused_kernels": ((False,), "fused kernels"),
@@ -246,7 +247,8 @@ FOREIGN_BACKENDS = {"megatron": "Megatron", "sglang": "sglang", "npu": "Ascend N
 def nearest_keys(path: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """Up to ``n`` valid keys close to a mistyped ``path``, the closest first (see :func:`nearest_key`)."""
     cands = list(candidates)
-    out = [nearest_key(path, cands)] if nearest_key(path, cands) else []
+    best = nearest_key(path, cands)
+    out = [best] if best else []
     out += difflib.get_close_matches(path, cands, n=n + 1, cutoff=0.6)
     parent, _, leaf = path.rpartition(".")
     siblings = {c.rpartition(".")[2]: c for c in cands if c.rpartition(".")[0] == parent}

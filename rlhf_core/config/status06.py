@@ -21,6 +21,7 @@ _NPU = "Ascend NPU profiling, a backend we do not have"
 _MM = "multimodal models, which we do not have yet"
 _SHM = "shared-memory model loading"
 _FSDP = ("fsdp", "fsdp2")
+_FSDP_ONLY = "only FSDP backends; Megatron is a backend this project does not have"
 
 # path -> (allowed values, why other values are refused)
 SUPPORT06: dict[str, tuple[tuple, str]] = {
@@ -42,7 +43,7 @@ SUPPORT06: dict[str, tuple[tuple, str]] = {
 }
 for _r in (_A + "actor", _A + "ref", "critic.model"):
     SUPPORT06[f"{_r}.fsdp_config.ulysses_sequence_parallel_size"] = ((1,), "sequence parallelism")
-    SUPPORT06[f"{_r}.fsdp_config.strategy"] = (_FSDP, "only FSDP backends; Megatron is a backend this project does not have")
+    SUPPORT06[f"{_r}.fsdp_config.strategy"] = (_FSDP, _FSDP_ONLY)
 for _r in _ROLES:
     _t = f"{_r}.profiler.tool_config"
     SUPPORT06[f"{_t}.nsys.discrete"] = ((False,), _NSYS)
