@@ -8,6 +8,7 @@ import warnings
 
 from .errors import ConfigError
 from .loader import CONFIG_NAMES, load_config, resolved_yaml
+from .notices import ConfigNotice, engine_errors
 from .validate import validate_ppo_config, validate_sft_config
 
 
@@ -27,7 +28,9 @@ def main(argv: list[str]) -> int:
     """Run `rlhf config ...` with ``argv`` (without the leading 'config'); return the exit code.
 
     0 = valid (show also prints the resolved YAML to stdout); 1 = invalid config (the error,
-    naming the key, goes to stderr); 2 = bad command line (argparse).
+    naming the key, goes to stderr), or, for check, a rollout engine (``rollout.name``) whose package
+    is not importable here; 2 = bad command line (argparse). Keys that will change nothing are listed
+    as "Notice:" lines on stderr.
     """
     try:
         args = _parser().parse_intermixed_args(argv)
@@ -41,11 +44,14 @@ def main(argv: list[str]) -> int:
                 validate_ppo_config(cfg, args.world_size)
             elif args.world_size is not None and "optim" in cfg:
                 validate_sft_config(cfg, args.world_size)
+            if args.action == "check" and engine_errors(cfg):
+                raise ConfigError(engine_errors(cfg)[0])
     except ConfigError as exc:
         print(f"Config error: {exc}", file=sys.stderr)
         return 1
     for w in caught:
-        print(f"Warning: {w.message}", file=sys.stderr)
+        kind = "Notice" if issubclass(w.category, ConfigNotice) else "Warning"
+        print(f"{kind}: {w.message}", file=sys.stderr)
     if args.action == "show":
         sys.stdout.write(resolved_yaml(cfg))
     else:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from .loader import CONFIG_NAMES, config_dir
-from .schema import CHOICES, EFFECT, LIST_CHOICES, SFT_CHOICES, SUPPORT
+from .schema import CHOICES, EFFECT, EFFECT_IN, LIST_CHOICES, SFT_CHOICES, SUPPORT
 
 _LINE = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):\s*(.*)$")
 
@@ -43,6 +43,16 @@ Decisions worth knowing:
 - Deprecated global `*_micro_batch_size` keys are converted to `*_per_gpu` = global ÷
   (`trainer.nnodes` × `trainer.n_gpus_per_node`) with a DeprecationWarning; the global key becomes null.
 - `trainer.logger` accepts a list or a single string; wandb, swanlab and trackio need their package.
+- Every leaf of verl 0.6.0's generated `ppo_trainer`, `sft_trainer` and `evaluation` configs is here with
+  verl's default, except where the reference (or a listed decision) differs:
+  `tests/unit/test_config_verl06.py` holds the list. verl's `_target_` entries are accepted and ignored.
+  Keys of backends we do not have (Megatron, sglang, Ascend NPU, NVIDIA Nsight Systems, multimodal) are
+  "default only" and their error names the backend.
+- `ray_init.*` and verl 0.6's `ray_kwargs.ray_init.*` / `ray_kwargs.timeline_json_file` are one setting:
+  set either; both set to different values is an error naming both.
+- A key set away from its default whose status is "no effect on CPU" (on a CPU run) or "accepted, no
+  effect yet" gets one notice at start naming the key and why; vLLM-only rollout keys get one when
+  `rollout.name` is not vllm. `rlhf config check` fails when `rollout.name`'s package is not importable.
 """
 
 
@@ -77,7 +87,8 @@ def status_of(name: str, path: str) -> str:
     with '; choices: ...' when the key is an enum) or 'default only (why)' for one key."""
     if path in SUPPORT:
         return f"default only ({SUPPORT[path][1]})"
-    status = f"{EFFECT[path][0]} ({EFFECT[path][1]})" if path in EFFECT else "supported"
+    effect = EFFECT_IN.get(name, {}).get(path) or EFFECT.get(path)
+    status = f"{effect[0]} ({effect[1]})" if effect else "supported"
     choices = (SFT_CHOICES if name == "sft_trainer" else {}).get(path) or CHOICES.get(path) or LIST_CHOICES.get(path)
     return status + "; choices: " + ", ".join(f"`{c}`" for c in choices) if choices else status
 

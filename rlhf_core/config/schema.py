@@ -25,6 +25,8 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
+from .status06 import (BACKEND_VALUES, CHOICES06, EFFECT06, EFFECT_IN, NO_EFFECT_ON_CPU, NO_EFFECT_YET, OPEN06,
+                       SUPPORT06)
 
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 KL_TYPES = _KL + tuple(k + "+" for k in _KL if k != "full")
@@ -107,12 +109,13 @@ LIST_CHOICES: dict[str, tuple] = {
 
 _FSDP = ("fsdp", "fsdp2")
 _MEG = "Megatron-only optimizer key"
+_FSDP_ONLY = "only FSDP backends; Megatron is a backend this project does not have"
 # path -> (allowed values, why other values are refused)
 SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "hybrid_engine": ((True,), "only the hybrid engine is supported"),
-    _A + "actor.strategy": (_FSDP, "only FSDP backends"), _A + "ref.strategy": (_FSDP, "only FSDP backends"),
-    "critic.strategy": (_FSDP, "only FSDP backends"), "reward_model.strategy": (_FSDP, "only FSDP backends"),
-    "model.strategy": (_FSDP, "only FSDP backends"),
+    _A + "actor.strategy": (_FSDP, _FSDP_ONLY), _A + "ref.strategy": (_FSDP, _FSDP_ONLY),
+    "critic.strategy": (_FSDP, _FSDP_ONLY), "reward_model.strategy": (_FSDP, _FSDP_ONLY),
+    "model.strategy": (_FSDP, _FSDP_ONLY),
     _A + "model.override_config.moe_config.freeze_moe_router": ((False,), "Megatron only"),
     _A + "model.use_fused_kernels": ((False,), "fused kernels"),
     "reward_model.model.use_fused_kernels": ((False,), "fused kernels"),
@@ -140,8 +143,6 @@ SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "actor.optim.lr_wsd_decay_steps": ((None,), _MEG),
     _A + "actor.optim.use_checkpoint_opt_param_scheduler": ((False,), _MEG),
 }
-NO_EFFECT_ON_CPU = "no effect on CPU"
-NO_EFFECT_YET = "accepted, no effect yet"
 _ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already live in host memory"
 _COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
             "compiling costs more than it saves on a few cores")
@@ -184,7 +185,12 @@ EFFECT: dict[str, tuple[str, str]] = {
     "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
-              "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")
+              "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs",
+              *OPEN06)
+# verl 0.6.0's keys beyond the reference (rlhf_core/config/status06.py)
+SUPPORT.update(SUPPORT06)
+EFFECT.update(EFFECT06)
+CHOICES.update(CHOICES06)
 
 
 def is_open(path: str) -> bool:
@@ -236,11 +242,39 @@ def nearest_key(path: str, candidates: Iterable[str]) -> str | None:
     return leaves[hit[0]] if hit else None
 
 
+# A path component that names a backend we do not have -> that backend (for unknown keys of verl's other configs).
+FOREIGN_BACKENDS = {"megatron": "Megatron", "sglang": "sglang", "npu": "Ascend NPU",
+                    "nsys": "NVIDIA Nsight Systems (nsys)"}
+
+
+def nearest_keys(path: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` valid keys close to a mistyped ``path``, the closest first (see :func:`nearest_key`)."""
+    cands = list(candidates)
+    best = nearest_key(path, cands)
+    out = [best] if best else []
+    out += difflib.get_close_matches(path, cands, n=n + 1, cutoff=0.6)
+    parent, _, leaf = path.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in cands if c.rpartition(".")[0] == parent}
+    out += [siblings[h] for h in difflib.get_close_matches(leaf, list(siblings), n=n, cutoff=0.6)]
+    return list(dict.fromkeys(out))[:n]
+
+
+def foreign_backend(path: str) -> str | None:
+    """The backend we do not have that a key belongs to (a component named megatron, sglang, npu, nsys), or None."""
+    return next((FOREIGN_BACKENDS[p] for p in path.split(".") if p in FOREIGN_BACKENDS), None)
+
+
 def unknown_key_error(path: str, candidates: Iterable[str], hint: str = "") -> ConfigError:
-    """A ConfigError for an unknown key that names the nearest valid key."""
-    near = nearest_key(path, candidates)
+    """A ConfigError for an unknown key that names the nearest valid keys, and the backend when the key
+    belongs to one we do not have (``actor_rollout_ref.actor.megatron.*`` names Megatron)."""
+    near = nearest_keys(path, candidates)
     msg = f"Unknown config key '{path}'."
-    msg += f" Did you mean '{near}'?" if near else " No similar key exists."
+    backend = foreign_backend(path)
+    if backend:
+        msg += f" It is read only by verl's {backend} backend, which this project does not have."
+    msg += f" Did you mean '{near[0]}'?" if near else " No similar key exists."
+    if len(near) > 1:
+        msg += " Other close keys: " + ", ".join(f"'{k}'" for k in near[1:]) + "."
     return ConfigError(msg + hint)
 
 
@@ -291,8 +325,14 @@ def _same(value: Any, allowed: Any) -> bool:
 
 
 def check_support(cfg: DictConfig) -> list[str]:
-    """Error lines for keys of backends we do not have yet that are set away from their default."""
+    """Error lines for keys of backends we do not have yet that are set away from their default, and for
+    values (``BACKEND_VALUES``) that need such a backend; each line names the backend."""
     errors = []
+    for path, needs in BACKEND_VALUES.items():
+        value = OmegaConf.select(cfg, path, default=None)
+        if isinstance(value, str) and value in needs:
+            errors.append(f"{path}={value!r} needs {needs[value]}, a backend this project does not have; "
+                          f"use one of {[v for v in CHOICES.get(path, ()) if v not in needs]} or null")
     for path, (allowed, why) in SUPPORT.items():
         node = OmegaConf.select(cfg, path, default="<absent>")
         if isinstance(node, str) and node == "<absent>":

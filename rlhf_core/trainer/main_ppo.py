@@ -132,15 +132,19 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
 
     Raises:
-        ValueError: from config validation (before any model is loaded) or a bad ``resume_from_path``.
+        ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
+            ``rollout.name`` is not importable) or a bad ``resume_from_path``.
     """
-    from rlhf_core.config import validate_ppo_config
+    from rlhf_core.config import ConfigError, validate_ppo_config
+    from rlhf_core.config.notices import engine_errors
     from rlhf_core.distributed.ray_init import init_ray
     from rlhf_core.models.loading import load_tokenizer, local_path
     from rlhf_core.reward import load_reward_manager
 
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
+    if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
+        raise ConfigError(engine_errors(config)[0])
     # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(local_path(str(model_cfg.path)), bool(model_cfg.get("trust_remote_code", False)))
