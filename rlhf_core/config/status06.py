@@ -81,14 +81,6 @@ _VLLM_DEFAULT = "not passed to vLLM; the engine's default is used"
 _SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not supported"
 # path -> (status, what happens instead)
 EFFECT06: dict[str, tuple[str, str]] = {
-    # given effect by the parallel "algos" work
-    **{_A + f"actor.policy_loss.{k}": (NO_EFFECT_YET, _PENDING + ": read only by the clip_cov / kl_cov loss "
-                                                      "modes, not available yet")
-       for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")},
-    "algorithm.use_pf_ppo": (NO_EFFECT_YET, _PENDING + ": the batch is not reweighted (PF-PPO)"),
-    "algorithm.pf_ppo.reweight_method": (NO_EFFECT_YET, _PENDING + ": read only with algorithm.use_pf_ppo"),
-    "algorithm.pf_ppo.weight_pow": (NO_EFFECT_YET, _PENDING + ": read only with algorithm.use_pf_ppo"),
-    "critic.enable": (NO_EFFECT_YET, _PENDING + ": a critic is built exactly when adv_estimator is gae"),
     # given effect by the parallel "effects" work
     "data.sampler.class_path": (NO_EFFECT_YET, _PENDING + ": the built-in random/sequential sampler is used"),
     "data.sampler.class_name": (NO_EFFECT_YET, _PENDING + ": the built-in random/sequential sampler is used"),
