@@ -97,7 +97,7 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     val = None
     if data.get("val_files"):
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
-                                max_samples=int(data.get("val_max_samples", -1) or -1))
+                                max_samples=int(data.get("val_max_samples", -1) or -1), is_train=False)
     if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
         for ds in (train, val):
             check_rule_reward_inputs(ds)
@@ -125,6 +125,13 @@ def check_rule_reward_inputs(dataset: Any) -> None:
                             "without it)")
 
 
+def driver_tokenizer_path(config: DictConfig) -> str:
+    """The tokenizer the driver uses for the datasets and reward managers: ``data.tokenizer`` when set, else
+    ``actor_rollout_ref.model.path``; it is loaded with ``data.trust_remote_code`` (verl's ``main_ppo``)."""
+    data_tokenizer = config.data.tokenizer
+    return str(data_tokenizer if data_tokenizer is not None else config.actor_rollout_ref.model.path)
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
@@ -140,8 +147,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
     # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
-    model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(local_path(str(model_cfg.path)), bool(model_cfg.get("trust_remote_code", False)))
+    tokenizer = load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)

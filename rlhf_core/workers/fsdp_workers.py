@@ -17,6 +17,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -31,7 +32,7 @@ def _cfg_get(cfg, path: str, default: Any = None) -> Any:
     return default if node is None else node
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(ProfiledWorker):
     """Actor (FSDP2 + AdamW), rollout engine (hybrid: its own full copy of the policy) and/or reference.
 
     Args:
@@ -51,6 +52,9 @@ class ActorRolloutRefWorker:
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
         self.actor_module = self.optimizer = self.lr_scheduler = self.ckpt = None
+        # torch profiler block: the actor's for a worker that trains (rollout.profiler follows it), else the ref's
+        self.profiler_role = "actor" if self._is_actor or self._is_rollout else "ref"
+        self.profiler_key = f"actor_rollout_ref.{self.profiler_role}.profiler"
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def init_model(self) -> None:
@@ -78,7 +82,8 @@ class ActorRolloutRefWorker:
                 save_contents=list(_cfg_get(acfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
                 load_contents=_cfg_get(acfg, "checkpoint.load_contents"),
                 extra_state=self._extra_state, set_extra_state=self._set_extra_state,
-                generation_config=getattr(self.actor_module, "generation_config", None))
+                generation_config=getattr(self.actor_module, "generation_config", None),
+                async_save=bool(acfg.checkpoint.async_save))
         if self._is_rollout:
             self._init_rollout()
         if self._is_ref:
@@ -196,6 +201,10 @@ class ActorRolloutRefWorker:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored (copy the local checkpoint instead)", hdfs_path)
         return self.ckpt.save(local_path)
 
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait() if self.ckpt is not None else None
+
     def load_checkpoint(self, local_path: str) -> None:
         """Restore actor (+ optimizer, scheduler, RNG per ``load_contents``) and re-sync the rollout."""
         if self.ckpt is None:
@@ -208,8 +217,10 @@ class ActorRolloutRefWorker:
         return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.actor_module).items()}
 
 
-class CriticWorker:
+class CriticWorker(ProfiledWorker):
     """The PPO value model on FSDP2 (``critic.*`` config section)."""
+
+    profiler_role, profiler_key = "critic", "critic.profiler"
 
     def __init__(self, config) -> None:
         self.config = config
@@ -235,7 +246,8 @@ class CriticWorker:
             save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
             load_contents=_cfg_get(ccfg, "checkpoint.load_contents"),
             extra_state=lambda: {"critic_update_calls": self.critic.update_calls},
-            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))))
+            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))),
+            async_save=bool(ccfg.checkpoint.async_save))
 
     def compute_values(self, batch: Batch) -> Batch:
         """``Batch{values (B,T)}`` (masked by ``response_mask``)."""
@@ -252,6 +264,10 @@ class CriticWorker:
         if hdfs_path:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored", hdfs_path)
         return self.ckpt.save(local_path)
+
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait()
 
     def load_checkpoint(self, local_path: str) -> None:
         self.ckpt.load(local_path)

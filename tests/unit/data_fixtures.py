@@ -16,6 +16,8 @@ PPO_DATA_DEFAULTS: dict[str, Any] = {
     "return_raw_input_ids": False, "return_raw_chat": False, "return_full_prompt": False, "shuffle": True,
     "seed": 42, "filter_overlong_prompts": False, "filter_overlong_prompts_workers": 1, "truncation": "error",
     "image_key": "images", "trust_remote_code": True, "custom_cls": {"path": None, "name": None},
+    "dataloader_num_workers": 0, "validation_shuffle": False, "sampler": {"class_path": None, "class_name": None},
+    "datagen": {"path": None, "name": None}, "apply_chat_template_kwargs": {},
 }
 
 # The ``data`` section of verl's sft_trainer.yaml (the keys the dataset reads).
