@@ -132,6 +132,14 @@ def driver_tokenizer_path(config: DictConfig) -> str:
     return str(data_tokenizer if data_tokenizer is not None else config.actor_rollout_ref.model.path)
 
 
+def load_driver_tokenizer(config: DictConfig) -> Any:
+    """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
+    (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
+    from rlhf_core.models.loading import load_tokenizer, local_path
+
+    return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
@@ -141,13 +149,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     """
     from rlhf_core.config import validate_ppo_config
     from rlhf_core.distributed.ray_init import init_ray
-    from rlhf_core.models.loading import load_tokenizer, local_path
     from rlhf_core.reward import load_reward_manager
 
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
     # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
-    tokenizer = load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+    tokenizer = load_driver_tokenizer(config)
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)

@@ -23,6 +23,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
+from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
                                       merge, timer)
@@ -80,6 +81,7 @@ class RayPPOTrainer:
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
+        self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
         self.global_steps = 0
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
@@ -233,9 +235,19 @@ class RayPPOTrainer:
 
     # ---- stages ----------------------------------------------------------------------------------
     def generate(self, batch: Batch) -> Batch:
-        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
+        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
+
+        ``rollout.skip_rollout`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
+        responses (``rlhf_core.trainer.rollout_control``)."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
-        out = self.actor_wg.execute_dp("generate_sequences", batch)
+        out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None
+        if out is None:
+            out = self.actor_wg.execute_dp("generate_sequences", batch)
+            if self.rollout_dump:
+                self.rollout_dump.dump(self.global_steps, out)
+        rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
+        if rate > 0:
+            out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)
         batch = ensure_response_mask(merge(batch, out))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
