@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
@@ -17,7 +18,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
-from rlhf_core.workers.profiler import ProfiledWorker
+from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -52,9 +53,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
         self.actor_module = self.optimizer = self.lr_scheduler = self.ckpt = None
-        # torch profiler block: the actor's for a worker that trains (rollout.profiler follows it), else the ref's
-        self.profiler_role = "actor" if self._is_actor or self._is_rollout else "ref"
-        self.profiler_key = f"actor_rollout_ref.{self.profiler_role}.profiler"
+        self.profiler_role = "actor" if self._is_actor or self._is_rollout else "ref"  # names the trace file
+
+    def profiler_config(self):
+        """The union of the ``profiler`` blocks of the roles this worker holds (actor, rollout, ref)."""
+        held = [r for r, on in (("actor", self._is_actor), ("rollout", self._is_rollout), ("ref", self._is_ref)) if on]
+        return union_profiler_configs([OmegaConf.select(self.arr, f"{r}.profiler") for r in held])
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def init_model(self) -> None:

@@ -10,8 +10,10 @@ https://ui.perfetto.dev or chrome://tracing) to::
     <save_path>/step_<first step of the trace>/<role>_rank_<rank>.json
 
 ``save_path`` is the block's own (by default ``${global_profiler.save_path}``). Roles and their blocks:
-``actor_rollout_ref.actor.profiler`` (the actor/rollout worker; ``rollout.profiler`` follows it by
-interpolation), ``actor_rollout_ref.ref.profiler``, ``critic.profiler``, ``reward_model.profiler``. CPU activity
+``actor_rollout_ref.actor.profiler``, ``.rollout.profiler`` (by default it follows the actor's) and
+``.ref.profiler`` — the actor/rollout/ref worker records when any block of a role it holds asks for it
+(:func:`union_profiler_configs`) and names its trace ``actor`` (``ref`` for a reference-only worker) —,
+``critic.profiler``, ``reward_model.profiler``. CPU activity
 is always recorded, CUDA activity too when CUDA is available.
 """
 from __future__ import annotations
@@ -26,6 +28,18 @@ from omegaconf import OmegaConf
 from rlhf_core.workers.fsdp_utils import rank
 
 logger = logging.getLogger(__name__)
+
+
+def union_profiler_configs(blocks: list[Any]) -> Any:
+    """One block for a worker holding several roles (verl ``ProfilerConfig.union``): enabled when any is, all
+    ranks when any says so, the union of ``ranks``; ``tool`` and ``save_path`` from the first block."""
+    blocks = [b for b in blocks if b is not None]
+    if not blocks:
+        return None
+    ranks = sorted({int(r) for b in blocks for r in (b.ranks or [])})
+    return OmegaConf.create({"tool": blocks[0].tool, "save_path": blocks[0].save_path, "ranks": ranks,
+                             "enable": any(bool(b.enable) for b in blocks),
+                             "all_ranks": any(bool(b.all_ranks) for b in blocks)})
 
 
 def profiles_this_rank(profiler_cfg: Any, rank: int) -> bool:
