@@ -190,7 +190,8 @@ EFFECT: dict[str, tuple[str, str]] = {
     "data.balance_dp_token": (NO_EFFECT_YET, "ranks get equal sample counts"),
     "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
 }
-OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm", "data.apply_chat_template_kwargs",
+OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
+              "data.apply_chat_template_kwargs",
               "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")
 
 

@@ -26,6 +26,7 @@ SFT_DATA_DEFAULTS: dict[str, Any] = {
     "prompt_key": "question", "response_key": "answer", "prompt_dict_keys": None, "response_dict_keys": None,
     "multiturn": {"enable": False, "messages_key": "messages"}, "max_length": 1024, "truncation": "error",
     "balance_dp_token": False, "chat_template": None, "custom_cls": {"path": None, "name": None},
+    "apply_chat_template_kwargs": {},
 }
 
 

@@ -11,13 +11,14 @@ import pytest
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from data_fixtures import ppo_data_cfg, verl_row, write_parquet  # noqa: E402
+from data_fixtures import ppo_data_cfg, sft_data_cfg, verl_row, write_parquet  # noqa: E402
 
 from rlhf_core.data import DataError  # noqa: E402
 from rlhf_core.data.datagen import DynamicGenDataset  # noqa: E402
 from rlhf_core.data.loader import build_dataloader  # noqa: E402
 from rlhf_core.data.rl_dataset import RLHFDataset, create_rl_dataset  # noqa: E402
 from rlhf_core.data.sampler import create_rl_sampler  # noqa: E402
+from rlhf_core.data.sft_dataset import SFTDataset  # noqa: E402
 from rlhf_core.trainer.main_ppo import driver_tokenizer_path, load_driver_tokenizer  # noqa: E402
 
 QUESTIONS = ["How many apples?", "Tom has 3 cats and 2 dogs.", "A train leaves at noon."]
@@ -55,6 +56,17 @@ def test_apply_chat_template_kwargs_reach_the_template_and_the_length_filter(thi
     keep_off = RLHFDataset(small_parquet, think_tokenizer, ppo_data_cfg(
         max_prompt_length=n, filter_overlong_prompts=True, apply_chat_template_kwargs={"enable_thinking": False}))
     assert 0 in keep_plain.row_numbers and 0 not in keep_off.row_numbers
+
+
+def test_sft_apply_chat_template_kwargs(think_tokenizer, tmp_path):
+    path = write_parquet(tmp_path / "s.parquet", [{"question": "What is 2+3?", "answer": "5"}])
+    plain = SFTDataset(path, think_tokenizer, sft_data_cfg(max_length=96))[0]
+    off = SFTDataset(path, think_tokenizer, sft_data_cfg(max_length=96,
+                                                         apply_chat_template_kwargs={"enable_thinking": False}))[0]
+    extra = len(think_tokenizer("/no_think\n", add_special_tokens=False)["input_ids"])
+    # the prompt grows by the "/no_think" line; the response tokens (loss_mask) are the same
+    assert int(off["attention_mask"].sum()) == int(plain["attention_mask"].sum()) + extra
+    assert int(off["loss_mask"].sum()) == int(plain["loss_mask"].sum())
 
 
 GEN_FILE = '''
