@@ -1,4 +1,5 @@
-"""Load a user's class from a file (``data.custom_cls``, ``data.sampler``, ``data.datagen``: verl's ``load_extern_type``)."""
+"""Load a user's class from a file (``data.custom_cls``, ``data.sampler``, ``data.datagen``): verl's
+``load_extern_type``."""
 from __future__ import annotations
 
 import importlib.util
