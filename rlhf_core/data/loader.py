@@ -117,10 +117,13 @@ class ResumableDataLoader:
         """Restore a position saved by :meth:`state_dict`.
 
         Raises:
-            ValueError: the state was saved for another dataset size, batch size, shuffle or drop_last.
+            ValueError: the state was saved for another dataset size, batch size, shuffle or drop_last. A dataset
+                that grows during training (``on_batch_end``, ``data.datagen``) is not held to its saved size.
         """
         mine = self.state_dict()
-        for key in ("dataset_len", "batch_size", "shuffle", "drop_last"):
+        growing = hasattr(self.dataset, "on_batch_end")
+        for key in (("batch_size", "shuffle", "drop_last") if growing else
+                    ("dataset_len", "batch_size", "shuffle", "drop_last")):
             if key in state and state[key] != mine[key]:
                 raise ValueError(f"dataloader state has {key}={state[key]!r}, this loader has {mine[key]!r}")
         self.seed = int(state["seed"])

@@ -104,6 +104,11 @@ def test_datagen_appends_rows_at_start_and_after_each_step(tiny_tokenizer, small
     train.on_batch_end(batch=None)
     assert len(train) == 5 and train[4]["index"] == 1002
     assert str(train.sources[4]).startswith(f"data.datagen {tmp_path / 'gen.py'}:Echo call 2")
+    # a resumed run rebuilds the dataset smaller than it had grown: the dataloader state still loads
+    state = build_dataloader(train, 2, shuffle=True, seed=1).state_dict()
+    fresh = create_rl_dataset(small_parquet, tiny_tokenizer, cfg)
+    assert state["dataset_len"] == 5 and len(fresh) == 4
+    build_dataloader(fresh, 2, shuffle=True, seed=1).load_state_dict(state)
     with pytest.raises(DataError, match="Broken call 1 row 0"):
         create_rl_dataset(small_parquet, tiny_tokenizer, ppo_data_cfg(datagen={"path": str(tmp_path / "gen.py"),
                                                                               "name": "Broken"}))
