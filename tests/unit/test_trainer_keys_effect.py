@@ -151,6 +151,15 @@ def test_abort_slowest_pads_the_longest_responses():
     assert abort_slowest(out, 0.0, 0)[1] == 0 and torch.equal(out["response_mask"], mask)  # input untouched
 
 
+def test_over_sample_rate_outside_0_1_fails_at_load():
+    import pytest
+
+    from rlhf_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"over_sample_rate=1.0 must be in \[0, 1\)"):
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=1.0"])
+
+
 def test_over_sample_rate_masks_rows_out_of_the_update(tmp_path):
     cfg = _steps(tmp_path, 1)
     cfg.actor_rollout_ref.rollout.over_sample_rate = 0.5
