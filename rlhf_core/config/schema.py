@@ -39,12 +39,17 @@ DTYPES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
 _SCHED = ("constant", "cosine")
 _A = "actor_rollout_ref."
 
+# Sections with a per-role ``profiler`` block (rlhf_core/workers/profiler.py).
+_PROFILED = (_A + "actor", _A + "ref", _A + "rollout", "critic", "reward_model")
+_PROFILER_TOOLS = ((None, "torch"), "the nsys (NVIDIA Nsight Systems), npu (Ascend) and torch_memory (CUDA memory "
+                                    "snapshot) profilers; tool torch writes torch.profiler traces")
 # Keys whose default is null or which accept several types: path -> allowed python types.
 _INT, _FLOAT, _STR = (int,), (int, float), (str,)
 TYPES: dict[str, tuple] = {
     "data.train_files": (str, list), "data.val_files": (str, list),
     "data.seed": _INT, "data.val_batch_size": _INT, "data.tokenizer": _STR, "data.custom_cls.path": _STR,
-    "data.custom_cls.name": _STR, "data.micro_batch_size": _INT,
+    "data.custom_cls.name": _STR, "data.micro_batch_size": _INT, "data.sampler.class_path": _STR,
+    "data.sampler.class_name": _STR, "data.datagen.path": _STR, "data.datagen.name": _STR,
     "data.prompt_dict_keys": (list, str), "data.response_dict_keys": (list, str),
     "data.chat_template": _STR, "trainer.logger": (list, str),
     _A + "model.external_lib": _STR, _A + "model.custom_chat_template": _STR,
@@ -70,6 +75,9 @@ TYPES: dict[str, tuple] = {
     _A + "model.target_modules": (str, list), "critic.model.target_modules": (str, list),
     "model.target_modules": (str, list), _A + "rollout.seed": _INT,
     "critic.enable": (bool,),
+    _A + "rollout.over_sample_rate": _FLOAT, "global_profiler.tool": _STR, "global_profiler.steps": (list,),
+    "global_profiler.save_path": _STR,
+    **{p + ".profiler." + k: t for p in _PROFILED for k, t in (("tool", _STR), ("save_path", _STR))},
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {
@@ -142,6 +150,7 @@ SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "actor.optim.lr_wsd_decay_style": (("exponential",), _MEG),
     _A + "actor.optim.lr_wsd_decay_steps": ((None,), _MEG),
     _A + "actor.optim.use_checkpoint_opt_param_scheduler": ((False,), _MEG),
+    "global_profiler.tool": _PROFILER_TOOLS,
 }
 _ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already live in host memory"
 _COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
@@ -186,7 +195,7 @@ EFFECT: dict[str, tuple[str, str]] = {
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
               "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs",
-              *OPEN06)
+              "data.apply_chat_template_kwargs", *OPEN06)
 # verl 0.6.0's keys beyond the reference (rlhf_core/config/status06.py)
 SUPPORT.update(SUPPORT06)
 EFFECT.update(EFFECT06)

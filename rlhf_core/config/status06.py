@@ -82,24 +82,8 @@ _SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not support
 # path -> (status, what happens instead)
 EFFECT06: dict[str, tuple[str, str]] = {
     # given effect by the parallel "effects" work
-    "data.sampler.class_path": (NO_EFFECT_YET, _PENDING + ": the built-in random/sequential sampler is used"),
-    "data.sampler.class_name": (NO_EFFECT_YET, _PENDING + ": the built-in random/sequential sampler is used"),
-    "data.datagen.path": (NO_EFFECT_YET, _PENDING + ": no data is generated during training"),
-    "data.datagen.name": (NO_EFFECT_YET, _PENDING + ": no data is generated during training"),
-    "data.apply_chat_template_kwargs": (NO_EFFECT_YET, _PENDING + ": the chat template gets no extra arguments"),
-    "data.validation_shuffle": (NO_EFFECT_YET, _PENDING + ": validation data is read in order"),
-    "data.tokenizer": (NO_EFFECT_YET, _PENDING + ": the tokenizer is loaded from the actor's model.path"),
-    "data.trust_remote_code": (NO_EFFECT_YET, _PENDING + ": the tokenizer uses model.trust_remote_code"),
-    _A + "rollout.skip_rollout": (NO_EFFECT_YET, _PENDING + ": rollouts are always generated"),
-    _A + "rollout.skip_dump_dir": (NO_EFFECT_YET, _PENDING + ": read only with rollout.skip_rollout"),
-    _A + "rollout.over_sample_rate": (NO_EFFECT_YET, _PENDING + ": exactly train_batch_size prompts are drawn"),
-    _A + "actor.checkpoint.async_save": (NO_EFFECT_YET, _PENDING + ": checkpoints are saved on the training thread"),
-    "critic.checkpoint.async_save": (NO_EFFECT_YET, _PENDING + ": checkpoints are saved on the training thread"),
     _A + "actor.optim.warmup_style": (NO_EFFECT_YET, _PENDING + ": set lr_scheduler_type instead"),
     "critic.optim.warmup_style": (NO_EFFECT_YET, _PENDING + ": set lr_scheduler_type instead"),
-    "global_profiler.tool": (NO_EFFECT_YET, _PROF), "global_profiler.steps": (NO_EFFECT_YET, _PROF),
-    "global_profiler.profile_continuous_steps": (NO_EFFECT_YET, _PROF),
-    "global_profiler.save_path": (NO_EFFECT_YET, _PROF),
     # ours for good: options we do not have
     _A + "nccl_timeout": (NO_EFFECT_YET, "the process group uses torch's default timeout"),
     _A + "model.hf_config_path": (NO_EFFECT_YET, "the HF config is read from model.path"),
@@ -166,19 +150,15 @@ for _r in (_A + "actor", _A + "ref", "critic.model"):
     })
 for _r in _ROLES:
     _p = f"{_r}.profiler."
-    EFFECT06.update({_p + k: (NO_EFFECT_YET, _PROF) for k in ("tool", "enable", "all_ranks", "ranks", "save_path",
-                                                                 "tool_config.torch.step_start",
+    EFFECT06.update({_p + k: (NO_EFFECT_YET, _PROF) for k in ("tool_config.torch.step_start",
                                                                  "tool_config.torch.step_end",
                                                                  "tool_config.torch_memory.trace_alloc_max_entries",
                                                                  "tool_config.torch_memory.stack_depth")})
 
 # Per config file, where a path means something else than in ppo_trainer.yaml: name -> {path: (status, why)}.
 EFFECT_IN: dict[str, dict[str, tuple[str, str]]] = {
-    "evaluation": {"ray_init.num_cpus": (NO_EFFECT_YET, _PENDING + ": scoring runs in the driver process"),
-                   "ray_kwargs.ray_init.num_cpus": (NO_EFFECT_YET, _PENDING + ": scoring runs in the driver process"),
-                   "ray_kwargs.timeline_json_file": (NO_EFFECT_YET, "no Ray timeline is written")},
-    "sft_trainer": {"data.apply_chat_template_kwargs": (NO_EFFECT_YET, _PENDING + ": the chat template gets no "
-                                                                                  "extra arguments")},
+    "evaluation": {"ray_kwargs.timeline_json_file": (NO_EFFECT_YET, "no Ray timeline is written")},
+    "sft_trainer": {},
 }
 
 CHOICES06: dict[str, tuple] = {

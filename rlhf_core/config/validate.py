@@ -179,6 +179,9 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
             errors.append(f"{prefix}.top_p={top_p} must be in (0, 1].")
     if (_get(cfg, f"{vk}.n") or 0) < 1:
         errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
+    rate = _get(cfg, f"{A}.rollout.over_sample_rate")
+    if rate is not None and not 0 <= rate < 1:
+        errors.append(f"{A}.rollout.over_sample_rate={rate} must be in [0, 1) (the fraction of responses aborted).")
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
         errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "

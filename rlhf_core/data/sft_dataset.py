@@ -58,7 +58,7 @@ class SFTDataset(Dataset):
             ``response_key`` (``answer``), ``prompt_dict_keys``/``response_dict_keys`` (nested lookups),
             ``multiturn.enable`` / ``multiturn.messages_key`` (``messages``), ``max_length`` (1024),
             ``truncation`` (``error``/``left``/``right``), ``chat_template`` (a Jinja template overriding the
-            tokenizer's, optional).
+            tokenizer's, optional), ``apply_chat_template_kwargs`` (extra template variables).
 
     Single-turn: the prompt is ``[{"role": "user", "content": prompt}]`` rendered with
     ``add_generation_prompt=True``; the response is ``response + eos_token``; both tokenized without extra
@@ -89,6 +89,8 @@ class SFTDataset(Dataset):
         if self.truncation not in SFT_TRUNCATIONS:
             raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS}, got {self.truncation!r}")
         self.chat_template = _cfg(config, "chat_template", None)
+        # extra variables for the chat template (verl: apply_chat_template(..., **apply_chat_template_kwargs))
+        self.apply_chat_template_kwargs = dict(config.apply_chat_template_kwargs)
         self.pad_id = pad_token_id(tokenizer)
         if not self.multiturn and getattr(tokenizer, "eos_token", None) is None:
             raise ValueError("SFT needs a tokenizer with an eos token (appended to every response)")
@@ -113,8 +115,10 @@ class SFTDataset(Dataset):
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         if generation_prompt:
-            return render_prompt(self.tokenizer, messages, self.chat_template)
-        kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
+            return render_prompt(self.tokenizer, messages, self.chat_template, self.apply_chat_template_kwargs)
+        kwargs = dict(self.apply_chat_template_kwargs)
+        if self.chat_template:
+            kwargs["chat_template"] = self.chat_template
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False, **kwargs)
 
     def _segments(self, sample: Any, where: str) -> list[tuple[str, int]]:

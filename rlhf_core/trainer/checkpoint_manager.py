@@ -108,6 +108,7 @@ class CheckpointManager:
             "critic": _keep_count(max_critic_ckpt_to_keep, remove_previous_ckpt_in_save),
         }
         self.del_local_after_load = bool(del_local_ckpt_after_load)
+        self._pending: tuple[int, str, list] | None = None
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> "CheckpointManager":
@@ -154,12 +155,18 @@ class CheckpointManager:
 
     # ---- save ------------------------------------------------------------------------------------
     def save(self, global_step: int, save_fns: dict[str, Callable[[str], None]],
-             dataloader_state: dict | None, trainer_state: dict | None = None) -> str:
+             dataloader_state: dict | None, trainer_state: dict | None = None,
+             wait_fns: list[Callable[[], Any]] | None = None) -> str:
         """Write ``global_step_N`` (components, data.pt, trainer_state.pt), then the tracker, then upload and prune.
+
+        ``wait_fns`` (``checkpoint.async_save``): the components are still being written when ``save_fns`` return;
+        the tracker, upload and pruning then wait for :meth:`finish_pending` (called before the next save and at
+        the end of training), which first calls every ``wait_fn`` (they block until the files are complete).
 
         Returns:
             the local ``global_step_N`` directory.
         """
+        self.finish_pending()
         path = step_dir(self.root, global_step)
         os.makedirs(path, exist_ok=True)
         for name, save in save_fns.items():
@@ -169,6 +176,19 @@ class CheckpointManager:
                 tmp = os.path.join(path, f".{name}.tmp")
                 torch.save(state, tmp)
                 os.replace(tmp, os.path.join(path, name))
+        self._pending = (global_step, path, list(wait_fns or []))
+        if wait_fns is None:
+            self.finish_pending()
+        return path
+
+    def finish_pending(self) -> str | None:
+        """Complete the last save: wait for its components, then tracker, upload, prune; returns its directory."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        global_step, path, wait_fns = pending
+        for wait in wait_fns:
+            wait()
         write_tracker(self.root, global_step)
         if self.hdfs_dir:
             self.upload(path)

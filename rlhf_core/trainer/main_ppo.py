@@ -99,7 +99,7 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     val = None
     if data.get("val_files"):
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
-                                max_samples=int(data.get("val_max_samples", -1) or -1))
+                                max_samples=int(data.get("val_max_samples", -1) or -1), is_train=False)
     if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
         for ds in (train, val):
             check_rule_reward_inputs(ds)
@@ -127,6 +127,21 @@ def check_rule_reward_inputs(dataset: Any) -> None:
                             "without it)")
 
 
+def driver_tokenizer_path(config: DictConfig) -> str:
+    """The tokenizer the driver uses for the datasets and reward managers: ``data.tokenizer`` when set, else
+    ``actor_rollout_ref.model.path``; it is loaded with ``data.trust_remote_code`` (verl's ``main_ppo``)."""
+    data_tokenizer = config.data.tokenizer
+    return str(data_tokenizer if data_tokenizer is not None else config.actor_rollout_ref.model.path)
+
+
+def load_driver_tokenizer(config: DictConfig) -> Any:
+    """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
+    (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
+    from rlhf_core.models.loading import load_tokenizer, local_path
+
+    return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
@@ -138,7 +153,6 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     from rlhf_core.config import ConfigError, validate_ppo_config
     from rlhf_core.config.notices import engine_errors
     from rlhf_core.distributed.ray_init import init_ray
-    from rlhf_core.models.loading import load_tokenizer, local_path
     from rlhf_core.reward import load_reward_manager
 
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
@@ -146,8 +160,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
     # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
-    model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(local_path(str(model_cfg.path)), bool(model_cfg.get("trust_remote_code", False)))
+    tokenizer = load_driver_tokenizer(config)
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)

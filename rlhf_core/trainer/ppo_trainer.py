@@ -23,6 +23,8 @@ from rlhf_core.config.validate import use_critic
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.profiling import StepProfiler
+from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
                                       merge, resample_rows, timer)
@@ -84,6 +86,7 @@ class RayPPOTrainer:
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
+        self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
         self.global_steps = 0
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
@@ -92,18 +95,21 @@ class RayPPOTrainer:
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         from rlhf_core.data.loader import build_dataloader
         from rlhf_core.data.rl_dataset import collate_fn as default_collate
+        from rlhf_core.data.sampler import create_rl_sampler
 
         data = self.config.data
         collate = collate_fn or default_collate
         workers = int(data.get("dataloader_num_workers", 0) or 0)
         self.train_dataloader = build_dataloader(train_dataset, int(data.train_batch_size),
                                                  shuffle=bool(data.get("shuffle", True)), seed=int(data.get("seed", 1) or 1),
-                                                 drop_last=True, collate_fn=collate, num_workers=workers)
+                                                 drop_last=True, collate_fn=collate, num_workers=workers,
+                                                 sampler=create_rl_sampler(data, train_dataset))
         self.val_dataloader = None
         if val_dataset is not None:
             val_bs = data.get("val_batch_size") or len(val_dataset)
-            self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=False, seed=0,
-                                                   drop_last=False, collate_fn=collate)
+            # data.validation_shuffle: a seeded (data.seed) shuffle of the validation set, as verl's val dataloader
+            self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=bool(data.validation_shuffle),
+                                                   seed=data.seed, drop_last=False, collate_fn=collate)
         self.total_training_steps = compute_total_training_steps(self.config, len(self.train_dataloader))
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
@@ -144,13 +150,18 @@ class RayPPOTrainer:
             return last_metrics
         steps_per_epoch = len(self.train_dataloader)
         n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
+        profiler = StepProfiler(self.config.global_profiler, self.wgs)
         for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
             for batch in self.train_dataloader:
                 self.global_steps += 1
+                profiler.begin(self.global_steps)
                 last_metrics = self.train_step(batch, epoch)
+                profiler.end(self.global_steps, last=self.global_steps >= stop_at)
                 self.tracker.log(last_metrics, step=self.global_steps)
                 if self.global_steps >= stop_at:
+                    self.checkpoints.finish_pending()
                     return last_metrics
+        self.checkpoints.finish_pending()
         return last_metrics
 
     def _ensure_tracker(self) -> None:
@@ -214,13 +225,34 @@ class RayPPOTrainer:
         if "update_actor" in timing:
             metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+        self._after_step(batch)
         return metrics
+
+    def _after_step(self, batch: Batch) -> None:
+        """verl's end-of-step hooks: a curriculum ``data.sampler`` gets ``update(batch=batch)``; a dataset with
+        ``on_batch_end`` (``data.datagen``) gets ``on_batch_end(batch=batch)``."""
+        sampler = self.train_dataloader.sampler
+        if sampler is not None and hasattr(sampler, "update"):
+            sampler.update(batch=batch)
+        dataset = self.train_dataloader.dataset
+        if hasattr(dataset, "on_batch_end"):
+            dataset.on_batch_end(batch=batch)
 
     # ---- stages ----------------------------------------------------------------------------------
     def generate(self, batch: Batch) -> Batch:
-        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
+        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
+
+        ``rollout.skip_rollout`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
+        responses (``rlhf_core.trainer.rollout_control``)."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
-        out = self.actor_wg.execute_dp("generate_sequences", batch)
+        out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None
+        if out is None:
+            out = self.actor_wg.execute_dp("generate_sequences", batch)
+            if self.rollout_dump:
+                self.rollout_dump.dump(self.global_steps, out)
+        rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
+        if rate > 0:
+            out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)
         batch = ensure_response_mask(merge(batch, out))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
@@ -364,8 +396,17 @@ class RayPPOTrainer:
         if self.use_critic:
             fns["critic"] = lambda p: self.wgs["critic"].execute_all("save_checkpoint", p, None, step)
         trainer_state = {"kl_ctrl_value": self.kl_ctrl.value} if self.kl_ctrl is not None else None
-        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state)
+        waits = None
+        if self._async_save():  # checkpoint.async_save: the tracker follows once every worker's files are written
+            waits = [lambda wg=wg: wg.execute_all("wait_checkpoint")
+                     for wg in [self.actor_wg] + ([self.wgs["critic"]] if self.use_critic else [])]
+        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state,
+                                                         wait_fns=waits)
         return self.last_checkpoint_dir
+
+    def _async_save(self) -> bool:
+        async_save = bool(self.config.actor_rollout_ref.actor.checkpoint.async_save)
+        return async_save or (self.use_critic and bool(self.config.critic.checkpoint.async_save))
 
     def _load_checkpoint(self) -> None:
         """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
@@ -391,6 +432,11 @@ class RayPPOTrainer:
         self.checkpoints.after_load(path)
 
     def shutdown(self) -> None:
+        if self.wgs:
+            try:  # an async checkpoint still being written when fit raised: keep it if it completes
+                self.checkpoints.finish_pending()
+            except Exception as exc:  # the tracker keeps naming the last complete checkpoint
+                logger.warning("pending async checkpoint not completed: %s", exc)
         for wg in self.wgs.values():
             wg.shutdown()
         if self.tracker is not None and hasattr(self.tracker, "finish"):

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
@@ -17,6 +18,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -31,7 +33,7 @@ def _cfg_get(cfg, path: str, default: Any = None) -> Any:
     return default if node is None else node
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(ProfiledWorker):
     """Actor (FSDP2 + AdamW), rollout engine (hybrid: its own full copy of the policy) and/or reference.
 
     Args:
@@ -51,6 +53,12 @@ class ActorRolloutRefWorker:
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
         self.actor_module = self.optimizer = self.lr_scheduler = self.ckpt = None
+        self.profiler_role = "actor" if self._is_actor or self._is_rollout else "ref"  # names the trace file
+
+    def profiler_config(self):
+        """The union of the ``profiler`` blocks of the roles this worker holds (actor, rollout, ref)."""
+        held = [r for r, on in (("actor", self._is_actor), ("rollout", self._is_rollout), ("ref", self._is_ref)) if on]
+        return union_profiler_configs([OmegaConf.select(self.arr, f"{r}.profiler") for r in held])
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def init_model(self) -> None:
@@ -78,7 +86,8 @@ class ActorRolloutRefWorker:
                 save_contents=list(_cfg_get(acfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
                 load_contents=_cfg_get(acfg, "checkpoint.load_contents"),
                 extra_state=self._extra_state, set_extra_state=self._set_extra_state,
-                generation_config=getattr(self.actor_module, "generation_config", None))
+                generation_config=getattr(self.actor_module, "generation_config", None),
+                async_save=bool(acfg.checkpoint.async_save))
         if self._is_rollout:
             self._init_rollout()
         if self._is_ref:
@@ -196,6 +205,10 @@ class ActorRolloutRefWorker:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored (copy the local checkpoint instead)", hdfs_path)
         return self.ckpt.save(local_path)
 
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait() if self.ckpt is not None else None
+
     def load_checkpoint(self, local_path: str) -> None:
         """Restore actor (+ optimizer, scheduler, RNG per ``load_contents``) and re-sync the rollout."""
         if self.ckpt is None:
@@ -208,8 +221,10 @@ class ActorRolloutRefWorker:
         return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.actor_module).items()}
 
 
-class CriticWorker:
+class CriticWorker(ProfiledWorker):
     """The PPO value model on FSDP2 (``critic.*`` config section)."""
+
+    profiler_role, profiler_key = "critic", "critic.profiler"
 
     def __init__(self, config) -> None:
         self.config = config
@@ -235,7 +250,8 @@ class CriticWorker:
             save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
             load_contents=_cfg_get(ccfg, "checkpoint.load_contents"),
             extra_state=lambda: {"critic_update_calls": self.critic.update_calls},
-            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))))
+            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))),
+            async_save=bool(ccfg.checkpoint.async_save))
 
     def compute_values(self, batch: Batch) -> Batch:
         """``Batch{values (B,T)}`` (masked by ``response_mask``)."""
@@ -252,6 +268,10 @@ class CriticWorker:
         if hdfs_path:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored", hdfs_path)
         return self.ckpt.save(local_path)
+
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait()
 
     def load_checkpoint(self, local_path: str) -> None:
         self.ckpt.load(local_path)

@@ -2,6 +2,8 @@
 
 Reads the sharded DCP ``model/`` folder in a single process (no process group needed), builds the model from
 ``huggingface/config.json`` and writes ``save_pretrained`` weights + the tokenizer into ``target_dir``.
+A verl 0.6 FSDP checkpoint (``model_world_size_W_rank_R.pt`` shards beside ``huggingface/``) is read too
+(:mod:`rlhf_core.workers.verl_checkpoint`), so a verl run can be brought over.
 Usage: ``rlhf merge --local-dir CKPT/global_step_N/actor --target-dir OUT`` (``main(argv)``).
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 import tempfile
 
 import torch
+
+from rlhf_core.workers.verl_checkpoint import is_verl_checkpoint, load_verl_fsdp_state_dict
 
 
 def _load_dcp_full(model_dir: str) -> dict[str, torch.Tensor]:
@@ -53,8 +57,11 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], alpha: float) -> dict[
 def merge_checkpoint(local_dir: str, target_dir: str) -> str:
     """Write a ``from_pretrained``-loadable directory for the checkpoint at ``local_dir``; returns ``target_dir``.
 
-    Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or both ``model/`` and
-    full ``huggingface`` weights."""
+    ``local_dir`` is ours (DCP ``model/``, or full ``huggingface`` weights) or verl 0.6's FSDP layout
+    (``model_world_size_W_rank_R.pt`` + ``fsdp_config.json``); weights keep their saved dtype.
+
+    Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or any weights, or a verl
+    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     hf_dir = os.path.join(local_dir, "huggingface")
@@ -62,14 +69,19 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
         raise FileNotFoundError(f"{hf_dir}/config.json not found: is {local_dir} an actor/critic checkpoint folder?")
     config = AutoConfig.from_pretrained(hf_dir)
     model_dir = os.path.join(local_dir, "model")
-    if os.path.isdir(model_dir):
+    if is_verl_checkpoint(local_dir):
+        with torch.device("meta"):
+            shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        state = load_verl_fsdp_state_dict(local_dir, shapes)
+    elif os.path.isdir(model_dir):
         state = _load_dcp_full(model_dir)
     elif os.path.exists(os.path.join(hf_dir, "model.safetensors")):
         from safetensors.torch import load_file
 
         state = load_file(os.path.join(hf_dir, "model.safetensors"))
     else:
-        raise FileNotFoundError(f"no model weights in {local_dir} (neither model/ nor huggingface/model.safetensors)")
+        raise FileNotFoundError(f"no model weights in {local_dir} (neither model/, verl's "
+                                f"model_world_size_W_rank_R.pt nor huggingface/model.safetensors)")
     if any(".lora_" in k for k in state):
         state = _merge_lora(state, hf_dir)
     # a critic (value head ``score``, no ``lm_head``) keeps the LM's ``architectures`` in its config: decide by keys
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = merge_checkpoint(args.local_dir, args.target_dir)
-    except (FileNotFoundError, KeyError) as exc:
+    except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"rlhf merge: {exc}", file=sys.stderr)
         return 1
     print(f"merged {args.local_dir} -> {path}")

@@ -31,6 +31,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
+from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +83,14 @@ def load_reward_model(model_cfg: Any, pad_token_id: int | None, dtype: str | tor
     return model.eval()
 
 
-class RewardModelWorker:
+class RewardModelWorker(ProfiledWorker):
     """Scores generated sequences with a reward model; see the module docstring.
 
     Args:
         config: the full PPO config (``reward_model.*``, ``actor_rollout_ref.model.*``).
     """
+
+    profiler_role, profiler_key = "reward_model", "reward_model.profiler"
 
     def __init__(self, config) -> None:
         self.config = config

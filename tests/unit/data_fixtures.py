@@ -16,6 +16,8 @@ PPO_DATA_DEFAULTS: dict[str, Any] = {
     "return_raw_input_ids": False, "return_raw_chat": False, "return_full_prompt": False, "shuffle": True,
     "seed": 42, "filter_overlong_prompts": False, "filter_overlong_prompts_workers": 1, "truncation": "error",
     "image_key": "images", "trust_remote_code": True, "custom_cls": {"path": None, "name": None},
+    "dataloader_num_workers": 0, "validation_shuffle": False, "sampler": {"class_path": None, "class_name": None},
+    "datagen": {"path": None, "name": None}, "apply_chat_template_kwargs": {},
 }
 
 # The ``data`` section of verl's sft_trainer.yaml (the keys the dataset reads).
@@ -24,6 +26,7 @@ SFT_DATA_DEFAULTS: dict[str, Any] = {
     "prompt_key": "question", "response_key": "answer", "prompt_dict_keys": None, "response_dict_keys": None,
     "multiturn": {"enable": False, "messages_key": "messages"}, "max_length": 1024, "truncation": "error",
     "balance_dp_token": False, "chat_template": None, "custom_cls": {"path": None, "name": None},
+    "apply_chat_template_kwargs": {},
 }
 
 

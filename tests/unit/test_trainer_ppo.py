@@ -129,10 +129,15 @@ class DecodeTok:
 
 def make_config(tmp_path, **trainer):
     cfg = {
-        "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7},
-        "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False}},
-                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {}}},
-        "critic": {"optim": {}},
+        "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7,
+                 "dataloader_num_workers": 0, "validation_shuffle": False,
+                 "sampler": {"class_path": None, "class_name": None}},
+        "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False},
+                                          "skip_rollout": False, "skip_dump_dir": None, "over_sample_rate": 0},
+                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {},
+                                        "checkpoint": {"async_save": False}}},
+        "critic": {"optim": {}, "checkpoint": {"async_save": False}},
+        "global_profiler": {"tool": None, "steps": None, "profile_continuous_steps": False, "save_path": None},
         "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False,
                       "kl_penalty": "kl", "norm_adv_by_std_in_grpo": True,
                       "kl_ctrl": {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1},
