@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import ConfigError
 from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
+from .structured import schema_class, schema_paths, to_typed
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
@@ -97,15 +98,40 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         OmegaConf.resolve(base)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
-    errors = check_schema(cfg, base, sft=kind == "sft_trainer")
+    errors = check_schema(cfg, base, sft=kind == "sft_trainer") + _shape_errors(kind, cfg, overrides)
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
+    cfg = to_typed(kind, cfg)
     if kind == "ppo_trainer":
         validate_ppo_config(cfg)
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
-    OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """Keys added with '+' that the schema lacks, and schema keys deleted with '~'.
+
+    A loaded config holds exactly the schema's keys (free-form dicts such as override_config take
+    any sub-key), so a new key goes into configs/<kind>.yaml with its default, and a key cannot be
+    deleted: set it (to null where the key allows it) instead.
+    """
+    schema = schema_paths(kind)
+    have = set(flatten(cfg, resolve=False))
+    errors = []
+    known = all_paths(OmegaConf.structured(schema_class(kind)))
+    for key in sorted(have - schema):
+        if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
+            errors.append(str(unknown_key_error(key, known, f" It is not a key of configs/{kind}.yaml: add it "
+                                                            f"there with its default to make it a config key.")))
+    for key in sorted(schema - have):
+        if not any(h.startswith(key + ".") for h in have):
+            given = [o for o in overrides if o.lstrip("~").partition("=")[0] in
+                     {".".join(key.split(".")[: i + 1]) for i in range(key.count(".") + 1)}]
+            how = f" (override {given[0]!r})" if given else ""
+            errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of configs/{kind}.yaml; "
+                          f"set it instead (e.g. {key}=null where null is allowed).")
+    return errors
 
 
 def resolved_yaml(cfg: DictConfig) -> str:
