@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import ConfigError
 from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
-from .structured import schema_class, schema_paths, to_typed
+from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
@@ -84,7 +84,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``data.max_prompt_length=256``). Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
-    real one. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
+    real one. Returns a resolved, complete, typed DictConfig in struct mode backed by the
+    dataclasses of ``structured.schema_class(kind)``. Raises ConfigError (a ValueError).
     """
     kind, base, cfg = _load_unresolved(name, config_dir)
     apply_overrides(cfg, overrides)
@@ -101,12 +102,11 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     errors = check_schema(cfg, base, sft=kind == "sft_trainer") + _shape_errors(kind, cfg, overrides)
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
-    cfg = to_typed(kind, cfg)
-    if kind == "ppo_trainer":
+    if kind == "ppo_trainer":  # on the user's values, so messages quote them as typed (1, not 1.0)
         validate_ppo_config(cfg)
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
-    return cfg
+    return to_typed(kind, cfg)
 
 
 def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
@@ -119,7 +119,7 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
     schema = schema_paths(kind)
     have = set(flatten(cfg, resolve=False))
     errors = []
-    known = all_paths(OmegaConf.structured(schema_class(kind)))
+    known = all_paths(typed_defaults(kind))
     for key in sorted(have - schema):
         if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
             errors.append(str(unknown_key_error(key, known, f" It is not a key of configs/{kind}.yaml: add it "

@@ -23,6 +23,7 @@ on lookup (PEP 562 ``__getattr__`` below).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -139,6 +140,17 @@ def schema_class(name: str) -> type:
     return _build(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _structured(name: str) -> DictConfig:
+    return OmegaConf.structured(schema_class(name))
+
+
+def typed_defaults(name: str) -> DictConfig:
+    """A fresh ``OmegaConf.structured(schema_class(name))`` (a copy of a per-process cached one: building
+    it costs ~0.5 s, copying it ~0.05 s)."""
+    return copy.deepcopy(_structured(name))
+
+
 def schema_paths(name: str) -> set[str]:
     """Every dotted leaf path of the schema ``name`` (free-form dicts count as one leaf)."""
     out: set[str] = set()
@@ -160,7 +172,8 @@ def to_typed(name: str, cfg: DictConfig) -> DictConfig:
     ConfigError naming the key when a value does not fit its type or a key is not in the schema.
     """
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(schema_class(name)), cfg)
+        typed = typed_defaults(name)
+        typed.merge_with(cfg)
         OmegaConf.resolve(typed)
     except Exception as exc:  # omegaconf's ValidationError / ConfigKeyError carry the full key
         raise ConfigError(f"Config does not fit the typed schema of {name}.yaml: {exc}") from exc
