@@ -189,3 +189,20 @@ def __getattr__(attr: str) -> type:
         if attr in globals():
             return globals()[attr]
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def full_key(node: Any, key: str) -> str:
+    """The dotted path of ``node[key]`` in its config (``actor_rollout_ref.actor.fsdp_config.fsdp_size``) when
+    ``node`` is a section of a loaded config, else ``key``: error messages name the key the user must change."""
+    if isinstance(node, DictConfig):
+        return node._get_full_key(key)  # omegaconf's own path bookkeeping (public in spirit, underscored in name)
+    return key
+
+
+ROLE_NAMES = {"actor": "actor", "ref": "reference", "critic": "critic", "rm": "reward model",
+              "reward_model": "reward model", "sft": "SFT model", "rollout": "rollout"}
+
+
+def role_name(role: str) -> str:
+    """The reader's name of a worker role (``ref`` → ``reference``, ``rm`` → ``reward model``)."""
+    return ROLE_NAMES.get(role, role)

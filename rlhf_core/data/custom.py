@@ -19,8 +19,7 @@ def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
         AttributeError: the file has no attribute ``name``.
         TypeError: the attribute is not a ``torch.utils.data.Dataset`` subclass.
     """
-    path = _get(custom_cls, "path")
-    name = _get(custom_cls, "name")
+    path, name = custom_cls.path, custom_cls.name
     if not path:
         return None
     if not name:
@@ -44,10 +43,3 @@ def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
         raise TypeError(f"data.custom_cls {path}:{name} must be a torch.utils.data.Dataset subclass, got {cls!r}")
     return cls
 
-
-def _get(cfg: Any, key: str) -> Any:
-    if cfg is None:
-        return None
-    if isinstance(cfg, dict):
-        return cfg.get(key)
-    return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key)
