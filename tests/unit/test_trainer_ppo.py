@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from config_fixtures import typed_config
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -145,7 +145,10 @@ def make_config(tmp_path, **trainer):
                     "max_actor_ckpt_to_keep": None, "max_critic_ckpt_to_keep": None},
     }
     cfg["trainer"].update(trainer)
-    return OmegaConf.create(cfg)
+    cfg["trainer"].setdefault("balance_batch", False)  # FakeGroup shards in order; the YAML's True reorders rows
+    typed = typed_config("ppo_trainer")  # every other key at the YAML's value
+    typed.merge_with(cfg)
+    return typed
 
 
 def run(cfg, log=None):
