@@ -218,7 +218,7 @@ class RayPPOTrainer:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
         out = self.actor_wg.execute_dp("generate_sequences", batch)
-        batch = ensure_response_mask(merge(batch, out))
+        batch = ensure_response_mask(merge(batch, out, "actor rollout generate_sequences"))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
@@ -245,7 +245,7 @@ class RayPPOTrainer:
             entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
             metrics["actor/entropy"] = float(entropy)
             out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
-        return merge(batch, out)
+        return merge(batch, out, "actor compute_log_prob")
 
     def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
@@ -268,11 +268,11 @@ class RayPPOTrainer:
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
-        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch))
+        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""
-        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
+        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""

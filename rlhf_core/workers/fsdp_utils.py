@@ -44,16 +44,23 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def mesh_shape(fsdp_size: int, ws: int, key: str = "fsdp_config.fsdp_size", role: str = "actor") -> tuple[int, ...]:
+    """``(ws,)`` (plain FSDP) when ``fsdp_size`` is negative or covers the world, else ``(ws // fsdp_size,
+    fsdp_size)`` (HSDP: replicate over the first dim). Raises ValueError naming the role and ``key`` when
+    ``fsdp_size`` does not divide ``ws``."""
+    if fsdp_size < 0 or fsdp_size >= ws:
+        return (ws,)
+    if fsdp_size == 0 or ws % fsdp_size:
+        raise ValueError(f"{role_name(role)}: {key}={fsdp_size} must divide the world size {ws}")
+    return (ws // fsdp_size, fsdp_size)
+
+
 def _build_mesh(fsdp_size: int, key: str = "fsdp_config.fsdp_size", role: str = "actor"):
     from torch.distributed.device_mesh import init_device_mesh
 
-    ws = world_size()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if fsdp_size is None or fsdp_size < 0 or fsdp_size >= ws:
-        return init_device_mesh(dev, (ws,), mesh_dim_names=("fsdp",))
-    if ws % fsdp_size:
-        raise ValueError(f"{role_name(role)}: {key}={fsdp_size} must divide the world size {ws}")
-    return init_device_mesh(dev, (ws // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+    shape = mesh_shape(fsdp_size, world_size(), key, role)
+    return init_device_mesh(dev, shape, mesh_dim_names=("fsdp",) if len(shape) == 1 else ("ddp", "fsdp"))
 
 
 def _modules_to_wrap(model: nn.Module, min_num_params: int) -> list[nn.Module]:
