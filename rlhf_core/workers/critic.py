@@ -72,7 +72,9 @@ class DataParallelPPOCritic:
         mode = cfg.loss_agg_mode
         cliprange = cfg.cliprange_value
         W = world_size()
-        seed = 0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed)
+        # critic.data_loader_seed is verl 0.6's key but not (yet) in configs/ppo_trainer.yaml: unseeded = 0 until it is
+        seed = cfg.data_loader_seed if "data_loader_seed" in cfg else None
+        seed = 0 if seed is None else int(seed)
         dev = device()
         self.model.train()
         history: dict[str, list[float]] = {}
