@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 ENV = "RLHF_CONFIG_READS"
-_seen: set[str] = set()
+_seen: dict[str, set[str]] = {}  # per recording file: paths this process already wrote
 _installed = False
 
 
@@ -33,9 +33,10 @@ def _record(node: DictConfig, key: Any) -> None:
         full = node._get_full_key(key)
     except Exception:  # a node detached from its parent mid-construction: nothing to record
         return
-    if full in _seen:
+    seen = _seen.setdefault(path, set())
+    if full in seen:
         return
-    _seen.add(full)
+    seen.add(full)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(full + "\n")
 

@@ -11,10 +11,13 @@ verl's YAML, one comment per key). The schema is derived from it plus the small 
 * ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs);
 * ``EFFECT``: keys accepted at any value whose effect is limited — ``NO_EFFECT_ON_CPU`` (acts on CUDA
   only) or ``NO_EFFECT_YET`` (read by nothing: an optimisation we do not have, same outputs). Every other
-  key is "supported", and tests/unit/test_config_key_effect.py checks that code reads it.
+  key is "supported", and tests/integration/test_config_reads_e2e.py checks that real runs read it by full path.
 
-This catches a typo (unknown key, wrong type, value outside an enum) exactly like a dataclass
-structured config would, without a second copy of every default that could drift from the YAML.
+The typed structured config (dataclasses registered with OmegaConf) is built from the YAML plus these tables
+by structured.py; a loaded config is that typed tree.
+
+This catches a typo (unknown key, wrong type, value outside an enum) with a message naming the key, before the
+values are merged into the typed config, and without a second copy of every default that could drift.
 """
 
 from __future__ import annotations
