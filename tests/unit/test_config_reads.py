@@ -31,9 +31,6 @@ _CONFIG_NAME = re.compile(r"^(?!hf_)(config|cfg|\w+_cfg|\w*cfg|\w+_config)$")  #
 _CONVERSIONS = {"int", "float", "bool", "str", "list", "tuple", "dict"}
 # (file relative to the repo root, a substring of the offending line): reviewed exceptions, each with its reason.
 ALLOWED: set[tuple[str, str]] = {
-    # flows/settings.py reads pipeline.yaml and the flow's parameters (plain dicts, not the trainer schema)
-    ("flows/settings.py", "cfg.get("),
-    ("flows/settings.py", "sft_cfg.get("),
     # transformers PretrainedConfig objects named `config`/`cfg` (their attributes differ by architecture)
     ("rlhf_core/models/loading.py", 'getattr(config, "initializer_range", 0.02)'),
     ("rlhf_core/workers/merger.py", 'getattr(config, "tie_word_embeddings", False)'),
