@@ -182,12 +182,22 @@ def to_typed(name: str, cfg: DictConfig) -> DictConfig:
 
 
 def __getattr__(attr: str) -> type:
-    """Build the classes of a schema when pickle asks for one of them in a fresh process (PEP 562)."""
+    """Build the classes of a schema when pickle asks for one of them in a fresh process (PEP 562).
+
+    A process without the YAML (a remote Ray worker with only the package) or with an older YAML gets an empty
+    placeholder class of that name: unpickling needs only the class object, the values travel in the config, and
+    reading them works; only re-validating assignments against the schema is lost there."""
     name = attr.split(_SEP, 1)[0]
     if name in SCHEMA_NAMES:
-        _build(name)
-        if attr in globals():
-            return globals()[attr]
+        try:
+            _build(name)
+        except (OSError, ConfigError):
+            pass
+        if attr not in globals():
+            placeholder = dataclasses.make_dataclass(attr, [])
+            placeholder.__module__, placeholder.__qualname__ = __name__, attr
+            globals()[attr] = placeholder
+        return globals()[attr]
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
