@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from .loader import CONFIG_NAMES, config_dir
-from .schema import CHOICES, EFFECT, LIST_CHOICES, SFT_CHOICES, SUPPORT
+from .schema import CHOICES, EFFECT, EFFECT_BY_CONFIG, LIST_CHOICES, SFT_CHOICES, SUPPORT
 
 _LINE = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):\s*(.*)$")
 
@@ -78,7 +78,8 @@ def status_of(name: str, path: str) -> str:
     with '; choices: ...' when the key is an enum) or 'default only (why)' for one key."""
     if path in SUPPORT:
         return f"default only ({SUPPORT[path][1]})"
-    status = f"{EFFECT[path][0]} ({EFFECT[path][1]})" if path in EFFECT else "supported"
+    effect = EFFECT_BY_CONFIG.get(name, {}).get(path) or EFFECT.get(path)
+    status = f"{effect[0]} ({effect[1]})" if effect else "supported"
     choices = (SFT_CHOICES if name == "sft_trainer" else {}).get(path) or CHOICES.get(path) or LIST_CHOICES.get(path)
     return status + "; choices: " + ", ".join(f"`{c}`" for c in choices) if choices else status
 

@@ -182,6 +182,17 @@ EFFECT: dict[str, tuple[str, str]] = {
     "data.multiturn.enable_thinking_key": (NO_EFFECT_YET, "no per-row enable_thinking flag"),
     "data.balance_dp_token": (NO_EFFECT_YET, "ranks get equal sample counts"),
     "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
+    # found by tests/integration/test_config_reads_e2e.py: no code reads these
+    "data.tokenizer": (NO_EFFECT_YET, "the tokenizer of actor_rollout_ref.model.path is used"),
+    "data.trust_remote_code": (NO_EFFECT_YET, "the model sections' trust_remote_code apply to their tokenizers"),
+    _A + "actor.optim.optimizer": (NO_EFFECT_YET, "adam and adamw both build torch.optim.AdamW"),
+}
+# Statuses that differ by config file for one path: config name -> path -> (status, what happens instead).
+EFFECT_BY_CONFIG: dict[str, dict[str, tuple[str, str]]] = {
+    "evaluation": {
+        "ray_init.num_cpus": (NO_EFFECT_YET, "responses are scored in this process; verl scores in Ray workers"),
+        "ray_init.address": (NO_EFFECT_YET, "responses are scored in this process; verl scores in Ray workers"),
+    },
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
               "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")

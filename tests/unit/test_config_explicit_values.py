@@ -50,3 +50,22 @@ def test_balance_batch_at_the_yaml_default_balances(tmp_path):
     cfg = make_config(tmp_path, total_training_steps=1, val_before_train=False, balance_batch=default)
     _, final, _, _ = run(cfg)
     assert "global_seqlen/balanced_max" in final
+
+
+def test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys():
+    # the deprecated global keys have their effect through load_config's conversion (÷ world size), which is
+    # why no worker reads them (tests/integration/test_config_reads_e2e.py EFFECT_TESTS points here)
+    import warnings
+
+    from rlhf_core.config import load_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sft = load_config("sft_trainer", ["trainer.n_gpus_per_node=2", "data.train_batch_size=8",
+                                          "data.micro_batch_size_per_gpu=null", "data.micro_batch_size=4"])
+        ppo = load_config("ppo_trainer", ["trainer.n_gpus_per_node=2", "data.train_batch_size=8",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                          "critic.forward_micro_batch_size=8"])
+    assert sft.data.micro_batch_size_per_gpu == 2 and sft.data.micro_batch_size is None  # 4 / world 2
+    assert ppo.critic.forward_micro_batch_size_per_gpu == 4 and ppo.critic.forward_micro_batch_size is None

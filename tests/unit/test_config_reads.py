@@ -84,10 +84,14 @@ class _Scanner(ast.NodeVisitor):
                     if isinstance(name, ast.Name):
                         self.roots.add(name.id)
 
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        # cfg.get(...) and its aliases (get = cfg.get; get("key", default))
+        if node.attr == "get" and self.is_config(node.value):
+            self.hits.append((node.lineno, "config .get()"))
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr == "get" and self.is_config(func.value):
-            self.hits.append((node.lineno, "config .get()"))
         if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) == 3 and self.is_config(node.args[0]):
             self.hits.append((node.lineno, "getattr(config, key, default)"))
         self.generic_visit(node)
@@ -143,6 +147,7 @@ def test_no_config_get_or_default_outside_the_config_package():
     ("def f(mcfg):\n    return getattr(mcfg, 'lora_rank', 0)\n", [(2, "getattr(config, key, default)")]),
     ("def f(self):\n    return int(self.rm_cfg.max_length or 0)\n", [(2, "config value `or` default")]),
     ("def f(self):\n    return self.arr.rollout.get('name', 'hf')\n", [(2, "config .get()")]),
+    ("def f(trainer_cfg):\n    get = trainer_cfg.get\n    return get('seed', 1)\n", [(2, "config .get()")]),
     # plain dicts and attribute reads pass
     ("def f(row, batch):\n    return row.get('extra_info') or {}, batch.meta.get('temperature', 1.0)\n", []),
     ("def f(config):\n    return config.data.seed, config.trainer.balance_batch\n", []),
