@@ -189,6 +189,10 @@ EFFECT: dict[str, tuple[str, str]] = {
 }
 # Statuses that differ by config file for one path: config name -> path -> (status, what happens instead).
 EFFECT_BY_CONFIG: dict[str, dict[str, tuple[str, str]]] = {
+    "sft_trainer": {
+        "data.train_max_samples": (NO_EFFECT_YET, "the SFT dataset uses every row of data.train_files"),
+        "data.val_max_samples": (NO_EFFECT_YET, "the SFT dataset uses every row of data.val_files"),
+    },
     "evaluation": {
         "ray_init.num_cpus": (NO_EFFECT_YET, "responses are scored in this process; verl scores in Ray workers"),
         "ray_init.address": (NO_EFFECT_YET, "responses are scored in this process; verl scores in Ray workers"),

@@ -50,7 +50,10 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "max_num_batched_tokens", "max_num_seqs", "engine_kwargs.vllm")},
         **{_A + f"actor.rollout_is_{k}": _IS_ACTOR for k in ("threshold", "threshold_lower", "level", "mode",
                                                              "veto_threshold")},
-        **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold_lower", "_level", "_mode", "_veto_threshold")},
+        **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold", "_threshold_lower", "_level", "_mode",
+                                                     "_veto_threshold")},
+        # the runs give total_training_steps; without it, steps = batches per epoch x total_epochs
+        "trainer.total_epochs": "tests/unit/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
         **{f"algorithm.{k}": _KL for k in ("kl_penalty", "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.horizon",
                                            "kl_ctrl.target_kl")},
         **{f"reward_model.{k}": _RM for k in ("model.input_tokenizer", "model.path", "model.external_lib",
@@ -58,8 +61,11 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                               "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
                                               "use_dynamic_bsz", "forward_max_token_len_per_gpu")},
     },
-    "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY},
-    "evaluation": {},
+    "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
+                    "trainer.device": _SFT_RAY,
+                    "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
+    "evaluation": {"custom_reward_function.name":
+                   "tests/unit/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
 }
 
 
