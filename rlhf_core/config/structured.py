@@ -11,8 +11,11 @@ dataclasses registered with OmegaConf for each of ``ppo_trainer``, ``sft_trainer
   ``Any``); it is ``Optional`` when the default is null or the key is in ``schema.NULL_OK``;
   free-form dicts (``schema.OPEN_PATHS`` and empty-dict defaults) are ``Dict[str, Any]``.
 
-Adding a key = adding it to the YAML (with a ``TYPES`` entry when its default is null): nothing to
-regenerate. ``load_config`` merges the user's values into ``OmegaConf.structured(schema_class(name))``,
+Adding a key: write it, with its comment and default, in configs/<name>.yaml (add a ``schema.TYPES`` entry when
+the default is null or the key takes several types, ``NULL_OK`` when a non-null default may be set to null,
+``CHOICES`` for an enum, ``EFFECT``/``SUPPORT`` when it is not fully supported); read it in code by attribute;
+run ``python -m rlhf_core.config.keys_doc > docs/CONFIG_KEYS.md``. No dataclass code to regenerate: the class
+is built from the YAML at the next import. ``load_config`` merges the user's values into ``OmegaConf.structured(schema_class(name))``,
 so a loaded config is complete, typed (an int key holds an int; assigning ``"x"`` to it raises) and
 in struct mode (reading an unknown attribute raises).
 
