@@ -128,25 +128,34 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ValueError: a step count below 1.
         FileNotFoundError: unknown preset.
     """
-    cfg = load_yaml(config_dir / "pipeline.yaml")
-    data, sft_cfg, ppo, ev = (cfg.get(k) or {} for k in ("data", "sft", "ppo", "evaluate"))
-    preset_name = _pick(params.get("preset"), cfg.get("preset"))
+    path = config_dir / "pipeline.yaml"
+    cfg = load_yaml(path)
+
+    def setting(key: str) -> Any:  # pipeline.yaml holds every setting: its values are the defaults, none here
+        node: Any = cfg
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise ValueError(f"{path}: missing setting '{key}' (every key of the shipped pipeline.yaml is needed)")
+            node = node[part]
+        return node
+
+    preset_name = _pick(params.get("preset"), setting("preset"))
     preset = load_preset(preset_name, config_dir)
     skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
     s = PipelineSettings(
-        experiment=_pick(params.get("experiment"), cfg.get("experiment", "rlhf")),
+        experiment=_pick(params.get("experiment"), setting("experiment")),
         preset=preset_name,
-        model_path=_pick(params.get("model_path"), cfg.get("model_path")),
-        gsm8k_dir=_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
-        ray_address=_pick(params.get("ray_address"), cfg.get("ray_address")),
-        train_prompts=int(_pick(params.get("train_prompts"), data.get("train_prompts", 256))),
-        val_prompts=int(_pick(params.get("val_prompts"), data.get("val_prompts", 32))),
-        sft_enabled=not skip_sft if skip_sft is not None else bool(sft_cfg.get("enabled", True)),
-        sft_epochs=int(_pick(params.get("sft_epochs"), sft_cfg.get("epochs", 1))),
-        ppo_steps=int(_pick(params.get("ppo_steps"), ppo.get("total_steps", 4))),
-        segment_steps=int(_pick(params.get("segment_steps"), ppo.get("segment_steps", 2))),
-        adv_estimator=str(_pick(params.get("adv_estimator"), ppo.get("adv_estimator", "grpo"))),
-        evaluate_enabled=not skip_eval if skip_eval is not None else bool(ev.get("enabled", True)),
+        model_path=_pick(params.get("model_path"), setting("model_path")),
+        gsm8k_dir=_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
+        ray_address=_pick(params.get("ray_address"), setting("ray_address")),
+        train_prompts=int(_pick(params.get("train_prompts"), setting("data.train_prompts"))),
+        val_prompts=int(_pick(params.get("val_prompts"), setting("data.val_prompts"))),
+        sft_enabled=not skip_sft if skip_sft is not None else bool(setting("sft.enabled")),
+        sft_epochs=int(_pick(params.get("sft_epochs"), setting("sft.epochs"))),
+        ppo_steps=int(_pick(params.get("ppo_steps"), setting("ppo.total_steps"))),
+        segment_steps=int(_pick(params.get("segment_steps"), setting("ppo.segment_steps"))),
+        adv_estimator=str(_pick(params.get("adv_estimator"), setting("ppo.adv_estimator"))),
+        evaluate_enabled=not skip_eval if skip_eval is not None else bool(setting("evaluate.enabled")),
         model_sizes=dict(preset.get("model") or {}),
         preset_sft=list(preset.get("sft") or []),
         # a preset's reward_kwargs are for the default scorer: dropped when the user brings
@@ -158,7 +167,7 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ppo_overrides=list(params.get("ppo_overrides") or []),
         eval_overrides=list(params.get("eval_overrides") or []),
     )
-    s = dataclasses.replace(s, task_options=_task_options(cfg.get("tasks") or {}))
+    s = dataclasses.replace(s, task_options=_task_options(setting("tasks") or {}))
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
     return s

@@ -15,6 +15,7 @@ from .errors import ConfigError
 from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
 from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
+from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
@@ -103,7 +104,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
     real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
     notices.py). Each key set to a value that changes nothing here gets one ConfigNotice warning naming the
-    key and why. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
+    key and why. Returns a resolved, complete, typed DictConfig in struct mode backed by the
+    dataclasses of ``structured.schema_class(kind)``. Raises ConfigError (a ValueError).
     """
     kind, base, cfg = _load_unresolved(name, config_dir)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
@@ -119,17 +121,41 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         OmegaConf.resolve(base)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
-    errors = check_schema(cfg, base, sft=kind == "sft_trainer")
+    errors = check_schema(cfg, base, sft=kind == "sft_trainer") + _shape_errors(kind, cfg, overrides)
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
-    if kind == "ppo_trainer":
+    if kind == "ppo_trainer":  # on the user's values, so messages quote them as typed (1, not 1.0)
         validate_ppo_config(cfg)
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
-    OmegaConf.set_struct(cfg, True)
     for notice in effect_notices(cfg, user_set, kind):
         warnings.warn(notice, ConfigNotice, stacklevel=2)
-    return cfg
+    return to_typed(kind, cfg)
+
+
+def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """Keys added with '+' that the schema lacks, and schema keys deleted with '~'.
+
+    A loaded config holds exactly the schema's keys (free-form dicts such as override_config take
+    any sub-key), so a new key goes into configs/<kind>.yaml with its default, and a key cannot be
+    deleted: set it (to null where the key allows it) instead.
+    """
+    schema = schema_paths(kind)
+    have = set(flatten(cfg, resolve=False))
+    errors = []
+    known = all_paths(typed_defaults(kind))
+    for key in sorted(have - schema):
+        if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
+            errors.append(str(unknown_key_error(key, known, f" It is not a key of configs/{kind}.yaml: add it "
+                                                            f"there with its default to make it a config key.")))
+    for key in sorted(schema - have):
+        if not any(h.startswith(key + ".") for h in have):
+            given = [o for o in overrides if o.lstrip("~").partition("=")[0] in
+                     {".".join(key.split(".")[: i + 1]) for i in range(key.count(".") + 1)}]
+            how = f" (override {given[0]!r})" if given else ""
+            errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of configs/{kind}.yaml; "
+                          f"set it instead (e.g. {key}=null where null is allowed).")
+    return errors
 
 
 def resolved_yaml(cfg: DictConfig) -> str:

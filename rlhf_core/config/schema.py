@@ -11,10 +11,13 @@ verl's YAML, one comment per key). The schema is derived from it plus the small 
 * ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs);
 * ``EFFECT``: keys accepted at any value whose effect is limited — ``NO_EFFECT_ON_CPU`` (acts on CUDA
   only) or ``NO_EFFECT_YET`` (read by nothing: an optimisation we do not have, same outputs). Every other
-  key is "supported", and tests/unit/test_config_key_effect.py checks that code reads it.
+  key is "supported", and tests/integration/test_config_reads_e2e.py checks that real runs read it by full path.
 
-This catches a typo (unknown key, wrong type, value outside an enum) exactly like a dataclass
-structured config would, without a second copy of every default that could drift from the YAML.
+The typed structured config (dataclasses registered with OmegaConf) is built from the YAML plus these tables
+by structured.py; a loaded config is that typed tree.
+
+This catches a typo (unknown key, wrong type, value outside an enum) with a message naming the key, before the
+values are merged into the typed config, and without a second copy of every default that could drift.
 """
 
 from __future__ import annotations
@@ -192,6 +195,8 @@ EFFECT: dict[str, tuple[str, str]] = {
     "data.multiturn.enable_thinking_key": (NO_EFFECT_YET, "no per-row enable_thinking flag"),
     "data.balance_dp_token": (NO_EFFECT_YET, "ranks get equal sample counts"),
     "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
+    # found by tests/integration/test_config_reads_e2e.py: no code reads these
+    _A + "actor.optim.optimizer": (NO_EFFECT_YET, "adam and adamw both build torch.optim.AdamW"),
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
               "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs",

@@ -158,7 +158,10 @@ for _r in _ROLES:
 # Per config file, where a path means something else than in ppo_trainer.yaml: name -> {path: (status, why)}.
 EFFECT_IN: dict[str, dict[str, tuple[str, str]]] = {
     "evaluation": {"ray_kwargs.timeline_json_file": (NO_EFFECT_YET, "no Ray timeline is written")},
-    "sft_trainer": {},
+    "sft_trainer": {
+        "data.train_max_samples": (NO_EFFECT_YET, "the SFT dataset uses every row of data.train_files"),
+        "data.val_max_samples": (NO_EFFECT_YET, "the SFT dataset uses every row of data.val_files"),
+    },
 }
 
 CHOICES06: dict[str, tuple] = {

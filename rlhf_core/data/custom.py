@@ -20,7 +20,7 @@ def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
         AttributeError: the file has no attribute ``name``.
         TypeError: the attribute is not a ``torch.utils.data.Dataset`` subclass.
     """
-    return load_extern_class(_get(custom_cls, "path"), _get(custom_cls, "name"), "data.custom_cls", Dataset)
+    return load_extern_class(custom_cls.path, custom_cls.name, "data.custom_cls", Dataset)
 
 
 def load_extern_class(path: Any, name: Any, key: str, base: type, path_key: str = "path",
@@ -55,10 +55,3 @@ def load_extern_class(path: Any, name: Any, key: str, base: type, path_key: str 
         raise TypeError(f"{key} {path}:{name} must be a {base.__module__}.{base.__qualname__} subclass, got {cls!r}")
     return cls
 
-
-def _get(cfg: Any, key: str) -> Any:
-    if cfg is None:
-        return None
-    if isinstance(cfg, dict):
-        return cfg.get(key)
-    return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key)

@@ -38,10 +38,6 @@ _OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _cfg(config: Any, key: str, default: Any) -> Any:
-    value = config.get(key, default) if config is not None else default
-    return default if value is None and default is not None else value
-
 
 def validate_messages(messages: Any, where: str, field: str = "prompt", allow_list_content: bool = False) -> None:
     """Check a chat message list: a non-empty list of ``{"role": str, "content": str}`` dicts.
@@ -112,16 +108,16 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.processor = processor
         self.config = config
-        self.prompt_key = _cfg(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_cfg(config, "max_prompt_length", 1024))
-        self.truncation = _cfg(config, "truncation", "error")
+        self.prompt_key = config.prompt_key
+        self.max_prompt_length = int(config.max_prompt_length)
+        self.truncation = config.truncation
         if self.truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {self.truncation!r}")
-        self.return_raw_chat = bool(_cfg(config, "return_raw_chat", False))
-        self.return_full_prompt = bool(_cfg(config, "return_full_prompt", False))
-        self.return_raw_input_ids = bool(_cfg(config, "return_raw_input_ids", False))
-        self.shuffle = bool(_cfg(config, "shuffle", True))
-        self.seed = _cfg(config, "seed", None)
+        self.return_raw_chat = bool(config.return_raw_chat)
+        self.return_full_prompt = bool(config.return_full_prompt)
+        self.return_raw_input_ids = bool(config.return_raw_input_ids)
+        self.shuffle = bool(config.shuffle)
+        self.seed = config.seed
         # extra variables for the chat template (verl: apply_chat_template(..., **apply_chat_template_kwargs))
         self.apply_chat_template_kwargs = dict(config.apply_chat_template_kwargs)
         self.pad_id = pad_token_id(tokenizer)
@@ -133,13 +129,13 @@ class RLHFDataset(Dataset):
         positions = np.arange(len(rows))
         if max_samples is not None and 0 < max_samples < len(rows):
             positions = self._subsample(len(rows), int(max_samples))
-        if _cfg(config, "filter_overlong_prompts", False):
-            workers = int(_cfg(config, "filter_overlong_prompts_workers", 1))
+        if config.filter_overlong_prompts:
+            workers = int(config.filter_overlong_prompts_workers)
             kept = keep_short_prompts(tokenizer, [rows[p][self.prompt_key] for p in positions],
                                       self.max_prompt_length, workers, self.apply_chat_template_kwargs)
             positions = positions[kept]
         elif self.truncation == "error":
-            self._check_lengths(tokenizer, rows, sources, positions, int(_cfg(config, "filter_overlong_prompts_workers", 1)))
+            self._check_lengths(tokenizer, rows, sources, positions, int(config.filter_overlong_prompts_workers))
         self.rows = [rows[p] for p in positions]
         self.sources = [sources[p] for p in positions]
         self.row_numbers = [int(p) for p in positions]
@@ -208,7 +204,7 @@ def create_rl_dataset(data_files: str | list[str], tokenizer: Any, config: Any, 
 
     The class is called with the same arguments as ``RLHFDataset`` (verl's ``create_rl_dataset``).
     """
-    cls = load_custom_cls(_cfg(config, "custom_cls", None))
+    cls = load_custom_cls(config.custom_cls)
     if cls is None and is_train and config.datagen.path is not None:
         from rlhf_core.data.datagen import DynamicGenDataset  # lazy: datagen imports this module
 

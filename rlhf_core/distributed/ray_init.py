@@ -24,8 +24,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
+    # config-read recording (rlhf_core/config/reads.py) must reach every worker process too
+    reads = os.environ.get("RLHF_CONFIG_READS")
+    runtime_env = {"env_vars": {"RLHF_CONFIG_READS": reads}} if reads else None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
     else:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env=runtime_env)

@@ -83,9 +83,9 @@ def reward_function_from_config(config: Any) -> Callable[..., Any]:
     """
     from rlhf_core.reward.scorers import default_compute_score
 
-    section = config.get("custom_reward_function", None) if config is not None else None
-    path = section.get("path", None) if section is not None else None
-    kwargs = (section.get("reward_kwargs", None) if section is not None else None) or {}
-    if not path:
-        return functools.partial(default_compute_score, **dict(kwargs)) if kwargs else default_compute_score
-    return load_custom_reward_function(str(path), section.get("name", None) or "compute_score", dict(kwargs))
+    section = config.custom_reward_function
+    # evaluation.yaml has no reward_kwargs (verl's main_eval passes none)
+    kwargs = dict(section.reward_kwargs) if "reward_kwargs" in section else {}
+    if not section.path:
+        return functools.partial(default_compute_score, **kwargs) if kwargs else default_compute_score
+    return load_custom_reward_function(str(section.path), section.name, kwargs)

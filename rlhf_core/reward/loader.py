@@ -25,14 +25,12 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
     Raises:
         ValueError: for an unknown manager name. FileNotFoundError / AttributeError from a bad custom function.
     """
-    rm = config.get("reward_model", None) or {}
-    name = rm.get("reward_manager", None) or "naive"
-    data = config.get("data", None) or {}
-    manager_kwargs = {**dict(rm.get("reward_kwargs", None) or {}), **kwargs}
-    return get_reward_manager_cls(str(name))(
+    rm = config.reward_model
+    manager_kwargs = {**dict(rm.reward_kwargs), **kwargs}
+    return get_reward_manager_cls(str(rm.reward_manager))(
         tokenizer=tokenizer,
         num_examine=num_examine,
         compute_score=reward_function_from_config(config),
-        reward_fn_key=str(data.get("reward_fn_key", None) or "data_source"),
+        reward_fn_key=str(config.data.reward_fn_key),
         **manager_kwargs,
     )

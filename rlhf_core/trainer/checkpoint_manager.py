@@ -112,10 +112,9 @@ class CheckpointManager:
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> "CheckpointManager":
-        get = trainer_cfg.get
-        return cls(get("default_local_dir"), get("default_hdfs_dir"), get("max_actor_ckpt_to_keep"),
-                   get("max_critic_ckpt_to_keep"), bool(get("remove_previous_ckpt_in_save", False)),
-                   bool(get("del_local_ckpt_after_load", False)))
+        t = trainer_cfg
+        return cls(t.default_local_dir, t.default_hdfs_dir, t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep,
+                   bool(t.remove_previous_ckpt_in_save), bool(t.del_local_ckpt_after_load))
 
     # ---- resume ----------------------------------------------------------------------------------
     def resolve_resume(self, resume_mode: str, resume_from_path: str | None = None) -> str | None:

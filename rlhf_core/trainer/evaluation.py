@@ -49,13 +49,6 @@ def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
     return any(p.name == "extra_info" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _get(section: Any, key: str, default: Any) -> Any:
-    if section is None:
-        return default
-    value = section.get(key, None)
-    return default if value is None else value
-
-
 def _as_list(value: Any) -> list:
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -71,8 +64,8 @@ def load_eval_rows(config: Any) -> list[dict]:
         FileNotFoundError: ``data.path`` does not exist. DataError: a configured column is missing (naming the
             columns the file has) or the file has no rows.
     """
-    data = config.get("data")
-    path = str(data.get("path"))
+    data = config.data
+    path = str(data.path)
     if "://" in path and not path.startswith("file://"):
         from rlhf_core.data.fs import copy_to_local  # lazy: only remote paths need fsspec plumbing
 
@@ -83,8 +76,7 @@ def load_eval_rows(config: Any) -> list[dict]:
         raise FileNotFoundError(f"data.path {path!r} does not exist")
     table = pq.read_table(path)
     for key in ("prompt_key", "response_key", "data_source_key", "reward_model_key"):
-        col = _get(data, key, {"prompt_key": "prompt", "response_key": "responses", "data_source_key": "data_source",
-                               "reward_model_key": "reward_model"}[key])
+        col = data[key]
         if col not in table.column_names:
             raise DataError(f"{path}: data.{key}={col!r} is not a column; columns: {table.column_names}")
     if table.num_rows == 0:
@@ -95,11 +87,9 @@ def load_eval_rows(config: Any) -> list[dict]:
 def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], start: int = 0) -> list[dict]:
     """One row dict per response (sample-file columns plus scorer extras); ``records`` are the file's rows from
     row ``start`` on (their ``uid`` and error messages count from there)."""
-    data = config.get("data")
-    prompt_key = _get(data, "prompt_key", "prompt")
-    response_key = _get(data, "response_key", "responses")
-    ds_key = _get(data, "data_source_key", "data_source")
-    rm_key = _get(data, "reward_model_key", "reward_model")
+    data = config.data
+    prompt_key, response_key = data.prompt_key, data.response_key
+    ds_key, rm_key = data.data_source_key, data.reward_model_key
     pass_extra = _accepts_extra_info(scorer)
     rows = []
     for i, rec in enumerate(records, start=start):
@@ -187,7 +177,7 @@ def run_evaluation(config: Any) -> dict[str, float]:
     """
     reward_function_from_config(config)  # a bad custom_reward_function fails here, before Ray starts
     rows = score_rows_parallel(load_eval_rows(config), config)
-    samples_dir = _get(config.get("output", None), "samples_dir", None)
+    samples_dir = config.output.samples_dir
     if samples_dir and rows:
         write_samples_parquet(rows, str(samples_dir), SAMPLES_FILE)
     return evaluation_metrics(rows)

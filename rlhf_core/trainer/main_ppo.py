@@ -32,7 +32,7 @@ def resolve_device(config: DictConfig) -> str:
     """``trainer.device``: ``auto`` → ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
     import ray
 
-    device = str(config.trainer.get("device", "auto") or "auto")
+    device = str(config.trainer.device)
     if device != "auto":
         return device
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
@@ -65,11 +65,11 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     use_critic = critic_in_use(config)  # critic.enable; null = only for gae
-    use_rm = bool(config.get("reward_model") is not None and config.reward_model.get("enable", False))
+    use_rm = bool(config.reward_model.enable)
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
-    timeout = float(config.trainer.get("ray_wait_register_center_timeout", 300) or 300)
+    timeout = float(config.trainer.ray_wait_register_center_timeout)
     specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor")]
     if use_critic:
         specs.append(("critic", CriticWorker, {"config": config}, "critic"))
@@ -95,12 +95,12 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
 
     data = config.data
     train = create_rl_dataset(list(_as_list(data.train_files)), tokenizer, data,
-                              max_samples=int(data.get("train_max_samples", -1) or -1))
+                              max_samples=int(data.train_max_samples))
     val = None
-    if data.get("val_files"):
+    if data.val_files:
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
-                                max_samples=int(data.get("val_max_samples", -1) or -1), is_train=False)
-    if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
+                                max_samples=int(data.val_max_samples), is_train=False)
+    if not config.reward_model.enable and not config.custom_reward_function.path:
         for ds in (train, val):
             check_rule_reward_inputs(ds)
     return train, val
@@ -164,8 +164,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    ray_cfg = config.get("ray_init") or {}
-    init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
+    init_ray(config.ray_init.address, config.ray_init.num_cpus)
     trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()

@@ -40,8 +40,8 @@ def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> in
     Raises:
         ValueError: when the result is not positive (e.g. an empty dataloader).
     """
-    given = config.trainer.get("total_training_steps")
-    total = int(given) if given else steps_per_epoch * int(config.trainer.total_epochs)
+    given = config.trainer.total_training_steps
+    total = int(given) if given is not None and given > 0 else steps_per_epoch * int(config.trainer.total_epochs)
     if total <= 0:
         raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
                          f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")
@@ -83,7 +83,7 @@ class RayPPOTrainer:
             from rlhf_core.algos.kl_controller import get_kl_controller
 
             kc = algo.kl_ctrl
-            self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
+            self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.horizon, kc.target_kl)
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
         self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
@@ -99,17 +99,18 @@ class RayPPOTrainer:
 
         data = self.config.data
         collate = collate_fn or default_collate
-        workers = int(data.get("dataloader_num_workers", 0) or 0)
+        workers = int(data.dataloader_num_workers)
+        seed = None if data.seed is None else int(data.seed)  # an explicit 0 stays 0
         self.train_dataloader = build_dataloader(train_dataset, int(data.train_batch_size),
-                                                 shuffle=bool(data.get("shuffle", True)), seed=int(data.get("seed", 1) or 1),
+                                                 shuffle=bool(data.shuffle), seed=seed,
                                                  drop_last=True, collate_fn=collate, num_workers=workers,
                                                  sampler=create_rl_sampler(data, train_dataset))
         self.val_dataloader = None
         if val_dataset is not None:
-            val_bs = data.get("val_batch_size") or len(val_dataset)
+            val_bs = len(val_dataset) if data.val_batch_size is None else data.val_batch_size
             # data.validation_shuffle: a seeded (data.seed) shuffle of the validation set, as verl's val dataloader
             self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=bool(data.validation_shuffle),
-                                                   seed=data.seed, drop_last=False, collate_fn=collate)
+                                                   seed=seed, drop_last=False, collate_fn=collate)
         self.total_training_steps = compute_total_training_steps(self.config, len(self.train_dataloader))
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
@@ -140,12 +141,13 @@ class RayPPOTrainer:
         self._ensure_tracker()
         self._load_checkpoint()
         last_metrics: dict[str, float] = {}
-        if self.val_reward_fn is not None and self.config.trainer.get("val_before_train", True):
+        if self.val_reward_fn is not None and self.config.trainer.val_before_train:
             last_metrics = self.validator.validate(self.global_steps)
             self.tracker.log(last_metrics, step=self.global_steps)
-            if self.config.trainer.get("val_only", False):
+            if self.config.trainer.val_only:
                 return last_metrics
-        stop_at = min(self.total_training_steps, int(self.config.trainer.get("stop_after_step") or 10**12))
+        stop_after = self.config.trainer.stop_after_step
+        stop_at = self.total_training_steps if stop_after is None else min(self.total_training_steps, int(stop_after))
         if self.global_steps >= stop_at:
             return last_metrics
         steps_per_epoch = len(self.train_dataloader)
@@ -187,7 +189,7 @@ class RayPPOTrainer:
             if self.use_remax:
                 with timer("gen_max", timing):
                     batch = self.compute_reward_baselines(prompts, batch)
-            if self.config.trainer.get("balance_batch", False):
+            if self.config.trainer.balance_batch:
                 batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
                 metrics.update(balance_metrics)
             with timer("reward", timing):
@@ -203,7 +205,7 @@ class RayPPOTrainer:
                     batch = self.compute_values(batch)
             with timer("adv", timing):
                 batch = self.compute_advantage(batch, metrics)
-            if self.config.trainer.get("rollout_data_dir"):
+            if self.config.trainer.rollout_data_dir:
                 with timer("dump_rollout_generations", timing):
                     dump_rollouts(batch, self.tokenizer, str(self.config.trainer.rollout_data_dir), self.global_steps)
             if self.use_critic:
@@ -253,7 +255,7 @@ class RayPPOTrainer:
         rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
         if rate > 0:
             out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)
-        batch = ensure_response_mask(merge(batch, out))
+        batch = ensure_response_mask(merge(batch, out, "actor rollout generate_sequences"))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
@@ -276,11 +278,11 @@ class RayPPOTrainer:
 
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
-            mode = self.config.actor_rollout_ref.actor.get("loss_agg_mode", "token-mean")
+            mode = self.config.actor_rollout_ref.actor.loss_agg_mode
             entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
             metrics["actor/entropy"] = float(entropy)
             out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
-        return merge(batch, out)
+        return merge(batch, out, "actor compute_log_prob")
 
     def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
@@ -289,26 +291,25 @@ class RayPPOTrainer:
         from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 
         algo = self.config.algorithm
-        if "rollout_log_probs" not in batch or algo.get("rollout_is_threshold") is None:
+        if "rollout_log_probs" not in batch or algo.rollout_is_threshold is None:
             return batch
         weights, is_metrics = compute_rollout_importance_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-            level=algo.get("rollout_is_level", "token"), mode=algo.get("rollout_is_mode", "truncate"),
-            threshold=algo.get("rollout_is_threshold"), threshold_lower=algo.get("rollout_is_threshold_lower"),
-            veto_threshold=algo.get("rollout_is_veto_threshold"))
+            level=algo.rollout_is_level, mode=algo.rollout_is_mode, threshold=algo.rollout_is_threshold,
+            threshold_lower=algo.rollout_is_threshold_lower, veto_threshold=algo.rollout_is_veto_threshold)
         metrics.update(is_metrics)
-        if algo.get("rollout_is", False):
+        if algo.rollout_is:
             batch = merge(batch, Batch({"rollout_is_weights": weights.detach()}))
         return batch
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
-        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch))
+        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""
-        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
+        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``; then, with
@@ -329,7 +330,7 @@ class RayPPOTrainer:
         advantages, returns = get_adv_estimator(algo.adv_estimator)(
             token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
-            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)),
+            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
         batch = merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
         return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
@@ -367,14 +368,14 @@ class RayPPOTrainer:
 
                 model = self.config.actor_rollout_ref.model
                 self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
-                                                             trust_remote_code=bool(model.get("trust_remote_code", False)))
+                                                             trust_remote_code=bool(model.trust_remote_code))
             except Exception as exc:  # a remote-code model the driver cannot load: MFU unknown
                 logger.warning("perf/mfu/actor unavailable: %s", exc)
                 self._hf_config = None
         if self._hf_config is None:
             return 0.0
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        passes = int(self.config.actor_rollout_ref.actor.get("ppo_epochs", 1) or 1)
+        passes = int(self.config.actor_rollout_ref.actor.ppo_epochs)
         seqlens = batch["attention_mask"].sum(-1).tolist()
         return estimate_mfu(self._hf_config, seqlens, seconds, self.actor_wg.world_size, passes, name)
 
@@ -385,8 +386,8 @@ class RayPPOTrainer:
 
     def _should_save(self, is_last: bool) -> bool:
         freq = int(self.config.trainer.save_freq)
-        stop_after = self.config.trainer.get("stop_after_step")
-        at_stop = bool(stop_after) and self.global_steps == int(stop_after)
+        stop_after = self.config.trainer.stop_after_step
+        at_stop = stop_after is not None and self.global_steps == int(stop_after)
         return at_stop or (freq > 0 and (is_last or self.global_steps % freq == 0))
 
     def save_checkpoint(self) -> str:
@@ -413,7 +414,7 @@ class RayPPOTrainer:
         from rlhf_core.trainer.checkpoint_manager import parse_global_step
 
         t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if path is None:
             logger.info("training from scratch")
             return

@@ -54,9 +54,9 @@ class Validator:
 
     def _validate_batch(self, batch: Batch, global_step: int) -> list[dict[str, Any]]:
         kw = self.config.actor_rollout_ref.rollout.val_kwargs
-        n = int(kw.get("n", 1))
+        n = int(kw.n)
         batch = add_uids(batch).repeat_interleave(n)
-        batch.meta.update({"validate": True, "do_sample": bool(kw.get("do_sample", False)),
+        batch.meta.update({"validate": True, "do_sample": bool(kw.do_sample),
                            "global_steps": global_step})
         padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
         out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
@@ -97,7 +97,7 @@ class Validator:
                 for ids, n in zip(batch["responses"], lengths)]
 
     def _log_generations(self, rows: list[dict[str, Any]]) -> None:
-        k = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        k = int(self.config.trainer.log_val_generations)
         if k <= 0 or not rows:
             return
         order = sorted(range(len(rows)), key=lambda i: rows[i]["prompt"])
@@ -108,7 +108,7 @@ class Validator:
                         r["step"], r["score"], r["prompt"], r["response"], r["ground_truth"])
 
     def _write_samples(self, rows: list[dict[str, Any]], global_step: int) -> str | None:
-        out_dir = self.config.trainer.get("validation_data_dir")
+        out_dir = self.config.trainer.validation_data_dir
         if not out_dir or not rows:
             return None
         from rlhf_core.metrics.samples import write_samples_parquet

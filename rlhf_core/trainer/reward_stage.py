@@ -26,7 +26,7 @@ def add_rm_scores(batch: Batch, rm_wg: Any | None) -> Batch:
     if rm_wg is None or "rm_scores" in batch:
         return batch
     padded, pad = pad_to_divisor(batch, rm_wg.world_size)
-    return merge(batch, unpad(rm_wg.execute_dp("compute_rm_score", padded), pad))
+    return merge(batch, unpad(rm_wg.execute_dp("compute_rm_score", padded), pad), "reward model compute_rm_score")
 
 
 def score_batch(batch: Batch, reward_fn: Callable, rm_wg: Any | None = None) -> tuple[Batch, dict]:

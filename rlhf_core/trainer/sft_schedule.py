@@ -50,9 +50,9 @@ def sft_lr_multiplier(step: int, total: int, warmup: int, kind: str = "cosine", 
 def build_sft_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> LambdaLR:
     """A ``LambdaLR`` over :func:`sft_lr_multiplier` from ``optim.{warmup_steps_ratio, lr_scheduler, min_lr_ratio,
     stable_ratio}``; step it once per optimizer update."""
-    warmup = int(float(optim_cfg.get("warmup_steps_ratio", 0.0) or 0.0) * total_steps)
-    kind = str(optim_cfg.get("lr_scheduler", "cosine") or "cosine")
-    m = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
-    stable = float(optim_cfg.get("stable_ratio", 0.9) or 0.9)
+    warmup = int(float(optim_cfg.warmup_steps_ratio) * total_steps)
+    kind = str(optim_cfg.lr_scheduler)
+    m = float(optim_cfg.min_lr_ratio)
+    stable = float(optim_cfg.stable_ratio)  # an explicit 0 stays 0 (was rewritten to 0.9)
     sft_lr_multiplier(0, total_steps, warmup, kind, m, stable)  # validates kind early
     return LambdaLR(optimizer, lambda s: sft_lr_multiplier(s, total_steps, warmup, kind, m, stable))

@@ -42,7 +42,7 @@ class SFTTrainer:
         self.config = config
         t, data = config.trainer, config.data
         self.world_size = int(t.nnodes) * int(t.n_gpus_per_node)
-        seed = int(t.get("seed", 1) or 1)
+        seed = None if t.seed is None else int(t.seed)  # an explicit 0 stays 0
         self.train_loader = build_dataloader(train_dataset, int(data.train_batch_size), shuffle=True, seed=seed,
                                              drop_last=True, collate_fn=sft_collate)
         self.val_loader = None
@@ -52,13 +52,12 @@ class SFTTrainer:
             self.val_loader = build_dataloader(val_dataset, max(bs, self.world_size), shuffle=False, seed=seed,
                                                drop_last=True, collate_fn=sft_collate)
         steps_per_epoch = len(self.train_loader)
-        given = t.get("total_training_steps")
-        self.total_steps = int(given) if given else steps_per_epoch * int(t.total_epochs)
+        given = t.total_training_steps
+        self.total_steps = int(given) if given is not None and given > 0 else steps_per_epoch * int(t.total_epochs)
         if self.total_steps <= 0:
             raise ValueError(f"SFT has 0 training steps: {len(train_dataset)} samples, "
                              f"data.train_batch_size={data.train_batch_size}")
-        keep = t.get("max_ckpt_to_keep")
-        self.checkpoints = CheckpointManager(t.default_local_dir, t.get("default_hdfs_dir"), keep, None)
+        self.checkpoints = CheckpointManager(t.default_local_dir, t.default_hdfs_dir, t.max_ckpt_to_keep, None)
         self.tracker = tracker
         self.global_step = 0
         self.wg = None
@@ -75,9 +74,8 @@ class SFTTrainer:
             from rlhf_core.distributed.ray_init import init_ray
             from rlhf_core.distributed.worker_group import RayWorkerGroup
 
-            ray_cfg = self.config.get("ray_init") or {}
-            init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
-            gpus = 1.0 if str(self.config.trainer.get("device", "auto")) != "cpu" and _cluster_has_gpu() else 0.0
+            init_ray(self.config.ray_init.address, self.config.ray_init.num_cpus)
+            gpus = 1.0 if str(self.config.trainer.device) != "cpu" and _cluster_has_gpu() else 0.0
             self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
                                      num_gpus_per_worker=gpus, name_prefix="sft")
         self.wg.execute_all("init_model")
@@ -94,7 +92,7 @@ class SFTTrainer:
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
         last_ckpt = self._resume()
         t = self.config.trainer
-        save_freq, test_freq = int(t.get("save_freq", -1) or -1), int(t.get("test_freq", -1) or -1)
+        save_freq, test_freq = int(t.save_freq), int(t.test_freq)
         steps_per_epoch = len(self.train_loader)
         metrics: dict[str, float] = {}
         n_epochs = -(-self.total_steps // steps_per_epoch)
@@ -128,7 +126,7 @@ class SFTTrainer:
 
     def _resume(self) -> str | None:
         t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if path is None:
             return None
         self.global_step = parse_global_step(path)
@@ -165,10 +163,10 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
 
     validate_sft_config(config)  # before any model is loaded
     model = config.model
-    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.get("trust_remote_code", False)))
+    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.trust_remote_code))
     data = config.data
     train = create_sft_dataset(_as_list(data.train_files), tokenizer, data)
-    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.get("val_files") else None
+    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.val_files else None
     trainer = SFTTrainer(config, train, val)
     try:
         return trainer.fit()

@@ -39,17 +39,15 @@ class SFTWorker:
         from rlhf_core.workers.optim import build_optimizer
 
         mcfg = self.config.model
-        torch.manual_seed(int(self.config.trainer.get("seed", 1) or 1))
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.get("model_dtype", "fp32")),
-                               trust_remote_code=bool(mcfg.get("trust_remote_code", False)),
-                               external_lib=mcfg.get("external_lib"))
-        if mcfg.get("enable_gradient_checkpointing", False):
+        torch.manual_seed(int(self.config.trainer.seed))  # an explicit 0 stays 0
+        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
+                               trust_remote_code=bool(mcfg.trust_remote_code), external_lib=mcfg.external_lib)
+        if mcfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        model = apply_lora(model, int(mcfg.get("lora_rank", 0) or 0), float(mcfg.get("lora_alpha", 16)),
-                           mcfg.get("target_modules", "all-linear"))
+        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
+        offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
-        offload = bool(fsdp_cfg.get("cpu_offload") and fsdp_cfg.get("offload_params"))
         fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
@@ -59,8 +57,8 @@ class SFTWorker:
         """Micro-batches of ``data.micro_batch_size_per_gpu`` rows (else the deprecated global
         ``data.micro_batch_size`` ÷ world size)."""
         data = self.config.data
-        size = data.get("micro_batch_size_per_gpu")
-        if not size:
+        size = data.micro_batch_size_per_gpu
+        if size is None:
             world = dist.get_world_size() if dist.is_initialized() else 1
             size = max(1, int(data.micro_batch_size) // world)
         return batch.split(int(size))
@@ -101,7 +99,7 @@ class SFTWorker:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)
             (contribution * world).backward()
             loss_sum += float(contribution.detach())
-        grad_norm = clip_grad_norm(self.model, float(self.config.optim.get("clip_grad", 1.0) or 0.0))
+        grad_norm = clip_grad_norm(self.model, float(self.config.optim.clip_grad))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
@@ -126,9 +124,8 @@ class SFTWorker:
         from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 
         if getattr(self, "_ckpt_mgr", None) is None:
-            ck = self.config.trainer.get("checkpoint") or {}
-            save = list(ck.get("save_contents") or ["model", "optimizer", "extra"])
-            load = ck.get("load_contents")
+            ck = self.config.trainer.checkpoint
+            save, load = list(ck.save_contents), ck.load_contents
             tok = AutoTokenizer.from_pretrained(local_path(str(self.config.model.partial_pretrain)))
             hf_config = getattr(getattr(self.model, "base_model", self.model), "config", None)
             self._ckpt_mgr = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler, tok, hf_config,
@@ -152,10 +149,9 @@ class SFTWorker:
         if _rank() != 0:
             return None
         mcfg = self.config.model
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.get("model_dtype", "fp32")),
-                               trust_remote_code=bool(mcfg.get("trust_remote_code", False)))
-        model = apply_lora(model, int(mcfg.get("lora_rank", 0) or 0), float(mcfg.get("lora_alpha", 16)),
-                           mcfg.get("target_modules", "all-linear"))
+        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
+                               trust_remote_code=bool(mcfg.trust_remote_code))
+        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
         model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=True)
         model = merge_lora(model)
         model.save_pretrained(out_dir)

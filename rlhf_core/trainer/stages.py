@@ -22,14 +22,16 @@ def timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
 
 
-def merge(batch: Batch, out: Batch) -> Batch:
+def merge(batch: Batch, out: Batch, source: str = "worker") -> Batch:
     """``batch`` with every field of ``out`` added or replaced (a worker's output overrides its input).
 
+    ``source`` names who produced ``out`` for the error (``"reference compute_ref_log_prob"``).
+
     Raises:
-        ValueError: when the two batches have different sizes.
+        ValueError: when the two batches have different sizes (naming ``source``).
     """
     if len(out) and len(batch) and len(out) != len(batch):
-        raise ValueError(f"worker returned {len(out)} rows for a batch of {len(batch)}")
+        raise ValueError(f"{source} returned {len(out)} rows for a batch of {len(batch)}")
     return Batch({**batch.tensors, **out.tensors}, {**batch.non_tensors, **out.non_tensors}, {**batch.meta, **out.meta})
 
 

@@ -101,7 +101,7 @@ class DataParallelPPOActor:
                  ref_model: nn.Module | None = None, activation_offload: bool = False) -> None:
         self.config = config
         self.activation_offload = bool(activation_offload)
-        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.get("use_torch_compile", False)))
+        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile))
         self.model = model
         self.ref_model = ref_model
         self.optimizer = optimizer
@@ -137,7 +137,7 @@ class DataParallelPPOActor:
         """Per-token KL of the policy vs the reference for the KL loss, ``(b, T)`` (``kl_loss_type``):
         ``full`` → :func:`kl_penalty_full` on the current and reference logits; else :func:`kl_penalty` on
         ``log_prob`` and ``mb["ref_log_prob"]``."""
-        kind = self.config.get("kl_loss_type", "low_var_kl")
+        kind = self.config.kl_loss_type
         if kind == "full":
             return kl_penalty_full(logits, self.ref_response_logits(mb, temperature))
         return kl_penalty(log_prob, mb["ref_log_prob"].to(log_prob.device), kind)
@@ -182,24 +182,24 @@ class DataParallelPPOActor:
     def _is_weights(self, mb: Batch) -> torch.Tensor | None:
         if "rollout_is_weights" in mb:
             return mb["rollout_is_weights"]
-        if not self.config.get("rollout_is", False) or "rollout_log_probs" not in mb:
+        if not self.config.rollout_is or "rollout_log_probs" not in mb:
             return None
         weights, _ = compute_rollout_importance_weights(
             mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"],
-            level=self.config.get("rollout_is_level", "token"), mode=self.config.get("rollout_is_mode", "truncate"),
-            threshold=self.config.get("rollout_is_threshold"), threshold_lower=self.config.get("rollout_is_threshold_lower"),
-            veto_threshold=self.config.get("rollout_is_veto_threshold"))
+            level=self.config.rollout_is_level, mode=self.config.rollout_is_mode,
+            threshold=self.config.rollout_is_threshold, threshold_lower=self.config.rollout_is_threshold_lower,
+            veto_threshold=self.config.rollout_is_veto_threshold)
         return weights
 
     def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
         """This micro-batch's contribution to the mini-batch loss, and its metric contributions."""
         cfg = self.config
-        mode = cfg.get("loss_agg_mode", "token-mean")
-        entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
+        mode = cfg.loss_agg_mode
+        entropy_coeff = float(cfg.entropy_coeff)
         dev = device()
         mask = mb["response_mask"].to(dev)
-        use_kl_loss = bool(cfg.get("use_kl_loss", False))
-        full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
+        use_kl_loss = bool(cfg.use_kl_loss)
+        full_kl = use_kl_loss and cfg.kl_loss_type == "full"
         log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
         is_w = self._is_weights(mb)
         pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
@@ -214,7 +214,7 @@ class DataParallelPPOActor:
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
             kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
-            loss = loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+            loss = loss + float(cfg.kl_loss_coef) * kl_loss
             metrics["actor/kl_loss"] = float(kl_loss.detach())
         return loss, metrics
 
@@ -234,25 +234,24 @@ class DataParallelPPOActor:
         cfg = self.config
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         W = world_size()
-        seed = cfg.get("data_loader_seed")
-        seed = 0 if seed is None else int(seed)
+        seed = 0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed)
         self.model.train()
         history: dict[str, list[float]] = {}
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
+        for epoch in range(int(cfg.ppo_epochs)):
             for mini in batching.mini_batches(batch, self.mini_batch_size or len(batch), epoch,
-                                              bool(cfg.get("shuffle", False)), seed, self.update_calls):
+                                              bool(cfg.shuffle), seed, self.update_calls):
                 n_tok, n_seq = batching.global_counts(mini["response_mask"])
                 self.optimizer.zero_grad(set_to_none=True)
                 sums: dict[str, float] = {}
-                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
-                                                 cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
+                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.use_dynamic_bsz),
+                                                 cfg.ppo_max_token_len_per_gpu, "ppo_max_token_len_per_gpu"):
                     with activation_offload(self.activation_offload):
                         loss, m = self._micro_loss(mb, temperature, n_tok, n_seq)
                     (loss * W).backward()  # FSDP averages gradients over the W ranks; the sum is wanted
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v
                 mini_metrics = batching.all_reduce_sum(sums)
-                grad_norm = clip_grad_norm(self.model, cfg.get("grad_clip"))
+                grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
                     mini_metrics["actor/skipped_steps"] = 0.0
@@ -261,8 +260,8 @@ class DataParallelPPOActor:
                     mini_metrics["actor/skipped_steps"] = 1.0
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_metrics["actor/grad_norm"] = grad_norm
-                if cfg.get("use_kl_loss", False):
-                    mini_metrics["actor/kl_coef"] = float(cfg.get("kl_loss_coef", 0.001))
+                if cfg.use_kl_loss:
+                    mini_metrics["actor/kl_coef"] = float(cfg.kl_loss_coef)
                 for k, v in mini_metrics.items():
                     history.setdefault(k, []).append(v)
         self.update_calls += 1

@@ -55,9 +55,9 @@ class DataParallelPPOCritic:
         cfg = self.config
         self.model.eval()
         out = []
-        for mb in batching.micro_batches(batch, cfg.get("forward_micro_batch_size_per_gpu") or self.micro_batch_size,
-                                         bool(cfg.get("use_dynamic_bsz", False)),
-                                         cfg.get("forward_max_token_len_per_gpu") or cfg.get("ppo_max_token_len_per_gpu"),
+        fwd = cfg.forward_micro_batch_size_per_gpu  # null: the update's micro-batch size per rank
+        for mb in batching.micro_batches(batch, self.micro_batch_size if fwd is None else fwd,
+                                         bool(cfg.use_dynamic_bsz), cfg.forward_max_token_len_per_gpu,
                                          "forward_max_token_len_per_gpu"):
             out.append(self._values(mb).cpu() * mb["response_mask"].float())
         return torch.cat(out)
@@ -69,22 +69,23 @@ class DataParallelPPOCritic:
         ``returns``. Returns ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean`` (masked token mean),
         ``critic/grad_norm``, ``critic/skipped_steps``, averaged over mini-batches and identical on every rank."""
         cfg = self.config
-        mode = cfg.get("loss_agg_mode", "token-mean")
-        cliprange = cfg.get("cliprange_value", 0.5)
+        mode = cfg.loss_agg_mode
+        cliprange = cfg.cliprange_value
         W = world_size()
-        seed = cfg.get("data_loader_seed")
+        # critic.data_loader_seed is verl 0.6's key but not (yet) in configs/ppo_trainer.yaml: unseeded = 0 until it is
+        seed = cfg.data_loader_seed if "data_loader_seed" in cfg else None
         seed = 0 if seed is None else int(seed)
         dev = device()
         self.model.train()
         history: dict[str, list[float]] = {}
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
-            for mini in batching.mini_batches(batch, self.mini_batch_size, epoch, bool(cfg.get("shuffle", False)),
+        for epoch in range(int(cfg.ppo_epochs)):
+            for mini in batching.mini_batches(batch, self.mini_batch_size, epoch, bool(cfg.shuffle),
                                               seed, self.update_calls):
                 n_tok, n_seq = batching.global_counts(mini["response_mask"])
                 self.optimizer.zero_grad(set_to_none=True)
                 sums: dict[str, float] = {}
-                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
-                                                 cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
+                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.use_dynamic_bsz),
+                                                 cfg.ppo_max_token_len_per_gpu, "ppo_max_token_len_per_gpu"):
                     mask = mb["response_mask"].to(dev)
                     with activation_offload(self.activation_offload):
                         vpreds = self._values(mb)
@@ -98,7 +99,7 @@ class DataParallelPPOCritic:
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v
                 mini_metrics = batching.all_reduce_sum(sums)
-                grad_norm = clip_grad_norm(self.model, cfg.get("grad_clip"))
+                grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
                 stepped = math.isfinite(grad_norm)
                 if stepped:
                     self.optimizer.step()

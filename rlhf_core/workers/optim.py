@@ -18,24 +18,21 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def _get(cfg: Mapping[str, Any], key: str, default: Any) -> Any:
-    value = cfg.get(key, default) if cfg is not None else default
-    return default if value is None else value
-
-
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str, Any]) -> torch.optim.AdamW:
-    """``AdamW(lr, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8)`` with values from ``optim_cfg``."""
-    betas = tuple(_get(optim_cfg, "betas", (0.9, 0.999)))
+    """``AdamW(lr, betas, weight_decay, eps)`` with values from ``optim_cfg`` (an ``optim`` section).
+
+    sft_trainer.yaml's ``optim`` has no ``eps`` (verl's SFT trainer leaves AdamW's default): 1e-8 there."""
+    eps = optim_cfg.eps if "eps" in optim_cfg else 1e-8
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad], lr=float(_get(optim_cfg, "lr", 1e-6)), betas=betas,
-        weight_decay=float(_get(optim_cfg, "weight_decay", 0.01)), eps=float(_get(optim_cfg, "eps", 1e-8)))
+        [p for p in params if p.requires_grad], lr=float(optim_cfg.lr), betas=tuple(optim_cfg.betas),
+        weight_decay=float(optim_cfg.weight_decay), eps=float(eps))
 
 
 def warmup_steps(optim_cfg: Mapping[str, Any], total_training_steps: int) -> int:
-    steps = int(_get(optim_cfg, "lr_warmup_steps", -1))
+    steps = int(optim_cfg.lr_warmup_steps)
     if steps >= 0:
         return steps
-    ratio = float(_get(optim_cfg, "lr_warmup_steps_ratio", 0.0))
+    ratio = float(optim_cfg.lr_warmup_steps_ratio)
     if ratio > 0 and total_training_steps <= 0:
         raise ValueError("optim.lr_warmup_steps_ratio > 0 needs optim.total_training_steps > 0 "
                          "(the driver injects it; set optim.lr_warmup_steps instead)")
@@ -60,13 +57,14 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Mapping[str,
     ``total_training_steps`` defaults to ``optim_cfg.total_training_steps``.
     Raises ``ValueError`` for an unknown ``lr_scheduler_type`` (the key is named) or a cosine schedule
     without a total step count."""
-    total = int(total_training_steps if total_training_steps is not None else _get(optim_cfg, "total_training_steps", -1))
-    kind = str(_get(optim_cfg, "lr_scheduler_type", _get(optim_cfg, "warmup_style", "constant")))
+    total = int(total_training_steps if total_training_steps is not None else optim_cfg.total_training_steps)
+    kind = str(optim_cfg.lr_scheduler_type)
     if kind not in ("constant", "cosine"):
         raise ValueError(f"optim.lr_scheduler_type={kind!r}: use 'constant' or 'cosine'")
     if kind == "cosine" and total <= 0:
         raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps > 0")
     warmup = warmup_steps(optim_cfg, total)
-    min_ratio = float(_get(optim_cfg, "min_lr_ratio", 0.0))
-    cycles = float(_get(optim_cfg, "num_cycles", 0.5))
+    # critic.optim.min_lr_ratio is null in verl's YAML: no floor, i.e. 0.0
+    min_ratio = 0.0 if optim_cfg.min_lr_ratio is None else float(optim_cfg.min_lr_ratio)
+    cycles = float(optim_cfg.num_cycles)
     return LambdaLR(optimizer, lambda s: lr_lambda(s, warmup, total, kind, min_ratio, cycles))

@@ -48,7 +48,7 @@ def profiles_this_rank(profiler_cfg: Any, rank: int) -> bool:
         return False
     if profiler_cfg.all_ranks:
         return True
-    ranks = list(profiler_cfg.ranks or [])
+    ranks = list(profiler_cfg.ranks)
     return rank in ranks if ranks else rank == 0
 
 

@@ -82,13 +82,21 @@ def test_interpolations_resolve_after_overrides():
     assert cfg.actor_rollout_ref.rollout.response_length == 512
 
 
-def test_list_override_and_plus_new_key_through_load_config():
-    cfg = load_config("ppo_trainer", ["trainer.logger=[console,mlflow]", "+trainer.my_tag=abc",
-                                      "actor_rollout_ref.actor.optim.lr=3e-6", "~ray_init.timeline_json_file"])
+def test_list_override_through_load_config():
+    cfg = load_config("ppo_trainer", ["trainer.logger=[console,mlflow]", "actor_rollout_ref.actor.optim.lr=3e-6",
+                                      "ray_init.timeline_json_file=null"])
     assert list(cfg.trainer.logger) == ["console", "mlflow"]
-    assert cfg.trainer.my_tag == "abc"
     assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6
-    assert "timeline_json_file" not in cfg.ray_init
+    assert cfg.ray_init.timeline_json_file is None
+
+
+def test_typed_config_refuses_keys_outside_the_schema_and_deleting_schema_keys():
+    # a loaded config holds exactly the schema's keys: a '+' key the YAML lacks is named with the file to add it to
+    with pytest.raises(ConfigError, match=r"trainer.my_tag.*not a key of configs/ppo_trainer.yaml"):
+        load_config("ppo_trainer", ["+trainer.my_tag=abc"])
+    with pytest.raises(ConfigError, match=r"'ray_init.timeline_json_file' was deleted \(override "
+                                          r"'~ray_init.timeline_json_file'\)"):
+        load_config("ppo_trainer", ["~ray_init.timeline_json_file"])
 
 
 def test_open_dict_takes_new_keys_with_plus():

@@ -86,13 +86,12 @@ def test_unpicklable_scorer_is_refused():
 
 
 def test_prime_configured_through_reward_kwargs():
-    from omegaconf import OmegaConf
+    from config_fixtures import typed_config
 
     from rlhf_core.reward import load_reward_manager
 
-    cfg = OmegaConf.create({"reward_model": {"reward_manager": "prime",
-                                             "reward_kwargs": {"timeout_s": 5, "num_processes": 3}},
-                            "custom_reward_function": {"path": None}, "data": {}})
+    cfg = typed_config("ppo_trainer", "reward_model.reward_manager=prime",
+                       "reward_model.reward_kwargs={timeout_s: 5, num_processes: 3}")
     manager = load_reward_manager(cfg, CharTokenizer(), num_examine=1, num_processes=1)
     assert isinstance(manager, PrimeRewardManager)
     assert manager.timeout_s == 5.0 and manager.num_processes == 1  # keyword arguments override reward_kwargs

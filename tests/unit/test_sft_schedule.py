@@ -8,9 +8,12 @@ import torch
 
 from rlhf_core.trainer.sft_schedule import build_sft_scheduler, sft_lr_multiplier
 
+from config_fixtures import section
 
-def lrs(total, optim):
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=optim["lr"])
+
+def lrs(total, values):
+    optim = section("sft_trainer", "optim", **values)  # the typed optim section: unset keys take the YAML's value
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
     sched = build_sft_scheduler(opt, optim, total)
     out = []
     for _ in range(total):
@@ -50,6 +53,16 @@ def test_wsd_holds_then_decays():
     assert got[2:11] == pytest.approx([1.0] * 9)
     assert got[11] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.1)))
     assert got[19] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.9)))
+
+
+def test_stable_ratio_zero_stays_zero():
+    # stable_ratio=0 (was rewritten to 0.9 by `x or 0.9`): no stable phase, the decay starts right after warmup.
+    # W = int(0.1 × 20) = 2, decay_start = 2 + int(0 × 18) = 2, p = (s − 2 + 1)/(20 − 2 + 1) = (s − 1)/19 and the
+    # multiplier is ½(1 + cos(πp)) (min_lr_ratio 0). With 0.9, decay_start would be 2 + 16 = 18: s = 2..17 at 1.0.
+    got = lrs(20, {"lr": 1.0, "warmup_steps_ratio": 0.1, "min_lr_ratio": 0.0, "lr_scheduler": "wsd",
+                   "stable_ratio": 0.0})
+    assert got[2] == pytest.approx(0.5 * (1 + math.cos(math.pi / 19)))
+    assert got[17] == pytest.approx(0.5 * (1 + math.cos(math.pi * 16 / 19)))
 
 
 def test_unknown_scheduler():

@@ -7,7 +7,6 @@ import logging
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlhf_core.algos import get_adv_estimator
 from rlhf_core.config import load_config
@@ -15,6 +14,7 @@ from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.validate import use_critic
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 
+from config_fixtures import typed_config
 from test_trainer_ppo import DecodeTok, FakeActor, FakeCritic, FakeGroup, make_config, make_dataset, reward_fn
 
 
@@ -80,9 +80,8 @@ def test_critic_enable_builds_the_critic_worker_group(monkeypatch):
 
     monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
-    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}}, "critic": {"enable": True},
-                            "trainer": {"nnodes": 1, "n_gpus_per_node": 1}})
+    cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
+                       "critic.enable=True", "trainer.nnodes=1", "trainer.n_gpus_per_node=1")
     assert set(main_ppo.build_worker_groups(cfg)) == {"actor_rollout", "critic"}
     cfg.critic.enable = None
     assert set(main_ppo.build_worker_groups(cfg)) == {"actor_rollout"}

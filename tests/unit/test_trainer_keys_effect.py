@@ -89,7 +89,7 @@ class RepeatFirst(AbstractCurriculumSampler):
 def test_curriculum_sampler_gets_each_step_and_reorders_the_next(tmp_path):
     (tmp_path / "cur.py").write_text(CURRICULUM)
     cfg = _steps(tmp_path, 3)
-    cfg.data.sampler = {"class_path": str(tmp_path / "cur.py"), "class_name": "RepeatFirst"}
+    cfg.data.sampler.merge_with({"class_path": str(tmp_path / "cur.py"), "class_name": "RepeatFirst"})
     actor = IndexActor([])
     trainer = _fit(cfg, actor)
     # update(batch) after every step with the step's whole batch: 2 prompts × n=2, scored, with advantages
@@ -183,10 +183,10 @@ class ProfiledActor(ProfiledWorker, IndexActor):
 
 def _profiler_cfg(tmp_path, steps, continuous=False, enable=True):
     cfg = _steps(tmp_path, 4)
-    cfg.global_profiler = {"tool": "torch", "steps": steps, "profile_continuous_steps": continuous,
-                           "save_path": str(tmp_path / "prof")}
-    cfg.actor_rollout_ref.actor.profiler = {"tool": "torch", "enable": enable, "all_ranks": False, "ranks": [],
-                                            "save_path": str(tmp_path / "prof")}
+    cfg.global_profiler.merge_with({"tool": "torch", "steps": steps, "profile_continuous_steps": continuous,
+                                    "save_path": str(tmp_path / "prof")})
+    cfg.actor_rollout_ref.actor.profiler.merge_with({"tool": "torch", "enable": enable, "all_ranks": False,
+                                                     "ranks": [], "save_path": str(tmp_path / "prof")})
     return cfg
 
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from config_fixtures import typed_config
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -129,19 +129,13 @@ class DecodeTok:
 
 def make_config(tmp_path, **trainer):
     cfg = {
-        "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7,
-                 "dataloader_num_workers": 0, "validation_shuffle": False,
-                 "sampler": {"class_path": None, "class_name": None}},
-        "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False},
-                                          "skip_rollout": False, "skip_dump_dir": None, "over_sample_rate": 0},
-                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {},
-                                        "checkpoint": {"async_save": False}}},
-        "critic": {"optim": {}, "checkpoint": {"async_save": False}},
-        "global_profiler": {"tool": None, "steps": None, "profile_continuous_steps": False, "save_path": None},
+        "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7},
+        "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False}},
+                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {}}},
+        "critic": {"optim": {}},
         "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False,
                       "kl_penalty": "kl", "norm_adv_by_std_in_grpo": True,
-                      "kl_ctrl": {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1},
-                      "use_pf_ppo": False, "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0}},
+                      "kl_ctrl": {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1}},
         "trainer": {"total_epochs": 2, "total_training_steps": None, "project_name": "p", "experiment_name": "e",
                     "logger": ["file"], "log_val_generations": 2, "save_freq": 2, "test_freq": 2,
                     "val_before_train": True, "critic_warmup": 0, "resume_mode": "auto", "resume_from_path": None,
@@ -151,7 +145,10 @@ def make_config(tmp_path, **trainer):
                     "max_actor_ckpt_to_keep": None, "max_critic_ckpt_to_keep": None},
     }
     cfg["trainer"].update(trainer)
-    return OmegaConf.create(cfg)
+    cfg["trainer"].setdefault("balance_batch", False)  # FakeGroup shards in order; the YAML's True reorders rows
+    typed = typed_config("ppo_trainer")  # every other key at the YAML's value
+    typed.merge_with(cfg)
+    return typed
 
 
 def run(cfg, log=None):

@@ -8,8 +8,16 @@ import torch
 
 from rlhf_core.workers.optim import build_lr_scheduler, build_optimizer, lr_lambda
 
+from config_fixtures import section
 
-def _lrs(cfg: dict, steps: int) -> list[float]:
+
+def _optim(**values):
+    """The typed actor ``optim`` section (YAML defaults: constant schedule, no warmup) with ``values`` set."""
+    return section("ppo_trainer", "actor_rollout_ref.actor.optim", **values)
+
+
+def _lrs(values: dict, steps: int) -> list[float]:
+    cfg = _optim(**values)
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg)
     sched = build_lr_scheduler(opt, cfg)
     out = []
@@ -47,16 +55,16 @@ def test_warmup_equal_to_total_does_not_crash_and_never_zero():
 
 
 def test_errors_name_the_key():
-    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], {"lr": 1.0})
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], _optim(lr=1.0))
     with pytest.raises(ValueError, match="lr_scheduler_type"):
-        build_lr_scheduler(opt, {"lr_scheduler_type": "wsd", "total_training_steps": 3})
+        build_lr_scheduler(opt, _optim(lr_scheduler_type="wsd", total_training_steps=3))
     with pytest.raises(ValueError, match="total_training_steps"):
-        build_lr_scheduler(opt, {"lr_scheduler_type": "cosine"})
+        build_lr_scheduler(opt, _optim(lr_scheduler_type="cosine"))
     with pytest.raises(ValueError, match="total_training_steps"):
-        build_lr_scheduler(opt, {"lr_warmup_steps_ratio": 0.1})
+        build_lr_scheduler(opt, _optim(lr_warmup_steps_ratio=0.1))
 
 
 def test_adamw_reads_betas_and_weight_decay():
-    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], {"lr": 0.5, "betas": [0.8, 0.9], "weight_decay": 0.1})
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], _optim(lr=0.5, betas=[0.8, 0.9], weight_decay=0.1))
     g = opt.param_groups[0]
     assert (g["lr"], g["betas"], g["weight_decay"]) == (0.5, (0.8, 0.9), 0.1)

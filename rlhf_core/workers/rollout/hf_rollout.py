@@ -88,10 +88,10 @@ class HFRollout:
         token) when ``calculate_log_probs``."""
         cfg = self.config
         params = sampling_params(cfg, batch.meta)
-        T = int(cfg.get("response_length"))
-        ignore_eos = bool(cfg.get("ignore_eos", False))
-        calc_lp = bool(cfg.get("calculate_log_probs", False))
-        size = int(cfg.get("micro_batch_size") or len(batch))
+        T = int(cfg.response_length)
+        ignore_eos = bool(cfg.ignore_eos)
+        calc_lp = bool(cfg.calculate_log_probs)
+        size = len(batch)  # one generate() call per shard (verl's rollout has no micro-batch key)
         was_training = self.module.training
         self.module.eval()
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
