@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from rlhf_core.config import load_config
-from rlhf_core.trainer.sft_schedule import build_sft_scheduler
-from rlhf_core.workers.optim import build_lr_scheduler
+from rlhf_core.workers.lr_schedule import build_lr_scheduler, build_sft_lr_scheduler
 
 A = "actor_rollout_ref.actor.optim."
 
@@ -36,7 +35,7 @@ def ppo_lrs(section: str, overrides: list[str], steps: int) -> list[float]:
 def sft_lrs(overrides: list[str], total: int, steps: int | None = None) -> list[float]:
     cfg = load_config("sft_trainer", overrides)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.optim.lr))
-    return _run(opt, build_sft_scheduler(opt, cfg.optim, total), steps or total)
+    return _run(opt, build_sft_lr_scheduler(opt, cfg.optim, total), steps or total)
 
 
 def _cos(m: float, p: float, cycles: float = 0.5) -> float:
@@ -120,5 +119,7 @@ def test_sft_wsd():
                    "optim.lr_scheduler=wsd", "optim.stable_ratio=0.5"], 20)
     assert got[:2] == pytest.approx([0.2, 0.6])
     assert got[2:11] == pytest.approx([1.0] * 9)
-    # today: p = (s − 10)/10 (the first decay update is already below the peak)
-    assert got[11:] == pytest.approx([_cos(0.2, (s - 10) / 10) for s in range(11, 20)])
+    # verl's get_wsd_schedule_with_warmup: p = (s − 11)/9 over the 9 decay updates s = 11..19, so s = 11 is still
+    # at the peak. Changed from the first version (p = (s − 10)/10, already below the peak at s = 11).
+    assert got[11:] == pytest.approx([_cos(0.2, (s - 11) / 9) for s in range(11, 20)])
+    assert got[11] == pytest.approx(1.0) and got[19] == pytest.approx(_cos(0.2, 8 / 9))
