@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -29,6 +28,8 @@ import logging
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from rlhf_core.atomic import atomic_write
 
 TABLES: dict[str, dict[str, str]] = {
     "samples": {
@@ -57,15 +58,9 @@ def _check_name(kind: str, value: str) -> str:
 
 
 def _atomic_write(table: pa.Table, dest: Path) -> None:
-    """Write ``table`` to ``dest`` through a temporary sibling and an atomic rename."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Write ``table`` to ``dest`` atomically (:func:`rlhf_core.atomic.atomic_write`)."""
+    with atomic_write(dest) as fh:
+        pq.write_table(table, fh)
 
 
 def _with_lock_retry(fn):

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from rlhf_core.atomic import atomic_write
+
 
 def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
     """Global steps at which PPO segments end: ``segment_steps, 2*segment_steps, ..., total_steps``.
@@ -267,8 +269,6 @@ def take_rows(src: str, dest: str, n: int | None) -> str:
     table = pq.read_table(src)
     if n and n > 0:
         table = table.slice(0, min(n, table.num_rows))
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(dest).with_name(f".{Path(dest).name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(dest)
+    with atomic_write(dest) as fh:
+        pq.write_table(table, fh)
     return dest

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
 
+from rlhf_core.atomic import replace_directory
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -103,9 +104,7 @@ class FSDPCheckpointManager:
             self._save_hf(os.path.join(tmp, "huggingface"), full)
         _barrier()
         if rank() == 0:
-            if os.path.exists(local_path):
-                shutil.rmtree(local_path)
-            os.replace(tmp, local_path)
+            replace_directory(tmp, local_path)
         _barrier()
         return local_path
 
