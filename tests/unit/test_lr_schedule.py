@@ -83,10 +83,12 @@ def test_deprecated_warmup_style_cosine_gives_a_cosine_lr():
     assert _lrs(critic, 3) == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5])
 
 
-def test_warmup_style_is_a_known_key_like_in_verl():
-    # the key exists (verl 0.6 has it), so Hydra's '+' (add a new key) is refused and '++' works
-    with pytest.raises(ConfigError, match="already"):
-        load_config("ppo_trainer", ["+" + A + "warmup_style=cosine"])
+def test_plus_warmup_style_works_as_in_verl():
+    # the command line: '+' adds where the current value is null (Hydra's rule), so it takes effect
+    with pytest.warns(DeprecationWarning):
+        optim = _actor_optim("+" + A + "warmup_style=cosine", A + "total_training_steps=4", A + "lr=1.0")
+    assert optim.lr_scheduler_type == "cosine"
+    assert _lrs(optim, 3) == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5])
     with pytest.warns(DeprecationWarning):
         assert _actor_optim("++" + A + "warmup_style=cosine").lr_scheduler_type == "cosine"
 
