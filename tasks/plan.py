@@ -13,6 +13,9 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from rlhf_core.atomic import atomic_write
+from rlhf_core.config import ConfigError, parse_value
+
 
 def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
     """Global steps at which PPO segments end: ``segment_steps, 2*segment_steps, ..., total_steps``.
@@ -31,12 +34,37 @@ def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
 
 
 def override_value(value: Any) -> str:
-    """Render a Python value as an OmegaConf dotted-override value (``[a,b]``, ``null``, ``True``)."""
+    """Render a Python value as a verl/Hydra override value (``[a,b]``, ``null``, ``True``); a string that Hydra's
+    grammar would not read back as itself (``~/x``, ``a,b``, ``#1``) is single-quoted with Hydra's escapes."""
     if value is None:
         return "null"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(override_value(v) for v in value) + "]"
-    return str(value)
+    text = str(value)
+    if isinstance(value, str):
+        try:
+            same = parse_value(text) == text
+        except ConfigError:
+            same = False
+        if not same:
+            return _hydra_quote(text)
+    return text
+
+
+def _hydra_quote(text: str) -> str:
+    # Hydra's quoted strings: a quote is escaped with a backslash, and so is a run of backslashes before one
+    out, run = [], 0
+    for ch in text:
+        if ch == "\\":
+            run += 1
+            continue
+        if ch == "'":
+            out.append("\\" * (2 * run) + "\\'")
+        else:
+            out.append("\\" * run + ch)
+        run = 0
+    out.append("\\" * (2 * run))  # backslashes before the closing quote
+    return "'" + "".join(out) + "'"
 
 
 def as_overrides(mapping: dict[str, Any]) -> list[str]:
@@ -267,8 +295,6 @@ def take_rows(src: str, dest: str, n: int | None) -> str:
     table = pq.read_table(src)
     if n and n > 0:
         table = table.slice(0, min(n, table.num_rows))
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(dest).with_name(f".{Path(dest).name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(dest)
+    with atomic_write(dest) as fh:
+        pq.write_table(table, fh)
     return dest

@@ -64,7 +64,7 @@ TYPES: dict[str, tuple] = {
     _A + "actor.optim.lr_decay_steps": _INT, _A + "actor.optim.lr_wsd_decay_steps": _INT,
     "critic.ppo_micro_batch_size": _INT, "critic.ppo_micro_batch_size_per_gpu": _INT,
     "critic.forward_micro_batch_size": _INT, "critic.forward_micro_batch_size_per_gpu": _INT,
-    "critic.optim.min_lr_ratio": _FLOAT, "critic.model.external_lib": _STR,
+    "critic.optim.min_lr_ratio": _FLOAT, _A + "actor.optim.warmup_style": _STR, "critic.optim.warmup_style": _STR, "critic.model.external_lib": _STR,
     "reward_model.micro_batch_size": _INT, "reward_model.max_length": _INT,
     "reward_model.model.input_tokenizer": _STR, "reward_model.model.external_lib": _STR,
     "custom_reward_function.path": _STR, "algorithm.rollout_is_threshold": _FLOAT,

@@ -81,9 +81,6 @@ _VLLM_DEFAULT = "not passed to vLLM; the engine's default is used"
 _SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not supported"
 # path -> (status, what happens instead)
 EFFECT06: dict[str, tuple[str, str]] = {
-    # given effect by the parallel "effects" work
-    _A + "actor.optim.warmup_style": (NO_EFFECT_YET, _PENDING + ": set lr_scheduler_type instead"),
-    "critic.optim.warmup_style": (NO_EFFECT_YET, _PENDING + ": set lr_scheduler_type instead"),
     # ours for good: options we do not have
     _A + "nccl_timeout": (NO_EFFECT_YET, "the process group uses torch's default timeout"),
     _A + "model.hf_config_path": (NO_EFFECT_YET, "the HF config is read from model.path"),

@@ -67,8 +67,41 @@ def _is_interpolation(cfg: DictConfig, path: str) -> bool:
     return isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf)
 
 
+def lr_scheduler_type_of(lr_scheduler_type: str, warmup_style: str | None, section: str) -> str:
+    """The schedule of a PPO ``<section>``: the deprecated ``warmup_style`` when set, else ``lr_scheduler_type``.
+
+    verl 0.6 (``FSDPOptimizerConfig.__post_init__``) copies a non-null ``warmup_style`` onto ``lr_scheduler_type``.
+    Raises ConfigError naming both keys when both are set to different values (``lr_scheduler_type`` other than
+    its default ``constant`` counts as set: an explicit ``constant`` cannot be told from the default, and then
+    ``warmup_style`` wins, as in verl).
+    """
+    style, kind = warmup_style, lr_scheduler_type
+    if style is None:
+        return kind
+    if kind not in ("constant", style):
+        raise ConfigError(f"{section}.warmup_style={style!r} (deprecated) and {section}.lr_scheduler_type={kind!r} "
+                          f"disagree: set only {section}.lr_scheduler_type.")
+    return style
+
+
+def _convert_warmup_style(cfg: DictConfig) -> list[str]:
+    notes = []
+    for section in (f"{A}.actor.optim", "critic.optim"):
+        optim_cfg = OmegaConf.select(cfg, section)
+        if optim_cfg is None or optim_cfg.warmup_style not in ("constant", "cosine"):
+            continue  # unset, or a bad value the schema check reports with the choices
+        kind = lr_scheduler_type_of(optim_cfg.lr_scheduler_type, optim_cfg.warmup_style, section)
+        with open_dict(cfg):
+            OmegaConf.update(cfg, f"{section}.lr_scheduler_type", kind, merge=False)
+        note = f"{section}.warmup_style is deprecated; read as {section}.lr_scheduler_type={kind} (verl 0.6)."
+        warnings.warn(note, DeprecationWarning, stacklevel=3)
+        notes.append(note)
+    return notes
+
+
 def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool = False) -> list[str]:
-    """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning.
+    """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning, and
+    (PPO) a set ``optim.warmup_style`` onto ``optim.lr_scheduler_type`` (:func:`lr_scheduler_type_of`).
 
     Mirrors verl's workers: ``per_gpu = global // world_size``; the global key is then set to null.
     Run it before resolving: a per-GPU key that is still an interpolation (e.g. the critic's, which
@@ -77,7 +110,7 @@ def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool
     the world size (verl would floor it silently, possibly to 0). Returns the warning texts.
     """
     world = world_size or world_size_of(cfg)
-    notes, errors = [], []
+    notes, errors = ([] if sft else _convert_warmup_style(cfg)), []
     if world <= 0:
         return notes  # the resource rules report the bad world size
     for section, old, new, _dyn, _when in (_SFT_MICRO if sft else _PPO_MICRO):

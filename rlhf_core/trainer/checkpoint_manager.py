@@ -5,7 +5,7 @@
 <default_local_dir>/global_step_<N>/critic/   written by the critic workers
 <default_local_dir>/global_step_<N>/data.pt   dataloader ``state_dict()`` (torch.save)
 <default_local_dir>/global_step_<N>/trainer_state.pt   driver state beyond verl's (e.g. the adaptive KL β; ours)
-<default_local_dir>/latest_checkpointed_iteration.txt   "N", written last via a temp file + os.replace
+<default_local_dir>/latest_checkpointed_iteration.txt   "N", written last, atomically
 ```
 
 Retention (``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; ``remove_previous_ckpt_in_save`` means keep 1)
@@ -24,6 +24,8 @@ import shutil
 from typing import Any, Callable
 
 import torch
+
+from rlhf_core.atomic import atomic_write, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +53,8 @@ def parse_global_step(path: str) -> int:
 
 
 def write_tracker(root: str, global_step: int) -> None:
-    """Atomically write ``N`` to ``<root>/latest_checkpointed_iteration.txt`` (temp file, fsync, os.replace)."""
-    tmp = os.path.join(root, f".{TRACKER_FILE}.tmp.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(str(int(global_step)))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER_FILE))
+    """Atomically write ``N`` to ``<root>/latest_checkpointed_iteration.txt`` (:func:`rlhf_core.atomic.atomic_write`)."""
+    atomic_write_text(os.path.join(root, TRACKER_FILE), str(int(global_step)))
 
 
 def find_latest_checkpoint(root: str) -> str | None:
@@ -172,9 +169,8 @@ class CheckpointManager:
             save(os.path.join(path, name))
         for name, state in (("data.pt", dataloader_state), ("trainer_state.pt", trainer_state)):
             if state is not None:
-                tmp = os.path.join(path, f".{name}.tmp")
-                torch.save(state, tmp)
-                os.replace(tmp, os.path.join(path, name))
+                with atomic_write(os.path.join(path, name)) as fh:
+                    torch.save(state, fh)
         self._pending = (global_step, path, list(wait_fns or []))
         if wait_fns is None:
             self.finish_pending()

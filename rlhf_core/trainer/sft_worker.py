@@ -34,8 +34,8 @@ class SFTWorker:
     def init_model(self) -> None:
         from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
         from rlhf_core.models.lora import apply_lora
-        from rlhf_core.trainer.sft_schedule import build_sft_scheduler
         from rlhf_core.workers.fsdp_utils import apply_fsdp2
+        from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
         from rlhf_core.workers.optim import build_optimizer
 
         mcfg = self.config.model
@@ -51,7 +51,7 @@ class SFTWorker:
         fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
-        self.scheduler = build_sft_scheduler(self.optimizer, self.config.optim, self.total_steps)
+        self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
 
     def _micro_batches(self, batch: Batch) -> list[Batch]:
         """Micro-batches of ``data.micro_batch_size_per_gpu`` rows (else the deprecated global

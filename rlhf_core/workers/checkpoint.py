@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_map
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
 
+from rlhf_core.atomic import replace_directory
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -142,9 +143,7 @@ class FSDPCheckpointManager:
             self._save_hf(os.path.join(tmp, "huggingface"), full)
         _barrier(pg)
         if rank() == 0:
-            if os.path.exists(local_path):
-                shutil.rmtree(local_path)
-            os.replace(tmp, local_path)
+            replace_directory(tmp, local_path)
         _barrier(pg)
         return local_path
 

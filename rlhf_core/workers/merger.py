@@ -18,6 +18,7 @@ import tempfile
 import torch
 
 from rlhf_core.workers.verl_checkpoint import is_verl_checkpoint, load_verl_fsdp_state_dict
+from rlhf_core.atomic import atomic_directory
 
 
 def _load_dcp_full(model_dir: str) -> dict[str, torch.Tensor]:
@@ -98,15 +99,11 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
         raise KeyError(f"checkpoint lacks weights for {missing[:5]} ...")
     if getattr(config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
         model.tie_weights()
-    tmp = target_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in os.listdir(hf_dir):  # tokenizer files + generation config
-        if name not in ("config.json", "model.safetensors", "adapter_config.json") and os.path.isfile(os.path.join(hf_dir, name)):
-            shutil.copy2(os.path.join(hf_dir, name), os.path.join(tmp, name))
-    if os.path.exists(target_dir):
-        shutil.rmtree(target_dir)
-    os.replace(tmp, target_dir)
+    with atomic_directory(target_dir.rstrip("/")) as tmp:
+        model.save_pretrained(tmp)
+        for name in os.listdir(hf_dir):  # tokenizer files + generation config
+            if name not in ("config.json", "model.safetensors", "adapter_config.json") and os.path.isfile(os.path.join(hf_dir, name)):
+                shutil.copy2(os.path.join(hf_dir, name), os.path.join(tmp, name))
     return target_dir
 
 

@@ -11,7 +11,8 @@ from rlhf_core.config.structured import full_key, role_name
 from rlhf_core.models.loading import load_causal_lm, load_value_model, to_torch_dtype
 from rlhf_core.models.lora import apply_lora
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
-from rlhf_core.workers.optim import build_lr_scheduler, build_optimizer
+from rlhf_core.workers.lr_schedule import build_lr_scheduler
+from rlhf_core.workers.optim import build_optimizer
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Before the typed config, ``int(data.get("seed", 1) or 1)`` turned ``data.seed=0`` and ``trainer.seed=0`` into 1, and
 code defaults had drifted from the YAML (``balance_batch`` False vs True, ``data.seed`` 1 vs 42, ``rollout.name``
-"hf" vs "vllm"). (``optim.stable_ratio=0`` is in test_sft_schedule.py.)
+"hf" vs "vllm"). (``optim.stable_ratio=0`` is in test_lr_schedule.py.)
 """
 from __future__ import annotations
 

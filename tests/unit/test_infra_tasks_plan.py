@@ -255,3 +255,13 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
         flow_mod.main(["--help"])
     help_text = capsys.readouterr().out
     assert "--skip-sft" in help_text and "--skip-evaluate" in help_text
+
+
+@pytest.mark.parametrize("value", ["~/data/train.parquet", "a,b", "#1", "it's", "end\\", "q\\'x", "x=y",
+                                   "/tmp/x y", "  sp  ", "", "plain", "${data.max_prompt_length}"])
+def test_override_value_reads_back_through_hydras_grammar(value):
+    # the flow's overrides go through the same Hydra parser as a user's: any string comes back unchanged
+    from rlhf_core.config import parse_value
+
+    assert parse_value(plan.override_value(value)) == value
+    assert plan.override_value("plain") == "plain" and plan.override_value("~/x") == "'~/x'"
