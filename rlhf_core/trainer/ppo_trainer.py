@@ -23,8 +23,8 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
-from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
-                                      merge, timer)
+from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
+                                            mean_rank_metrics, timer)
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class RayPPOTrainer:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
         out = self.actor_wg.execute_dp("generate_sequences", batch)
-        batch = ensure_response_mask(merge(batch, out))
+        batch = ensure_response_mask(batch.merge(out))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
@@ -231,7 +231,7 @@ class RayPPOTrainer:
         batch, result = score_batch(batch, self.reward_fn, self.wgs.get("rm"))
         extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
                   if len(v) == len(batch)}
-        return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+        return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
@@ -243,7 +243,7 @@ class RayPPOTrainer:
             entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
             metrics["actor/entropy"] = float(entropy)
             out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
-        return merge(batch, out)
+        return batch.merge(out)
 
     def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
@@ -261,17 +261,17 @@ class RayPPOTrainer:
             veto_threshold=algo.get("rollout_is_veto_threshold"))
         metrics.update(is_metrics)
         if algo.get("rollout_is", False):
-            batch = merge(batch, Batch({"rollout_is_weights": weights.detach()}))
+            batch = batch.merge(Batch({"rollout_is_weights": weights.detach()}))
         return batch
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
-        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch))
+        return batch.merge(wg.execute_dp("compute_ref_log_prob", batch))
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""
-        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
+        return batch.merge(self.wgs["critic"].execute_dp("compute_values", batch))
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""
@@ -293,7 +293,7 @@ class RayPPOTrainer:
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
             epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)),
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
-        return merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        return batch.merge(Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """[update_critic] one critic update; per-rank metrics averaged."""

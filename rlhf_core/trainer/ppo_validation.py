@@ -18,7 +18,7 @@ import numpy as np
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.reward_stage import score_batch
-from rlhf_core.trainer.stages import add_uids, ensure_response_mask, merge, pad_to_divisor, unpad
+from rlhf_core.trainer.driver_utils import add_uids, ensure_response_mask, pad_to_divisor, unpad
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Validator:
                            "global_steps": global_step})
         padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
         out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
-        batch = ensure_response_mask(merge(batch, out))
+        batch = ensure_response_mask(batch.merge(out))
         batch, result = score_batch(batch, self.val_reward_fn, self.rm_wg)
         scores = result["reward_tensor"].float().sum(-1).tolist()
         extras = result.get("reward_extra_info") or {}

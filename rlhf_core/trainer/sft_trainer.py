@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
-from rlhf_core.trainer.stages import mean_rank_metrics
+from rlhf_core.trainer.driver_utils import mean_rank_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -201,7 +201,10 @@ class DataParallelPPOActor:
         mask = mb["response_mask"].to(dev)
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
-        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
+        # the entropy enters the loss only with entropy_coeff (verl computes it only then, too); the logged
+        # actor/entropy is the rollout batch's pre-update entropy, from compute_log_prob (the trainer's old_log_prob)
+        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff),
+                                                          return_logits=full_kl)
         clip = float(cfg.get("clip_ratio", 0.2))
         low = cfg.get("clip_ratio_low")
         high = cfg.get("clip_ratio_high")
@@ -212,10 +215,11 @@ class DataParallelPPOActor:
             clip if low is None else float(low), clip if high is None else float(high),
             float(cfg.get("clip_ratio_c", 3.0)), mode,
             rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq)
-        ent = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
-        loss = pg_loss - entropy_coeff * ent if entropy_coeff else pg_loss
+        loss = pg_loss
+        if entropy_coeff:
+            loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
-        metrics = {"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(ent.detach())}
+        metrics = {"actor/pg_loss": float(pg_loss.detach())}
         metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
@@ -231,9 +235,10 @@ class DataParallelPPOActor:
         ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with ``use_kl_loss`` unless ``kl_loss_type: full``,
         ``rollout_log_probs`` or ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over
         mini-batches, identical on every rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
-        ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
+        ``actor/pg_clipfrac_lower``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
         ``use_kl_loss``), ``actor/grad_norm``, ``actor/skipped_steps`` (non-finite grad norm → no step).
-        The LR is stepped by the worker.
+        The LR is stepped by the worker. No ``actor/entropy``: as in verl, that metric is the rollout batch's
+        entropy before the update (the trainer's ``old_log_prob`` stage), which an update value would overwrite.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")

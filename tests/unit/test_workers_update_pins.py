@@ -89,7 +89,9 @@ def critic_update(micro: int | None, *overrides: str, dynamic_tokens: int | None
 
 
 # Recorded at cced719 (micro-batch size 2); see the module docstring.
-ACTOR_PIN = {"actor/pg_loss": 0.007008871412836015, "actor/entropy": 3.4614410400390625,
+# actor/entropy (3.4614410400390625 at cced719) left the update's metrics on purpose: verl's actor/entropy is the
+# rollout batch's entropy before the update, logged by the trainer's old_log_prob stage, which it overwrote.
+ACTOR_PIN = {"actor/pg_loss": 0.007008871412836015,
              "actor/pg_clipfrac": 0.2543463531500575, "actor/ppo_kl": 0.0510480091190682,
              "actor/pg_clipfrac_lower": 0.0, "actor/kl_loss": 0.06308213470038027, "actor/skipped_steps": 0.0,
              "actor/grad_norm": 1.422239989042282, "actor/kl_coef": 0.1}

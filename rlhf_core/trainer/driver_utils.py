@@ -1,4 +1,4 @@
-"""Small helpers shared by the PPO driver's stages: timers, batch merging, padding, rank-metric reduction."""
+"""Small helpers shared by the PPO driver's stages: timers, uids, padding, rank-metric reduction, balancing."""
 from __future__ import annotations
 
 import time
@@ -21,17 +21,6 @@ def timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
 
 
-def merge(batch: Batch, out: Batch) -> Batch:
-    """``batch`` with every field of ``out`` added or replaced (a worker's output overrides its input).
-
-    Raises:
-        ValueError: when the two batches have different sizes.
-    """
-    if len(out) and len(batch) and len(out) != len(batch):
-        raise ValueError(f"worker returned {len(out)} rows for a batch of {len(batch)}")
-    return Batch({**batch.tensors, **out.tensors}, {**batch.non_tensors, **out.non_tensors}, {**batch.meta, **out.meta})
-
-
 def add_uids(batch: Batch) -> Batch:
     """A new batch with a fresh ``uid`` (uuid4 string) per row: one group per prompt before repetition."""
     uids = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -43,7 +32,7 @@ def ensure_response_mask(batch: Batch) -> Batch:
     if "response_mask" in batch:
         return batch
     t = batch["responses"].shape[1]
-    return merge(batch, Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
+    return batch.merge(Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
 
 
 def pad_to_divisor(batch: Batch, divisor: int) -> tuple[Batch, int]:
