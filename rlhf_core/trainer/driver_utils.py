@@ -1,6 +1,8 @@
 """Small helpers shared by the PPO driver's stages: timers, uids, padding, rank-metric reduction, balancing."""
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from contextlib import contextmanager
@@ -8,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from rlhf_core.metrics.training import reduce_metrics
 from rlhf_core.protocol import Batch
 
 
@@ -51,8 +54,6 @@ def unpad(batch: Batch, pad: int) -> Batch:
 def mean_rank_metrics(outputs: list[Any]) -> dict[str, float]:
     """Reduce per-rank metric dicts (values: numbers or lists of numbers; or Batches carrying
     ``meta["metrics"]``) to their mean per key (``rlhf_core.metrics.training.reduce_metrics``)."""
-    from rlhf_core.metrics.training import reduce_metrics
-
     dicts = []
     for out in outputs:
         if isinstance(out, Batch):
@@ -90,9 +91,6 @@ def dump_rollouts(batch: Batch, tokenizer: Any, out_dir: str, global_step: int) 
     """``trainer.rollout_data_dir``: write ``<out_dir>/<global_step>.jsonl``, one line per sequence with
     ``input``, ``output`` (decoded, special tokens skipped), ``score`` (Σ token_level_scores), ``step`` and the
     reward manager's extra columns (verl ``_dump_generations``)."""
-    import json
-    import os
-
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{global_step}.jsonl")
     p = batch["prompts"].shape[1]

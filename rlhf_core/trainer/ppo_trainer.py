@@ -18,13 +18,24 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
+from transformers import AutoConfig
 
+from rlhf_core.algos.advantages import get_adv_estimator
+from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
+from rlhf_core.algos.loss_agg import agg_loss
+from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+from rlhf_core.data.loader import build_dataloader
+from rlhf_core.data.rl_dataset import collate_fn as default_collate
+from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.checkpoint_manager import CheckpointManager
-from rlhf_core.trainer.ppo_validation import Validator
-from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
                                             mean_rank_metrics, timer)
+from rlhf_core.trainer.mfu import estimate_mfu
+from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
+from rlhf_core.trainer.tracking import Tracking
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +84,6 @@ class RayPPOTrainer:
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl = None
         if algo.use_kl_in_reward:
-            from rlhf_core.algos.kl_controller import get_kl_controller
-
             kc = algo.kl_ctrl
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
@@ -85,9 +94,6 @@ class RayPPOTrainer:
 
     # ---- setup -----------------------------------------------------------------------------------
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
-        from rlhf_core.data.loader import build_dataloader
-        from rlhf_core.data.rl_dataset import collate_fn as default_collate
-
         data = self.config.data
         collate = collate_fn or default_collate
         workers = int(data.get("dataloader_num_workers", 0) or 0)
@@ -150,16 +156,11 @@ class RayPPOTrainer:
 
     def _ensure_tracker(self) -> None:
         if self.tracker is None:
-            from rlhf_core.trainer.tracking import Tracking
-
             t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
-        from rlhf_core.metrics.training import (compute_data_metrics, compute_throughput_metrics,
-                                                compute_timing_metrics)
-
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
@@ -235,8 +236,6 @@ class RayPPOTrainer:
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
-        from rlhf_core.algos.loss_agg import agg_loss
-
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
             mode = self.config.actor_rollout_ref.actor.get("loss_agg_mode", "token-mean")
@@ -249,8 +248,6 @@ class RayPPOTrainer:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
         engine and a threshold set, log ``mismatch/rollout_is_*``; with ``rollout_is=True`` also add the detached
         ``rollout_is_weights (B, T)`` that the actor multiplies into its per-token policy loss."""
-        from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
-
         algo = self.config.algorithm
         if "rollout_log_probs" not in batch or algo.get("rollout_is_threshold") is None:
             return batch
@@ -275,9 +272,6 @@ class RayPPOTrainer:
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""
-        from rlhf_core.algos.advantages import get_adv_estimator
-        from rlhf_core.algos.kl_controller import apply_kl_penalty
-
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
         if algo.use_kl_in_reward:
@@ -306,14 +300,8 @@ class RayPPOTrainer:
 
     def _actor_mfu(self, batch: Batch, seconds: float) -> float:
         """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
-        from rlhf_core.trainer.mfu import estimate_mfu
-
         if not hasattr(self, "_hf_config"):
             try:
-                from transformers import AutoConfig
-
-                from rlhf_core.models.loading import local_path
-
                 model = self.config.actor_rollout_ref.model
                 self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
                                                              trust_remote_code=bool(model.get("trust_remote_code", False)))
@@ -350,8 +338,6 @@ class RayPPOTrainer:
 
     def _load_checkpoint(self) -> None:
         """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
-        from rlhf_core.trainer.checkpoint_manager import parse_global_step
-
         t = self.config.trainer
         path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
         if path is None:

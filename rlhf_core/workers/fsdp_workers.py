@@ -16,7 +16,7 @@ from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
-from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -66,12 +66,8 @@ class ActorRolloutRefWorker:
             note_unsupported(mcfg, bool(acfg.get("use_torch_compile", False)), "actor")
             self.actor_module = build_model(mcfg, acfg.get("fsdp_config"), "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
-            dynamic = bool(acfg.get("use_dynamic_bsz", False))
-            self.actor = DataParallelPPOActor(
-                acfg, self.actor_module, self.optimizer,
-                mini_batch_size=per_rank(acfg.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size", n),
-                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-                activation_offload=bool(mcfg.get("enable_activation_offload", False)))
+            self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
+                                              **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
                 getattr(self.actor_module, "config", None),
@@ -224,12 +220,7 @@ class CriticWorker:
         note_unsupported(mcfg, False, "critic")
         self.module = build_model(mcfg, mcfg.get("fsdp_config") or ccfg.get("fsdp_config"), "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
-        dynamic = bool(ccfg.get("use_dynamic_bsz", False))
-        self.critic = DataParallelPPOCritic(
-            ccfg, self.module, self.optimizer,
-            mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
-            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-            activation_offload=bool(mcfg.get("enable_activation_offload", False)))
+        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
