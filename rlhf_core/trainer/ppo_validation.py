@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlhf_core.metrics.samples import write_samples_parquet
+from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.reward_stage import score_batch
 from rlhf_core.trainer.driver_utils import add_uids, ensure_response_mask, pad_to_divisor, unpad
@@ -39,8 +41,6 @@ class Validator:
 
     def validate(self, global_step: int) -> dict[str, float]:
         """Generate, score and summarise the whole validation set; returns ``{metric name: value}``."""
-        from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
-
         if self.val_reward_fn is None or self.val_dataloader is None:
             return {}
         rows: list[dict[str, Any]] = []
@@ -111,8 +111,6 @@ class Validator:
         out_dir = self.config.trainer.get("validation_data_dir")
         if not out_dir or not rows:
             return None
-        from rlhf_core.metrics.samples import write_samples_parquet
-
         return write_samples_parquet(rows, str(out_dir), f"val_step_{global_step}")
 
 

@@ -16,6 +16,9 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +46,6 @@ def rank() -> int:
 
 
 def _build_mesh(fsdp_size: int):
-    from torch.distributed.device_mesh import init_device_mesh
-
     ws = world_size()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if fsdp_size is None or fsdp_size < 0 or fsdp_size >= ws:
@@ -82,8 +83,6 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
     ``reshard_after_forward`` (default True).
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
     cfg = dict(fsdp_config or {})
     wrap = dict(cfg.get("wrap_policy") or {})
     offload = any(bool(cfg.get(k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
@@ -124,8 +123,6 @@ def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, tor
 
     With ``rank0_only=False`` every rank gets the full dict (on CPU for CPU runs, on the device on CUDA);
     with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return get_model_state_dict(model, options=opts)
 

@@ -17,6 +17,8 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
+from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -88,12 +90,10 @@ class ActorRolloutRefWorker:
         name = rcfg.get("name", "hf")
         seed = int(_cfg_get(self.config, "data.seed", 0) or 0) if rcfg.get("seed") is None else int(rcfg.seed)
         if name == "hf":
-            from rlhf_core.workers.rollout.hf_rollout import HFRollout
-            from rlhf_core.workers.rollout.engine_copy import build_engine_copy
-
             module = build_engine_copy(self.arr.model, self.arr.actor.get("fsdp_config"))
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
         elif name == "vllm":
+            # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
 
             self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())

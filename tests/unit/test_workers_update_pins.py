@@ -102,20 +102,15 @@ CRITIC_PIN = {"critic/vf_loss": 0.6775580625981092, "critic/vf_clipfrac": 0.3570
 CRITIC_PIN_CHECKSUM = (45.45036519384303, -0.7113743986043004)
 
 
-def test_actor_update_matches_the_pinned_numbers():
-    metrics, cs = actor_update(2)
-    assert metrics.keys() == ACTOR_PIN.keys()
-    for k, v in ACTOR_PIN.items():
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_update_matches_the_pinned_numbers(role):
+    update, pin, pin_checksum = {"actor": (actor_update, ACTOR_PIN, ACTOR_PIN_CHECKSUM),
+                                 "critic": (critic_update, CRITIC_PIN, CRITIC_PIN_CHECKSUM)}[role]
+    metrics, cs = update(2)
+    assert metrics.keys() == pin.keys()
+    for k, v in pin.items():
         assert metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert cs == pytest.approx(ACTOR_PIN_CHECKSUM, rel=1e-6)
-
-
-def test_critic_update_matches_the_pinned_numbers():
-    metrics, cs = critic_update(2)
-    assert metrics.keys() == CRITIC_PIN.keys()
-    for k, v in CRITIC_PIN.items():
-        assert metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert cs == pytest.approx(CRITIC_PIN_CHECKSUM, rel=1e-6)
+    assert cs == pytest.approx(pin_checksum, rel=1e-6)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
