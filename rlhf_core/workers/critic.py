@@ -18,7 +18,6 @@ from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 
-
 class DataParallelPPOCritic:
     """Value forward and update on one rank.
 
