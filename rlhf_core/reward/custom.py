@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from rlhf_core.reward.scorers import default_compute_score
+
 
 def _load_function(path: str, name: str) -> Callable[..., Any]:
     if not os.path.isfile(path):
@@ -81,8 +83,6 @@ def reward_function_from_config(config: Any) -> Callable[..., Any]:
     Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and, when present,
     ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does).
     """
-    from rlhf_core.reward.scorers import default_compute_score
-
     section = config.get("custom_reward_function", None) if config is not None else None
     path = section.get("path", None) if section is not None else None
     kwargs = (section.get("reward_kwargs", None) if section is not None else None) or {}
