@@ -117,6 +117,7 @@ class MlflowSink:
     """Logs into ``MLFLOW_RUN_ID`` when set, else into a new run (ended with FINISHED by :meth:`finish`)."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any):
+        # lazy (this and the two below): mlflow takes seconds to import; only runs with the mlflow sink pay it
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient()
