@@ -3,8 +3,8 @@
 Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
 ``$RLHF_HOME``)::
 
-    python -m flows.rlhf                      # what `make demo` calls
-    python -m flows.rlhf --ppo-steps 2 --train-prompts 64
+    python -m flows.rlhf                      # what `make demo` calls; the same as `rlhf pipeline`
+    rlhf pipeline --ppo-steps 2 --train-prompts 64   # `rlhf pipeline --help` lists every option
 
 or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from
 ``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
@@ -16,6 +16,7 @@ ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs ar
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -34,6 +35,7 @@ from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra.ray_cluster import connect_ray  # noqa: E402
 from infra.results_cli import EXAMPLE_QUERY  # noqa: E402
+from rlhf_core.cli import run_command  # noqa: E402
 from tasks import plan  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
@@ -132,30 +134,59 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.rlhf [--name value ...]``: run the flow locally and say where results are."""
-    import argparse
+# every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
+PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
+    "train_prompts": (int, "rows of the GSM8K train split used, the first N (pipeline.yaml data.train_prompts)"),
+    "val_prompts": (int, "rows of the test split used for validation, the first N (data.val_prompts)"),
+    "sft_epochs": (int, "SFT epochs (sft.epochs; trainer.total_epochs of the sft stage)"),
+    "ppo_steps": (int, "PPO iterations in all (ppo.total_steps; trainer.total_training_steps)"),
+    "segment_steps": (int, "PPO steps per ppo_segment task, each ending in a checkpoint (ppo.segment_steps)"),
+    "adv_estimator": (str, "algorithm.adv_estimator: gae, grpo, rloo, reinforce_plus_plus, remax, ... "
+                           "(ppo.adv_estimator)"),
+    "preset": (str, "configs/presets/<PRESET>.yaml, whose override lists come first (default tiny_cpu)"),
+    "model_path": (str, "a Hugging Face causal-LM folder to start from; unset: build the tiny model from the data"),
+    "gsm8k_dir": (str, "local GSM8K (train/test .jsonl or verl parquet); unset: $GSM8K_DIR, else the hub"),
+    "ray_address": (str, "an existing Ray cluster (auto or ray://host:port); unset: embedded local Ray"),
+    "experiment": (str, "MLflow experiment name, also trainer.project_name (default rlhf)"),
+    "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over preset and pipeline)"),
+    "ppo_overrides": ("list", "ppo_trainer.yaml overrides for every ppo_segment (they win)"),
+    "eval_overrides": ("list", "evaluation.yaml overrides for the evaluate stage (they win)"),
+    "skip_sft": ("flag", "skip the sft stage (PPO starts from the base model)"),
+    "skip_evaluate": ("flag", "skip the evaluate stage"),
+}
 
-    parser = argparse.ArgumentParser(prog="python -m flows.rlhf", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int)
-    for name in ("adv_estimator", "preset", "model_path", "gsm8k_dir", "ray_address", "experiment"):
-        parser.add_argument("--" + name.replace("_", "-"))
-    for name in ("sft_overrides", "ppo_overrides", "eval_overrides"):
-        parser.add_argument("--" + name.replace("_", "-"), nargs="*", metavar="KEY=VALUE")
-    parser.add_argument("--skip-sft", action="store_true", default=None,
-                        help="skip the sft stage (PPO starts from the base model)")
-    parser.add_argument("--skip-evaluate", action="store_true", default=None,
-                        help="skip the evaluate stage")
-    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    out = rlhf(**args)
-    home = Path(out["home"])
-    print(f"\nResults under {home}")
-    print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
-    print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
-    print(f"  Try:    {rlhf_command()} results sql \"{EXAMPLE_QUERY}\"")
-    return 0
+
+def pipeline_parser() -> argparse.ArgumentParser:
+    """The ``rlhf pipeline`` parser: one ``--option`` per flow parameter (:data:`PIPELINE_OPTIONS`)."""
+    parser = argparse.ArgumentParser(prog="rlhf pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="also: python -m flows.rlhf [options]; an option left out takes its "
+                                            "value from configs/pipeline.yaml")
+    for name, (kind, help_) in PIPELINE_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind == "flag":
+            parser.add_argument(flag, action="store_true", default=None, help=help_)
+        elif kind == "list":
+            parser.add_argument(flag, nargs="*", metavar="KEY=VALUE", help=help_)
+        else:
+            parser.add_argument(flag, type=kind, metavar=name.split("_")[-1].upper(), help=help_)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rlhf pipeline [--option value ...]`` (or ``python -m flows.rlhf``): run the flow locally and say where
+    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
+    def command(args: list[str]) -> int:
+        params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
+        out = rlhf(**params)
+        home = Path(out["home"])
+        print(f"\nResults under {home}")
+        print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
+        print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
+        print(f"  Try:    {rlhf_command()} results sql \"{EXAMPLE_QUERY}\"")
+        return 0
+
+    return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
 
 
 def rlhf_command() -> str:

@@ -22,22 +22,10 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 _POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss_mode")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (``policy_loss.loss_mode``).
-
-    Raises:
-        ValueError: when ``name`` is already registered.
-    """
-    return _POLICY_LOSSES.register(name)
-
-
-def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """The policy loss registered under ``name``.
-
-    Raises:
-        ValueError: for an unknown name, listing the registered ones.
-    """
-    return _POLICY_LOSSES.get(name)
+# ``@register_policy_loss(name)`` adds a loss under ``policy_loss.loss_mode`` (ValueError on a taken name);
+# ``get_policy_loss_fn(name)`` returns it (ValueError naming the registered ones for an unknown name)
+register_policy_loss = _POLICY_LOSSES.register
+get_policy_loss_fn = _POLICY_LOSSES.get
 
 
 def policy_loss_scalars(actor_config: Any) -> dict[str, float]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlhf_core.data import DataError, RemoteUnavailableError
+from rlhf_core.cli import run_command
+from rlhf_core.data.gsm8k import preprocess_gsm8k
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,23 +25,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a data command; returns the process exit code (0 ok, 2 bad data or arguments)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    if args.command == "gsm8k":
-        from rlhf_core.data.gsm8k import preprocess_gsm8k
-
-        try:
-            paths = preprocess_gsm8k(args.local_dir, args.out)
-        except (DataError, FileNotFoundError, RemoteUnavailableError) as exc:
-            print(f"rlhf data gsm8k: {exc}", file=sys.stderr)
-            return 2
-        for split, path in paths.items():
+    """Run a data command; returns the exit code (0 ok, 1 bad or unreachable data: one line on stderr, 2 bad
+    command line; see :mod:`rlhf_core.cli`)."""
+    def command(args: list[str]) -> int:
+        ns = _parser().parse_args(args)
+        for split, path in preprocess_gsm8k(ns.local_dir, ns.out).items():  # the only command: gsm8k
             print(f"{split}: {path}")
         return 0
-    return 2  # pragma: no cover - argparse rejects unknown commands
+
+    return run_command("rlhf data", command, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from rlhf_core.data.rl_dataset import collate_fn as default_collate
+
 
 class ResumableDataLoader:
     """Iterate a map-style dataset in seeded, epoch-dependent order; ``state_dict`` / ``load_state_dict``.
@@ -41,11 +43,7 @@ class ResumableDataLoader:
         # seed None: draw one now and keep it in the state, so even an unseeded run resumes exactly.
         self.seed = int(seed) if seed is not None else random.SystemRandom().randrange(2**31)
         self.drop_last = bool(drop_last)
-        if collate_fn is None:
-            from rlhf_core.data.rl_dataset import collate_fn as default_collate
-
-            collate_fn = default_collate
-        self.collate_fn = collate_fn
+        self.collate_fn = collate_fn or default_collate
         self.num_workers = int(num_workers)
         self.sampler = sampler
         if sampler is not None and self.num_workers:

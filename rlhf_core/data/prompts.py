@@ -6,6 +6,8 @@ from typing import Any, Sequence
 
 import torch
 
+from rlhf_core.data import DataError
+
 TRUNCATIONS = ("error", "left", "right", "middle")
 
 
@@ -38,8 +40,6 @@ def truncate_ids(ids: Sequence[int], max_length: int, truncation: str, where: st
         DataError: ``truncation == "error"`` and the ids are too long (names ``where``).
         ValueError: an unknown ``truncation``.
     """
-    from rlhf_core.data import DataError
-
     ids = list(ids)
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import ray
+
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
@@ -20,8 +22,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     authentication by default, which a private local instance does not need); an explicit value in
     the environment is kept.
     """
-    import ray
-
     if ray.is_initialized():
         return
     # config-read recording (rlhf_core/config/reads.py) must reach every worker process too

@@ -16,10 +16,22 @@ import logging
 import sys
 from typing import Any
 
+import ray
 from omegaconf import DictConfig
 
+from rlhf_core.cli import config_command
+from rlhf_core.config import ConfigError, validate_ppo_config
+from rlhf_core.config.notices import engine_errors
 from rlhf_core.config.validate import use_critic as critic_in_use
+from rlhf_core.data import DataError
+from rlhf_core.data.rl_dataset import create_rl_dataset
+from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.worker_group import RayWorkerGroup
+from rlhf_core.models.loading import load_tokenizer, local_path
+from rlhf_core.reward import load_reward_manager
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from rlhf_core.workers.reward_model import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +42,6 @@ def need_reference_policy(config: DictConfig) -> bool:
 
 def resolve_device(config: DictConfig) -> str:
     """``trainer.device``: ``auto`` → ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
-    import ray
-
     device = str(config.trainer.device)
     if device != "auto":
         return device
@@ -40,8 +50,6 @@ def resolve_device(config: DictConfig) -> str:
 
 def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
     """(num_cpus_per_worker, num_gpus_per_worker) so that ``n_groups`` groups of ranks fit the cluster."""
-    import ray
-
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     if resolve_device(config) == "cuda":
         return 1.0 / n_groups, 1.0 / n_groups
@@ -61,9 +69,6 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     ``trainer.ray_wait_register_center_timeout`` (seconds) bounds the wait for each group's placement group
     (per placement strategy) and for its actors to start. Raises ``TimeoutError`` naming that key; groups
     already built are shut down first."""
-    from rlhf_core.distributed.worker_group import RayWorkerGroup
-    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
-
     use_critic = critic_in_use(config)  # critic.enable; null = only for gae
     use_rm = bool(config.reward_model.enable)
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
@@ -74,8 +79,6 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     if use_critic:
         specs.append(("critic", CriticWorker, {"config": config}, "critic"))
     if use_rm:
-        from rlhf_core.workers.reward_model import RewardModelWorker
-
         specs.append(("rm", RewardModelWorker, {"config": config}, "rm"))
     wgs: dict[str, Any] = {}
     for key, cls, kwargs, prefix in specs:
@@ -91,8 +94,6 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
 
 
 def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
-    from rlhf_core.data.rl_dataset import create_rl_dataset
-
     data = config.data
     train = create_rl_dataset(list(_as_list(data.train_files)), tokenizer, data,
                               max_samples=int(data.train_max_samples))
@@ -114,8 +115,6 @@ def check_rule_reward_inputs(dataset: Any) -> None:
     Raises:
         DataError: naming the file and row of the first row without a ground truth.
     """
-    from rlhf_core.data import DataError
-
     rows, sources = getattr(dataset, "rows", None), getattr(dataset, "sources", None)
     if rows is None or sources is None:
         return
@@ -150,11 +149,6 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
         ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
             ``rollout.name`` is not importable) or a bad ``resume_from_path``.
     """
-    from rlhf_core.config import ConfigError, validate_ppo_config
-    from rlhf_core.config.notices import engine_errors
-    from rlhf_core.distributed.ray_init import init_ray
-    from rlhf_core.reward import load_reward_manager
-
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
@@ -173,22 +167,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``rlhf ppo key=value ...``: load ``ppo_trainer`` with the overrides and run; returns the exit code."""
-    from rlhf_core.config import load_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: rlhf ppo [key=value ...]   verl's ppo_trainer.yaml keys, e.g.\n"
-              "  rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL "
-              "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4\n"
-              "`rlhf config show` prints every key; `rlhf config check [overrides]` validates without training.")
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config("ppo_trainer", argv)
-    result = run_ppo(config)
-    print(f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
-    return 0
+main = config_command(
+    "rlhf ppo", "ppo_trainer", "PPO / GRPO / RLOO / REINFORCE++ training with verl's ppo_trainer.yaml keys\n"
+    "(like python -m verl.trainer.main_ppo).",
+    "rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL algorithm.adv_estimator=grpo "
+    "actor_rollout_ref.rollout.n=4", run_ppo,
+    lambda result: f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
 
 
 def _as_list(value: Any) -> list:

@@ -18,16 +18,29 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
+from transformers import AutoConfig
 
+from rlhf_core.algos.advantages import get_adv_estimator
+from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
+from rlhf_core.algos.loss_agg import agg_loss
+from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+from rlhf_core.data.loader import build_dataloader
+from rlhf_core.data.rl_dataset import collate_fn as default_collate
+from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
+from rlhf_core.data.sampler import create_rl_sampler
+from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.checkpoint_manager import CheckpointManager
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
+                                            mean_rank_metrics, resample_rows, timer)
+from rlhf_core.trainer.mfu import estimate_mfu
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
-from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
-                                      merge, resample_rows, timer)
+from rlhf_core.trainer.tracking import Tracking
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +93,6 @@ class RayPPOTrainer:
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl = None
         if algo.use_kl_in_reward:
-            from rlhf_core.algos.kl_controller import get_kl_controller
-
             kc = algo.kl_ctrl
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.horizon, kc.target_kl)
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
@@ -93,10 +104,6 @@ class RayPPOTrainer:
 
     # ---- setup -----------------------------------------------------------------------------------
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
-        from rlhf_core.data.loader import build_dataloader
-        from rlhf_core.data.rl_dataset import collate_fn as default_collate
-        from rlhf_core.data.sampler import create_rl_sampler
-
         data = self.config.data
         collate = collate_fn or default_collate
         workers = int(data.dataloader_num_workers)
@@ -168,16 +175,11 @@ class RayPPOTrainer:
 
     def _ensure_tracker(self) -> None:
         if self.tracker is None:
-            from rlhf_core.trainer.tracking import Tracking
-
             t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
-        from rlhf_core.metrics.training import (compute_data_metrics, compute_throughput_metrics,
-                                                compute_timing_metrics)
-
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
@@ -255,7 +257,7 @@ class RayPPOTrainer:
         rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
         if rate > 0:
             out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)
-        batch = ensure_response_mask(merge(batch, out, "actor rollout generate_sequences"))
+        batch = ensure_response_mask(batch.merge(out, "actor rollout generate_sequences"))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
@@ -270,26 +272,22 @@ class RayPPOTrainer:
         batch, result = score_batch(batch, self.reward_fn, self.wgs.get("rm"))
         extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
                   if len(v) == len(batch)}
-        return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+        return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
-        from rlhf_core.algos.loss_agg import agg_loss
-
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
             mode = self.config.actor_rollout_ref.actor.loss_agg_mode
             entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
             metrics["actor/entropy"] = float(entropy)
             out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
-        return merge(batch, out, "actor compute_log_prob")
+        return batch.merge(out, "actor compute_log_prob")
 
     def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
         engine and a threshold set, log ``mismatch/rollout_is_*``; with ``rollout_is=True`` also add the detached
         ``rollout_is_weights (B, T)`` that the actor multiplies into its per-token policy loss."""
-        from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
-
         algo = self.config.algorithm
         if "rollout_log_probs" not in batch or algo.rollout_is_threshold is None:
             return batch
@@ -299,24 +297,21 @@ class RayPPOTrainer:
             threshold_lower=algo.rollout_is_threshold_lower, veto_threshold=algo.rollout_is_veto_threshold)
         metrics.update(is_metrics)
         if algo.rollout_is:
-            batch = merge(batch, Batch({"rollout_is_weights": weights.detach()}))
+            batch = batch.merge(Batch({"rollout_is_weights": weights.detach()}))
         return batch
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
-        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
+        return batch.merge(wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""
-        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
+        return batch.merge(self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``; then, with
         ``algorithm.use_pf_ppo`` (gae), the batch is resampled by :meth:`pf_ppo_resample`."""
-        from rlhf_core.algos.advantages import get_adv_estimator
-        from rlhf_core.algos.kl_controller import apply_kl_penalty
-
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
         if algo.use_kl_in_reward:
@@ -332,7 +327,7 @@ class RayPPOTrainer:
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
             epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
-        batch = merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        batch = batch.merge(Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
         return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
 
     def pf_ppo_resample(self, batch: Batch) -> Batch:
@@ -340,8 +335,6 @@ class RayPPOTrainer:
         ``algorithm.pf_ppo`` weight of its score Σ_t token_level_scores (``rlhf_core.algos.pf_ppo``). Per-row lists
         in ``meta`` (``global_token_num``) follow the rows. Seeded by the global step, so a resumed run draws the
         same rows (verl draws from the global RNG)."""
-        from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
-
         pf = self.config.algorithm.pf_ppo
         idx = pf_ppo_resample_indices(batch["token_level_scores"].sum(-1), pf.reweight_method, float(pf.weight_pow),
                                       generator=torch.Generator().manual_seed(self.global_steps))
@@ -358,14 +351,8 @@ class RayPPOTrainer:
 
     def _actor_mfu(self, batch: Batch, seconds: float) -> float:
         """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
-        from rlhf_core.trainer.mfu import estimate_mfu
-
         if not hasattr(self, "_hf_config"):
             try:
-                from transformers import AutoConfig
-
-                from rlhf_core.models.loading import local_path
-
                 model = self.config.actor_rollout_ref.model
                 self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
                                                              trust_remote_code=bool(model.trust_remote_code))
@@ -411,8 +398,6 @@ class RayPPOTrainer:
 
     def _load_checkpoint(self) -> None:
         """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
-        from rlhf_core.trainer.checkpoint_manager import parse_global_step
-
         t = self.config.trainer
         path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if path is None:

@@ -16,6 +16,9 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 from rlhf_core.config.structured import full_key, role_name
 
@@ -56,8 +59,6 @@ def mesh_shape(fsdp_size: int, ws: int, key: str = "fsdp_config.fsdp_size", role
 
 
 def _build_mesh(fsdp_size: int, key: str = "fsdp_config.fsdp_size", role: str = "actor"):
-    from torch.distributed.device_mesh import init_device_mesh
-
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     shape = mesh_shape(fsdp_size, world_size(), key, role)
     return init_device_mesh(dev, shape, mesh_dim_names=("fsdp",) if len(shape) == 1 else ("ddp", "fsdp"))
@@ -98,8 +99,6 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
     ``reshard_after_forward`` (default True).
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
     cfg = fsdp_config if fsdp_config is not None else {}
     wrap = _present(cfg, "wrap_policy", {})
     offload = any(bool(_present(cfg, k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
@@ -142,8 +141,6 @@ def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, tor
 
     With ``rank0_only=False`` every rank gets the full dict (on CPU for CPU runs, on the device on CUDA);
     with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return get_model_state_dict(model, options=opts)
 

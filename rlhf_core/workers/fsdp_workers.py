@@ -17,8 +17,10 @@ from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
-from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
+from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -69,12 +71,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")
             self.actor_module = build_model(mcfg, acfg.fsdp_config, "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
-            dynamic = bool(acfg.use_dynamic_bsz)
-            self.actor = DataParallelPPOActor(
-                acfg, self.actor_module, self.optimizer,
-                mini_batch_size=per_rank(acfg.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size", n),
-                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-                activation_offload=bool(mcfg.enable_activation_offload))
+            self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
+                                              **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
                 getattr(self.actor_module, "config", None),
@@ -97,12 +95,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
         seed = rcfg.seed if rcfg.seed is not None else self.config.data.seed
         seed = 0 if seed is None else int(seed)
         if name == "hf":
-            from rlhf_core.workers.rollout.hf_rollout import HFRollout
-            from rlhf_core.workers.rollout.engine_copy import build_engine_copy
-
             module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
         elif name == "vllm":
+            # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
 
             self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())
@@ -235,12 +231,7 @@ class CriticWorker(ProfiledWorker):
         note_unsupported(mcfg, False, "critic")
         self.module = build_model(mcfg, mcfg.fsdp_config, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
-        dynamic = bool(ccfg.use_dynamic_bsz)
-        self.critic = DataParallelPPOCritic(
-            ccfg, self.module, self.optimizer,
-            mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
-            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-            activation_offload=bool(mcfg.enable_activation_offload))
+        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),

@@ -84,5 +84,22 @@ def micro_per_rank(cfg: Mapping[str, Any], per_gpu_key: str, global_key: str, dy
     return None if per_gpu is None else int(per_gpu)
 
 
+def update_sizes(role_cfg: Any, model_cfg: Any, key: str, n: int) -> dict[str, Any]:
+    """The per-rank sizes of a trainable role's update, as keyword arguments of ``DataParallelPPOActor`` /
+    ``DataParallelPPOCritic``: ``mini_batch_size`` (``ppo_mini_batch_size × n ÷ world``), ``micro_batch_size``
+    (:func:`micro_per_rank`) and ``activation_offload`` (``model.enable_activation_offload``).
+
+    Args:
+        role_cfg: ``actor_rollout_ref.actor`` or ``critic``; ``key`` is its dotted path, used in errors.
+        model_cfg: the role's ``model`` section. n: ``rollout.n`` (responses per prompt).
+    Raises:
+        ValueError: from :func:`per_rank` / :func:`micro_per_rank`, naming the key.
+    """
+    return {"mini_batch_size": per_rank(role_cfg.ppo_mini_batch_size, f"{key}.ppo_mini_batch_size", n),
+            "micro_batch_size": micro_per_rank(role_cfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+                                               bool(role_cfg.use_dynamic_bsz)),
+            "activation_offload": bool(model_cfg.enable_activation_offload)}
+
+
 def first_param_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device

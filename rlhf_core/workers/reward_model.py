@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 import torch
+from transformers import AutoModelForSequenceClassification
 
 from rlhf_core.config.structured import full_key
 from rlhf_core.models.loading import import_external_libs, load_tokenizer, local_path, to_torch_dtype
@@ -72,8 +73,6 @@ def right_padded(rows: list[list[int]], pad_token_id: int) -> Batch:
 
 def load_reward_model(model_cfg: Any, pad_token_id: int | None, dtype: str | torch.dtype = "float32"):
     """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` on CPU, frozen, in eval mode."""
-    from transformers import AutoModelForSequenceClassification
-
     import_external_libs(model_cfg.external_lib)
     try:
         path = local_path(str(model_cfg.path))

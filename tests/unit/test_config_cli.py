@@ -25,7 +25,7 @@ def test_check_fails_in_one_line_when_the_rollout_engine_is_not_importable(capsy
     assert main(["check", "actor_rollout_ref.rollout.name=vllm"]) == (0 if has_vllm else 1)
     if not has_vllm:
         err = capsys.readouterr().err.strip()
-        assert err == ("Config error: actor_rollout_ref.rollout.name='vllm' needs the 'vllm' package, which is not "
+        assert err == ("rlhf config: error: actor_rollout_ref.rollout.name='vllm' needs the 'vllm' package, which is not "
                        "importable in this environment; install it or set actor_rollout_ref.rollout.name=hf.")
     # show only prints the config: it does not need the engine
     assert main(["show", "actor_rollout_ref.rollout.name=vllm"]) == 0

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.stages import merge
 from rlhf_core.config.structured import full_key
 from rlhf_core.workers.fsdp_utils import mesh_shape
 from rlhf_core.workers.model_setup import build_model, micro_per_rank
@@ -16,7 +15,7 @@ from config_fixtures import typed_config
 def test_worker_return_of_the_wrong_size_names_the_role():
     batch, out = Batch({"a": torch.zeros(4, 1)}), Batch({"values": torch.zeros(3, 1)})
     with pytest.raises(ValueError, match="critic compute_values returned 3 rows for a batch of 4"):
-        merge(batch, out, "critic compute_values")
+        batch.merge(out, "critic compute_values")
 
 
 @pytest.mark.parametrize("section, role, word", [

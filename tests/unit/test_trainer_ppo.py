@@ -310,3 +310,32 @@ def test_resumed_at_the_end_trains_nothing_and_retention_applies(tmp_path):
     trainer, final, _, log = run(make_config(tmp_path, total_training_steps=8, stop_after_step=3,
                                              val_before_train=False, test_freq=-1))
     assert trainer.global_steps == 3 and not [c for c in log if c[0] == "update_actor"]
+
+
+class EntropyActor(FakeActor):
+    """``compute_log_prob`` gives entropy ``t + 1`` at response position ``t`` and records the masks it saw."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.masks = []
+
+    def compute_log_prob(self, batch):
+        self.masks.append(batch["response_mask"].clone())
+        lp = super().compute_log_prob(batch)["old_log_probs"]
+        return Batch({"old_log_probs": lp, "entropys": (torch.arange(T) + 1.0).expand(len(batch), T).clone()})
+
+
+def test_actor_entropy_is_the_rollout_batch_entropy_before_the_update(tmp_path):
+    # verl: actor/entropy = agg_loss(entropys from compute_log_prob, response_mask, loss_agg_mode) of the rollout
+    # batch, before any update (the workers' update metrics carry no actor/entropy to overwrite it).
+    cfg = make_config(tmp_path, total_training_steps=1, val_before_train=False, test_freq=-1)
+    actor = EntropyActor([])
+    trainer = RayPPOTrainer(cfg, DecodeTok(), lambda c: {"actor_rollout": FakeGroup(actor)}, reward_fn, reward_fn,
+                            make_dataset(), make_dataset(4))
+    final = trainer.fit()
+    trainer.shutdown()
+    mask = torch.cat(actor.masks[:2]).float()  # step 1's two shards
+    # token-mean: Σ (t+1)·mask / Σ mask over the 4 rows; the rows' lengths are 1..3, so the mean lies in [1, 2]
+    expected = float(((torch.arange(T) + 1.0) * mask).sum() / mask.sum())
+    assert final["actor/entropy"] == pytest.approx(expected, rel=1e-6)
+    assert 1.0 <= expected <= 2.0 and "actor/pg_loss" in final

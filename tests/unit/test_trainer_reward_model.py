@@ -67,7 +67,6 @@ def test_rm_scores_feed_training_validation_and_the_remax_baseline(tmp_path):
 
 
 def test_build_worker_groups_adds_the_rm_group(monkeypatch):
-    import rlhf_core.distributed.worker_group as worker_group
     from rlhf_core.trainer import main_ppo
     from rlhf_core.workers.reward_model import RewardModelWorker
 
@@ -81,7 +80,7 @@ def test_build_worker_groups_adds_the_rm_group(monkeypatch):
         shares.append(n_groups)
         return 1.0 / n_groups, 0.0
 
-    monkeypatch.setattr(worker_group, "RayWorkerGroup", RecordingGroup)
+    monkeypatch.setattr(main_ppo, "RayWorkerGroup", RecordingGroup)
     monkeypatch.setattr(main_ppo, "worker_resources", resources)
     cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
                        "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",

@@ -66,7 +66,6 @@ def test_actor_reads_use_torch_compile_and_activation_offload(monkeypatch):
 
 
 def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypatch):
-    import rlhf_core.distributed.worker_group as worker_group
     from rlhf_core.trainer import main_ppo
 
     calls, shut = [], []
@@ -80,7 +79,7 @@ def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypa
         def shutdown(self):
             shut.append(1)
 
-    monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
+    monkeypatch.setattr(main_ppo, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
     cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
                        "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",

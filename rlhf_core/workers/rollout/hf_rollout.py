@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
@@ -56,8 +57,6 @@ class HFRollout:
 
     @torch.no_grad()
     def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
-        from transformers import GenerationConfig
-
         dev = next(self.module.parameters()).device
         ids = mb["input_ids"].to(dev)
         gen_cfg = GenerationConfig(

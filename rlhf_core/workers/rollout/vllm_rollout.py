@@ -12,9 +12,11 @@ import os
 from typing import Any, Mapping
 
 import torch
+from transformers import AutoConfig, GenerationConfig
 
 from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.merger import merge_lora_state_dict
 from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
 
 _MISSING = ("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
@@ -31,7 +33,7 @@ def _import_vllm():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     try:
-        import vllm
+        import vllm  # lazy: an optional dependency, imported after the environment above is set
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise ImportError(_MISSING) from exc
     return vllm
@@ -49,8 +51,6 @@ def check_cpu_head_dim(model_path: str, trust_remote_code: bool = False) -> None
         supported = list(CPUAttentionBackend.get_supported_head_sizes())
     except Exception:  # pragma: no cover - other vLLM versions
         return
-    from transformers import AutoConfig
-
     cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -93,8 +93,6 @@ def _eos_ids(model_path: str, tokenizer) -> list[int]:
     ids: set[int] = set()
     gen_eos = None
     try:
-        from transformers import GenerationConfig
-
         gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except Exception:  # no generation_config.json
         pass
@@ -123,8 +121,6 @@ class VLLMRollout:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
         state = dict(state_dict)
         if any(".lora_" in k for k in state):
-            from rlhf_core.workers.merger import merge_lora_state_dict
-
             state = merge_lora_state_dict(state, self.lora_alpha or 16)
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
