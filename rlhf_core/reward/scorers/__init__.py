@@ -23,9 +23,9 @@ def default_compute_score(
 ) -> float:
     """Score one response with the scorer registered for its ``data_source``.
 
-    Returns a float, as verl's default does (so validation metrics are named ``.../reward/...`` as in verl):
-    ``openai/gsm8k`` → :func:`gsm8k.compute_score` (``gsm8k_method`` strict by default, as verl);
-    MATH sources → :func:`math_boxed.compute_score`. ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
+    ``openai/gsm8k`` → :func:`gsm8k.compute_score`, a float as verl's (``gsm8k_method`` strict by default);
+    MATH sources → :func:`math_boxed.compute_score`, a dict ``{score, acc, pred, decided_by}`` whose keys become
+    ``reward_extra_info`` columns (``decided_by``: ``math_verify`` or ``string``, the path that decided). ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
     go to the GSM8K scorer: ``format_score`` (a number extracted but wrong; verl's default 0.0) and ``score``.
 
     Raises:
