@@ -1,6 +1,8 @@
 """``rlhf data ...`` commands. ``main(argv)`` receives the arguments after ``data``.
 
     rlhf data gsm8k --local-dir DIR --out OUT
+    rlhf data countdown --out OUT [--train-size 20000 --test-size 500 --seed 0 --min-numbers 3 --max-numbers 3
+                                   --max-number 9]
 
 (verl's ``examples/data_preprocess/gsm8k.py --local_dataset_path DIR --local_save_dir OUT`` spellings are
 accepted too.)
@@ -20,6 +22,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--local-dir", "--local_dataset_path", dest="local_dir", default=None,
                    help="folder or fsspec URL with train.jsonl/test.jsonl; omitted: read from the HF hub")
     g.add_argument("--out", "--local_save_dir", dest="out", required=True, help="output folder")
+    c = sub.add_parser("countdown", help="Countdown (reach a target with + - *) → {train,test}.parquet, fixed seed")
+    c.add_argument("--out", required=True, help="output folder")
+    c.add_argument("--train-size", type=int, default=20000, help="train rows")
+    c.add_argument("--test-size", type=int, default=500, help="test rows (distinct, never in train)")
+    c.add_argument("--seed", type=int, default=0, help="random seed: same arguments, same files")
+    c.add_argument("--min-numbers", type=int, default=3, help="fewest numbers in a problem")
+    c.add_argument("--max-numbers", type=int, default=3, help="most numbers in a problem")
+    c.add_argument("--max-number", type=int, default=9, help="numbers are drawn from 1..max-number")
     return parser
 
 
@@ -36,6 +46,18 @@ def main(argv: list[str] | None = None) -> int:
             paths = preprocess_gsm8k(args.local_dir, args.out)
         except (DataError, FileNotFoundError, RemoteUnavailableError) as exc:
             print(f"rlhf data gsm8k: {exc}", file=sys.stderr)
+            return 2
+        for split, path in paths.items():
+            print(f"{split}: {path}")
+        return 0
+    if args.command == "countdown":
+        from rlhf_core.data.countdown import generate_countdown
+
+        try:
+            paths = generate_countdown(args.out, args.train_size, args.test_size, args.seed, args.min_numbers,
+                                       args.max_numbers, args.max_number)
+        except ValueError as exc:
+            print(f"rlhf data countdown: {exc}", file=sys.stderr)
             return 2
         for split, path in paths.items():
             print(f"{split}: {path}")
