@@ -20,6 +20,7 @@ class PipelineSettings:
 
     experiment: str
     preset: str | None
+    task: str
     model_path: str | None
     gsm8k_dir: str | None
     ray_address: str | None
@@ -91,6 +92,7 @@ def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, An
     return load_yaml(path)
 
 
+PRESET_PIPELINE_KEYS = ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps")
 TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
 TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
 
@@ -120,7 +122,10 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it. When the
+    A preset may hold ``task`` (``gsm8k`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
+    pipeline.yaml values (``train_prompts``, ``val_prompts``, ``sft_epochs``, ``ppo_steps``, ``segment_steps``)
+    that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when
+    neither parameter nor file sets it. When the
     user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
@@ -132,10 +137,19 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
     data, sft_cfg, ppo, ev = (cfg.get(k) or {} for k in ("data", "sft", "ppo", "evaluate"))
     preset_name = _pick(params.get("preset"), cfg.get("preset"))
     preset = load_preset(preset_name, config_dir)
+    pp = preset.get("pipeline") or {}
+    bad = set(pp) - set(PRESET_PIPELINE_KEYS)
+    if bad:
+        raise ValueError(f"preset {preset_name!r}: unknown pipeline keys {sorted(bad)}; known: {list(PRESET_PIPELINE_KEYS)}")
+    data = {**data, **{k: pp[k] for k in ("train_prompts", "val_prompts") if k in pp}}
+    sft_cfg = {**sft_cfg, **({"epochs": pp["sft_epochs"]} if "sft_epochs" in pp else {})}
+    ppo = {**ppo, **{k2: pp[k1] for k1, k2 in (("ppo_steps", "total_steps"), ("segment_steps", "segment_steps"))
+                     if k1 in pp}}
     skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
     s = PipelineSettings(
         experiment=_pick(params.get("experiment"), cfg.get("experiment", "rlhf")),
         preset=preset_name,
+        task=str(preset.get("task") or "gsm8k"),
         model_path=_pick(params.get("model_path"), cfg.get("model_path")),
         gsm8k_dir=_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
         ray_address=_pick(params.get("ray_address"), cfg.get("ray_address")),
