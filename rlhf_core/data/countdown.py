@@ -9,13 +9,18 @@ precedence, no parentheses — redrawn until it is positive, so every problem ha
     prompt       [{"role": "user", "content": "Numbers: 3 4 2. Target: 14. Use each number once with + - *."}]
     ability      "arithmetic"
     reward_model {"style": "rule", "ground_truth": '{"target": 14, "numbers": [3, 4, 2]}'}
-    extra_info   {"split", "index", "question": the prompt text, "answer": a format-only warm-up answer,
-                  "chance_acc": the fraction of no-parenthesis expressions over the numbers that hit the target}
+    extra_info   {"split", "index", "question": the warm-up prompt, "answer": the warm-up answer,
+                  "warmup_target": its target, "chance_acc": the fraction of no-parenthesis expressions over the
+                  numbers that hit the real target}
 
-The warm-up (SFT) answer is an expression over the row's numbers in a random order with random operators that
-does **not** reach the target (redrawn until it misses): it teaches the output format only, never a solution,
-so every gain in accuracy after warm-up comes from the reward. ``chance_acc`` is the accuracy of a policy that
-writes the format with a uniformly random order and operators (the level a format-only warm-up starts near).
+The warm-up (SFT, ``data.prompt_key=extra_info``) pair is format only and never a solution: the warm-up prompt has
+the row's numbers but an *unreachable* target (a positive integer no expression over the numbers, with or without
+parentheses, reaches), and the answer is a uniformly random no-parenthesis expression over the numbers. So the
+warm-up never shows a solvable problem nor a solution, and its answers do not depend on the target (an earlier
+version paired the real prompt with a random *wrong* answer, which taught the model to avoid solutions: its greedy
+accuracy started far below chance and any perturbation "gained"). Every gain in accuracy after warm-up comes from
+the reward. ``chance_acc`` is the accuracy of the policy that writes a uniformly random expression of the format,
+the level a format-only warm-up starts near.
 """
 from __future__ import annotations
 
@@ -56,18 +61,38 @@ def flat_expressions(numbers: list[int]) -> dict[str, int]:
             for ops in itertools.product(OPERATORS, repeat=len(numbers) - 1)}
 
 
+def reachable_values(numbers: list[int]) -> set[int]:
+    """Every value an expression over ``numbers`` (each once, ``+ - *``, any parentheses) can take."""
+    if len(numbers) == 1:
+        return {numbers[0]}
+    out: set[int] = set()
+    n = len(numbers)
+    for mask in range(1, 2 ** n - 1):  # split into two non-empty groups, both orders
+        left = [x for i, x in enumerate(numbers) if mask >> i & 1]
+        right = [x for i, x in enumerate(numbers) if not mask >> i & 1]
+        for a in reachable_values(left):
+            for b in reachable_values(right):
+                out.update((a + b, a - b, a * b))
+    return out
+
+
 def make_problem(rng: random.Random, min_numbers: int, max_numbers: int, max_number: int) -> dict[str, Any]:
-    """One problem: ``{"numbers", "target", "warmup_answer", "chance_acc"}`` (see the module doc)."""
+    """One problem: ``{"numbers", "target", "warmup_target", "warmup_answer", "chance_acc"}`` (module doc)."""
     while True:
         numbers = [rng.randint(1, max_number) for _ in range(rng.randint(min_numbers, max_numbers))]
         table = flat_expressions(numbers)
         exprs, values = list(table), list(table.values())
         target = values[rng.randrange(len(exprs))]
-        misses = [e for e, v in zip(exprs, values) if v != target]
-        if target > 0 and misses:
-            hits = len(exprs) - len(misses)
-            return {"numbers": numbers, "target": target, "warmup_answer": rng.choice(misses),
-                    "chance_acc": hits / len(exprs)}
+        if target <= 0:
+            continue
+        reachable = reachable_values(numbers)
+        unreachable = [t for t in range(1, max(reachable) + 2) if t not in reachable]  # never empty
+        # the unreachable value nearest to a random flat value, so warm-up targets have the real targets' magnitudes
+        anchor = values[rng.randrange(len(values))]
+        warmup_target = min(unreachable, key=lambda t: (abs(t - anchor), rng.random()))
+        hits = sum(v == target for v in values)
+        return {"numbers": numbers, "target": target, "warmup_target": warmup_target,
+                "warmup_answer": rng.choice(exprs), "chance_acc": hits / len(exprs)}
 
 
 def question(numbers: list[int], target: int) -> str:
@@ -78,14 +103,15 @@ def question(numbers: list[int], target: int) -> str:
 def countdown_row(problem: dict[str, Any], split: str, index: int) -> dict[str, Any]:
     """One verl-schema row for a problem of :func:`make_problem`."""
     q = question(problem["numbers"], problem["target"])
+    warmup_q = question(problem["numbers"], problem["warmup_target"])
     truth = json.dumps({"target": problem["target"], "numbers": problem["numbers"]})
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": q}],
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": split, "index": index, "question": q, "answer": problem["warmup_answer"],
-                       "chance_acc": float(problem["chance_acc"])},
+        "extra_info": {"split": split, "index": index, "question": warmup_q, "answer": problem["warmup_answer"],
+                       "warmup_target": problem["warmup_target"], "chance_acc": float(problem["chance_acc"])},
     }
 
 

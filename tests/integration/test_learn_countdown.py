@@ -6,9 +6,16 @@ the tiny model built on its text, the warm-up SFT on format-only answers (never 
 n=1``) on the held-out problems before the first step and when the budget is spent; the test asserts the gain
 of ``val-core/countdown/acc/mean@1``.
 
-Noise (see MIN_GAIN): the accuracy of a *fixed* model on N held-out problems has a binomial standard error of at
-most sqrt(0.25 / N) = 0.022 for N = 500; the difference of two such measurements (before, after) at most 0.032.
-MIN_GAIN is set from the measured spread of the gain over seeds, written down next to it.
+Noise, what was measured and what was not (write new measurements here):
+* evaluation noise: a fixed model's accuracy on N = 500 problems has a binomial standard error
+  sqrt(p (1 - p) / 500): 0.0035 at p = 0.006 and 0.015 at p = 0.126 (run rA's before and after), so the SE of
+  rA's gain is about 0.015;
+* one training run measured with exactly this set-up (BENCHMARKS.md, run rA, seed 0, load average 2-5):
+  0.006 -> 0.126 (+0.120) after 300 s of GRPO (63 steps);
+* the seed-to-seed spread of the gain has NOT been measured yet (one seed only).
+MIN_GAIN = 0.06 is half the measured gain and four evaluation SEs. The run takes TRAIN_SECONDS of GRPO plus the
+500-step warm-up (about 10 minutes of warm-up on the loaded 2-core machine), not 2 minutes: a 2-minute budget was
+never measured.
 """
 from __future__ import annotations
 
@@ -22,13 +29,13 @@ from rlhf_core.trainer.tracking import read_metrics_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESET = os.path.join(REPO, "configs", "presets", "countdown.yaml")
-TRAIN_SECONDS = 120
+TRAIN_SECONDS = 300
 METRIC = "val-core/countdown/acc/mean@1"
-MIN_GAIN = 0.10  # set from the measurements in BENCHMARKS.md "Countdown: the RL learns" (see the module doc)
+MIN_GAIN = 0.06  # half of run rA's measured +0.120, four evaluation SEs (see the module doc)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2400)
 def test_grpo_raises_countdown_accuracy(tmp_path, monkeypatch):
     from rlhf_core.config import load_config
     from rlhf_core.data.countdown import generate_countdown

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from rlhf_core.data.cli import main as data_main
-from rlhf_core.data.countdown import flat_expressions, generate_countdown
+from rlhf_core.data.countdown import flat_expressions, generate_countdown, question, reachable_values
 from rlhf_core.reward import default_compute_score
 from rlhf_core.reward.scorers import countdown
 
@@ -72,15 +72,26 @@ def test_generate_countdown_fixed_seed_schema_and_warmup_answers(tmp_path):
     for df in (train, test):
         for prompt, rm, extra in zip(df["prompt"], df["reward_model"], df["extra_info"]):
             truth = json.loads(rm["ground_truth"])
-            assert prompt[0]["content"] == extra["question"] and str(truth["target"]) in extra["question"]
-            assert truth["target"] > 0
+            assert prompt[0]["content"] == question(truth["numbers"], truth["target"]) and truth["target"] > 0
             table = flat_expressions(truth["numbers"])
             assert truth["target"] in table.values()  # solvable
-            # the warm-up answer has the format (the given numbers, + - *) but is never a correct solution
-            out = countdown.compute_score(extra["answer"], rm["ground_truth"], format_score=0.5)
-            assert out["score"] == 0.5 and not out["acc"]
+            # the warm-up pair: the same numbers, a target no expression reaches, a random well-formed answer
+            assert extra["question"] == question(truth["numbers"], extra["warmup_target"])
+            assert extra["warmup_target"] not in reachable_values(truth["numbers"])
+            out = countdown.compute_score(extra["answer"], {"target": extra["warmup_target"],
+                                                            "numbers": truth["numbers"]}, format_score=0.5)
+            assert out["score"] == 0.5 and not out["acc"]  # the format, never a solution
             hits = sum(v == truth["target"] for v in table.values())
             assert extra["chance_acc"] == pytest.approx(hits / len(table))
+
+
+def test_reachable_values_includes_parentheses():
+    # 2, 3, 4: 2+3+4 = 9, 2*3+4 = 10, 2*4+3 = 11, (3+4)*2 = 14, (2+4)*3 = 18, (2+3)*4 = 20 (parentheses),
+    # 2*3*4 = 24; the positive values above 14 are products with at most one sum inside, and none is 22 or 23
+    values = reachable_values([2, 3, 4])
+    assert {20, 24, 14, 18, 9, 10, 11, 2 * 3 - 4} <= values and 23 not in values and 22 not in values
+    assert reachable_values([5]) == {5}
+    assert reachable_values([2, 3]) == {5, -1, 1, 6}
 
 
 def test_generate_countdown_rejects_bad_arguments(tmp_path, capsys):
