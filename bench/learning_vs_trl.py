@@ -125,7 +125,8 @@ def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> di
     t0 = time.perf_counter()
     _rlhf(["ppo", *preset["ppo"], f"actor_rollout_ref.model.path={warm}",
            f"data.train_files={work / 'data' / 'train.parquet'}", f"data.val_files={work / 'data' / 'test.parquet'}",
-           f"actor_rollout_ref.actor.optim.lr={lr}", f"data.seed={seed}", f"trainer.total_training_seconds={seconds}",
+           "algorithm.adv_estimator=grpo", f"actor_rollout_ref.actor.optim.lr={lr}", f"data.seed={seed}",
+           f"trainer.total_training_seconds={seconds}",
            "trainer.total_training_steps=100000", "trainer.val_before_train=False", "trainer.test_freq=-1",
            "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
            "trainer.logger=[console,file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",

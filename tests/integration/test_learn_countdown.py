@@ -57,7 +57,8 @@ def test_grpo_raises_countdown_accuracy(tmp_path, monkeypatch):
     out = tmp_path / "ppo"
     result = run_ppo(load_config("ppo_trainer", [
         *preset["ppo"], f"actor_rollout_ref.model.path={sft['hf_model_dir']}", f"data.train_files={files['train']}",
-        f"data.val_files={files['test']}", f"trainer.total_training_seconds={TRAIN_SECONDS}",
+        f"data.val_files={files['test']}", "algorithm.adv_estimator=grpo",
+        f"trainer.total_training_seconds={TRAIN_SECONDS}",
         "trainer.total_training_steps=100000", "trainer.test_freq=100000", "trainer.save_freq=-1",
         "trainer.logger=[console,file]", f"trainer.default_local_dir={out}",
         "trainer.project_name=learn", "trainer.experiment_name=slow"]))
