@@ -75,7 +75,7 @@ def rlhf(
     with lineage.pipeline_run(s.experiment, fr_id, s.as_params()) as parent_run_id:
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
-        data = prepare_data(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
+        data = prepare_data(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task)
         _record(parent_run_id, "prepare_data", data)
         base_model = s.model_path
         if not base_model:
@@ -90,6 +90,7 @@ def rlhf(
         if s.evaluate_enabled:
             evaluation = evaluate(str(run_dir / "val_samples"), s.eval_list(), ctx)
         _log_summary(parent_run_id, ppo_result, evaluation)
+        _print_learning(run_dir, s.val_prompts)
     return {"parent_run_id": parent_run_id, "model_path": base_model, "sft_model": model,
             "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
 
@@ -106,6 +107,20 @@ def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dic
     final.update(evaluation or {})
     lineage.log_metrics(parent_run_id, {lineage_name(k): v for k, v in final.items()},
                         step=int(ppo_result.get("global_step") or 0))
+
+
+def _print_learning(run_dir: Path, val_prompts: int) -> None:
+    """Print the core validation metric before and after PPO (greedy accuracy under the learn presets)."""
+    from tasks.common import read_jsonl
+
+    rows = [r for f in sorted((run_dir / "metrics").glob("segment_*.jsonl")) for r in read_jsonl(f)]
+    summary = plan.validation_before_after(rows)
+    if summary is None:
+        print("no validation metric was logged (trainer.val_before_train / test_freq)")
+        return
+    print(f"{summary['name']} on {val_prompts} held-out prompts: step {summary['before_step']}: "
+          f"{summary['before']:.3f} -> step {summary['after_step']}: {summary['after']:.3f} "
+          f"(gain {summary['gain']:+.3f})")
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:

@@ -20,6 +20,7 @@ class PipelineSettings:
 
     experiment: str
     preset: str | None
+    task: str
     model_path: str | None
     gsm8k_dir: str | None
     ray_address: str | None
@@ -91,6 +92,7 @@ def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, An
     return load_yaml(path)
 
 
+PRESET_PIPELINE_KEYS = ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps")
 TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
 TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
 
@@ -120,7 +122,10 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it. When the
+    A preset may hold ``task`` (``gsm8k`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
+    pipeline.yaml values (``train_prompts``, ``val_prompts``, ``sft_epochs``, ``ppo_steps``, ``segment_steps``)
+    that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when
+    neither parameter nor file sets it. When the
     user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
@@ -141,19 +146,32 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
 
     preset_name = _pick(params.get("preset"), setting("preset"))
     preset = load_preset(preset_name, config_dir)
+    pp = preset.get("pipeline") or {}
+    bad = set(pp) - set(PRESET_PIPELINE_KEYS)
+    if bad:
+        raise ValueError(f"preset {preset_name!r}: unknown pipeline keys {sorted(bad)}; known: {list(PRESET_PIPELINE_KEYS)}")
+    # a preset's pipeline values sit between pipeline.yaml and the flow parameters
+    preset_key = {"data.train_prompts": "train_prompts", "data.val_prompts": "val_prompts", "sft.epochs": "sft_epochs",
+                  "ppo.total_steps": "ppo_steps", "ppo.segment_steps": "segment_steps"}
+
+    def value(key: str) -> Any:
+        name = preset_key.get(key)
+        return pp[name] if name in pp else setting(key)
+
     skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
     s = PipelineSettings(
         experiment=_pick(params.get("experiment"), setting("experiment")),
         preset=preset_name,
+        task=str(preset["task"] if "task" in preset else setting("task")),
         model_path=_pick(params.get("model_path"), setting("model_path")),
         gsm8k_dir=_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
         ray_address=_pick(params.get("ray_address"), setting("ray_address")),
-        train_prompts=int(_pick(params.get("train_prompts"), setting("data.train_prompts"))),
-        val_prompts=int(_pick(params.get("val_prompts"), setting("data.val_prompts"))),
+        train_prompts=int(_pick(params.get("train_prompts"), value("data.train_prompts"))),
+        val_prompts=int(_pick(params.get("val_prompts"), value("data.val_prompts"))),
         sft_enabled=not skip_sft if skip_sft is not None else bool(setting("sft.enabled")),
-        sft_epochs=int(_pick(params.get("sft_epochs"), setting("sft.epochs"))),
-        ppo_steps=int(_pick(params.get("ppo_steps"), setting("ppo.total_steps"))),
-        segment_steps=int(_pick(params.get("segment_steps"), setting("ppo.segment_steps"))),
+        sft_epochs=int(_pick(params.get("sft_epochs"), value("sft.epochs"))),
+        ppo_steps=int(_pick(params.get("ppo_steps"), value("ppo.total_steps"))),
+        segment_steps=int(_pick(params.get("segment_steps"), value("ppo.segment_steps"))),
         adv_estimator=str(_pick(params.get("adv_estimator"), setting("ppo.adv_estimator"))),
         evaluate_enabled=not skip_eval if skip_eval is not None else bool(setting("evaluate.enabled")),
         model_sizes=dict(preset.get("model") or {}),

@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sft": ("rlhf_core.trainer.main_sft", "main", "supervised fine-tuning (sft_trainer.yaml keys)"),
     "eval": ("rlhf_core.trainer.main_eval", "main", "score a responses parquet (evaluation.yaml keys)"),
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
-    "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k --local-dir DIR --out OUT"),
+    "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k|countdown --out OUT ..."),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
     "results": ("infra.results_cli", "main", "query the DuckDB results store: rlhf results sql \"SELECT ...\""),
     "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),

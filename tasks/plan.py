@@ -298,3 +298,30 @@ def take_rows(src: str, dest: str, n: int | None) -> str:
     with atomic_write(dest) as fh:
         pq.write_table(table, fh)
     return dest
+
+
+def validation_before_after(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The core validation metric at the first and the last step it was logged, from ``file``-sink rows
+    (``{"step", "name", "value"}``, all segments together).
+
+    The metric is ``val-core/<data_source>/acc/mean@N`` when a scorer reports ``acc`` (greedy accuracy with
+    ``val_kwargs.do_sample=False, n=1``), else ``val-core/<data_source>/reward/mean@N``; the first such name in
+    sorted order when there are several data sources.
+
+    Returns:
+        ``{"name", "before_step", "before", "after_step", "after", "gain"}``, or None when no core validation
+        metric was logged.
+    """
+    series: dict[str, dict[int, float]] = {}
+    for row in rows:
+        name = str(row.get("name", ""))
+        if name.startswith("val-core/") and ("/acc/mean@" in name or "/reward/mean@" in name):
+            series.setdefault(name, {})[int(row["step"])] = float(row["value"])
+    if not series:
+        return None
+    acc = sorted(n for n in series if "/acc/mean@" in n)
+    name = acc[0] if acc else sorted(series)[0]
+    points = series[name]
+    first, last = min(points), max(points)
+    return {"name": name, "before_step": first, "before": points[first], "after_step": last,
+            "after": points[last], "gain": points[last] - points[first]}

@@ -72,6 +72,7 @@ TYPES: dict[str, tuple] = {
     "trainer.validation_data_dir": _STR, "trainer.rollout_data_dir": _STR,
     "trainer.max_actor_ckpt_to_keep": _INT, "trainer.max_critic_ckpt_to_keep": _INT,
     "trainer.max_ckpt_to_keep": _INT, "trainer.stop_after_step": _INT,
+    "trainer.total_training_seconds": _FLOAT,
     "trainer.default_hdfs_dir": _STR, "trainer.resume_from_path": _STR,
     "ray_init.num_cpus": _INT, "ray_init.address": _STR, "ray_init.timeline_json_file": _STR,
     "output.samples_dir": _STR,

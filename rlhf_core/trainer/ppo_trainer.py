@@ -13,6 +13,7 @@ With an ``"rm"`` group (``reward_model.enable``), the [reward] stage (and valida
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -99,6 +100,7 @@ class RayPPOTrainer:
         self.checkpoints = CheckpointManager.from_config(config.trainer)
         self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
         self.global_steps = 0
+        self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
 
@@ -139,7 +141,12 @@ class RayPPOTrainer:
 
     # ---- the loop --------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train until ``total_training_steps`` (or ``trainer.stop_after_step``); returns the last step's metrics.
+        """Train until ``total_training_steps`` (or ``trainer.stop_after_step``, or until the wall-clock budget
+        ``trainer.total_training_seconds`` is spent); returns the last step's metrics.
+
+        The budget clock starts when the first training step starts (after ``val_before_train``; a resumed run
+        starts a new clock). The step during which it runs out is treated as the last step: it validates (when
+        ``test_freq > 0``) and checkpoints (when ``save_freq > 0``), then the loop stops.
 
         A run resumed at or beyond its last step (or its ``stop_after_step``) trains nothing and returns ``{}``
         (or the ``val_before_train`` metrics)."""
@@ -160,6 +167,7 @@ class RayPPOTrainer:
         steps_per_epoch = len(self.train_dataloader)
         n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
         profiler = StepProfiler(self.config.global_profiler, self.wgs)
+        self._train_started = time.monotonic()
         for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
             for batch in self.train_dataloader:
                 self.global_steps += 1
@@ -167,11 +175,18 @@ class RayPPOTrainer:
                 last_metrics = self.train_step(batch, epoch)
                 profiler.end(self.global_steps, last=self.global_steps >= stop_at)
                 self.tracker.log(last_metrics, step=self.global_steps)
-                if self.global_steps >= stop_at:
+                if self.global_steps >= stop_at or self.budget_spent():
                     self.checkpoints.finish_pending()
                     return last_metrics
         self.checkpoints.finish_pending()
         return last_metrics
+
+    def budget_spent(self) -> bool:
+        """True once ``trainer.total_training_seconds`` (wall clock, seconds) have passed since the training loop
+        started; always False when the key is null or the loop has not started."""
+        budget = self.config.trainer.total_training_seconds
+        return (budget is not None and self._train_started is not None
+                and time.monotonic() - self._train_started >= float(budget))
 
     def _ensure_tracker(self) -> None:
         if self.tracker is None:
@@ -217,6 +232,7 @@ class RayPPOTrainer:
             if self.global_steps > int(self.config.trainer.critic_warmup):
                 with timer("update_actor", timing):
                     metrics.update(self.update_actor(batch))
+            is_last = is_last or self.budget_spent()  # the budget ran out during this step: it is the last
             if self._should_test(is_last):
                 with timer("testing", timing):
                     metrics.update(self.validator.validate(self.global_steps))
@@ -229,6 +245,8 @@ class RayPPOTrainer:
         if "update_actor" in timing:
             metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+        if self._train_started is not None:
+            metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
         self._after_step(batch)
         return metrics
 

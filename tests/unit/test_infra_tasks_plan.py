@@ -264,3 +264,40 @@ def test_override_value_reads_back_through_hydras_grammar(value):
 
     assert parse_value(plan.override_value(value)) == value
     assert plan.override_value("plain") == "plain" and plan.override_value("~/x") == "'~/x'"
+
+
+def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
+    from flows.settings import validate_overrides
+
+    s = resolve_settings({"preset": "countdown"})
+    assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
+        "countdown", 20000, 500, 100000, 100000)
+    assert "trainer.total_training_seconds=300" in s.preset_ppo
+    validate_overrides(s)  # the shipped countdown preset is valid for every stage
+    assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
+    assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
+
+
+def test_preset_with_unknown_pipeline_key_is_refused(tmp_path):
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "pipeline.yaml").write_text("preset: bad\n")
+    (tmp_path / "presets" / "bad.yaml").write_text("pipeline: {val_promts: 5}\n")
+    with pytest.raises(ValueError, match="val_promts"):
+        resolve_settings({}, config_dir=tmp_path)
+
+
+def test_validation_before_after_prefers_acc_and_spans_segments():
+    rows = [
+        {"step": 0, "name": "val-core/countdown/acc/mean@1", "value": 0.1},
+        {"step": 0, "name": "val-core/countdown/reward/mean@1", "value": 0.1},
+        {"step": 3, "name": "critic/score/mean", "value": 0.9},  # not a validation metric
+        {"step": 5, "name": "val-core/countdown/acc/mean@1", "value": 0.25},  # segment 1 ends
+        {"step": 9, "name": "val-core/countdown/acc/mean@1", "value": 0.35},  # segment 2 ends
+    ]
+    out = plan.validation_before_after(rows)
+    assert out["name"] == "val-core/countdown/acc/mean@1"
+    assert (out["before_step"], out["after_step"]) == (0, 9)
+    assert out["gain"] == pytest.approx(0.35 - 0.1)
+    only_reward = [{"step": 2, "name": "val-core/openai/gsm8k/reward/mean@2", "value": 0.5}]
+    assert plan.validation_before_after(only_reward)["gain"] == 0.0
+    assert plan.validation_before_after([{"step": 1, "name": "actor/lr", "value": 1.0}]) is None
