@@ -68,6 +68,8 @@ TYPES: dict[str, tuple] = {
     _A + "model.target_modules": (str, list), "critic.model.target_modules": (str, list),
     "model.target_modules": (str, list), _A + "rollout.seed": _INT,
     "critic.enable": (bool,),
+    _A + "actor.fsdp_config.cpu_threads": _INT, "critic.model.fsdp_config.cpu_threads": _INT,
+    "reward_model.model.fsdp_config.cpu_threads": _INT, "model.fsdp_config.cpu_threads": _INT,
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {

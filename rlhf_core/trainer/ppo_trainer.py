@@ -24,6 +24,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
+from rlhf_core.workers.on_policy import skip_old_log_prob
 from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
                                       merge, resample_rows, timer)
 
@@ -239,9 +240,12 @@ class RayPPOTrainer:
         return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
-        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
+        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``).
+        Skipped in the on-policy case (``skip_old_log_prob``): the actor update provides both."""
         from rlhf_core.algos.loss_agg import agg_loss
 
+        if skip_old_log_prob(self.config, self.global_steps):
+            return batch  # on-policy: the update's first forward provides them (rlhf_core/workers/on_policy.py)
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
             mode = self.config.actor_rollout_ref.actor.get("loss_agg_mode", "token-mean")

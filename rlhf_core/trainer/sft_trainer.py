@@ -78,8 +78,15 @@ class SFTTrainer:
             ray_cfg = self.config.get("ray_init") or {}
             init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
             gpus = 1.0 if str(self.config.trainer.get("device", "auto")) != "cpu" and _cluster_has_gpu() else 0.0
+            import ray
+
+            from rlhf_core.distributed.threads import threads_per_rank
+
+            t = self.config.trainer
+            threads = threads_per_rank(ray.cluster_resources().get("CPU", 1), int(t.nnodes), int(t.n_gpus_per_node),
+                                       self.config.model.fsdp_config.cpu_threads)
             self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
-                                     num_gpus_per_worker=gpus, name_prefix="sft")
+                                     num_gpus_per_worker=gpus, name_prefix="sft", num_threads=threads)
         self.wg.execute_all("init_model")
 
     def fit(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
 
 logger = logging.getLogger(__name__)
 _COMPILED: dict[str, "_CompiledOrEager"] = {}
@@ -201,9 +202,11 @@ class DataParallelPPOActor:
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
         log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
+        # on-policy shortcut (workers/on_policy.py): without old_log_probs the first forward provides them
+        old_log_prob = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else log_prob.detach()
         is_w = self._is_weights(mb)
         pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
-            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
+            old_log_prob, log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
             rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq,
             **policy_loss_scalars(cfg))
         ent = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
@@ -232,6 +235,10 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")
         cfg = self.config
+        if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
+                self.model, len(batch), self.mini_batch_size, int(cfg.ppo_epochs)):
+            raise ValueError("update_policy without old_log_probs needs one PPO epoch, one mini-batch and no dropout "
+                             "(workers/on_policy.py); compute them with compute_log_prob first")
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         W = world_size()
         seed = cfg.get("data_loader_seed")

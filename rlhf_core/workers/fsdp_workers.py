@@ -16,6 +16,7 @@ from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
 
 logger = logging.getLogger(__name__)
@@ -178,10 +179,17 @@ class ActorRolloutRefWorker:
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One PPO update on this rank's shard, one LR-scheduler step, then a weight sync to the rollout.
 
+        Without ``old_log_probs`` in ``batch`` (the driver's on-policy shortcut, ``workers/on_policy.py``) the
+        update's first forward provides them; when this rank's shard does not allow it they are computed first.
+
         Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used)."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
-        metrics = self.actor.update_policy(self._temperature(batch))
+        batch = self._temperature(batch)
+        if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
+                self.actor_module, len(batch), self.actor.mini_batch_size, int(self.arr.actor.ppo_epochs)):
+            batch = merge_old_log_probs(batch, self.compute_log_prob(batch))  # the shortcut does not hold here
+        metrics = self.actor.update_policy(batch)
         metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         self.lr_scheduler.step()
         self.sync_rollout_weights()

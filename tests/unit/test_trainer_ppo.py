@@ -131,10 +131,12 @@ def make_config(tmp_path, **trainer):
     cfg = {
         "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7},
         "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False}},
-                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {}}},
+                              # ppo_mini_batch_size 1 < train_batch_size 2: two mini-batches, old_log_prob is run
+                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {},
+                                        "ppo_epochs": 1, "ppo_mini_batch_size": 1, "rollout_is": False}},
         "critic": {"optim": {}},
         "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False,
-                      "kl_penalty": "kl", "norm_adv_by_std_in_grpo": True,
+                      "kl_penalty": "kl", "norm_adv_by_std_in_grpo": True, "rollout_is_threshold": None,
                       "kl_ctrl": {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1},
                       "use_pf_ppo": False, "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0}},
         "trainer": {"total_epochs": 2, "total_training_steps": None, "project_name": "p", "experiment_name": "e",
