@@ -165,8 +165,6 @@ EFFECT: dict[str, tuple[str, str]] = {
     "reward_model.model.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.cpu_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.offload_params": (NO_EFFECT_ON_CPU, _OFFLOAD),
-    _A + "model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
-    "critic.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     "reward_model.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     "use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     _A + "model.fused_kernel_options.impl_backend": (NO_EFFECT_YET, "fused kernels are not supported yet"),

@@ -27,6 +27,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
+from rlhf_core.workers.packing import packed_logits
 
 logger = logging.getLogger(__name__)
 _COMPILED: dict[str, "_CompiledOrEager"] = {}
@@ -71,13 +72,17 @@ def hot_functions(use_torch_compile: bool):
     return _COMPILED[logprobs_from_logits.__name__], _COMPILED[entropy_from_logits.__name__]
 
 
-def forward_response_logits(model: nn.Module, mb: Batch, response_length: int) -> torch.Tensor:
+def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
+                            use_remove_padding: bool = False) -> torch.Tensor:
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
 
-    Uses the padded path (``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``)."""
+    Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
+    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads)."""
     dev = device()
-    out = model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev),
-                position_ids=mb["position_ids"].to(dev), use_cache=False)
+    ids, mask, pos = mb["input_ids"].to(dev), mb["attention_mask"].to(dev), mb["position_ids"].to(dev)
+    if use_remove_padding:
+        return packed_logits(model, ids, mask, pos)[:, -response_length - 1:-1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     return out.logits[:, -response_length - 1:-1]
 
 
@@ -109,13 +114,14 @@ class DataParallelPPOActor:
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
+        self.use_remove_padding = False  # model.use_remove_padding, set by the worker (workers/packing.py)
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False):
         """``(log_prob (b, T), entropy (b, T) or None)`` (+ the temperature-scaled logits ``(b, T, V)`` float32
         when ``return_logits``)."""
         T = mb["responses"].shape[-1]
-        logits = forward_response_logits(self.model, mb, T).float() / temperature
+        logits = forward_response_logits(self.model, mb, T, self.use_remove_padding).float() / temperature
         log_prob = self._logprobs_fn(logits, mb["responses"].to(logits.device))
         entropy = self._entropy_fn(logits) if with_entropy else None
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
@@ -131,7 +137,8 @@ class DataParallelPPOActor:
             raise RuntimeError("kl_loss_type 'full' needs the reference model in the actor's worker "
                                "(role actor_rollout_ref): the exact KL is computed from both models' full logits")
         self.ref_model.eval()
-        return forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1]).float() / temperature
+        return forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1],
+                                       self.use_remove_padding).float() / temperature
 
     def kl_loss_terms(self, mb: Batch, log_prob: torch.Tensor, logits: torch.Tensor | None,
                       temperature: float) -> torch.Tensor:
@@ -175,7 +182,8 @@ class DataParallelPPOActor:
         out = []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
-            logits = forward_response_logits(self.model, mb, mb["responses"].shape[-1]).float() / temperature
+            logits = forward_response_logits(self.model, mb, mb["responses"].shape[-1],
+                                             self.use_remove_padding).float() / temperature
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
         return torch.cat(out)
 

@@ -87,6 +87,9 @@ class ActorRolloutRefWorker:
             self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.get("fsdp_config"), "ref"))
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
+        for dp in (self.actor, self.ref):
+            if dp is not None:
+                dp.use_remove_padding = bool(mcfg.use_remove_padding)
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
@@ -238,6 +241,7 @@ class CriticWorker:
             mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
             micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
             activation_offload=bool(mcfg.get("enable_activation_offload", False)))
+        self.critic.use_remove_padding = bool(mcfg.use_remove_padding)
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),

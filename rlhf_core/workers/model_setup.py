@@ -19,9 +19,6 @@ def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role
     """Log, once per model, the settings this build accepts but runs differently (never silently).
 
     ``use_torch_compile`` is kept for callers; the actor logs its own CPU note (``actor.hot_functions``)."""
-    if model_cfg.get("use_remove_padding", False):
-        logger.info("%s: use_remove_padding=True has no effect yet: running the padded forward (same numbers; the "
-                    "packed varlen path needs flash-attention on CUDA)", role)
     if model_cfg.get("enable_activation_offload", False) and not torch.cuda.is_available():
         logger.info("%s: enable_activation_offload=True is a no-op on CPU (activations already live in host memory)",
                     role)
