@@ -80,8 +80,10 @@ def test_critic_enable_builds_the_critic_worker_group(monkeypatch):
 
     monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
     cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}}, "critic": {"enable": True},
+                            "actor_rollout_ref": {"actor": {"use_kl_loss": False, "fsdp_config": {"cpu_threads": None}}},
+                            "critic": {"enable": True, "model": {"fsdp_config": {"cpu_threads": None}}},
                             "trainer": {"nnodes": 1, "n_gpus_per_node": 1}})
     assert set(main_ppo.build_worker_groups(cfg)) == {"actor_rollout", "critic"}
     cfg.critic.enable = None

@@ -83,9 +83,12 @@ def test_build_worker_groups_adds_the_rm_group(monkeypatch):
 
     monkeypatch.setattr(worker_group, "RayWorkerGroup", RecordingGroup)
     monkeypatch.setattr(main_ppo, "worker_resources", resources)
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
+    threads = {"fsdp_config": {"cpu_threads": None}}
     cfg = OmegaConf.create({"algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}},
-                            "trainer": {"nnodes": 1, "n_gpus_per_node": 2}, "reward_model": {"enable": True}})
+                            "actor_rollout_ref": {"actor": {"use_kl_loss": False, **threads}},
+                            "critic": {"model": threads}, "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
+                            "reward_model": {"enable": True, "model": threads}})
     wgs = main_ppo.build_worker_groups(cfg)
     assert set(wgs) == {"actor_rollout", "critic", "rm"} and shares == [3]  # three groups share each device
     assert (RewardModelWorker, 2, "rm") in built
