@@ -124,6 +124,12 @@ class ActorRolloutRefWorker:
         if self.rollout is not None and hasattr(self.rollout, "calls"):
             self.rollout.calls = int(state.get("rollout_calls", 0))
 
+    def peak_rss_kib(self) -> int:
+        """Peak resident memory of this worker's process in KiB (Linux ``ru_maxrss``), for the benchmark."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
     def has_ref(self) -> bool:
         """Whether this worker holds a reference model (role ``ref`` / ``actor_rollout_ref``)."""
         return self.ref is not None
