@@ -94,6 +94,9 @@ CHOICES: dict[str, tuple] = {
     _A + "model.fused_kernel_options.impl_backend": ("torch", "triton"),
     _A + "actor.fsdp_config.model_dtype": DTYPES, _A + "ref.fsdp_config.model_dtype": DTYPES,
     "critic.model.fsdp_config.model_dtype": DTYPES, "model.fsdp_config.model_dtype": DTYPES,
+    **{f"{sec}.mixed_precision.{k}": DTYPES for sec in (_A + "actor.fsdp_config", _A + "ref.fsdp_config",
+                                                     "critic.model.fsdp_config")
+       for k in ("param_dtype", "reduce_dtype", "buffer_dtype")},
     _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime", "dapo"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"), "trainer.device": ("auto", "cpu", "cuda"),
     "optim.lr_scheduler": ("cosine", "wsd"),
