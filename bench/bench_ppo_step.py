@@ -138,6 +138,8 @@ def ours_config(spec: dict, args, out_dir: Path):
     ]
     if args.remove_padding:
         overrides += ["actor_rollout_ref.model.use_remove_padding=True"]
+    if args.bf16:  # bf16 compute on fp32 master weights (fsdp_config.mixed_precision), like TRL's bf16=True
+        overrides += ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]
     if args.rollout == "vllm":
         overrides += ["actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
     config = load_config("ppo_trainer", overrides)
@@ -249,7 +251,7 @@ def run_trl(spec: dict, args) -> dict:
             output_dir=tmp, use_cpu=args.device == "cpu", per_device_train_batch_size=args.prompts * args.n,
             gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.new_tokens,
             learning_rate=args.lr, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
-            temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+            temperature=1.0, bf16=args.bf16, fp16=False, gradient_checkpointing=False, logging_steps=1,
             report_to="none", save_strategy="no", max_steps=args.warmup + args.steps, disable_tqdm=True,
             dataloader_num_workers=0, shuffle_dataset=False, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -361,7 +363,8 @@ def _importable(name: str) -> bool:
 def _passthrough(args) -> list[str]:
     return [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--device={args.device}", f"--prompts={args.prompts}",
             f"--n={args.n}", f"--new-tokens={args.new_tokens}", f"--lr={args.lr}", f"--rollout={args.rollout}"] + \
-        (["--remove-padding"] if args.remove_padding else [])
+        (["--remove-padding"] if args.remove_padding else []) + (["--bf16"] if args.bf16 else []) + \
+        ([f"--size={args.size}"] if args.size else [])
 
 
 def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
@@ -419,6 +422,8 @@ def parse_args(argv):
         ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
     ap.add_argument("--size", choices=sorted(SIZES), default=None, help="a model size of the cost curve")
     ap.add_argument("--remove-padding", action="store_true", help="our forwards packed (use_remove_padding)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 compute: ours via fsdp_config.mixed_precision, TRL bf16=True "
+                    "(the plain HF loop stays fp32)")
     ap.add_argument("--json", help="also write all results to this file")
     ap.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
