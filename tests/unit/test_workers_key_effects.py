@@ -81,8 +81,10 @@ def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypa
 
     monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
+    threads = {"fsdp_config": {"cpu_threads": None}}
     cfg = OmegaConf.create({"algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}},
+                            "actor_rollout_ref": {"actor": {"use_kl_loss": False, **threads}}, "critic": {"model": threads},
                             "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "ray_wait_register_center_timeout": 7}})
     with pytest.raises(TimeoutError, match="trainer.ray_wait_register_center_timeout"):
         main_ppo.build_worker_groups(cfg)
