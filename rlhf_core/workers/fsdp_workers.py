@@ -6,6 +6,7 @@ collective methods (``init_model``, ``update_*``, ``save/load_checkpoint``) must
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -191,7 +192,8 @@ class ActorRolloutRefWorker:
         Without ``old_log_probs`` in ``batch`` (the driver's on-policy shortcut, ``workers/on_policy.py``) the
         update's first forward provides them; when this rank's shard does not allow it they are computed first.
 
-        Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used)."""
+        Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used) and
+        ``timing_s/weight_sync`` (seconds of the rollout weight sync, inside ``timing_s/update_actor``)."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
         batch = self._temperature(batch)
@@ -201,7 +203,9 @@ class ActorRolloutRefWorker:
         metrics = self.actor.update_policy(batch)
         metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         self.lr_scheduler.step()
+        start = time.perf_counter()
         self.sync_rollout_weights()
+        metrics["timing_s/weight_sync"] = time.perf_counter() - start  # issue 14: < 5 % of the step
         return metrics
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
