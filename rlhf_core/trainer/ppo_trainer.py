@@ -240,8 +240,7 @@ class RayPPOTrainer:
         return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
-        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``).
-        Skipped in the on-policy case (``skip_old_log_prob``): the actor update provides both."""
+        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (by ``loss_agg_mode``); skipped when on-policy."""
         from rlhf_core.algos.loss_agg import agg_loss
 
         if skip_old_log_prob(self.config, self.global_steps):
