@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from rlhf_core.protocol import Batch
+
 
 def has_active_dropout(model: nn.Module) -> bool:
     """True when a forward in train mode would drop anything: an ``nn.Dropout*`` module with ``p > 0`` or a
@@ -51,8 +53,6 @@ def first_forward_is_old_log_prob(model: nn.Module, n_rows: int, mini_batch_size
         and not has_active_dropout(model)
 
 
-def merge_old_log_probs(batch: Any, log_prob_out: Any) -> Any:
+def merge_old_log_probs(batch: Batch, log_prob_out: Batch) -> Batch:
     """``batch`` with ``old_log_probs (B, T)`` from a ``compute_log_prob`` result (entropies dropped)."""
-    from rlhf_core.protocol import Batch
-
     return Batch({**batch.tensors, "old_log_probs": log_prob_out["old_log_probs"]}, batch.non_tensors, batch.meta)
