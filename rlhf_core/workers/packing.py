@@ -7,8 +7,10 @@ when ``attention_mask`` is ``None`` and attend within each sequence only: a bloc
 ``sdpa``/``eager`` on CPU, cu_seqlens varlen kernels for ``flash_attention_2`` on GPU. The outputs are scattered
 back to ``(b, L, ·)`` (zeros at pads), so callers slice them exactly like the padded path.
 
-Cost: attention over ``n`` instead of ``b·L`` positions for the MLP/projections (the bulk of a small model's
-FLOPs), so the saving is the padding share of the micro-batch.
+Cost: the projections and MLP run on ``n`` instead of ``b·L`` positions (the padding share is saved). Attention
+differs by backend: ``flash_attention_2`` (GPU) attends per sequence, Σ len², while ``sdpa``/``eager`` on CPU
+compute the whole ``n × n`` block-diagonal mask, O(n²), which for small models with long micro-batches costs more
+than the padding it removes (BENCHMARKS.md) — keep it off on CPU.
 """
 from __future__ import annotations
 
