@@ -11,6 +11,8 @@ Peers, each in its own subprocess (so one peer's process group or accelerate sta
 * ``ours``: ``RayPPOTrainer.train_step`` — the real driver step (gen, reward, old_log_prob, adv, update_actor
   with the hybrid-engine weight sync) — on one in-process ``LocalWorkerGroup`` rank (FSDP2, single-rank
   gloo/nccl), i.e. without Ray's per-call overhead, as a single-process peer runs.
+* ``ours_ray``: the same step through ``main_ppo.build_worker_groups`` — one Ray worker group exactly as
+  ``rlhf ppo`` builds it (fractional CPU reservation, intra-op threads = the node's CPUs ÷ ranks).
 * ``trl``: TRL ``GRPOTrainer`` (``use_cpu=True`` on CPU, no vLLM), ``per_device_train_batch_size=32``,
   ``num_generations=4``, ``max_completion_length=32``, ``beta=0``, fp32, no gradient checkpointing. Skipped with
   a clear line when ``trl`` is not importable.
@@ -19,8 +21,10 @@ Peers, each in its own subprocess (so one peer's process group or accelerate sta
 
 s/step is the wall time between the ends of consecutive steps after ``--warmup`` steps (mean over ``--steps``);
 tokens/s counts valid prompt + response tokens of the step's 32 sequences (``perf/total_num_tokens``), and
-response tokens alone. Note a real difference: ours computes ``old_log_probs`` with an extra forward pass
-(verl's order); TRL and the HF reference skip it when the batch is used for a single update.
+response tokens alone. Ours skips the ``old_log_prob`` forward in this on-policy workload (one epoch, one
+mini-batch: ``rlhf_core/workers/on_policy.py``), like TRL and the HF reference. ``--remove-padding`` runs our
+forwards packed (``use_remove_padding``); ``--size`` picks a model of the cost curve. ``peak_rss_mb`` is the peer
+process's peak resident memory (for ``ours_ray``: the driver's; the worker's is ``worker_peak_rss_mb``).
 """
 from __future__ import annotations
 
@@ -34,7 +38,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS = ("ours", "trl", "hf")
+PEERS = ("ours", "ours_ray", "trl", "hf")
+# --size: model sizes of the cost curve (build_tiny_model arguments; parameter counts with vocab 2000)
+SIZES = {"1m": {},  # the tiny_cpu preset: hidden 128, 4 layers, ~1.04 M
+         "20m": {"hidden_size": 384, "intermediate_size": 1152, "num_layers": 11, "num_attention_heads": 6,
+                 "num_key_value_heads": 2},
+         "100m": {"hidden_size": 768, "intermediate_size": 2304, "num_layers": 14, "num_attention_heads": 12,
+                  "num_key_value_heads": 4}}
 
 
 # ---- shared set-up ---------------------------------------------------------------------------------------------
@@ -55,7 +65,7 @@ def prepare(args, tmp: Path) -> dict:
     from rlhf_core.models.tiny import build_tiny_model, gsm8k_texts
 
     hf_logging.disable_progress_bar()
-    sizes = preset_model_sizes()
+    sizes = {**preset_model_sizes(), **SIZES[args.size or "1m"]}
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
@@ -126,6 +136,10 @@ def ours_config(spec: dict, args, out_dir: Path):
         f"trainer.total_training_steps={args.warmup + args.steps + 1}", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.val_before_train=False", f"trainer.default_local_dir={out_dir / 'ckpt'}",
     ]
+    if args.remove_padding:
+        overrides += ["actor_rollout_ref.model.use_remove_padding=True"]
+    if args.bf16:  # bf16 compute on fp32 master weights (fsdp_config.mixed_precision), like TRL's bf16=True
+        overrides += ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]
     if args.rollout == "vllm":
         overrides += ["actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
     config = load_config("ppo_trainer", overrides)
@@ -138,7 +152,17 @@ class _NoTracker:
         pass
 
 
-def run_ours(spec: dict, args) -> dict:
+def run_ours_ray(spec: dict, args) -> dict:
+    return run_ours(spec, args, use_ray=True)
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
     from rlhf_core.data.rl_dataset import create_rl_dataset
     from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.models.loading import load_tokenizer
@@ -153,6 +177,13 @@ def run_ours(spec: dict, args) -> dict:
 
         def factory(cfg):
             return {"actor_rollout": LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})}
+
+        if use_ray:
+            from rlhf_core.distributed.ray_init import init_ray
+            from rlhf_core.trainer.main_ppo import build_worker_groups
+
+            init_ray(None, config.ray_init.num_cpus)
+            factory = build_worker_groups
 
         trainer = RayPPOTrainer(config, tokenizer, factory, load_reward_manager(config, tokenizer, num_examine=0),
                                 None, train, tracker=_NoTracker())
@@ -172,8 +203,13 @@ def run_ours(spec: dict, args) -> dict:
                         stages[k[9:]] = stages.get(k[9:], 0.0) + v / args.steps
             if trainer.global_steps >= args.warmup + args.steps:
                 break
+        worker_rss = None
+        if use_ray:
+            worker_rss = [round(r / 1024, 1) for r in
+                          trainer.actor_wg.execute_all("peak_rss_kib")] if hasattr(trainer.actor_wg, "_actors") else None
         trainer.shutdown()
-    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()}}
+    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()},
+            "peak_rss_mb": round(_peak_rss_mb(), 1), "worker_peak_rss_mb": worker_rss}
 
 
 def _sync(device: str) -> None:
@@ -215,7 +251,7 @@ def run_trl(spec: dict, args) -> dict:
             output_dir=tmp, use_cpu=args.device == "cpu", per_device_train_batch_size=args.prompts * args.n,
             gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.new_tokens,
             learning_rate=args.lr, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
-            temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+            temperature=1.0, bf16=args.bf16, fp16=False, gradient_checkpointing=False, logging_steps=1,
             report_to="none", save_strategy="no", max_steps=args.warmup + args.steps, disable_tqdm=True,
             dataloader_num_workers=0, shuffle_dataset=False, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -326,7 +362,9 @@ def _importable(name: str) -> bool:
 
 def _passthrough(args) -> list[str]:
     return [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--device={args.device}", f"--prompts={args.prompts}",
-            f"--n={args.n}", f"--new-tokens={args.new_tokens}", f"--lr={args.lr}", f"--rollout={args.rollout}"]
+            f"--n={args.n}", f"--new-tokens={args.new_tokens}", f"--lr={args.lr}", f"--rollout={args.rollout}"] + \
+        (["--remove-padding"] if args.remove_padding else []) + (["--bf16"] if args.bf16 else []) + \
+        ([f"--size={args.size}"] if args.size else [])
 
 
 def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
@@ -339,7 +377,8 @@ def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
           f"{torch.get_num_threads()} threads, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
           f"{args.steps} measured steps after {args.warmup} warm-up")
     for peer, r in results.items():
-        name = {"ours": f"ours (RayPPOTrainer.train_step, 1 rank, {args.rollout})", "trl": "TRL GRPOTrainer",
+        name = {"ours": f"ours (RayPPOTrainer.train_step, 1 rank, {args.rollout})",
+                "ours_ray": f"ours through Ray (rlhf ppo's worker group, {args.rollout})", "trl": "TRL GRPOTrainer",
                 "hf": "plain HF reference loop"}[peer]
         if "skip" in r:
             print(f"  {name:46s}: SKIPPED - {r['skip']}")
@@ -348,11 +387,15 @@ def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
         else:
             print(f"  {name:46s}: {r['s_per_step']:6.3f} s/step  {r['tokens_per_s']:8.0f} tokens/s  "
                   f"({r['response_tokens_per_s']:7.0f} response tokens/s; {r['tokens_per_step']:.0f} tokens/step, "
-                  f"steps {r['step_s']})")
+                  f"steps {r['step_s']}); peak RSS {r.get('peak_rss_mb', '-')} MB"
+                  + (f", worker {r['worker_peak_rss_mb']} MB" if r.get("worker_peak_rss_mb") else ""))
             if r.get("stages_s"):
                 print(f"  {'':46s}  stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["stages_s"].items()))
     print("  (tokens = valid prompt + response tokens of the step's sequences; s/step = wall time between step ends)")
     ours = results.get("ours", {})
+    if "s_per_step" in ours and "s_per_step" in results.get("ours_ray", {}):
+        print(f"ratio ours_ray/ours s/step: {results['ours_ray']['s_per_step'] / ours['s_per_step']:.2f}x "
+              f"(target <= 1.10)")
     for peer in ("trl", "hf"):
         other = results.get(peer, {})
         if "s_per_step" in ours and "s_per_step" in other:
@@ -377,6 +420,10 @@ def parse_args(argv):
     ap.add_argument("--gsm8k-dir", default=os.environ.get("GSM8K_DIR", str(REPO.parent / "shared" / "data" / "gsm8k")))
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
         ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
+    ap.add_argument("--size", choices=sorted(SIZES), default=None, help="a model size of the cost curve")
+    ap.add_argument("--remove-padding", action="store_true", help="our forwards packed (use_remove_padding)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 compute: ours via fsdp_config.mixed_precision, TRL bf16=True "
+                    "(the plain HF loop stays fp32)")
     ap.add_argument("--json", help="also write all results to this file")
     ap.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
@@ -391,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     if args.worker:
         spec = json.loads(Path(args.spec).read_text())
-        result = {"ours": run_ours, "trl": run_trl, "hf": run_hf}[args.worker](spec, args)
+        result = {"ours": run_ours, "ours_ray": run_ours_ray, "trl": run_trl, "hf": run_hf}[args.worker](spec, args)
+        result.setdefault("peak_rss_mb", round(_peak_rss_mb(), 1))
         Path(args.result).write_text(json.dumps(result))
         return 0
     if args.device == "cuda":

@@ -12,7 +12,8 @@
 #   pytest_gpu.log    pytest -m gpu tests/gpu (FSDP2 on CUDA with offload, RM on CUDA, vLLM when importable)
 #   bench_tiny.log / bench_tiny.json      bench_ppo_step.py --device cuda, the CPU bench's workload
 #   bench_large.log / bench_large.json    the same step on a ~90 M-parameter Qwen2, 32 prompts x 4 x 128 tokens
-#   bench_vllm.log    our step with the vLLM rollout (only when vllm imports there; else a SKIP line in summary)
+#   bench_vllm.log    our step (in-process and through Ray) with the vLLM rollout, bf16, packed, 20 M model, vs TRL
+#                     (only when vllm imports there; else a SKIP line in summary)
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,15 +90,18 @@ step "pytest -m gpu tests/gpu" 200 "$OUT/pytest_gpu.log" \
 tail -n 3 "$OUT/pytest_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 
 # ---- GPU throughput -----------------------------------------------------------------------------------------------
-step "bench tiny (cuda)" 110 "$OUT/bench_tiny.log" \
-  "$PY" bench/bench_ppo_step.py --device cuda --peers ours,trl,hf --steps 5 --peer-timeout 60 --json "$OUT/bench_tiny.json"
+step "bench tiny (cuda, bf16, packed)" 110 "$OUT/bench_tiny.log" \
+  "$PY" bench/bench_ppo_step.py --device cuda --peers ours,trl,hf --bf16 --remove-padding --steps 5 --peer-timeout 60 \
+  --json "$OUT/bench_tiny.json"
 step "bench large (cuda)" 170 "$OUT/bench_large.log" \
-  "$PY" bench/bench_ppo_step.py --device cuda --peers ours,trl,hf --steps 4 --peer-timeout 75 \
+  "$PY" bench/bench_ppo_step.py --device cuda --peers ours,trl,hf --bf16 --remove-padding --steps 4 --peer-timeout 75 \
   --prompts 32 --new-tokens 128 --hidden-size 1024 --intermediate-size 2816 --num-layers 8 \
   --num-attention-heads 16 --num-key-value-heads 4 --json "$OUT/bench_large.json"
 if "$PY" -c "import vllm" >/dev/null 2>&1; then
-  step "bench tiny, vLLM rollout (cuda)" 120 "$OUT/bench_vllm.log" \
-    "$PY" bench/bench_ppo_step.py --device cuda --peers ours --rollout vllm --steps 5 --peer-timeout 100
+  # the GPU configuration of issue 14: bf16 compute, packed forwards (flash/sdpa varlen), vLLM rollout
+  step "bench 20m, bf16 + packed + vLLM rollout (cuda)" 120 "$OUT/bench_vllm.log" \
+    "$PY" bench/bench_ppo_step.py --device cuda --peers ours,ours_ray,trl --rollout vllm --bf16 --remove-padding \
+    --size 20m --steps 5 --peer-timeout 100
 else
   log "SKIP vLLM rollout bench: vllm is not importable here (it cannot be carried: wheel > 64 MiB)"
 fi

@@ -82,6 +82,8 @@ TYPES: dict[str, tuple] = {
     _A + "rollout.over_sample_rate": _FLOAT, "global_profiler.tool": _STR, "global_profiler.steps": (list,),
     "global_profiler.save_path": _STR,
     **{p + ".profiler." + k: t for p in _PROFILED for k, t in (("tool", _STR), ("save_path", _STR))},
+    _A + "actor.fsdp_config.cpu_threads": _INT, "critic.model.fsdp_config.cpu_threads": _INT,
+    "reward_model.model.fsdp_config.cpu_threads": _INT, "model.fsdp_config.cpu_threads": _INT,
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {
@@ -106,6 +108,9 @@ CHOICES: dict[str, tuple] = {
     _A + "model.fused_kernel_options.impl_backend": ("torch", "triton"),
     _A + "actor.fsdp_config.model_dtype": DTYPES, _A + "ref.fsdp_config.model_dtype": DTYPES,
     "critic.model.fsdp_config.model_dtype": DTYPES, "model.fsdp_config.model_dtype": DTYPES,
+    **{f"{sec}.mixed_precision.{k}": DTYPES for sec in (_A + "actor.fsdp_config", _A + "ref.fsdp_config",
+                                                     "critic.model.fsdp_config")
+       for k in ("param_dtype", "reduce_dtype", "buffer_dtype")},
     _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime", "dapo"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"), "trainer.device": ("auto", "cpu", "cuda"),
     "optim.lr_scheduler": ("cosine", "wsd"),
@@ -160,7 +165,8 @@ _ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True)
 _COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
             "compiling costs more than it saves on a few cores")
 _OFFLOAD = "CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory"
-_UNPAD = "only the padded forward exists, same outputs; the packed varlen path needs flash-attention"
+_UNPAD = ("the reward model runs the padded forward (same outputs); packing covers the actor, reference and "
+          "critic (actor_rollout_ref.model / critic.model.use_remove_padding)")
 _PREFETCH = "FSDP2's default prefetching is used; performance only"
 # path -> (status, what happens instead). Keys accepted at any value but with limited effect.
 EFFECT: dict[str, tuple[str, str]] = {
@@ -177,8 +183,6 @@ EFFECT: dict[str, tuple[str, str]] = {
     "reward_model.model.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.cpu_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.offload_params": (NO_EFFECT_ON_CPU, _OFFLOAD),
-    _A + "model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
-    "critic.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     "reward_model.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     "use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     _A + "model.fused_kernel_options.impl_backend": (NO_EFFECT_YET, "fused kernels are not supported yet"),

@@ -87,7 +87,8 @@ EFFECT06: dict[str, tuple[str, str]] = {
     _A + "model.tokenizer_path": (NO_EFFECT_YET, "the tokenizer is read from model.path"),
     _A + "model.exclude_modules": (NO_EFFECT_YET, "every target_modules match gets a LoRA adapter"),
     _A + "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
-    _A + "actor.use_remove_padding": (NO_EFFECT_YET, "only the padded forward exists, same outputs"),
+    _A + "actor.use_remove_padding": (NO_EFFECT_YET, "the workers read actor_rollout_ref.model.use_remove_padding, "
+                                                      "which this copy follows by default"),
     _A + "ref.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),
     _A + "ref.entropy_checkpointing": (NO_EFFECT_YET, "the reference computes no gradients"),
     _A + "ref.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, "like param_offload for the reference (it has no "

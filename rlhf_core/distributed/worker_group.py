@@ -97,8 +97,10 @@ class RayWorkerGroup:
         worker_cls: a plain class (not ``@ray.remote``); its methods take this rank's shard.
         world_size: number of ranks (actors).
         init_kwargs: keyword arguments for ``worker_cls``.
-        num_cpus_per_worker: Ray CPUs per actor (fractional values let several groups share a node);
-            ``OMP_NUM_THREADS`` is set to ``max(1, int(num_cpus_per_worker))``.
+        num_cpus_per_worker: Ray CPUs reserved per actor (fractional values let several groups share a node).
+        num_threads: intra-op threads per actor (``OMP_NUM_THREADS`` and ``torch.set_num_threads``), decoupled
+            from the reservation (see :mod:`rlhf_core.distributed.threads`); ``None`` →
+            ``max(1, int(num_cpus_per_worker))``.
         num_gpus_per_worker: Ray GPUs per actor (``> 0`` → nccl; Ray sets ``CUDA_VISIBLE_DEVICES``).
         name_prefix: prefix of the actor names (a random suffix keeps groups distinct).
         env: extra environment variables exported in every actor before the worker is built.
@@ -115,7 +117,7 @@ class RayWorkerGroup:
     def __init__(self, worker_cls: type, world_size: int, init_kwargs: dict,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
-                 ready_timeout_s: float | None = None) -> None:
+                 ready_timeout_s: float | None = None, num_threads: int | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not ray.is_initialized():
@@ -126,7 +128,7 @@ class RayWorkerGroup:
         if num_gpus_per_worker:
             bundle["GPU"] = num_gpus_per_worker
         self._pg = self._placement_group([dict(bundle) for _ in range(world_size)], pg_timeout_s)
-        omp = max(1, int(num_cpus_per_worker))
+        omp = int(num_threads) if num_threads else max(1, int(num_cpus_per_worker))
         actor_env = {"OMP_NUM_THREADS": str(omp), **{k: str(v) for k, v in (env or {}).items()}}
         remote_cls = ray.remote(_WorkerHost)
         self._actors = [

@@ -8,7 +8,9 @@ Worker placement: ``trainer.nnodes × trainer.n_gpus_per_node`` ranks per group 
 plus a critic group when ``critic.enable`` (null: when ``algorithm.adv_estimator == gae``) and a reward-model
 group (``"rm"``) when ``reward_model.enable``. On GPUs the groups share each GPU (fractional
 ``num_gpus``); on CPU the cluster's CPUs are split fractionally so that both groups fit
-(``min(1, CPUs ÷ (ranks × groups))`` per worker).
+(``min(1, CPUs ÷ (ranks × groups))`` per worker). That reservation is not the thread count: the roles run one
+after another, so each rank runs ``CPUs of its node ÷ ranks on it`` intra-op threads (:func:`worker_threads`), or
+the role's ``fsdp_config.cpu_threads`` (ours) where a user splits the cores between roles.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.loading import load_tokenizer, local_path
 from rlhf_core.reward import load_reward_manager
+from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from rlhf_core.workers.reward_model import RewardModelWorker
@@ -58,6 +61,15 @@ def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
     return max(0.01, int(per * 100) / 100), 0.0
 
 
+def worker_threads(config: DictConfig, cpu_threads: int | None) -> int:
+    """Intra-op threads per rank of one group: ``cpu_threads`` (a role's ``fsdp_config.cpu_threads``) when set,
+    else the CPUs of a node (Ray's count, which ``ray_init.num_cpus`` sets) ÷ ``trainer.n_gpus_per_node``."""
+    import ray
+
+    return threads_per_rank(ray.cluster_resources().get("CPU", 1), int(config.trainer.nnodes),
+                            int(config.trainer.n_gpus_per_node), cpu_threads)
+
+
 TIMEOUT_KEY = "trainer.ray_wait_register_center_timeout"
 
 
@@ -75,16 +87,19 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
     timeout = float(config.trainer.ray_wait_register_center_timeout)
-    specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor")]
+    specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor",
+              config.actor_rollout_ref.actor.fsdp_config.cpu_threads)]
     if use_critic:
-        specs.append(("critic", CriticWorker, {"config": config}, "critic"))
+        specs.append(("critic", CriticWorker, {"config": config}, "critic", config.critic.model.fsdp_config.cpu_threads))
     if use_rm:
-        specs.append(("rm", RewardModelWorker, {"config": config}, "rm"))
+        specs.append(("rm", RewardModelWorker, {"config": config}, "rm",
+                      config.reward_model.model.fsdp_config.cpu_threads))
     wgs: dict[str, Any] = {}
-    for key, cls, kwargs, prefix in specs:
+    for key, cls, kwargs, prefix, cpu_threads in specs:
         try:
             wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
-                                      name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout)
+                                      name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
+                                      num_threads=worker_threads(config, cpu_threads))
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()

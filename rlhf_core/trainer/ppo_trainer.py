@@ -42,6 +42,7 @@ from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.tracking import Tracking
+from rlhf_core.workers.on_policy import skip_old_log_prob
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,9 @@ class RayPPOTrainer:
         return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
-        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
+        """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (by ``loss_agg_mode``); skipped when on-policy."""
+        if skip_old_log_prob(self.config, self.global_steps):
+            return batch  # on-policy: the update's first forward provides them (rlhf_core/workers/on_policy.py)
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
             mode = self.config.actor_rollout_ref.actor.loss_agg_mode

@@ -25,6 +25,7 @@ from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn
 from rlhf_core.data.sft_dataset import create_sft_dataset
 from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
@@ -75,8 +76,11 @@ class SFTTrainer:
         else:
             init_ray(self.config.ray_init.address, self.config.ray_init.num_cpus)
             gpus = 1.0 if str(self.config.trainer.device) != "cpu" and _cluster_has_gpu() else 0.0
+            t = self.config.trainer
+            threads = threads_per_rank(ray.cluster_resources().get("CPU", 1), int(t.nnodes), int(t.n_gpus_per_node),
+                                       self.config.model.fsdp_config.cpu_threads)
             self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
-                                     num_gpus_per_worker=gpus, name_prefix="sft")
+                                     num_gpus_per_worker=gpus, name_prefix="sft", num_threads=threads)
         self.wg.execute_all("init_model")
 
     def fit(self) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
+from rlhf_core.workers.packing import packed_logits
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -70,13 +72,17 @@ def hot_functions(use_torch_compile: bool):
     return _COMPILED[logprobs_from_logits.__name__], _COMPILED[entropy_from_logits.__name__]
 
 
-def forward_response_logits(model: nn.Module, mb: Batch, response_length: int) -> torch.Tensor:
+def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
+                            use_remove_padding: bool = False) -> torch.Tensor:
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
 
-    Uses the padded path (``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``)."""
+    Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
+    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads)."""
     dev = device()
-    out = model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev),
-                position_ids=mb["position_ids"].to(dev), use_cache=False)
+    ids, mask, pos = mb["input_ids"].to(dev), mb["attention_mask"].to(dev), mb["position_ids"].to(dev)
+    if use_remove_padding:
+        return packed_logits(model, ids, mask, pos)[:, -response_length - 1:-1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     return out.logits[:, -response_length - 1:-1]
 
 
@@ -108,13 +114,14 @@ class DataParallelPPOActor:
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
+        self.use_remove_padding = False  # model.use_remove_padding, set by the worker (workers/packing.py)
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False):
         """``(log_prob (b, T), entropy (b, T) or None)`` (+ the temperature-scaled logits ``(b, T, V)`` float32
         when ``return_logits``)."""
         T = mb["responses"].shape[-1]
-        logits = forward_response_logits(self.model, mb, T).float() / temperature
+        logits = forward_response_logits(self.model, mb, T, self.use_remove_padding).float() / temperature
         log_prob = self._logprobs_fn(logits, mb["responses"].to(logits.device))
         entropy = self._entropy_fn(logits) if with_entropy else None
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
@@ -130,7 +137,8 @@ class DataParallelPPOActor:
             raise RuntimeError("kl_loss_type 'full' needs the reference model in the actor's worker "
                                "(role actor_rollout_ref): the exact KL is computed from both models' full logits")
         self.ref_model.eval()
-        return forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1]).float() / temperature
+        return forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1],
+                                       self.use_remove_padding).float() / temperature
 
     def kl_loss_terms(self, mb: Batch, log_prob: torch.Tensor, logits: torch.Tensor | None,
                       temperature: float) -> torch.Tensor:
@@ -174,7 +182,8 @@ class DataParallelPPOActor:
         out = []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
-            logits = forward_response_logits(self.model, mb, mb["responses"].shape[-1]).float() / temperature
+            logits = forward_response_logits(self.model, mb, mb["responses"].shape[-1],
+                                             self.use_remove_padding).float() / temperature
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
         return torch.cat(out)
 
@@ -203,11 +212,15 @@ class DataParallelPPOActor:
         full_kl = use_kl_loss and cfg.kl_loss_type == "full"
         # the entropy enters the loss only with entropy_coeff (verl computes it only then, too); the logged
         # actor/entropy is the rollout batch's pre-update entropy, from compute_log_prob (the trainer's old_log_prob)
-        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff),
+        # on-policy shortcut (workers/on_policy.py): without old_log_probs the first forward provides them, and
+        # the pre-update actor/entropy the skipped old_log_prob stage would have logged
+        on_policy = "old_log_probs" not in mb
+        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff) or on_policy,
                                                           return_logits=full_kl)
+        old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
         is_w = self._is_weights(mb)
         pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
-            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
+            old_log_prob, log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
             rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq,
             **policy_loss_scalars(cfg))
         loss = pg_loss
@@ -215,6 +228,9 @@ class DataParallelPPOActor:
             loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
         metrics = {"actor/pg_loss": float(pg_loss.detach())}
+        if on_policy:  # a mini-batch-normalised share: summed over micro-batches it is the batch's entropy
+            metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, mode, global_tokens=n_tok,
+                                                      global_seqs=n_seq))
         metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
@@ -238,6 +254,10 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")
         cfg = self.config
+        if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
+                self.model, len(batch), self.mini_batch_size, int(cfg.ppo_epochs)):
+            raise ValueError("update_policy without old_log_probs needs one PPO epoch, one mini-batch and no dropout "
+                             "(workers/on_policy.py); compute them with compute_log_prob first")
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         schedule = UpdateSchedule(
             ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size or len(batch),

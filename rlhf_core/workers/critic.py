@@ -40,10 +40,11 @@ class DataParallelPPOCritic:
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0
+        self.use_remove_padding = False  # critic.model.use_remove_padding, set by the worker (workers/packing.py)
 
     def _values(self, mb: Batch) -> torch.Tensor:
         T = mb["responses"].shape[-1]
-        return forward_response_logits(self.model, mb, T)[..., 0].float()
+        return forward_response_logits(self.model, mb, T, self.use_remove_padding)[..., 0].float()
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:

@@ -22,6 +22,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 from rlhf_core.config.structured import full_key, role_name
 
+from rlhf_core.workers.precision import cast_buffers, mixed_precision_policy
+
 logger = logging.getLogger(__name__)
 
 
@@ -97,7 +99,8 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
 
     Honoured ``fsdp_config`` keys: ``wrap_policy.min_num_params``, ``fsdp_size``, ``param_offload``,
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
-    ``reshard_after_forward`` (default True).
+    ``reshard_after_forward`` (default True), ``mixed_precision`` (``param_dtype``/``reduce_dtype``/``buffer_dtype``,
+    :mod:`rlhf_core.workers.precision`).
     """
     cfg = fsdp_config if fsdp_config is not None else {}
     wrap = _present(cfg, "wrap_policy", {})
@@ -111,6 +114,11 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         else:
             logger.info("%s: param_offload/optimizer_offload requested on CPU: no-op (weights already in host memory)", role)
+    mp_cfg = cfg.get("mixed_precision")  # workers/precision.py; all fp32 → no policy
+    policy = mixed_precision_policy(mp_cfg)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    cast_buffers(model, mp_cfg)
     if not torch.cuda.is_available() or not offload:
         model.to(device())
     broadcast_from_rank0(model)

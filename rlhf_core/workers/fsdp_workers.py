@@ -6,6 +6,7 @@ collective methods (``init_model``, ``update_*``, ``save/load_checkpoint``) must
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_ra
 from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
 from rlhf_core.workers.rollout.engine_copy import build_engine_copy
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -87,6 +89,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"))
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
+        for dp in (self.actor, self.ref):
+            if dp is not None:
+                dp.use_remove_padding = bool(mcfg.use_remove_padding)
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
@@ -120,6 +125,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.actor.update_calls = int(state.get("actor_update_calls", 0))
         if self.rollout is not None and hasattr(self.rollout, "calls"):
             self.rollout.calls = int(state.get("rollout_calls", 0))
+
+    def peak_rss_kib(self) -> int:
+        """Peak resident memory of this worker's process in KiB (Linux ``ru_maxrss``), for the benchmark."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
     def has_ref(self) -> bool:
         """Whether this worker holds a reference model (role ``ref`` / ``actor_rollout_ref``)."""
@@ -179,13 +190,23 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One PPO update on this rank's shard, one LR-scheduler step, then a weight sync to the rollout.
 
-        Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used)."""
+        Without ``old_log_probs`` in ``batch`` (the driver's on-policy shortcut, ``workers/on_policy.py``) the
+        update's first forward provides them; when this rank's shard does not allow it they are computed first.
+
+        Returns the actor metrics (identical on every rank) plus ``actor/lr`` (the LR the update used) and
+        ``timing_s/weight_sync`` (seconds of the rollout weight sync, inside ``timing_s/update_actor``)."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
-        metrics = self.actor.update_policy(self._temperature(batch))
+        batch = self._temperature(batch)
+        if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
+                self.actor_module, len(batch), self.actor.mini_batch_size, int(self.arr.actor.ppo_epochs)):
+            batch = merge_old_log_probs(batch, self.compute_log_prob(batch))  # the shortcut does not hold here
+        metrics = self.actor.update_policy(batch)
         metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         self.lr_scheduler.step()
+        start = time.perf_counter()
         self.sync_rollout_weights()
+        metrics["timing_s/weight_sync"] = time.perf_counter() - start  # issue 14: < 5 % of the step
         return metrics
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
@@ -232,6 +253,7 @@ class CriticWorker(ProfiledWorker):
         self.module = build_model(mcfg, mcfg.fsdp_config, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
         self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
+        self.critic.use_remove_padding = bool(mcfg.use_remove_padding)
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),

@@ -21,9 +21,6 @@ def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role
     """Log, once per model, the settings this build accepts but runs differently (never silently).
 
     ``use_torch_compile`` is kept for callers; the actor logs its own CPU note (``actor.hot_functions``)."""
-    if model_cfg.use_remove_padding:
-        logger.info("%s: use_remove_padding=True has no effect yet: running the padded forward (same numbers; the "
-                    "packed varlen path needs flash-attention on CUDA)", role)
     # the reward model's section has no enable_activation_offload (verl's YAML): nothing to note there
     if "enable_activation_offload" in model_cfg and model_cfg.enable_activation_offload and not torch.cuda.is_available():
         logger.info("%s: enable_activation_offload=True is a no-op on CPU (activations already live in host memory)",

@@ -15,7 +15,8 @@ SCORER = textwrap.dedent('''
     from rlhf_core.reward.scorers import default_compute_score
 
     def compute_score(data_source, solution_str, ground_truth):
-        return {"score": float(default_compute_score(data_source, solution_str, ground_truth)), "pid": os.getpid()}
+        out = default_compute_score(data_source, solution_str, ground_truth)  # MATH scorers return a dict
+        return {"score": float(out["score"] if isinstance(out, dict) else out), "pid": os.getpid()}
 ''')
 
 

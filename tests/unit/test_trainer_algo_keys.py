@@ -69,7 +69,6 @@ def test_critic_enable_false_with_gae_is_a_config_error():
 
 
 def test_critic_enable_builds_the_critic_worker_group(monkeypatch):
-    import rlhf_core.distributed.worker_group as worker_group
     from rlhf_core.trainer import main_ppo
 
     built = []
@@ -78,8 +77,9 @@ def test_critic_enable_builds_the_critic_worker_group(monkeypatch):
         def __init__(self, cls, world, kwargs, **kw):
             built.append(kw["name_prefix"])
 
-    monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
+    monkeypatch.setattr(main_ppo, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
     cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
                        "critic.enable=True", "trainer.nnodes=1", "trainer.n_gpus_per_node=1")
     assert set(main_ppo.build_worker_groups(cfg)) == {"actor_rollout", "critic"}

@@ -131,7 +131,9 @@ def make_config(tmp_path, **trainer):
     cfg = {
         "data": {"train_batch_size": 2, "val_batch_size": None, "shuffle": True, "seed": 7},
         "actor_rollout_ref": {"rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": False}},
-                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {}}},
+                              # ppo_mini_batch_size 1 < train_batch_size 2: two mini-batches, old_log_prob is run
+                              "actor": {"use_kl_loss": True, "loss_agg_mode": "token-mean", "optim": {},
+                                        "ppo_epochs": 1, "ppo_mini_batch_size": 1, "rollout_is": False}},
         "critic": {"optim": {}},
         "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False,
                       "kl_penalty": "kl", "norm_adv_by_std_in_grpo": True,

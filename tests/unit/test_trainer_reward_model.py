@@ -82,6 +82,7 @@ def test_build_worker_groups_adds_the_rm_group(monkeypatch):
 
     monkeypatch.setattr(main_ppo, "RayWorkerGroup", RecordingGroup)
     monkeypatch.setattr(main_ppo, "worker_resources", resources)
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
     cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
                        "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
                        "reward_model.enable=True")

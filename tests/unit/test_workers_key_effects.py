@@ -81,6 +81,7 @@ def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypa
 
     monkeypatch.setattr(main_ppo, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
+    monkeypatch.setattr(main_ppo, "worker_threads", lambda config, cpu_threads: 1)
     cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
                        "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
                        "trainer.ray_wait_register_center_timeout=7")

@@ -1,0 +1,31 @@
+"""Intra-op CPU threads per worker rank, decoupled from the Ray CPU reservation.
+
+A PPO step runs its roles one after another (rollout, old log-prob, reference, values, actor update, critic
+update), so every role may use all the cores of its node while it runs. The Ray reservation stays fractional
+(``main_ppo.worker_resources``) so that several worker groups fit one node; the *thread count* of a rank is
+``CPUs of the node ÷ ranks of one group on that node`` (e.g. 2 threads for one rank on a 2-core node), unless the
+role's ``fsdp_config.cpu_threads`` (ours) sets it, for a user who wants to split cores between roles.
+"""
+from __future__ import annotations
+
+
+def threads_per_rank(cluster_cpus: float, nnodes: int, ranks_per_node: int, override: int | None = None) -> int:
+    """Intra-op threads for one rank: ``override`` when given, else ``max(1, ⌊cluster_cpus ÷ nnodes ÷ ranks_per_node⌋)``.
+
+    Args:
+        cluster_cpus: CPUs of the Ray cluster (``ray.cluster_resources()["CPU"]``; ``ray_init.num_cpus`` sets it
+            for an embedded instance).
+        nnodes: nodes of the cluster the group spans (``trainer.nnodes``).
+        ranks_per_node: ranks of one worker group per node (``trainer.n_gpus_per_node``).
+        override: the role's ``fsdp_config.cpu_threads``; ``None`` = derive from the node.
+
+    Raises:
+        ValueError: when ``override`` is given and < 1, or ``nnodes``/``ranks_per_node`` < 1.
+    """
+    if nnodes < 1 or ranks_per_node < 1:
+        raise ValueError(f"nnodes={nnodes} and ranks_per_node={ranks_per_node} must be >= 1")
+    if override is not None:
+        if int(override) < 1:
+            raise ValueError(f"fsdp_config.cpu_threads={override} must be >= 1 (null = the node's CPUs ÷ its ranks)")
+        return int(override)
+    return max(1, int(float(cluster_cpus) / nnodes) // ranks_per_node)
