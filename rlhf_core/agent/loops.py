@@ -45,10 +45,12 @@ def _render_prompt(tokenizer: Any, row: dict[str, Any], tool_schemas: list[dict]
 
 @AGENT_LOOPS.register("single_turn_agent")
 class SingleTurnAgentLoop(AgentLoopBase):
-    """One assistant turn: ``response_length`` tokens at most, mask all ones."""
+    """One assistant turn: ``response_length`` tokens at most, mask all ones. The prompt is the dataset's
+    ``raw_prompt_ids`` (already truncated as ``data.truncation`` says) when the row has them."""
 
     async def run(self, row: dict[str, Any], request_id: str) -> AgentLoopOutput:
-        prompt_ids = _render_prompt(self.tokenizer, row, None)
+        has_ids = row.get("raw_prompt_ids") is not None
+        prompt_ids = list(row["raw_prompt_ids"]) if has_ids else _render_prompt(self.tokenizer, row, None)
         out = await self.policy.generate(prompt_ids, self.settings.response_length, request_id)
         ids = out.token_ids[: self.settings.response_length]
         logprobs = None if out.log_probs is None else list(out.log_probs[: len(ids)])
