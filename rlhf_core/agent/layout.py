@@ -30,8 +30,8 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
         ``prompts (B, P)`` left-padded, ``P`` = the wider of ``prompt_batch["input_ids"]`` and the longest
         prompt (tool schemas lengthen it); ``responses``/``response_mask (B, T)`` right-padded;
         ``input_ids``/``attention_mask``/``position_ids (B, P+T)``; ``rollout_log_probs (B, T)`` float32 when
-        every trajectory has log-probs. Non-tensor columns of ``prompt_batch`` plus ``num_turns`` (int) and
-        ``tool_rewards`` (list per row); ``meta["metrics"]``: :func:`trajectory_metrics`.
+        every trajectory has log-probs. Non-tensor columns of ``prompt_batch`` plus ``num_turns`` (int),
+        ``tool_rewards`` (list per row) and ``tool_calls`` (per row ``{tool: [calls, failures]}``); ``meta["metrics"]``: :func:`trajectory_metrics`.
 
     Raises:
         ValueError: when the counts differ or a trajectory is longer than ``response_length`` or its mask and
@@ -73,6 +73,8 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
     non_tensors = dict(prompt_batch.non_tensors)
     non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
     non_tensors["tool_rewards"] = [list(o.tool_rewards) for o in outputs]
+    non_tensors["tool_calls"] = [{name: [o.tool_stats.calls[name], o.tool_stats.failures.get(name, 0)]
+                                  for name in o.tool_stats.calls} for o in outputs]
     meta = dict(prompt_batch.meta)
     meta["metrics"] = trajectory_metrics(outputs)
     return Batch(tensors, non_tensors, meta)
@@ -89,3 +91,18 @@ def trajectory_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
                "num_turns/mean": float(turns.mean())} if len(turns) else {}
     metrics.update(stats.metrics())
     return metrics
+
+
+def multiturn_metrics(batch: Batch) -> dict[str, float]:
+    """The driver-side :func:`trajectory_metrics` of a packed batch from its ``num_turns`` and ``tool_calls``
+    columns (every rank's rows, unlike ``meta`` which keeps rank 0's); ``{}`` for a single-turn batch."""
+    if "num_turns" not in batch.non_tensors:
+        return {}
+    outputs = []
+    for turns, calls in zip(batch.non_tensors["num_turns"], batch.non_tensors["tool_calls"]):
+        stats = ToolCallStats()
+        for name, (count, failures) in calls.items():
+            stats.calls[name] += int(count)
+            stats.failures[name] += int(failures)
+        outputs.append(AgentLoopOutput([], [], [], num_turns=int(turns), tool_stats=stats))
+    return trajectory_metrics(outputs)

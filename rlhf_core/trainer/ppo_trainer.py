@@ -162,6 +162,7 @@ class RayPPOTrainer:
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
+        from rlhf_core.agent.layout import multiturn_metrics
         from rlhf_core.metrics.training import (compute_data_metrics, compute_throughput_metrics,
                                                 compute_timing_metrics)
 
@@ -209,6 +210,7 @@ class RayPPOTrainer:
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(multiturn_metrics(batch))  # num_turns/*, tool_calls/*; {} for single-turn rollouts
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
         if "update_actor" in timing:
