@@ -7,8 +7,9 @@ The file::
         config: {type: native, ...}                        # passed to the class as ``config``
         tool_schema: {type: function, function: {...}}     # OpenAI function form
 
-verl's own built-in class names (``verl.tools.gsm8k_tool.Gsm8kTool``, ``verl.tools.sandbox_fusion_tools.
-SandboxFusionTool``) resolve to ours (:data:`VERL_CLASS_ALIASES`), so a verl tool config loads unchanged.
+verl's ``verl.tools.gsm8k_tool.Gsm8kTool`` resolves to ours (:data:`VERL_CLASS_ALIASES`), so verl's GSM8K tool
+config loads unchanged. verl's ``SandboxFusionTool`` is deliberately not mapped to the local process sandbox: a
+config that asks for a remote isolated executor must not silently run code on this machine.
 Only ``type: native`` tools exist here (verl's ``mcp`` type is refused by name).
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ from rlhf_core.tools.schemas import OpenAIFunctionToolSchema
 
 VERL_CLASS_ALIASES = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "rlhf_core.tools.builtin.Gsm8kTool",
-    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "rlhf_core.tools.sandbox.PythonTool",
 }
 
 
