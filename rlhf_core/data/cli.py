@@ -1,6 +1,6 @@
 """``rlhf data ...`` commands. ``main(argv)`` receives the arguments after ``data``.
 
-    rlhf data gsm8k --local-dir DIR --out OUT
+    rlhf data gsm8k --local-dir DIR --out OUT [--multiturn]
 
 (verl's ``examples/data_preprocess/gsm8k.py --local_dataset_path DIR --local_save_dir OUT`` spellings are
 accepted too.)
@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--local-dir", "--local_dataset_path", dest="local_dir", default=None,
                    help="folder or fsspec URL with train.jsonl/test.jsonl; omitted: read from the HF hub")
     g.add_argument("--out", "--local_save_dir", dest="out", required=True, help="output folder")
+    g.add_argument("--multiturn", action="store_true",
+                   help="verl's multi-turn tool schema (gsm8k_multiturn_w_tool.py): tool_agent, tools_kwargs")
     return parser
 
 
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlhf_core.data.gsm8k import preprocess_gsm8k
 
         try:
-            paths = preprocess_gsm8k(args.local_dir, args.out)
+            paths = preprocess_gsm8k(args.local_dir, args.out, multiturn=args.multiturn)
         except (DataError, FileNotFoundError, RemoteUnavailableError) as exc:
             print(f"rlhf data gsm8k: {exc}", file=sys.stderr)
             return 2

@@ -198,3 +198,26 @@ def test_parallel_calls_run_concurrently_and_are_capped(test_tools):
     assert len(results) == 3  # max_parallel_calls=3: the 4th call is dropped, as verl does
     assert all(r.text == "slept 0.4 [('k', 1)]" for r in results)  # execute_kwargs reach execute()
     assert loop_time["elapsed"] < 0.8  # three 0.4 s calls in series would take 1.2 s
+
+
+def test_gsm8k_multiturn_data(tmp_path):
+    """`rlhf data gsm8k --multiturn` writes verl's multi-turn schema, and its rows pass the tool-name check."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rlhf_core.agent.registry import check_rows
+    from rlhf_core.data.cli import main
+
+    src = tmp_path / "raw"
+    src.mkdir()
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text(json.dumps({"question": "What is 6 times 12?",
+                                                        "answer": "6*12=72\n#### 72"}) + "\n")
+    assert main(["gsm8k", "--local-dir", str(src), "--out", str(tmp_path / "out"), "--multiturn"]) == 0
+    row = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()[0]
+    assert row["agent_name"] == "tool_agent"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "calc_gsm8k_reward" in row["prompt"][0]["content"]
+    assert row["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]["ground_truth"] == "72"
+    assert row["extra_info"]["need_tools_kwargs"] is True and row["reward_model"]["ground_truth"] == "72"
+    check_rows([row], ["train.parquet row 0"], ["tool_agent"], "tool_agent", ["calc_gsm8k_reward"])
