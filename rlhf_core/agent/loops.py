@@ -74,6 +74,7 @@ class ToolAgentLoop(AgentLoopBase):
         schemas = [t.get_openai_tool_schema().model_dump(exclude_none=True) for t in self.tools.values()] or None
         prompt_ids = _render_prompt(self.tokenizer, row, schemas)
         tools_kwargs = ((row.get("extra_info") or {}).get("tools_kwargs")) or {}
+        tools_kwargs = {name: value for name, value in tools_kwargs.items() if value is not None}  # parquet nulls
         parse = TOOL_PARSERS.get(s.format)
         ids: list[int] = []
         mask: list[int] = []

@@ -16,6 +16,7 @@ import yaml
 
 from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
+from rlhf_core.tools.config import load_tools
 
 
 class AgentConfigError(ValueError):
@@ -90,7 +91,31 @@ def check_rows(rows: Iterable[dict[str, Any]], where: Iterable[str], agent_names
         if name not in agent_names:
             raise AgentConfigError(f"{label}: agent_name {name!r} is not an agent loop; known: {sorted(agent_names)}")
         tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs") or {}
-        unknown = sorted(set(tools_kwargs) - tool_names)
+        # parquet stores a struct column as the union of every row's keys, null where a row lacks one
+        unknown = sorted({name for name, value in tools_kwargs.items() if value is not None} - tool_names)
         if unknown:
             raise AgentConfigError(f"{label}: extra_info.tools_kwargs names unknown tools {unknown}; "
                                    f"multi_turn.tool_config_path declares {sorted(tool_names)}")
+
+
+def uses_agent_loop(rollout_cfg: Any) -> bool:
+    """``rollout.mode == "async"`` or ``rollout.multi_turn.enable``: rows become agent-loop trajectories."""
+    return str(rollout_cfg.mode) == "async" or bool(rollout_cfg.multi_turn.enable)
+
+
+def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
+    """At dataset build (driver, before any worker starts): with agent loops on, load the tool and loop configs
+    (their errors name the file and the tool/entry) and :func:`check_rows` every row of every dataset that
+    keeps ``rows`` and ``sources`` (``RLHFDataset``; a custom dataset without them is checked per batch).
+
+    Raises:
+        ToolConfigError, AgentConfigError: as above, naming the file and row.
+    """
+    if not uses_agent_loop(rollout_cfg):
+        return
+    path = rollout_cfg.multi_turn.tool_config_path
+    tools = load_tools(path) if path else {}
+    specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
+    for ds in datasets:
+        if ds is not None and hasattr(ds, "rows") and hasattr(ds, "sources"):
+            check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools)

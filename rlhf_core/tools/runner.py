@@ -100,8 +100,8 @@ async def call_tool(tool: BaseTool, arguments: dict[str, Any], tool_kwargs: dict
 
     async def create_and_execute() -> Any:
         nonlocal instance_id
-        instance_id, _ = await tool.create(create_kwargs=tool_kwargs.get("create_kwargs", {}))
-        return await tool.execute(instance_id, arguments, **tool_kwargs.get("execute_kwargs", {}))
+        instance_id, _ = await tool.create(create_kwargs=(tool_kwargs.get("create_kwargs") or {}))
+        return await tool.execute(instance_id, arguments, **(tool_kwargs.get("execute_kwargs") or {}))
 
     try:
         returned = await asyncio.wait_for(create_and_execute(), timeout)
@@ -119,7 +119,7 @@ async def call_tool(tool: BaseTool, arguments: dict[str, Any], tool_kwargs: dict
     finally:
         if instance_id is not None:
             try:
-                await asyncio.wait_for(tool.release(instance_id, **tool_kwargs.get("release_kwargs", {})), timeout)
+                await asyncio.wait_for(tool.release(instance_id, **(tool_kwargs.get("release_kwargs") or {})), timeout)
             except Exception:  # noqa: BLE001 - a failing release must not stop the batch either
                 pass
 

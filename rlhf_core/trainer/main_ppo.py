@@ -91,6 +91,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
 
 
 def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+    from rlhf_core.agent.registry import check_datasets
     from rlhf_core.data.rl_dataset import create_rl_dataset
 
     data = config.data
@@ -103,6 +104,7 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
         for ds in (train, val):
             check_rule_reward_inputs(ds)
+    check_datasets(config.actor_rollout_ref.rollout, (train, val))  # agent_name / tools_kwargs name known loops/tools
     return train, val
 
 

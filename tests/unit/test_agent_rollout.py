@@ -91,3 +91,24 @@ def test_bad_tool_config_fails_at_start(tmp_path, tok, model):
     cfg.multi_turn.tool_config_path = str(bad)
     with pytest.raises(ToolConfigError, match=r"bad.yaml, tool #0 \('calc_gsm8k_reward'\): class_name"):
         AgentRollout(HFRollout(model, tok, cfg), tok, cfg)
+
+
+def test_unknown_tool_in_dataset_fails_at_build_naming_the_row(tmp_path, tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlhf_core.agent.registry import AgentConfigError, check_datasets
+    from rlhf_core.data.rl_dataset import RLHFDataset
+
+    rows = [{"prompt": [{"role": "user", "content": "q"}],
+             "extra_info": {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "1"}}}}},
+            {"prompt": [{"role": "user", "content": "q"}], "extra_info": {"tools_kwargs": {"web_search": {"create_kwargs": {"query": "x"}}}}}]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data_cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").data
+    data_cfg.max_prompt_length = 64
+    ds = RLHFDataset(str(path), tok, data_cfg)
+    assert ds.rows[0]["extra_info"]["tools_kwargs"]["web_search"] is None  # parquet's struct union: null, not absent
+    check_datasets(_rollout_cfg(tmp_path, mode="sync"), [ds])  # single-turn sync: nothing to check
+    with pytest.raises(AgentConfigError, match=r"train.parquet.*row 1.*unknown tools \['web_search'\]"):
+        check_datasets(_rollout_cfg(tmp_path, mode="async"), [ds, None])

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 from rlhf_core.agent.engine import SamplingParams, StepEngine
 from rlhf_core.agent.manager import AgentLoopManager
-from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config
+from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config, uses_agent_loop  # noqa: F401
 from rlhf_core.protocol import Batch
 from rlhf_core.tools.config import load_tools
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.rollout.postprocess import sampling_params
-
-
-def uses_agent_loop(rollout_cfg) -> bool:
-    """``rollout.mode == "async"`` or ``rollout.multi_turn.enable``."""
-    return str(rollout_cfg.mode) == "async" or bool(rollout_cfg.multi_turn.enable)
 
 
 class AgentRollout:
