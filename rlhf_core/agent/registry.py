@@ -17,6 +17,8 @@ import yaml
 from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
 from rlhf_core.tools.config import load_tools
+from rlhf_core.tools.parser import TOOL_PARSERS
+from rlhf_core.tools.runner import TRUNCATE_SIDES
 
 
 class AgentConfigError(ValueError):
@@ -24,8 +26,18 @@ class AgentConfigError(ValueError):
 
 
 def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
-    """Unpack ``actor_rollout_ref.rollout`` (``response_length`` and ``multi_turn.*``) once."""
+    """Unpack ``actor_rollout_ref.rollout`` (``response_length`` and ``multi_turn.*``) once.
+
+    Raises:
+        ValueError: ``multi_turn.format`` without a parser, or ``tool_response_truncate_side`` not
+            ``left | middle | right`` (at worker start, not at the first tool call).
+    """
     mt = rollout_cfg.multi_turn
+    if str(mt.format) not in TOOL_PARSERS:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format={mt.format!r}: supported {TOOL_PARSERS.names()}")
+    if str(mt.tool_response_truncate_side) not in TRUNCATE_SIDES:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side="
+                         f"{mt.tool_response_truncate_side!r}: use one of {TRUNCATE_SIDES}")
     return MultiTurnSettings(
         response_length=int(rollout_cfg.response_length),
         max_assistant_turns=None if mt.max_assistant_turns is None else int(mt.max_assistant_turns),

@@ -112,3 +112,9 @@ def test_unknown_tool_in_dataset_fails_at_build_naming_the_row(tmp_path, tok):
     check_datasets(_rollout_cfg(tmp_path, mode="sync"), [ds])  # single-turn sync: nothing to check
     with pytest.raises(AgentConfigError, match=r"train.parquet.*row 1.*unknown tools \['web_search'\]"):
         check_datasets(_rollout_cfg(tmp_path, mode="async"), [ds, None])
+
+
+def test_unknown_format_fails_at_start(tmp_path, tok, model):
+    cfg = _rollout_cfg(tmp_path, mode="async", **{"multi_turn.format": "gpt-oss"})
+    with pytest.raises(ValueError, match=r"multi_turn.format='gpt-oss': supported \['hermes'\]"):
+        AgentRollout(HFRollout(model, tok, cfg), tok, cfg)
