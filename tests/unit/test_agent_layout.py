@@ -165,3 +165,17 @@ def test_user_agent_loop_by_path(tmp_path):
     path.write_text("- name: bad\n  _target_: collections.OrderedDict\n")
     with pytest.raises(AgentConfigError, match=r"entry #0 \('bad'\): 'collections.OrderedDict' is not an AgentLoopBase"):
         load_agent_loop_specs(path)
+
+
+def test_reward_manager_decodes_the_whole_trajectory(tok):
+    from rlhf_core.reward.managers import decode_batch
+
+    policy = ScriptedPolicy(tok, [f"ok {CALL}", "The answer is #### 72"])
+    out = _run(ToolAgentLoop(policy, tok, MultiTurnSettings(response_length=200), _gsm8k_tools()))
+    prompt_batch = Batch({"input_ids": torch.zeros((1, 4), dtype=torch.long)},
+                         {"data_source": ["openai/gsm8k"], "reward_model": [{"ground_truth": "72"}]})
+    batch = pack_trajectories([out], prompt_batch, 200, tok.pad_token_id)
+    (sample,) = decode_batch(batch, tok)
+    # the score goes on the last assistant token, past the masked tool turn (not at sum(response_mask) - 1)
+    assert sample.valid_response_length == len(out.response_ids) > sum(out.response_mask)
+    assert sample.response_str.endswith("The answer is #### 72") and "Current parsed" in sample.response_str
