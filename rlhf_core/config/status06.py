@@ -75,8 +75,8 @@ for _r in _ROLES:
 _PENDING = "no code reads it yet"  # prefix of the reasons of keys given effect by parallel work
 _PROF = _PENDING + ": no profiler traces are written"
 _NEW_ENGINE = "a copy read by verl's new engine workers; this trainer reads the legacy-worker key"
-_MT = "read only by multi-turn rollout (rollout.multi_turn.enable), which is not supported yet"
-_AGENT = "read only by agent-loop (async) rollout, which is not supported yet"
+_MT = "not built yet in the multi-turn agent loop (rlhf_core/agent/)"
+_AGENT = "one agent loop per rollout rank; nothing reads it yet"
 _VLLM_DEFAULT = "not passed to vLLM; the engine's default is used"
 _SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not supported"
 # path -> (status, what happens instead)
@@ -114,12 +114,10 @@ EFFECT06: dict[str, tuple[str, str]] = {
     _A + "rollout.trace.token2text": (NO_EFFECT_YET, "read only with rollout.trace.backend"),
     _A + "rollout.skip_tokenizer_init": (NO_EFFECT_YET, "the engine loads its tokenizer; same outputs"),
     _A + "rollout.layered_summon": (NO_EFFECT_YET, "FSDP weights are gathered whole for the engine update"),
-    **{_A + f"rollout.agent.{k}": (NO_EFFECT_YET, _AGENT)
-       for k in ("num_workers", "default_agent_loop", "agent_loop_config_path")},
+    _A + "rollout.agent.num_workers": (NO_EFFECT_YET, _AGENT),
     **{_A + f"rollout.multi_turn.{k}": (NO_EFFECT_YET, _MT)
-       for k in ("max_assistant_turns", "tool_config_path", "max_user_turns", "max_parallel_calls",
-                 "max_tool_response_length", "tool_response_truncate_side", "interaction_config_path",
-                 "use_inference_chat_template", "tokenization_sanity_check_mode", "format", "num_repeat_rollouts")},
+       for k in ("interaction_config_path", "use_inference_chat_template", "tokenization_sanity_check_mode",
+                 "num_repeat_rollouts")},
     "reward_model.n_gpus_per_node": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
     "reward_model.nnodes": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": (

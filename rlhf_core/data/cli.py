@@ -1,6 +1,6 @@
 """``rlhf data ...`` commands. ``main(argv)`` receives the arguments after ``data``.
 
-    rlhf data gsm8k --local-dir DIR --out OUT
+    rlhf data gsm8k --local-dir DIR --out OUT [--multiturn]
     rlhf data countdown --out OUT [--train-size 20000 --test-size 500 --seed 0 --min-numbers 3 --max-numbers 3
                                    --max-number 9]
 
@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--local-dir", "--local_dataset_path", dest="local_dir", default=None,
                    help="folder or fsspec URL with train.jsonl/test.jsonl; omitted: read from the HF hub")
     g.add_argument("--out", "--local_save_dir", dest="out", required=True, help="output folder")
+    g.add_argument("--multiturn", action="store_true",
+                   help="verl's multi-turn tool schema (gsm8k_multiturn_w_tool.py): tool_agent, tools_kwargs")
     c = sub.add_parser("countdown", help="Countdown (reach a target with + - *) → {train,test}.parquet, fixed seed")
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--train-size", type=int, default=20000, help="train rows")
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 raise DataError(f"rlhf data countdown: {exc}") from exc
         else:
-            paths = preprocess_gsm8k(ns.local_dir, ns.out)
+            paths = preprocess_gsm8k(ns.local_dir, ns.out, multiturn=ns.multiturn)
         for split, path in paths.items():
             print(f"{split}: {path}")
         return 0

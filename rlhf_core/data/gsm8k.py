@@ -16,6 +16,7 @@ from typing import Any
 
 from rlhf_core.data import DataError, RemoteUnavailableError
 from rlhf_core.data.fs import copy_to_local
+from rlhf_core.data.gsm8k_multiturn import to_multiturn
 from rlhf_core.data.readers import RowSource, read_jsonl_rows, read_parquet_rows, write_parquet_atomic
 
 DATA_SOURCE = "openai/gsm8k"
@@ -75,7 +76,7 @@ def _raw_rows(local_dir: str | None, split: str) -> tuple[list[dict[str, Any]], 
     return rows, [RowSource(url, ln, is_line=True) for ln in lines]
 
 
-def preprocess_gsm8k(local_dir: str | None, out_dir: str) -> dict[str, str]:
+def preprocess_gsm8k(local_dir: str | None, out_dir: str, multiturn: bool = False) -> dict[str, str]:
     """Convert GSM8K's ``train``/``test`` splits to verl parquet files ``<out_dir>/{train,test}.parquet``.
 
     Args:
@@ -83,6 +84,7 @@ def preprocess_gsm8k(local_dir: str | None, out_dir: str) -> dict[str, str]:
             original format (``question``, ``answer``); None reads the Hugging Face hub parquet files
             (``hf://datasets/openai/gsm8k/main/...``) through huggingface_hub's fsspec filesystem.
         out_dir: local output folder (created). Files are written atomically (temporary name, then rename).
+        multiturn: write verl's multi-turn tool schema instead (:mod:`rlhf_core.data.gsm8k_multiturn`).
 
     Returns:
         ``{"train": path, "test": path}``.
@@ -105,6 +107,8 @@ def preprocess_gsm8k(local_dir: str | None, out_dir: str) -> dict[str, str]:
                 if field not in row:
                     raise DataError(f"{src}: missing field {field!r}")
             rows.append(gsm8k_row(row["question"], row["answer"], split, idx, src))
+            if multiturn:
+                rows[-1] = to_multiturn(rows[-1])
         path = os.path.join(out_dir, f"{split}.parquet")
         write_parquet_atomic(rows, path)
         outputs[split] = path

@@ -8,7 +8,8 @@ Mirrors verl's ``NaiveRewardManager`` (``verl/workers/reward_manager/naive.py``)
 It reads tensors ``prompts (B, P)``, ``responses (B, T)``, ``response_mask (B, T)`` (or, without it,
 ``attention_mask[:, P:]``) and ``attention_mask (B, P+T)``; non-tensors ``<reward_fn_key>`` (default
 ``data_source``), ``reward_model`` (a dict with ``ground_truth``) and ``extra_info`` (dict or None → ``{}``).
-The scalar score sits on the last valid response token ``L - 1`` (``L = response_mask[i].sum()``); all other
+The scalar score sits on the last valid response token ``L - 1`` (``L`` = 1 + the last index where
+``response_mask[i]`` is 1: its sum when contiguous; a multi-turn trajectory's full length); all other
 positions are 0. A response with ``L == 0`` gets its score on position 0 (verl writes it to position ``-1``).
 
 A scorer may return a float or a dict with key ``score``; every key of such a dict (``score`` included, as
@@ -69,7 +70,10 @@ def decode_batch(batch: Batch, tokenizer: Any, reward_fn_key: str = "data_source
     p_len = prompts.shape[-1]
     response_mask = batch["response_mask"] if "response_mask" in batch else attention_mask[:, p_len:]
     prompt_lengths = attention_mask[:, :p_len].sum(-1).tolist()
-    response_lengths = response_mask.sum(-1).tolist()
+    # L = one past the last masked token: the sum for a contiguous single-turn mask; for a multi-turn trajectory
+    # (tool tokens masked 0 in between) the whole trajectory, as verl's attention-mask length
+    positions = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)
+    response_lengths = (response_mask.long() * positions).amax(-1).tolist()
     data_sources, reward_models = batch[reward_fn_key], batch["reward_model"]
     extra_infos = batch["extra_info"] if "extra_info" in batch else [None] * len(batch)
     samples = []

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from rlhf_core.cli import config_command
 from rlhf_core.config import ConfigError, validate_ppo_config
 from rlhf_core.config.notices import engine_errors
+from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
 from rlhf_core.data.rl_dataset import create_rl_dataset
@@ -119,6 +120,7 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     if not config.reward_model.enable and not config.custom_reward_function.path:
         for ds in (train, val):
             check_rule_reward_inputs(ds)
+    check_datasets(config.actor_rollout_ref.rollout, (train, val))  # agent_name / tools_kwargs name known loops/tools
     return train, val
 
 

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 from transformers import AutoConfig
 
+from rlhf_core.agent.layout import multiturn_metrics
 from rlhf_core.algos.advantages import get_adv_estimator
 from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
 from rlhf_core.algos.loss_agg import agg_loss
@@ -241,6 +242,7 @@ class RayPPOTrainer:
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(multiturn_metrics(batch))  # num_turns/*, tool_calls/*; {} for single-turn rollouts
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
         if "update_actor" in timing:

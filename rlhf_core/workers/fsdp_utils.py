@@ -114,7 +114,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         else:
             logger.info("%s: param_offload/optimizer_offload requested on CPU: no-op (weights already in host memory)", role)
-    mp_cfg = cfg.get("mixed_precision")  # workers/precision.py; all fp32 → no policy
+    mp_cfg = _present(cfg, "mixed_precision", None)  # workers/precision.py; absent or all fp32 → no policy
     policy = mixed_precision_policy(mp_cfg)
     if policy is not None:
         kwargs["mp_policy"] = policy

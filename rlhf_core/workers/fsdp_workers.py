@@ -109,6 +109,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={name!r}: use 'hf' or 'vllm'")
+        from rlhf_core.workers.rollout.agent_rollout import AgentRollout, uses_agent_loop
+
+        if uses_agent_loop(rcfg):  # rollout.mode=async / multi_turn.enable: agent-loop trajectories
+            if name != "hf":
+                raise ValueError(f"actor_rollout_ref.rollout.mode=async / multi_turn.enable run on rollout.name=hf; got {name!r}")
+            self.rollout = AgentRollout(self.rollout, self.tokenizer, rcfg)
         self.sync_rollout_weights()
 
     def sync_rollout_weights(self) -> None:

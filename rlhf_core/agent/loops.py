@@ -1,0 +1,109 @@
+"""The two built-in agent loops: ``single_turn_agent`` (one generation, as the sync rollout does) and
+``tool_agent`` (verl ``ToolAgentLoop``: generate → parse tool calls → run them → append the tool turn → ...)."""
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
+from rlhf_core.data.prompts import encode
+from rlhf_core.tools.parser import TOOL_PARSERS
+from rlhf_core.tools.runner import ToolCallStats, run_tool_calls
+
+# a fixed conversation the tool turn is rendered after, so that only the tool turn's own text is kept
+_TEMPLATE_BASE = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+
+def render_turn(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of ``messages`` (tool or user turns) as the chat template renders them *after* an assistant
+    turn, followed by the generation prompt of the next assistant turn.
+
+    verl renders the new messages alone and strips the template's default system prompt; here the text of a
+    fixed two-message conversation is rendered with and without them and the difference kept, which works for
+    templates without a default system prompt too. The assistant turn's closing token is the policy's EOS, so
+    whatever the template puts between EOS and the next turn (ChatML's ``\\n``) is absent, as in verl.
+
+    Raises:
+        ValueError: when the template renders the base conversation differently once messages follow it.
+    """
+    base = tokenizer.apply_chat_template(_TEMPLATE_BASE, add_generation_prompt=False, tokenize=False)
+    full = tokenizer.apply_chat_template(_TEMPLATE_BASE + list(messages), add_generation_prompt=True, tokenize=False)
+    if not full.startswith(base):
+        raise ValueError("the chat template renders earlier turns differently when tool/user turns follow; "
+                         "cannot render a tool turn incrementally")
+    return encode(tokenizer, full[len(base):])
+
+
+def _render_prompt(tokenizer: Any, row: dict[str, Any], tool_schemas: list[dict] | None) -> list[int]:
+    messages = row.get("raw_prompt")
+    if messages is None:
+        if tool_schemas:
+            raise ValueError("tool_agent needs the chat messages: set data.return_raw_chat=True")
+        return list(row["raw_prompt_ids"])
+    text = tokenizer.apply_chat_template(list(messages), tools=tool_schemas, add_generation_prompt=True, tokenize=False)
+    return encode(tokenizer, text)
+
+
+@AGENT_LOOPS.register("single_turn_agent")
+class SingleTurnAgentLoop(AgentLoopBase):
+    """One assistant turn: ``response_length`` tokens at most, mask all ones. The prompt is the dataset's
+    ``raw_prompt_ids`` (already truncated as ``data.truncation`` says) when the row has them."""
+
+    async def run(self, row: dict[str, Any], request_id: str) -> AgentLoopOutput:
+        has_ids = row.get("raw_prompt_ids") is not None
+        prompt_ids = list(row["raw_prompt_ids"]) if has_ids else _render_prompt(self.tokenizer, row, None)
+        out = await self.policy.generate(prompt_ids, self.settings.response_length, request_id)
+        ids = out.token_ids[: self.settings.response_length]
+        logprobs = None if out.log_probs is None else list(out.log_probs[: len(ids)])
+        return AgentLoopOutput(prompt_ids, list(ids), [1] * len(ids), logprobs, num_turns=2)
+
+
+@AGENT_LOOPS.register("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+    """Assistant turns interleaved with tool turns until the policy calls no tool or a limit is reached.
+
+    Stops after an assistant turn when: the trajectory reached ``response_length``; ``max_assistant_turns``
+    or ``max_user_turns`` (tool turns count as user turns, as in verl) is reached; the turn has no tool call;
+    or the tool turn would not fit in ``response_length`` (it is then dropped, as verl does). Each assistant
+    turn gets ``response_length - len(trajectory so far)`` new tokens at most. Row inputs: ``raw_prompt``
+    (messages; rendered with the tool schemas), ``extra_info.tools_kwargs`` (per tool ``create_kwargs``,
+    ``execute_kwargs``, ``release_kwargs``).
+    """
+
+    async def run(self, row: dict[str, Any], request_id: str) -> AgentLoopOutput:
+        s = self.settings
+        schemas = [t.get_openai_tool_schema().model_dump(exclude_none=True) for t in self.tools.values()] or None
+        prompt_ids = _render_prompt(self.tokenizer, row, schemas)
+        tools_kwargs = ((row.get("extra_info") or {}).get("tools_kwargs")) or {}
+        tools_kwargs = {name: value for name, value in tools_kwargs.items() if value is not None}  # parquet nulls
+        parse = TOOL_PARSERS.get(s.format)
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] | None = []
+        stats, rewards = ToolCallStats(), []
+        assistant_turns = user_turns = 0
+        while len(ids) < s.response_length:
+            out = await self.policy.generate(prompt_ids + ids, s.response_length - len(ids),
+                                             f"{request_id}/turn{assistant_turns}")
+            turn = out.token_ids[: s.response_length - len(ids)]
+            ids += turn
+            mask += [1] * len(turn)
+            logprobs = None if logprobs is None or out.log_probs is None else logprobs + list(out.log_probs[: len(turn)])
+            assistant_turns += 1
+            if (len(ids) >= s.response_length or (s.max_assistant_turns and assistant_turns >= s.max_assistant_turns)
+                    or (s.max_user_turns and user_turns >= s.max_user_turns)):
+                break
+            _, calls = parse(self.tokenizer.decode(turn, skip_special_tokens=False))
+            if not calls:
+                break
+            results = await run_tool_calls(calls, self.tools, tools_kwargs, s.max_parallel_calls,
+                                           s.max_tool_response_length, s.tool_response_truncate_side, stats)
+            rewards += [r.reward for r in results]
+            tool_ids = render_turn(self.tokenizer, [{"role": "tool", "content": r.text} for r in results])
+            if len(ids) + len(tool_ids) >= s.response_length:
+                break
+            ids += tool_ids
+            mask += [0] * len(tool_ids)
+            logprobs = None if logprobs is None else logprobs + [0.0] * len(tool_ids)
+            user_turns += 1
+        return AgentLoopOutput(prompt_ids, ids, mask, logprobs, num_turns=1 + assistant_turns + user_turns,
+                               tool_stats=stats, tool_rewards=rewards)

@@ -1,0 +1,133 @@
+"""Choosing and building agent loops from the config (verl ``agent_loop.py`` registry semantics).
+
+* ``rollout.agent.default_agent_loop``: the loop of rows without an ``agent_name`` column
+  (``single_turn_agent`` or ``tool_agent`` built in);
+* ``rollout.agent.agent_loop_config_path``: a YAML list of ``{name: ..., _target_: pkg.module.Class, ...}``;
+  each registers (or replaces) ``name``; the other keys go to the class as keyword arguments;
+* a row's ``agent_name`` picks its loop.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
+from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
+from rlhf_core.tools.config import load_tools
+from rlhf_core.tools.parser import TOOL_PARSERS
+from rlhf_core.tools.runner import TRUNCATE_SIDES
+
+
+class AgentConfigError(ValueError):
+    """An agent loop config or a row that names a loop or tool that does not exist."""
+
+
+def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
+    """Unpack ``actor_rollout_ref.rollout`` (``response_length`` and ``multi_turn.*``) once.
+
+    Raises:
+        ValueError: ``multi_turn.format`` without a parser, or ``tool_response_truncate_side`` not
+            ``left | middle | right`` (at worker start, not at the first tool call).
+    """
+    mt = rollout_cfg.multi_turn
+    if str(mt.format) not in TOOL_PARSERS:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format={mt.format!r}: supported {TOOL_PARSERS.names()}")
+    if str(mt.tool_response_truncate_side) not in TRUNCATE_SIDES:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side="
+                         f"{mt.tool_response_truncate_side!r}: use one of {TRUNCATE_SIDES}")
+    return MultiTurnSettings(
+        response_length=int(rollout_cfg.response_length),
+        max_assistant_turns=None if mt.max_assistant_turns is None else int(mt.max_assistant_turns),
+        max_user_turns=None if mt.max_user_turns is None else int(mt.max_user_turns),
+        max_parallel_calls=int(mt.max_parallel_calls),
+        max_tool_response_length=int(mt.max_tool_response_length),
+        tool_response_truncate_side=str(mt.tool_response_truncate_side),
+        format=str(mt.format))
+
+
+def _import(target: str) -> type:
+    module_name, _, attr = target.rpartition(".")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_agent_loop_specs(path: str | Path | None) -> dict[str, tuple[type[AgentLoopBase], dict[str, Any]]]:
+    """name → (class, extra keyword arguments): the built-in loops plus those of ``path``.
+
+    Raises:
+        AgentConfigError: naming the file and entry for an unreadable file, an entry without ``name`` or
+            ``_target_``, or a target that cannot be imported or is not an :class:`AgentLoopBase` subclass.
+    """
+    specs = {name: (AGENT_LOOPS.get(name), {}) for name in AGENT_LOOPS.names()}
+    if not path:
+        return specs
+    try:
+        entries = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise AgentConfigError(f"agent.agent_loop_config_path {path}: cannot be read: {exc}") from exc
+    if not isinstance(entries, list):
+        raise AgentConfigError(f"agent.agent_loop_config_path {path}: must be a list of {{name, _target_}} entries")
+    for i, entry in enumerate(entries):
+        where = f"agent.agent_loop_config_path {path}, entry #{i}"
+        if not isinstance(entry, dict) or "name" not in entry or "_target_" not in entry:
+            raise AgentConfigError(f"{where}: needs 'name' and '_target_', got {entry!r}")
+        try:
+            cls = _import(str(entry["_target_"]))
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise AgentConfigError(f"{where} ({entry['name']!r}): _target_ {entry['_target_']!r} cannot be imported: {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise AgentConfigError(f"{where} ({entry['name']!r}): {entry['_target_']!r} is not an AgentLoopBase subclass")
+        specs[str(entry["name"])] = (cls, {k: v for k, v in entry.items() if k not in ("name", "_target_")})
+    return specs
+
+
+def check_rows(rows: Iterable[dict[str, Any]], where: Iterable[str], agent_names: Iterable[str],
+               default_agent_loop: str, tool_names: Iterable[str]) -> None:
+    """Fail before any generation on a row whose ``agent_name`` is unknown or whose
+    ``extra_info.tools_kwargs`` names a tool the tool config does not declare.
+
+    Args:
+        where: one label per row (file and row number) used in the message.
+
+    Raises:
+        AgentConfigError: naming the row, the bad name and the known names.
+    """
+    agent_names, tool_names = set(agent_names), set(tool_names)
+    if default_agent_loop not in agent_names:
+        raise AgentConfigError(f"rollout.agent.default_agent_loop={default_agent_loop!r} is not an agent loop; "
+                               f"known: {sorted(agent_names)}")
+    for row, label in zip(rows, where):
+        name = row.get("agent_name") or default_agent_loop
+        if name not in agent_names:
+            raise AgentConfigError(f"{label}: agent_name {name!r} is not an agent loop; known: {sorted(agent_names)}")
+        tools_kwargs = (row.get("extra_info") or {}).get("tools_kwargs") or {}
+        # parquet stores a struct column as the union of every row's keys, null where a row lacks one
+        unknown = sorted({name for name, value in tools_kwargs.items() if value is not None} - tool_names)
+        if unknown:
+            raise AgentConfigError(f"{label}: extra_info.tools_kwargs names unknown tools {unknown}; "
+                                   f"multi_turn.tool_config_path declares {sorted(tool_names)}")
+
+
+def uses_agent_loop(rollout_cfg: Any) -> bool:
+    """``rollout.mode == "async"`` or ``rollout.multi_turn.enable``: rows become agent-loop trajectories."""
+    return str(rollout_cfg.mode) == "async" or bool(rollout_cfg.multi_turn.enable)
+
+
+def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
+    """At dataset build (driver, before any worker starts): with agent loops on, load the tool and loop configs
+    (their errors name the file and the tool/entry) and :func:`check_rows` every row of every dataset that
+    keeps ``rows`` and ``sources`` (``RLHFDataset``; a custom dataset without them is checked per batch).
+
+    Raises:
+        ToolConfigError, AgentConfigError: as above, naming the file and row.
+    """
+    if not uses_agent_loop(rollout_cfg):
+        return
+    path = rollout_cfg.multi_turn.tool_config_path
+    tools = load_tools(path) if path else {}
+    specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
+    for ds in datasets:
+        if ds is not None and hasattr(ds, "rows") and hasattr(ds, "sources"):
+            check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools)

@@ -1,0 +1,66 @@
+"""The rollout engine of ``rollout.mode: async`` (and of ``multi_turn.enable`` in sync mode): every row is an
+agent-loop trajectory (:mod:`rlhf_core.agent`), its turns scheduled over the HF engine's model.
+
+``mode: async`` schedules requests continuously (a finished request frees its slot at once); ``mode: sync`` with
+``multi_turn.enable`` runs the same loops with static batches. Both sample each request from its own seeded
+generator, so for the same seeds they give the same trajectories.
+"""
+from __future__ import annotations
+
+from rlhf_core.agent.engine import SamplingParams, StepEngine
+from rlhf_core.agent.manager import AgentLoopManager
+from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config, uses_agent_loop  # noqa: F401
+from rlhf_core.protocol import Batch
+from rlhf_core.tools.config import load_tools
+from rlhf_core.workers.rollout.hf_rollout import HFRollout
+from rlhf_core.workers.rollout.postprocess import sampling_params
+
+
+class AgentRollout:
+    """Wraps an :class:`HFRollout` (``rollout.name: hf``; with ``vllm`` the worker keeps vLLM's own rollout) (its model copy, weight sync, EOS and pad ids) and generates with agent loops.
+
+    Tools (``multi_turn.tool_config_path``) and loop classes (``agent.agent_loop_config_path``) load here, at
+    worker start, so a bad tool or loop config fails before any step.
+
+    Raises:
+        ToolConfigError, AgentConfigError: see :func:`load_tools`, :func:`load_agent_loop_specs`.
+    """
+
+    def __init__(self, hf_rollout: HFRollout, tokenizer, rollout_cfg) -> None:
+        self.hf = hf_rollout
+        self.tokenizer = tokenizer
+        self.config = rollout_cfg
+        self.schedule = "continuous" if str(rollout_cfg.mode) == "async" else "static"
+        self.settings = settings_from_config(rollout_cfg)
+        path = rollout_cfg.multi_turn.tool_config_path
+        self.tools = load_tools(path) if path else {}
+        self.specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
+        self.default_agent_loop = str(rollout_cfg.agent.default_agent_loop)
+        self.max_num_seqs = int(rollout_cfg.max_num_seqs)
+        self.calls = 0
+
+    @property
+    def module(self):
+        return self.hf.module
+
+    def sync_weights(self, state_dict) -> None:
+        self.hf.sync_weights(state_dict)
+
+    def generate_sequences(self, batch: Batch) -> Batch:
+        """One trajectory per row; output fields as :func:`rlhf_core.agent.layout.pack_trajectories`."""
+        params = sampling_params(self.config, batch.meta)
+        engine = StepEngine(self.hf.module, self.hf.eos_ids, self.hf.pad_token_id,
+                            SamplingParams(params["do_sample"], params["temperature"], params["top_k"], params["top_p"]),
+                            seed=self.hf.seed + 7919 * self.hf.rank + self.calls, max_num_seqs=self.max_num_seqs,
+                            schedule=self.schedule)
+        manager = AgentLoopManager(engine, self.tokenizer, self.settings, self.tools, self.specs,
+                                   self.default_agent_loop, self.hf.pad_token_id)
+        was_training = self.hf.module.training
+        self.hf.module.eval()
+        try:
+            out = manager.generate_sequences(batch)
+        finally:
+            self.hf.module.train(was_training)
+        self.calls += 1
+        out.meta.update({"do_sample": params["do_sample"], "temperature": params["temperature"]})
+        return out
