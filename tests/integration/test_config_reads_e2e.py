@@ -33,6 +33,8 @@ _VLLM = "tests/unit/test_workers_fsdp.py::test_vllm_engine_kwargs_and_missing_vl
 _IS = "tests/unit/test_trainer_ppo.py::test_rollout_is_balance_and_rollout_dump"
 _IS_ACTOR = "tests/unit/test_workers_fsdp.py::test_rollout_is_weights_scale_the_policy_loss"
 _KL = "tests/unit/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
+_PROFILER = "tests/unit/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
+_AGENT = "tests/unit/test_agent_rollout.py::test_async_equals_sync_multiturn"
 _DEPRECATED = "tests/unit/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
@@ -60,6 +62,32 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                               "model.trust_remote_code", "model.fsdp_config.min_num_params",
                                               "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
                                               "use_dynamic_bsz", "forward_max_token_len_per_gpu")},
+        "reward_model.model.fsdp_config.cpu_threads":
+            "tests/unit/test_trainer_reward_model.py::test_build_worker_groups_adds_the_rm_group",
+        # the short runs take the on-policy shortcut (workers/on_policy.py): no separate old_log_prob forward
+        **{_A + f"rollout.{k}": "tests/unit/test_workers_fsdp.py::test_log_prob_applies_temperature"
+           for k in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                     "log_prob_max_token_len_per_gpu")},
+        "data.datagen.name": "tests/unit/test_data_keys_effect.py::test_datagen_appends_rows_at_start_and_after_each_step",
+        **{f"{role}.profiler.{k}": _PROFILER for role in (_A + "actor", _A + "ref", _A + "rollout", "critic",
+                                                          "reward_model")
+           for k in ("tool", "enable", "all_ranks", "ranks", "save_path")},
+        "global_profiler.steps": _PROFILER, "global_profiler.save_path": _PROFILER,
+        _A + "rollout.skip_dump_dir":
+            "tests/unit/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
+        **{_A + f"rollout.{k}": _AGENT for k in (
+            "multi_turn.max_assistant_turns", "multi_turn.tool_config_path", "multi_turn.max_user_turns",
+            "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
+            "multi_turn.tool_response_truncate_side", "multi_turn.format", "agent.default_agent_loop",
+            "agent.agent_loop_config_path")},
+        "critic.enable": "tests/unit/test_trainer_algo_keys.py::test_critic_enable_builds_the_critic_worker_group",
+        "algorithm.pf_ppo.reweight_method":
+            "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",
+        "algorithm.pf_ppo.weight_pow":
+            "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_resamples_the_update_batch_towards_high_scores",
+        "trainer.total_training_seconds":
+            "tests/unit/test_trainer_ppo.py::test_wall_clock_budget_stops_validates_and_checkpoints",
+        "ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,
