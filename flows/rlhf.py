@@ -29,11 +29,12 @@ configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults;
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
+from flows import report  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra.ray_cluster import connect_ray  # noqa: E402
-from infra.results_cli import EXAMPLE_QUERY  # noqa: E402
+from infra.results import ResultsStore  # noqa: E402
 from tasks import plan  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
@@ -57,39 +58,78 @@ def rlhf(
     eval_overrides: list[str] | None = None,
     skip_sft: bool | None = None,
     skip_evaluate: bool | None = None,
+    baseline: str | None = None,
+    max_regression: float | None = None,
 ) -> dict[str, Any]:
     """Post-train a model with SFT then PPO-family RL, and evaluate it.
 
+    ``baseline`` (``previous-successful`` | a flow-run or MLflow run id | None) turns on the
+    regression gate: after evaluation the run is compared with the baseline prompt by prompt,
+    and a data source whose whole 95 % interval of the score difference lies below
+    ``-max_regression`` fails the flow run (RegressionError), after everything was recorded.
+    An explicit baseline that does not exist fails before any training.
+
     Returns:
-        ``{"parent_run_id", "model_path", "sft_model", "ppo": final PPO result,
+        ``{"parent_run_id", "flow_run_id", "model_path", "sft_model", "ppo": final PPO result,
         "evaluation": metrics, "home": str}``.
     """
     s = resolve_settings(locals())
     validate_overrides(s)  # a typo in any override list fails here, before data/SFT (ConfigError)
     home = rlhf_home()
     fr_id = str(flow_run.get_id() or "local")
+    store = ResultsStore(home)
+    baseline_run = report.resolve_baseline(store, s.baseline, fr_id)  # a wrong id fails here
+    started, status = report.now(), "FAILED"
+    report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), "RUNNING", started)
+    try:
+        out = _pipeline(s, home, fr_id, store, baseline_run)
+        status = "FINISHED"
+    finally:
+        report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
+    return out
+
+
+def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
+              baseline_run: Any) -> dict[str, Any]:
+    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`)."""
     run_dir = home / "runs" / fr_id
     connect_ray(s.ray_address)
     with lineage.pipeline_run(s.experiment, fr_id, s.as_params()) as parent_run_id:
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
-        data = prepare_data(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
-        _record(parent_run_id, "prepare_data", data)
+        data_f = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
+        data = _record(parent_run_id, "prepare_data", data_f.result())
+        upstream: Any = data_f
         base_model = s.model_path
         if not base_model:
-            built = build_model(data["train"], s.model_sizes, ctx)
-            base_model = _record(parent_run_id, "build_model", built)["model_path"]
+            upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
+            base_model = _record(parent_run_id, "build_model", upstream.result())["model_path"]
         model = base_model
         if s.sft_enabled:
-            trained = sft(base_model, data["train"], data["val"], s.sft_list(), ctx)
-            model = _record(parent_run_id, "sft", trained)["hf_dir"]
-        ppo_result = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment)
-        evaluation = {}
+            upstream = sft.submit(base_model, data["train"], data["val"], s.sft_list(), ctx,
+                                  wait_for=[upstream])
+            model = _record(parent_run_id, "sft", upstream.result())["hf_dir"]
+        ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream)
+        evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
-            evaluation = evaluate(str(run_dir / "val_samples"), s.eval_list(), ctx)
+            evaluation = evaluate.submit(
+                str(run_dir / "val_samples"), s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"),
+                val_file=data["val"], global_step=int(ppo_result.get("global_step") or 0),
+                wait_for=[upstream]).result()
         _log_summary(parent_run_id, ppo_result, evaluation)
-    return {"parent_run_id": parent_run_id, "model_path": base_model, "sft_model": model,
-            "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
+        if baseline_run is not None:
+            cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),
+                                       s.max_regression, parent_run_id)
+            for row in report.gate_summary(cmp):
+                print(f"regression gate vs {baseline_run.run_id}: {row['data_source']} "
+                      f"{row['mean_a']:.4f} -> {row['mean_b']:.4f} (diff {row['diff']:+.4f}, "
+                      f"95% CI [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}])")
+            if failure:
+                raise report.RegressionError(failure)
+        elif s.baseline:
+            print(f"regression gate: no earlier successful run to compare with ({s.baseline})")
+    return {"parent_run_id": parent_run_id, "flow_run_id": fr_id, "model_path": base_model,
+            "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
 
 
 def _record(parent_run_id: str, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
@@ -114,22 +154,33 @@ def _configured_tasks(s: PipelineSettings) -> tuple:
 
 
 def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
-             ctx: dict[str, Any], ppo_task: Any = ppo_segment) -> dict[str, Any]:
-    """One ``ppo`` MLflow run; one ppo_segment task per checkpoint boundary."""
+             ctx: dict[str, Any], ppo_task: Any = ppo_segment, upstream: Any = None) -> tuple[dict[str, Any], Any]:
+    """One ``ppo`` MLflow run (and ``runs`` row, whose params are the last segment's whole
+    resolved config); one ppo_segment task per checkpoint boundary, each waiting for the last.
+
+    Returns:
+        ``(final segment result, its future)``.
+    """
+    from rlhf_core.config import load_config
+
     result: dict[str, Any] = {}
-    stage_params = {"total_steps": s.ppo_steps, "segment_steps": s.segment_steps,
-                    "adv_estimator": s.adv_estimator, "model_path": model}
-    with stage("ppo", stage_params, ctx) as ppo_run_id:
+    bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
+    lists = [s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
+                        run_dir=run_dir, stop_after_step=stop) for stop in bounds]
+    with stage("ppo", load_config("ppo_trainer", lists[-1]), ctx) as ppo_run_id:
         lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
         lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
-        for i, stop in enumerate(plan.segment_boundaries(s.ppo_steps, s.segment_steps), start=1):
-            overrides = s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
-                                   run_dir=run_dir, stop_after_step=stop)
-            result = ppo_task(overrides, i, ppo_run_id, ctx)
+        first = 1
+        for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
+            name = f"ppo_segment {i}/{len(bounds)} (steps {first}-{stop})"
+            upstream = ppo_task.with_options(task_run_name=name).submit(
+                overrides, i, ppo_run_id, ctx, wait_for=[upstream] if upstream is not None else None)
+            result = upstream.result()
+            first = stop + 1
         ckpt = result.get("checkpoint_dir")
         if ckpt and os.path.isdir(ckpt):  # copied only when small (a tiny model), else tagged
             lineage.log_dir_artifact(ppo_run_id, ckpt, "checkpoint")
-    return result
+    return result, upstream
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps"):
         parser.add_argument("--" + name.replace("_", "-"), type=int)
-    for name in ("adv_estimator", "preset", "model_path", "gsm8k_dir", "ray_address", "experiment"):
+    for name in ("adv_estimator", "preset", "model_path", "gsm8k_dir", "ray_address", "experiment",
+                 "baseline"):
         parser.add_argument("--" + name.replace("_", "-"))
+    parser.add_argument("--max-regression", type=float)
     for name in ("sft_overrides", "ppo_overrides", "eval_overrides"):
         parser.add_argument("--" + name.replace("_", "-"), nargs="*", metavar="KEY=VALUE")
     parser.add_argument("--skip-sft", action="store_true", default=None,
@@ -149,13 +202,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-evaluate", action="store_true", default=None,
                         help="skip the evaluate stage")
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    error = check_parameters(args)
+    if error:  # before Prefect starts its server: one line naming the parameter
+        print(f"rlhf pipeline: error: {error}", file=sys.stderr)
+        return 2
     out = rlhf(**args)
     home = Path(out["home"])
     print(f"\nResults under {home}")
     print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
     print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
-    print(f"  Try:    {rlhf_command()} results sql \"{EXAMPLE_QUERY}\"")
+    print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
+    print(f"  Compare with the run before: {rlhf_command()} results compare previous {out['flow_run_id']}")
     return 0
+
+
+def check_parameters(params: dict[str, Any]) -> str | None:
+    """What is wrong with the flow parameters, in one line (None when they are usable).
+
+    Runs the flow's own checks (settings, every stage's override list, the baseline run id)
+    plus the existence of ``model_path`` and ``gsm8k_dir``, without starting any service.
+    """
+    from rlhf_core.config import ConfigError
+    from infra.compare import RunNotFoundError
+
+    try:
+        s = resolve_settings(params)
+        validate_overrides(s)
+        for name in ("model_path", "gsm8k_dir"):
+            value = getattr(s, name)
+            if value and "://" not in value and not Path(value).expanduser().exists():
+                return f"{name}: {value} does not exist"
+        if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
+            report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
+    except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 def rlhf_command() -> str:

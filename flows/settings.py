@@ -39,6 +39,8 @@ class PipelineSettings:
     ppo_overrides: list[str]
     eval_overrides: list[str]
     task_options: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    baseline: str | None = None        # regression gate: previous-successful | a run id | None (off)
+    max_regression: float = 0.0        # absolute drop of a data source's mean score tolerated
 
     def as_params(self) -> dict[str, Any]:
         """The settings as a dict (for the parent MLflow run's params)."""
@@ -158,9 +160,19 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ppo_overrides=list(params.get("ppo_overrides") or []),
         eval_overrides=list(params.get("eval_overrides") or []),
     )
-    s = dataclasses.replace(s, task_options=_task_options(cfg.get("tasks") or {}))
+    gate = cfg.get("regression_gate") or {}
+    baseline = _pick(params.get("baseline"), gate.get("baseline"))
+    if isinstance(baseline, str) and baseline.strip().lower() in ("", "none", "null"):
+        baseline = None
+    s = dataclasses.replace(
+        s, task_options=_task_options(cfg.get("tasks") or {}), baseline=baseline,
+        max_regression=float(_pick(params.get("max_regression"), gate.get("max_regression", 0.0))))
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
+    if s.max_regression < 0:
+        raise ValueError(f"max_regression must be >= 0 (an absolute score drop), got {s.max_regression}")
+    if s.baseline is not None and not s.evaluate_enabled:
+        raise ValueError(f"baseline={s.baseline!r} needs the evaluate stage (skip_evaluate is set)")
     return s
 
 

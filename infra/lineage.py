@@ -116,6 +116,11 @@ def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def log_dict_artifact(run_id: str, data: Mapping[str, Any], artifact_file: str) -> None:
+    """Save ``data`` as a JSON artifact ``artifact_file`` (e.g. ``config/ppo.json``) of ``run_id``."""
+    client().log_dict(run_id, dict(data), artifact_file)
+
+
 def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
               parent_run_id: str | None = None) -> str:
     """Create a RUNNING run (nested under ``parent_run_id`` when given) and return its id."""

@@ -7,6 +7,7 @@ Ray or DuckDB. This package sits above the layers: it may import ``rlhf_core`` a
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
@@ -17,9 +18,14 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
     "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k --local-dir DIR --out OUT"),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
-    "results": ("infra.results_cli", "main", "query the DuckDB results store: rlhf results sql \"SELECT ...\""),
+    "results": ("infra.results_cli", "main", "results store: rlhf results sql|compare|register|path"),
     "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),
 }
+
+
+# with RLHF_HOME set, these run through infra.manual_runs: MLflow under $RLHF_HOME, rows in the results store
+TRACKED: dict[str, tuple[str, str]] = {"ppo": ("infra.manual_runs", "ppo_main"),
+                                       "eval": ("infra.manual_runs", "eval_main")}
 
 
 def _usage() -> str:
@@ -43,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = SUBCOMMANDS[name]
+    if name in TRACKED and os.environ.get("RLHF_HOME"):
+        module, func = TRACKED[name]
     from rlhf_core.config.errors import ConfigError
     from rlhf_core.data import DataError, RemoteUnavailableError
 
