@@ -125,6 +125,7 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
     from infra import lineage
     from infra.home import configure_environment, rlhf_home
     from rlhf_core.config import load_config
+    from rlhf_core.trainer.tracking import sanitize_mlflow_name
 
     configure_environment()  # MLFLOW_TRACKING_URI under $RLHF_HOME unless the user set one
     config = load_config(config_name, argv)  # a bad key fails here, before any run is created
@@ -151,14 +152,16 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        lineage.end_run(run_id, status)
         store.register_samples([str(f) for f in sample_files(samples_dir)] if samples_dir.exists() else [],
                                run_id, stage, checkpoint=_ckpts(config, config_name))
         rows = metric_rows(folder) if folder.exists() else []
         if stage == "evaluate" and samples_dir.exists() and sample_files(samples_dir):
-            rows = [{"step": 0, **_eval_metrics(sample_files(samples_dir))}]
+            metrics = _eval_metrics(sample_files(samples_dir))
+            rows = [{"step": 0, **metrics}]
+            lineage.log_metrics(run_id, {sanitize_mlflow_name(k): v for k, v in metrics.items()})
         if rows:
             store.register_metrics(rows, run_id, stage)
+        lineage.end_run(run_id, status)
         store.index_run(run_id, None, stage, status, started, _now(), params_json, name=f"manual {stage}")
         print(f"registered run {run_id} ({stage}, {status}) in {store.db_path}")
     return code

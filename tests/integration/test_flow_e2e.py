@@ -8,6 +8,7 @@ PPO segments so the second one resumes from the first one's checkpoint.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -65,9 +66,25 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     _, keys = store.sql("SELECT DISTINCT key FROM metrics WHERE stage = 'ppo'")
     assert PPO_METRICS <= {k for (k,) in keys}
     _, runs = store.sql("SELECT stage, status FROM runs ORDER BY stage")
-    assert ("ppo_segment_1", "FINISHED") in runs and ("ppo_segment_2", "FINISHED") in runs
     assert all(status == "FINISHED" for _, status in runs)
-    assert {s for s, _ in runs} >= {"prepare_data", "build_model", "sft", "ppo", "evaluate"}
+    assert sorted(s for s, _ in runs) == ["build_model", "evaluate", "flow", "ppo", "prepare_data", "sft"]
+    # one row per run id; the flow run's row has its name and parameters
+    assert store.sql("SELECT count(*) = count(DISTINCT run_id) FROM runs")[1] == [(True,)]
+    _, [(kind, name, params)] = store.sql("SELECT kind, name, params_json FROM runs WHERE stage = 'flow'")
+    assert kind == "flow" and name and json.loads(params)["ppo_steps"] == 2
+    # the ppo row holds the whole resolved config, not a handful of keys
+    _, [(ppo_params,)] = store.sql("SELECT params_json FROM runs WHERE stage = 'ppo'")
+    assert len(json.loads(ppo_params)) > 200 and json.loads(ppo_params)["trainer.stop_after_step"] == "2"
+    # evaluation metrics are queryable, at the last PPO step
+    _, ev = store.sql("SELECT step, key FROM metrics WHERE stage = 'evaluate' ORDER BY key")
+    assert ("test_score/openai/gsm8k" in {k for _, k in ev}) and {s for s, _ in ev} == {2}
+    # every sample has a prompt id, and the same prompts have the same ids in ppo and evaluate
+    _, ids = store.sql("SELECT stage, count(DISTINCT prompt_id), count(question), count(checkpoint), count(*) "
+                       "FROM samples WHERE step = 2 GROUP BY stage ORDER BY stage")
+    assert [r[1] for r in ids] == [8, 8] and all(r[2] == r[4] and r[3] == r[4] for r in ids)
+    _, same = store.sql("SELECT count(DISTINCT prompt_id) FROM samples s WHERE stage = 'evaluate' "
+                        "AND prompt_id IN (SELECT prompt_id FROM samples WHERE stage = 'ppo')")
+    assert same == [(8,)]
 
 
 @pytest.mark.slow
@@ -156,4 +173,4 @@ def test_second_run_reuses_cache_and_retried_segment_resumes(flow_home, gsm8k_di
     flow_run_id = second.data.tags["prefect.flow_run_id"]
     _, rows = ResultsStore(flow_home).sql(
         f"SELECT stage, status FROM runs WHERE flow_run_id = '{flow_run_id}' AND stage LIKE 'ppo%' ORDER BY stage")
-    assert rows == [("ppo", "FINISHED"), ("ppo_segment_1", "FINISHED"), ("ppo_segment_2", "FINISHED")]
+    assert rows == [("ppo", "FINISHED")]  # one row for the ppo run, however many segments and retries
