@@ -29,7 +29,7 @@ configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults;
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-from flows import report  # noqa: E402
+from flows import artifacts, report  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
@@ -37,6 +37,7 @@ from infra.ray_cluster import connect_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
 from tasks import plan  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
+from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
 
 
@@ -91,51 +92,82 @@ def rlhf(
 
 def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
               baseline_run: Any) -> dict[str, Any]:
-    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`)."""
+    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`).
+
+    Each task gets the future of the one before it (``wait_for``), so the Prefect run graph
+    shows the chain prepare_data → build_model → sft → ppo_segment × K → evaluate.
+    """
     run_dir = home / "runs" / fr_id
     connect_ray(s.ray_address)
-    with lineage.pipeline_run(s.experiment, fr_id, s.as_params()) as parent_run_id:
+    url = flow_run.get_flow_run_ui_url()  # None in ephemeral mode (no UI)
+    with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=flow_run.get_name() or "rlhf",
+                              tags={lineage.FLOW_RUN_URL_TAG: url} if url else None) as parent_run_id:
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
-        data_f = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
-        data = _record(parent_run_id, "prepare_data", data_f.result())
-        upstream: Any = data_f
+        rec = _Recorder(parent_run_id, store, fr_id)
+        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
+        data = rec("prepare_data", upstream.result())
         base_model = s.model_path
         if not base_model:
             upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
-            base_model = _record(parent_run_id, "build_model", upstream.result())["model_path"]
+            base_model = rec("build_model", upstream.result())["model_path"]
         model = base_model
         if s.sft_enabled:
             upstream = sft.submit(base_model, data["train"], data["val"], s.sft_list(), ctx,
                                   wait_for=[upstream])
-            model = _record(parent_run_id, "sft", upstream.result())["hf_dir"]
+            model = rec("sft", upstream.result())["hf_dir"]
         ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream)
+        rec.log("ppo")
         evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
             evaluation = evaluate.submit(
                 str(run_dir / "val_samples"), s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"),
                 val_file=data["val"], global_step=int(ppo_result.get("global_step") or 0),
                 wait_for=[upstream]).result()
+            rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
+        failure = gate_text = None
         if baseline_run is not None:
             cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),
                                        s.max_regression, parent_run_id)
-            for row in report.gate_summary(cmp):
-                print(f"regression gate vs {baseline_run.run_id}: {row['data_source']} "
-                      f"{row['mean_a']:.4f} -> {row['mean_b']:.4f} (diff {row['diff']:+.4f}, "
-                      f"95% CI [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}])")
-            if failure:
-                raise report.RegressionError(failure)
+            gate_text = failure or "\n".join(
+                f"passed vs {baseline_run.run_id}: {r['data_source']} {r['mean_a']:.4f} -> {r['mean_b']:.4f} "
+                f"(diff {r['diff']:+.4f}, 95% CI [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}])"
+                for r in report.gate_summary(cmp))
+            print(f"regression gate: {gate_text}")
         elif s.baseline:
             print(f"regression gate: no earlier successful run to compare with ({s.baseline})")
+        artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text)
+        if failure:
+            raise report.RegressionError(failure)
     return {"parent_run_id": parent_run_id, "flow_run_id": fr_id, "model_path": base_model,
             "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
 
 
-def _record(parent_run_id: str, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
-    """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
-    lineage.set_tags(parent_run_id, {f"stage.{stage_name}.run_id": output["run_id"]})
-    return output
+class _Recorder:
+    """Tags the parent run with each stage's run and logs one line per stage (flows.artifacts)."""
+
+    def __init__(self, parent_run_id: str, store: ResultsStore, flow_run_id: str):
+        self.parent_run_id, self.store, self.flow_run_id = parent_run_id, store, flow_run_id
+        self.cached: dict[str, str] = {}  # stage -> run id of an earlier flow run (Prefect cache hit)
+
+    def __call__(self, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
+        """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
+        run_id = output["run_id"]
+        lineage.set_tags(self.parent_run_id, {f"stage.{stage_name}.run_id": run_id})
+        _, rows = self.store.sql(f"SELECT flow_run_id FROM runs WHERE run_id = '{run_id}'")
+        cached = bool(rows) and rows[0][0] != self.flow_run_id
+        if cached:
+            self.cached[stage_name] = run_id
+        artifacts.log_stage(self.store, stage_name, run_id, cached=cached)
+        return output
+
+    def log(self, stage_name: str) -> None:
+        """The line of a stage whose run is found in this flow run's rows."""
+        _, rows = self.store.sql(f"SELECT run_id FROM runs WHERE flow_run_id = '{self.flow_run_id}' "
+                                 f"AND stage = '{stage_name}' AND kind = 'stage' ORDER BY started_at DESC LIMIT 1")
+        if rows:
+            artifacts.log_stage(self.store, stage_name, rows[0][0])
 
 
 def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dict[str, Any]) -> None:
@@ -171,10 +203,12 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
         lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
         lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
         first = 1
+        progress_id = create_ppo_progress(s.ppo_steps)
         for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
             name = f"ppo_segment {i}/{len(bounds)} (steps {first}-{stop})"
             upstream = ppo_task.with_options(task_run_name=name).submit(
-                overrides, i, ppo_run_id, ctx, wait_for=[upstream] if upstream is not None else None)
+                overrides, i, ppo_run_id, ctx, progress_id,
+                wait_for=[upstream] if upstream is not None else None)
             result = upstream.result()
             first = stop + 1
         ckpt = result.get("checkpoint_dir")

@@ -9,6 +9,7 @@ machine, all CPU slots stay free for the training workers.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import ray
@@ -72,6 +73,8 @@ def run_on_ray(
     runtime_env: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 2.0,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` as a Ray remote task and wait for its result.
@@ -86,6 +89,7 @@ def run_on_ray(
         runtime_env: extra Ray runtime environment; its ``env_vars`` win over forwarded ones.
         env: extra environment variables for the remote side.
         timeout_s: seconds to wait; ``None`` waits forever.
+        on_poll: called every ``poll_s`` seconds while ``fn`` runs (progress reporting).
 
     Returns:
         What ``fn`` returned.
@@ -100,8 +104,14 @@ def run_on_ray(
     renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
     remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
     ref = remote_fn.remote(*args, **kwargs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        return ray.get(ref, timeout=timeout_s)
+        while on_poll is not None and not ray.wait([ref], timeout=poll_s)[0]:
+            on_poll()
+            if deadline is not None and time.monotonic() > deadline:
+                raise ray.exceptions.GetTimeoutError(f"{fn.__name__} did not finish within {timeout_s} s")
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return ray.get(ref, timeout=left)
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         raise

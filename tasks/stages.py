@@ -20,6 +20,7 @@ from infra.ray_cluster import run_on_ray
 from infra.results import ResultsStore
 from tasks import plan, remote
 from tasks.common import parquet_files, read_jsonl, stage
+from tasks.progress import StepProgress
 
 HOUR = 3600
 
@@ -145,13 +146,14 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
 @task(name="ppo_segment", retries=2, retry_delay_seconds=30, timeout_seconds=12 * HOUR,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
-                ctx: dict[str, Any]) -> dict[str, Any]:
+                ctx: dict[str, Any], progress_id: str | None = None) -> dict[str, Any]:
     """Run PPO until ``trainer.stop_after_step`` (in ``overrides``), checkpointing there.
 
     A retry (or a re-run of a finished segment) resumes from the latest checkpoint in
     ``trainer.default_local_dir`` (``resume_mode=auto``). Metrics go to the ``ppo`` MLflow
     run ``ppo_run_id`` (whose single ``runs`` row the flow writes); validation samples (with
     their prompt id, raw question and checkpoint) and per-step metrics are registered in DuckDB.
+    While it runs, one line per step is printed and the progress artifact ``progress_id`` moves.
 
     Returns:
         ``run_ppo``'s result: final metrics (incl. ``val-core/...``), ``global_step``,
@@ -164,7 +166,10 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
     metrics_file.unlink(missing_ok=True)
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
-    result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR)
+    progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id)
+    result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR,
+                        on_poll=progress.poll)
+    progress.finish()
     store = ResultsStore(ctx["home"])
     store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
     register_validation_samples(store, config, ppo_run_id)
