@@ -33,9 +33,10 @@ from flows import artifacts, report  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
-from infra.ray_cluster import connect_ray  # noqa: E402
+from infra import model_registry  # noqa: E402
+from infra.ray_cluster import connect_ray, run_on_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
-from tasks import plan  # noqa: E402
+from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
@@ -211,10 +212,30 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
                 wait_for=[upstream] if upstream is not None else None)
             result = upstream.result()
             first = stop + 1
-        ckpt = result.get("checkpoint_dir")
-        if ckpt and os.path.isdir(ckpt):  # copied only when small (a tiny model), else tagged
-            lineage.log_dir_artifact(ppo_run_id, ckpt, "checkpoint")
+        _publish_policy(s, ppo_run_id, result.get("checkpoint_dir"), model, data, ctx)
     return result, upstream
+
+
+def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_model: str,
+                    data: dict[str, str], ctx: dict[str, Any]) -> None:
+    """On the ppo run: the reward-over-steps PNG, and the final actor checkpoint merged into a
+    Hugging Face folder, logged as ``hf_model`` and registered as a new version of the model
+    named after the experiment (lineage: datasets, SFT parent model, PPO checkpoint)."""
+    store = ResultsStore(ctx["home"])
+    _, rows = store.sql(f"SELECT step, key, value FROM metrics WHERE run_id = '{ppo_run_id}' "
+                        "AND (key = 'critic/score/mean' OR key LIKE 'val-core/%')")
+    if rows:
+        png = model_registry.reward_chart(rows, Path(ctx["run_dir"]) / "reward_over_steps.png")
+        lineage.client().log_artifact(ppo_run_id, png, "charts")
+    actor = Path(ckpt or "") / "actor"
+    if not ckpt or not actor.is_dir():
+        return
+    merged = run_on_ray(remote.merge_remote, str(actor), str(Path(ctx["run_dir"]) / "hf_policy"), timeout_s=3600)
+    tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
+            "dataset.gsm8k_train.path": data["train"], "dataset.gsm8k_val.path": data["val"]}
+    tags.update({f"dataset.gsm8k_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
+    version = model_registry.register_policy(ppo_run_id, merged, s.experiment, tags)
+    print(f"registered model {s.experiment} version {version} (merged from {ckpt})")
 
 
 def main(argv: list[str] | None = None) -> int:
