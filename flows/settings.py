@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from infra.home import remembered
 from tasks import plan
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -122,7 +123,8 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when neither parameter nor file sets it. When the
+    ``gsm8k_dir`` falls back to ``$GSM8K_DIR``, then to the folder an earlier flow run in this
+    ``$RLHF_HOME`` recorded (``infra.home.remembered``), when neither parameter nor file sets it. When the
     user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
@@ -139,7 +141,9 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         experiment=_pick(params.get("experiment"), cfg.get("experiment", "rlhf")),
         preset=preset_name,
         model_path=_pick(params.get("model_path"), cfg.get("model_path")),
-        gsm8k_dir=_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
+        # then the folder an earlier run in this $RLHF_HOME used (e.g. `make demo`'s GSM8K_DIR)
+        gsm8k_dir=(_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR")
+                   or remembered("gsm8k_dir")),
         ray_address=_pick(params.get("ray_address"), cfg.get("ray_address")),
         train_prompts=int(_pick(params.get("train_prompts"), data.get("train_prompts", 256))),
         val_prompts=int(_pick(params.get("val_prompts"), data.get("val_prompts", 32))),

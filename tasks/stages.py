@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import lineage
+from infra.home import remember
 from infra.ray_cluster import run_on_ray
 from infra.results import ResultsStore
 from tasks import plan, remote
@@ -79,6 +80,8 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
         result = {"train": train, "val": val, "run_id": run_id}
         result["train_sha256"] = lineage.log_dataset(run_id, train, "gsm8k_train", "training")
         result["val_sha256"] = lineage.log_dataset(run_id, val, "gsm8k_val", "validation")
+    if gsm8k_dir:  # the next `rlhf pipeline` in this home finds the data without GSM8K_DIR
+        remember("gsm8k_dir", str(Path(gsm8k_dir).resolve()), Path(ctx["home"]))
     return result
 
 

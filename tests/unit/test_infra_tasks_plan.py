@@ -294,3 +294,16 @@ def test_questions_by_prompt_id_pairs_validation_order_and_checks_text(tmp_path)
     got = plan.questions_by_prompt_id([str(samples)], str(val))
     assert got == {prompt_id("user: How many  apples? Let's think", "gsm8k"): "How many apples?"}
     assert plan.questions_by_prompt_id([str(samples)], None) == {}
+
+
+def test_gsm8k_dir_recorded_under_the_home_is_the_last_fallback(monkeypatch, tmp_path):
+    from infra.home import remember, remembered
+
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GSM8K_DIR", raising=False)
+    assert remembered("gsm8k_dir") is None and resolve_settings({}).gsm8k_dir is None
+    remember("gsm8k_dir", "/data/gsm8k")  # what prepare_data records after `make demo`
+    assert resolve_settings({}).gsm8k_dir == "/data/gsm8k"
+    monkeypatch.setenv("GSM8K_DIR", "/env/gsm8k")  # anything the user gives wins
+    assert resolve_settings({}).gsm8k_dir == "/env/gsm8k"
+    assert resolve_settings({"gsm8k_dir": "/param"}).gsm8k_dir == "/param"
