@@ -111,3 +111,24 @@ def test_baseline_resolution(results_store, tmp_path):
     assert report.resolve_baseline(results_store, None, "flowC") is None
     with pytest.raises(RunNotFoundError, match="baseline: run 'no-such-run'"):
         report.resolve_baseline(results_store, "no-such-run", "flowC")
+
+
+def test_readme_sql_examples_run_and_answer(results_store, tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```sql\n(.*?)```", readme, re.S).group(1)
+    queries = [q.strip() for q in block.split(";") if q.strip()]
+    assert len(queries) == 4
+    _eval_run(results_store, tmp_path, "flowA", "evalA", [1, 1, 0, 0], day=0)
+    _eval_run(results_store, tmp_path, "flowB", "evalB", [1, 0, 0, 1], day=1)
+    best, drift, worst, pairs = (results_store.sql(q.replace("FLOW_A", "flowA").replace("FLOW_B", "flowB"))[1]
+                                 for q in queries)
+    # both nights average 0.5: arg_max keeps one of them; drift lists both nights
+    assert best[0][0] == "openai/gsm8k" and best[0][2] == 0.5
+    assert [(str(r[0]), r[2], r[3]) for r in drift] == [("2026-11-01", 0.5, 4), ("2026-11-02", 0.5, 4)]
+    # q2 failed both nights: the worst prompt
+    assert worst[0][1:] == ("raw 2", 2, 0.0)
+    # q1 went 1 -> 0
+    assert pairs == [("openai/gsm8k", "raw 1", 1.0, 0.0)]
