@@ -9,6 +9,7 @@ machine, all CPU slots stay free for the training workers.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Callable
 
@@ -41,11 +42,14 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
         ``ray.cluster_resources()`` of the connected cluster.
 
     Raises:
-        ConnectionError: an explicit address cannot be reached (raised by Ray).
+        ConnectionError: an explicit address cannot be reached within ``REACH_TIMEOUT_S``
+            (:func:`check_reachable`, naming the address), or Ray refuses it.
     """
     if ray.is_initialized():
         return ray.cluster_resources()
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        check_reachable(address)
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
@@ -57,6 +61,33 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     else:
         ray.init(address=address, log_to_driver=True)
     return ray.cluster_resources()
+
+
+REACH_TIMEOUT_S = 5.0
+DEFAULT_PORTS = {"ray://": 10001, "": 6379}  # Ray Client server, GCS
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Open (and close) a TCP connection to a Ray address, so a wrong ``RAY_ADDRESS`` fails in
+    seconds instead of after Ray's own minute of retries.
+
+    ``auto`` / ``local`` are not checked (Ray looks for a cluster on this machine itself).
+
+    Raises:
+        ConnectionError: the host does not answer on the port within ``timeout_s``; the message
+            names the address and where it came from.
+    """
+    if address in ("auto", "local"):
+        return
+    scheme = "ray://" if address.startswith("ray://") else ""
+    hostport = address[len(scheme):].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    try:
+        with socket.create_connection((host, int(port or DEFAULT_PORTS[scheme])), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"Ray cluster at {address!r} (ray_address / $RAY_ADDRESS) is unreachable: "
+                              f"{exc}; start it with `ray start --head` or fix the address") from exc
 
 
 def forwarded_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -80,7 +80,7 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     assert ("test_score/openai/gsm8k" in {k for _, k in ev}) and {s for s, _ in ev} == {2}
     # every sample has a prompt id, and the same prompts have the same ids in ppo and evaluate
     _, ids = store.sql("SELECT stage, count(DISTINCT prompt_id), count(question), count(checkpoint), count(*) "
-                       "FROM samples WHERE step = 2 GROUP BY stage ORDER BY stage")
+                       "FROM samples WHERE stage = 'evaluate' OR step = 2 GROUP BY stage ORDER BY stage")
     assert [r[1] for r in ids] == [8, 8] and all(r[2] == r[4] and r[3] == r[4] for r in ids)
     _, same = store.sql("SELECT count(DISTINCT prompt_id) FROM samples s WHERE stage = 'evaluate' "
                         "AND prompt_id IN (SELECT prompt_id FROM samples WHERE stage = 'ppo')")
@@ -119,9 +119,25 @@ def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
                     for i in run.inputs.dataset_inputs}
         assert "training" in contexts.values() and "validation" in contexts.values()
     assert ppo.data.tags["dataset.gsm8k_train.sha256"] == digest
-    assert [a.path for a in client.list_artifacts(children["sft"].info.run_id)] == ["hf_model"]
-    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["checkpoint"]
+    assert [a.path for a in client.list_artifacts(children["sft"].info.run_id)] == ["config", "hf_model"]
+    # the ppo run: its resolved config, the reward chart and the merged (loadable) final policy
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["charts", "config", "hf_model"]
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id, "charts")] == ["charts/reward_over_steps.png"]
+    assert "hf_model/config.json" in {a.path for a in client.list_artifacts(ppo.info.run_id, "hf_model")}
+    # segment 1 logged stop_after_step=1, segment 2 changed it: a tag, not a failed param update
+    assert ppo.data.params["trainer.stop_after_step"] == "2" and ppo.data.tags["param.trainer.stop_after_step"] == "1"
     assert any(k.startswith("test_score/") for k in children["evaluate"].data.metrics)
+    assert {a.path for a in client.list_artifacts(children["evaluate"].info.run_id)} >= {"config", "samples"}
+    # the final policy is a registered model version with its lineage
+    [version] = client.search_model_versions("name = 'rlhf'")
+    assert version.run_id == ppo.info.run_id
+    assert Path(version.tags["sft_model"]).resolve() == Path(children["sft"].data.tags["artifact.hf_model.path"])
+    assert version.tags["ppo_checkpoint"].endswith("global_step_2") and version.tags["dataset.gsm8k_train.sha256"] == digest
+    # the parent run says where it came from, and is named after the flow run
+    assert parent.info.run_name != "rlhf" and len(parent.data.tags["rlhf.config_sha256"]) == 64
+    assert parent.data.tags["git.dirty"] in ("true", "false")
+    exp = client.get_experiment(parent.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 # A verl custom reward function that fails once, during the second run's second PPO segment
