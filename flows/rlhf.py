@@ -34,7 +34,7 @@ from flows.settings import PipelineSettings, resolve_settings, validate_override
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra import model_registry  # noqa: E402
-from infra.ray_cluster import connect_ray, run_on_ray  # noqa: E402
+from infra.ray_cluster import check_shared_paths, connect_ray, run_on_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
 from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
@@ -100,6 +100,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
     """
     run_dir = home / "runs" / fr_id
     connect_ray(s.ray_address)
+    if s.ray_address or os.environ.get("RAY_ADDRESS"):  # an existing cluster: every node must see the home
+        check_shared_paths([str(home)])
     url = flow_run.get_flow_run_ui_url()  # None in ephemeral mode (no UI)
     with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=flow_run.get_name() or "rlhf",
                               tags={lineage.FLOW_RUN_URL_TAG: url} if url else None) as parent_run_id:

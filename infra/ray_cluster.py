@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import ray
@@ -50,6 +51,7 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
         check_reachable(address)
+    _STATE["external"] = address is not None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
@@ -63,6 +65,11 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     return ray.cluster_resources()
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# What a cluster node needs of the checkout: the packages and configs/ (rlhf_core finds it beside itself)
+CODE_EXCLUDES = [".git", ".rlhf", ".venv*", "tests", "bench", "docs", "**/__pycache__", "*.parquet",
+                 "*.safetensors", "*.pt", "data", "checkpoints", "mlruns"]
+_STATE = {"external": False}
 REACH_TIMEOUT_S = 5.0
 DEFAULT_PORTS = {"ray://": 10001, "": 6379}  # Ray Client server, GCS
 
@@ -88,6 +95,38 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     except (OSError, ValueError) as exc:
         raise ConnectionError(f"Ray cluster at {address!r} (ray_address / $RAY_ADDRESS) is unreachable: "
                               f"{exc}; start it with `ray start --head` or fix the address") from exc
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """Ray ``runtime_env`` that ships this checkout's code (``working_dir``, without data, tests or
+    caches) to the cluster, so a driver and its workers import the same ``rlhf_core`` everywhere.
+    The remote working directory is the unpacked copy: paths handed to a stage must be absolute."""
+    return {"working_dir": str(REPO_ROOT), "excludes": list(CODE_EXCLUDES)}
+
+
+def _path_status(paths: list[str]) -> tuple[str, dict[str, bool]]:
+    import ray as _ray
+
+    return _ray.get_runtime_context().get_node_id(), {p: os.path.isdir(p) for p in paths}
+
+
+def check_shared_paths(paths: list[str], timeout_s: float = 120.0) -> None:
+    """Check that every alive node of the cluster sees the folders ``paths`` (``$RLHF_HOME`` must be
+    on a filesystem shared by all nodes: checkpoints, data and samples are exchanged through it).
+
+    Raises:
+        FileNotFoundError: names the nodes and the folders they do not see.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    fn = ray.remote(num_cpus=0, max_retries=0)(_path_status)
+    refs = [fn.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(paths)
+            for n in ray.nodes() if n.get("Alive")]
+    missing = {node: [p for p, ok in seen.items() if not ok] for node, seen in ray.get(refs, timeout=timeout_s)}
+    missing = {node: ps for node, ps in missing.items() if ps}
+    if missing:
+        raise FileNotFoundError(f"Ray nodes {sorted(missing)} do not see {sorted({p for ps in missing.values() for p in ps})}: "
+                                f"put $RLHF_HOME on a filesystem every node mounts at the same path")
 
 
 def forwarded_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -132,6 +171,8 @@ def run_on_ray(
     """
     connect_ray()
     renv = dict(runtime_env or {})
+    if _STATE["external"] and not {"working_dir", "py_modules"} & set(renv):
+        renv.update(code_runtime_env())  # cluster nodes need the dependencies only, not a checkout
     renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
     remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
     ref = remote_fn.remote(*args, **kwargs)

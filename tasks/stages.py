@@ -176,7 +176,8 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     store = ResultsStore(ctx["home"])
     store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
     register_validation_samples(store, config, ppo_run_id)
-    lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step")})
+    lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step"),
+                                  f"segment.{segment}.worker_nodes": ",".join(result.get("worker_nodes") or [])})
     return result
 
 

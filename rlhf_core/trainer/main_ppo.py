@@ -79,7 +79,8 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     for key, cls, kwargs, prefix in specs:
         try:
             wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
-                                      name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout)
+                                      name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
+                                      nnodes=int(config.trainer.nnodes))
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()
@@ -127,7 +128,8 @@ def check_rule_reward_inputs(dataset: Any) -> None:
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
-    ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
+    ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None,
+    "worker_nodes": the Ray node id of each actor rank}``.
 
     Raises:
         ValueError: from config validation (before any model is loaded) or a bad ``resume_from_path``.
@@ -150,9 +152,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
+        actor_wg = trainer.wgs["actor_rollout"]
+        nodes = actor_wg.node_ids() if hasattr(actor_wg, "node_ids") else []
     finally:
         trainer.shutdown()
-    return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir}
+    return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir,
+            "worker_nodes": nodes}
 
 
 def main(argv: list[str] | None = None) -> int:
