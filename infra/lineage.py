@@ -38,9 +38,24 @@ EXPERIMENT_KIND = "custom_model_development"
 ARTIFACT_LIMIT_BYTES = 50 * 2**20
 
 
+_READY_STORES: set[str] = set()
+
+
 def client() -> MlflowClient:
-    """A client for ``$MLFLOW_TRACKING_URI`` (call ``infra.home.configure_environment`` first)."""
-    return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
+    """A client for ``$MLFLOW_TRACKING_URI`` (call ``infra.home.configure_environment`` first).
+
+    The first use of a SQLite store in this process creates its tables under a file lock
+    (``<db>.lock``): two flow runs starting at once on a fresh ``$RLHF_HOME`` would otherwise race
+    on MLflow's schema creation ("table ... already exists").
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and uri.startswith("sqlite:///") and uri not in _READY_STORES:
+        from filelock import FileLock
+
+        with FileLock(uri[len("sqlite:///"):] + ".lock", timeout=300):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # creates / migrates the schema
+        _READY_STORES.add(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 def get_or_create_experiment(name: str) -> str:
