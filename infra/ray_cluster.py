@@ -51,7 +51,6 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
         check_reachable(address)
-    _STATE["external"] = address is not None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
@@ -61,7 +60,9 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
             configure_logging=False,
         )
     else:
-        ray.init(address=address, log_to_driver=True)
+        # the job's runtime_env ships the code: cluster nodes need the dependencies only, not a checkout
+        # (a local working_dir is only accepted here, at the job level, not per task)
+        ray.init(address=address, log_to_driver=True, runtime_env=code_runtime_env())
     return ray.cluster_resources()
 
 
@@ -69,7 +70,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a cluster node needs of the checkout: the packages and configs/ (rlhf_core finds it beside itself)
 CODE_EXCLUDES = [".git", ".rlhf", ".venv*", "tests", "bench", "docs", "**/__pycache__", "*.parquet",
                  "*.safetensors", "*.pt", "data", "checkpoints", "mlruns"]
-_STATE = {"external": False}
 REACH_TIMEOUT_S = 5.0
 DEFAULT_PORTS = {"ray://": 10001, "": 6379}  # Ray Client server, GCS
 
@@ -171,8 +171,6 @@ def run_on_ray(
     """
     connect_ray()
     renv = dict(runtime_env or {})
-    if _STATE["external"] and not {"working_dir", "py_modules"} & set(renv):
-        renv.update(code_runtime_env())  # cluster nodes need the dependencies only, not a checkout
     renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
     remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
     ref = remote_fn.remote(*args, **kwargs)
