@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 export GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast test-vllm bench clean
+.PHONY: install demo learn test test-fast test-vllm bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ install: $(STAMP)
 # The whole flow on GSM8K with a tiny model built on the spot (about 10 minutes on 2 cores).
 demo: install
 	$(BIN)/python -m flows.rlhf
+
+# Proof that the RL learns: Countdown (a task only a reward can teach), a tiny model warmed up on format-only
+# answers, GRPO for a 5-minute wall-clock budget; prints greedy accuracy on 500 held-out problems before and after.
+learn: install
+	$(BIN)/python -m flows.rlhf --preset countdown --experiment learn
 
 # Everything CI runs: unit tests, then the slow end-to-end tests (Ray, Prefect, MLflow, DuckDB for real).
 test: install

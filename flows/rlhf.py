@@ -3,8 +3,8 @@
 Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
 ``$RLHF_HOME``)::
 
-    python -m flows.rlhf                      # what `make demo` calls
-    python -m flows.rlhf --ppo-steps 2 --train-prompts 64
+    python -m flows.rlhf                      # what `make demo` calls; the same as `rlhf pipeline`
+    rlhf pipeline --ppo-steps 2 --train-prompts 64   # `rlhf pipeline --help` lists every option
 
 or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from
 ``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
@@ -16,6 +16,7 @@ ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs ar
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -34,8 +35,11 @@ from flows.settings import PipelineSettings, resolve_settings, validate_override
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra import model_registry  # noqa: E402
+from infra.compare import RunNotFoundError  # noqa: E402
 from infra.ray_cluster import check_shared_paths, connect_ray, run_on_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
+from rlhf_core.cli import run_command  # noqa: E402
+from rlhf_core.config import ConfigError, load_config  # noqa: E402
 from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
@@ -108,7 +112,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id)
-        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx)
+        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task)
         data = rec("prepare_data", upstream.result())
         base_model = s.model_path
         if not base_model:
@@ -129,6 +133,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
                 wait_for=[upstream]).result()
             rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
+        _print_learning(run_dir, s.val_prompts)
         failure = gate_text = None
         if baseline_run is not None:
             cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),
@@ -181,6 +186,20 @@ def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dic
                         step=int(ppo_result.get("global_step") or 0))
 
 
+def _print_learning(run_dir: Path, val_prompts: int) -> None:
+    """Print the core validation metric before and after PPO (greedy accuracy under the learn presets)."""
+    from tasks.common import read_jsonl
+
+    rows = [r for f in sorted((run_dir / "metrics").glob("segment_*.jsonl")) for r in read_jsonl(f)]
+    summary = plan.validation_before_after(rows)
+    if summary is None:
+        print("no validation metric was logged (trainer.val_before_train / test_freq)")
+        return
+    print(f"{summary['name']} on {val_prompts} held-out prompts: step {summary['before_step']}: "
+          f"{summary['before']:.3f} -> step {summary['after_step']}: {summary['after']:.3f} "
+          f"(gain {summary['gain']:+.3f})")
+
+
 def _configured_tasks(s: PipelineSettings) -> tuple:
     """The five stage tasks with the retries/timeouts of pipeline.yaml's ``tasks:`` applied."""
     tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
@@ -196,8 +215,6 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
     Returns:
         ``(final segment result, its future)``.
     """
-    from rlhf_core.config import load_config
-
     result: dict[str, Any] = {}
     bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
     lists = [s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
@@ -240,37 +257,67 @@ def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_
     print(f"registered model {s.experiment} version {version} (merged from {ckpt})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.rlhf [--name value ...]``: run the flow locally and say where results are."""
-    import argparse
+# every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
+PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
+    "train_prompts": (int, "rows of the GSM8K train split used, the first N (pipeline.yaml data.train_prompts)"),
+    "val_prompts": (int, "rows of the test split used for validation, the first N (data.val_prompts)"),
+    "sft_epochs": (int, "SFT epochs (sft.epochs; trainer.total_epochs of the sft stage)"),
+    "ppo_steps": (int, "PPO iterations in all (ppo.total_steps; trainer.total_training_steps)"),
+    "segment_steps": (int, "PPO steps per ppo_segment task, each ending in a checkpoint (ppo.segment_steps)"),
+    "adv_estimator": (str, "algorithm.adv_estimator: gae, grpo, rloo, reinforce_plus_plus, remax, ... "
+                           "(ppo.adv_estimator)"),
+    "preset": (str, "configs/presets/<PRESET>.yaml, whose override lists come first (default tiny_cpu)"),
+    "model_path": (str, "a Hugging Face causal-LM folder to start from; unset: build the tiny model from the data"),
+    "gsm8k_dir": (str, "local GSM8K (train/test .jsonl or verl parquet); unset: $GSM8K_DIR, else the hub"),
+    "ray_address": (str, "an existing Ray cluster (auto or ray://host:port); unset: embedded local Ray"),
+    "experiment": (str, "MLflow experiment name, also trainer.project_name (default rlhf)"),
+    "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over preset and pipeline)"),
+    "ppo_overrides": ("list", "ppo_trainer.yaml overrides for every ppo_segment (they win)"),
+    "eval_overrides": ("list", "evaluation.yaml overrides for the evaluate stage (they win)"),
+    "skip_sft": ("flag", "skip the sft stage (PPO starts from the base model)"),
+    "skip_evaluate": ("flag", "skip the evaluate stage"),
+    "baseline": (str, "regression gate: a run id, flow run id or 'previous-successful' to compare the evaluation with "
+                      "(regression_gate.baseline)"),
+    "max_regression": (float, "regression gate: the largest allowed drop of the mean score (regression_gate.max_regression)"),
+}
 
-    parser = argparse.ArgumentParser(prog="python -m flows.rlhf", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int)
-    for name in ("adv_estimator", "preset", "model_path", "gsm8k_dir", "ray_address", "experiment",
-                 "baseline"):
-        parser.add_argument("--" + name.replace("_", "-"))
-    parser.add_argument("--max-regression", type=float)
-    for name in ("sft_overrides", "ppo_overrides", "eval_overrides"):
-        parser.add_argument("--" + name.replace("_", "-"), nargs="*", metavar="KEY=VALUE")
-    parser.add_argument("--skip-sft", action="store_true", default=None,
-                        help="skip the sft stage (PPO starts from the base model)")
-    parser.add_argument("--skip-evaluate", action="store_true", default=None,
-                        help="skip the evaluate stage")
-    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    error = check_parameters(args)
-    if error:  # before Prefect starts its server: one line naming the parameter
-        print(f"rlhf pipeline: error: {error}", file=sys.stderr)
-        return 2
-    out = rlhf(**args)
-    home = Path(out["home"])
-    print(f"\nResults under {home}")
-    print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
-    print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
-    print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
-    print(f"  Compare with the run before: {rlhf_command()} results compare previous {out['flow_run_id']}")
-    return 0
+
+def pipeline_parser() -> argparse.ArgumentParser:
+    """The ``rlhf pipeline`` parser: one ``--option`` per flow parameter (:data:`PIPELINE_OPTIONS`)."""
+    parser = argparse.ArgumentParser(prog="rlhf pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="also: python -m flows.rlhf [options]; an option left out takes its "
+                                            "value from configs/pipeline.yaml")
+    for name, (kind, help_) in PIPELINE_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind == "flag":
+            parser.add_argument(flag, action="store_true", default=None, help=help_)
+        elif kind == "list":
+            parser.add_argument(flag, nargs="*", metavar="KEY=VALUE", help=help_)
+        else:
+            parser.add_argument(flag, type=kind, metavar=name.split("_")[-1].upper(), help=help_)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rlhf pipeline [--option value ...]`` (or ``python -m flows.rlhf``): run the flow locally and say where
+    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
+    def command(args: list[str]) -> int:
+        params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
+        error = check_parameters(params)
+        if error:  # before Prefect starts its server: one line naming the parameter, exit 2 (a usage error)
+            print(f"rlhf pipeline: error: {error}", file=sys.stderr)
+            return 2
+        out = rlhf(**params)
+        home = Path(out["home"])
+        print(f"\nResults under {home}")
+        print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
+        print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
+        print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
+        print(f"  Compare with the run before: {rlhf_command()} results compare previous {out['flow_run_id']}")
+        return 0
+
+    return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
 
 
 def check_parameters(params: dict[str, Any]) -> str | None:
@@ -279,9 +326,6 @@ def check_parameters(params: dict[str, Any]) -> str | None:
     Runs the flow's own checks (settings, every stage's override list, the baseline run id)
     plus the existence of ``model_path`` and ``gsm8k_dir``, without starting any service.
     """
-    from rlhf_core.config import ConfigError
-    from infra.compare import RunNotFoundError
-
     try:
         s = resolve_settings(params)
         validate_overrides(s)

@@ -21,6 +21,7 @@ class PipelineSettings:
 
     experiment: str
     preset: str | None
+    task: str
     model_path: str | None
     gsm8k_dir: str | None
     ray_address: str | None
@@ -94,6 +95,7 @@ def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, An
     return load_yaml(path)
 
 
+PRESET_PIPELINE_KEYS = ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps")
 TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
 TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
 
@@ -123,8 +125,11 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    ``gsm8k_dir`` falls back to ``$GSM8K_DIR``, then to the folder an earlier flow run in this
-    ``$RLHF_HOME`` recorded (``infra.home.remembered``), when neither parameter nor file sets it. When the
+    A preset may hold ``task`` (``gsm8k`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
+    pipeline.yaml values (``train_prompts``, ``val_prompts``, ``sft_epochs``, ``ppo_steps``, ``segment_steps``)
+    that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR``, then to
+    the folder an earlier flow run in this ``$RLHF_HOME`` recorded (``infra.home.remembered``), when neither
+    parameter nor file sets it. When the
     user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
@@ -132,27 +137,49 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ValueError: a step count below 1.
         FileNotFoundError: unknown preset.
     """
-    cfg = load_yaml(config_dir / "pipeline.yaml")
-    data, sft_cfg, ppo, ev = (cfg.get(k) or {} for k in ("data", "sft", "ppo", "evaluate"))
-    preset_name = _pick(params.get("preset"), cfg.get("preset"))
+    path = config_dir / "pipeline.yaml"
+    cfg = load_yaml(path)
+
+    def setting(key: str) -> Any:  # pipeline.yaml holds every setting: its values are the defaults, none here
+        node: Any = cfg
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise ValueError(f"{path}: missing setting '{key}' (every key of the shipped pipeline.yaml is needed)")
+            node = node[part]
+        return node
+
+    preset_name = _pick(params.get("preset"), setting("preset"))
     preset = load_preset(preset_name, config_dir)
+    pp = preset.get("pipeline") or {}
+    bad = set(pp) - set(PRESET_PIPELINE_KEYS)
+    if bad:
+        raise ValueError(f"preset {preset_name!r}: unknown pipeline keys {sorted(bad)}; known: {list(PRESET_PIPELINE_KEYS)}")
+    # a preset's pipeline values sit between pipeline.yaml and the flow parameters
+    preset_key = {"data.train_prompts": "train_prompts", "data.val_prompts": "val_prompts", "sft.epochs": "sft_epochs",
+                  "ppo.total_steps": "ppo_steps", "ppo.segment_steps": "segment_steps"}
+
+    def value(key: str) -> Any:
+        name = preset_key.get(key)
+        return pp[name] if name in pp else setting(key)
+
     skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
     s = PipelineSettings(
-        experiment=_pick(params.get("experiment"), cfg.get("experiment", "rlhf")),
+        experiment=_pick(params.get("experiment"), setting("experiment")),
         preset=preset_name,
-        model_path=_pick(params.get("model_path"), cfg.get("model_path")),
+        task=str(preset["task"] if "task" in preset else setting("task")),
+        model_path=_pick(params.get("model_path"), setting("model_path")),
         # then the folder an earlier run in this $RLHF_HOME used (e.g. `make demo`'s GSM8K_DIR)
-        gsm8k_dir=(_pick(params.get("gsm8k_dir"), cfg.get("gsm8k_dir")) or os.environ.get("GSM8K_DIR")
+        gsm8k_dir=(_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR")
                    or remembered("gsm8k_dir")),
-        ray_address=_pick(params.get("ray_address"), cfg.get("ray_address")),
-        train_prompts=int(_pick(params.get("train_prompts"), data.get("train_prompts", 256))),
-        val_prompts=int(_pick(params.get("val_prompts"), data.get("val_prompts", 32))),
-        sft_enabled=not skip_sft if skip_sft is not None else bool(sft_cfg.get("enabled", True)),
-        sft_epochs=int(_pick(params.get("sft_epochs"), sft_cfg.get("epochs", 1))),
-        ppo_steps=int(_pick(params.get("ppo_steps"), ppo.get("total_steps", 4))),
-        segment_steps=int(_pick(params.get("segment_steps"), ppo.get("segment_steps", 2))),
-        adv_estimator=str(_pick(params.get("adv_estimator"), ppo.get("adv_estimator", "grpo"))),
-        evaluate_enabled=not skip_eval if skip_eval is not None else bool(ev.get("enabled", True)),
+        ray_address=_pick(params.get("ray_address"), setting("ray_address")),
+        train_prompts=int(_pick(params.get("train_prompts"), value("data.train_prompts"))),
+        val_prompts=int(_pick(params.get("val_prompts"), value("data.val_prompts"))),
+        sft_enabled=not skip_sft if skip_sft is not None else bool(setting("sft.enabled")),
+        sft_epochs=int(_pick(params.get("sft_epochs"), value("sft.epochs"))),
+        ppo_steps=int(_pick(params.get("ppo_steps"), value("ppo.total_steps"))),
+        segment_steps=int(_pick(params.get("segment_steps"), value("ppo.segment_steps"))),
+        adv_estimator=str(_pick(params.get("adv_estimator"), setting("ppo.adv_estimator"))),
+        evaluate_enabled=not skip_eval if skip_eval is not None else bool(setting("evaluate.enabled")),
         model_sizes=dict(preset.get("model") or {}),
         preset_sft=list(preset.get("sft") or []),
         # a preset's reward_kwargs are for the default scorer: dropped when the user brings
@@ -164,13 +191,12 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ppo_overrides=list(params.get("ppo_overrides") or []),
         eval_overrides=list(params.get("eval_overrides") or []),
     )
-    gate = cfg.get("regression_gate") or {}
-    baseline = _pick(params.get("baseline"), gate.get("baseline"))
+    baseline = _pick(params.get("baseline"), setting("regression_gate.baseline"))
     if isinstance(baseline, str) and baseline.strip().lower() in ("", "none", "null"):
         baseline = None
     s = dataclasses.replace(
-        s, task_options=_task_options(cfg.get("tasks") or {}), baseline=baseline,
-        max_regression=float(_pick(params.get("max_regression"), gate.get("max_regression", 0.0))))
+        s, task_options=_task_options(setting("tasks") or {}), baseline=baseline,
+        max_regression=float(_pick(params.get("max_regression"), setting("regression_gate.max_regression"))))
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
     if s.max_regression < 0:

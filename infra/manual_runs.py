@@ -184,7 +184,7 @@ def ppo_main(argv: list[str]) -> int:
     """``rlhf ppo`` with ``RLHF_HOME`` set: the core's run, tracked and registered (module docstring)."""
     from rlhf_core.trainer.main_ppo import main
 
-    if argv and argv[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in argv):  # help: nothing to track
         return main(argv)
     return _tracked("ppo_trainer", list(argv), "trainer.validation_data_dir", "trainer.project_name", main)
 
@@ -193,4 +193,6 @@ def eval_main(argv: list[str]) -> int:
     """``rlhf eval`` with ``RLHF_HOME`` set: the core's evaluation, tracked and registered."""
     from rlhf_core.trainer.main_eval import main
 
+    if any(a in ("-h", "--help") for a in argv):  # help: nothing to track
+        return main(argv)
     return _tracked("evaluation", list(argv), "output.samples_dir", "", main)

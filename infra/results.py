@@ -21,23 +21,29 @@ runs side by side, paired by ``prompt_id``; filter on ``run_a``/``run_b`` or ``f
 Views are (re)created with a brief write connection when the store is opened and when a
 table gets its first file; queries use a read-only connection. While a table has no file,
 its view selects from a typed empty relation, so queries work on an empty store.
+
+DuckDB lets one process write a database file, or several read it, never both: every connection this
+store opens is taken under one ``filelock`` (``<home>/results.duckdb.lock``), so the flow's processes and the
+``rlhf results`` CLI wait their turn instead of failing. A client outside this store (an interactive
+``duckdb results.duckdb``) does not take that lock: while it holds the file, view refreshes are deferred
+(the parquet files are already safe) and queries fail with DuckDB's error.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import logging
 
 import duckdb
+import filelock
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from rlhf_core.atomic import atomic_write
 
 TABLES: dict[str, dict[str, str]] = {
     "samples": {
@@ -78,8 +84,8 @@ DERIVED_VIEWS: dict[str, str] = {
 }
 logger = logging.getLogger(__name__)
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-_LOCK_RETRIES = 50
-_LOCK_SLEEP_S = 0.1
+# the longest wait for another connection of this store (a long query of the results CLI)
+_LOCK_TIMEOUT_S = 60.0
 
 
 def prompt_id(prompt: str | None, data_source: str | None) -> str:
@@ -98,27 +104,9 @@ def _check_name(kind: str, value: str) -> str:
 
 
 def _atomic_write(table: pa.Table, dest: Path) -> None:
-    """Write ``table`` to ``dest`` through a temporary sibling and an atomic rename."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _with_lock_retry(fn):
-    """Run ``fn()``, retrying while another process briefly holds the DuckDB file lock."""
-    for attempt in range(_LOCK_RETRIES):
-        try:
-            return fn()
-        except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or attempt == _LOCK_RETRIES - 1:
-                raise
-            time.sleep(_LOCK_SLEEP_S)
-    raise AssertionError("unreachable")
+    """Write ``table`` to ``dest`` atomically (:func:`rlhf_core.atomic.atomic_write`)."""
+    with atomic_write(dest) as fh:
+        pq.write_table(table, fh)
 
 
 class ResultsStore:
@@ -136,6 +124,10 @@ class ResultsStore:
             (self.root / table).mkdir(parents=True, exist_ok=True)
         self._globbed: dict[str, bool] = {}
         self.refresh_views(strict=False)
+
+    def _db_lock(self) -> filelock.FileLock:
+        """The lock every connection of this store to ``db_path`` is opened under (one at a time, any process)."""
+        return filelock.FileLock(f"{self.db_path}.lock", timeout=_LOCK_TIMEOUT_S)
 
     # ----------------------------------------------------------------- views
     def _glob(self, table: str) -> str:
@@ -156,33 +148,31 @@ class ResultsStore:
         """(Re)create the three views in the database file with a brief write connection.
 
         Args:
-            strict: raise when the file stays locked; otherwise log a warning and return
-                False (the parquet files are safe either way; views are refreshed next time).
+            strict: raise when the database cannot be opened for writing; otherwise log a warning and
+                return False (the parquet files are safe either way; views are refreshed next time).
 
         Returns:
             True when the views were written.
 
         Raises:
-            duckdb.IOException: ``strict`` and the file stays locked by another process ~5 s.
+            filelock.Timeout: ``strict`` and another connection of this store kept the lock ``_LOCK_TIMEOUT_S``.
+            duckdb.IOException: ``strict`` and a client outside this store holds the database file.
         """
         state = {t: self._has_files(t) for t in TABLES}
-
-        def _do() -> None:
-            con = duckdb.connect(str(self.db_path))
-            try:
-                for table, globbed in state.items():
-                    con.execute(self._view_sql(table, globbed))
-                for name, body in DERIVED_VIEWS.items():
-                    try:
-                        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
-                    except duckdb.BinderException as exc:  # a store too old for this view
-                        logger.warning("results: view %s not created (%s)", name, exc)
-            finally:
-                con.close()
-
         try:
-            _with_lock_retry(_do)
-        except duckdb.IOException as exc:
+            with self._db_lock():
+                con = duckdb.connect(str(self.db_path))
+                try:
+                    for table, globbed in state.items():
+                        con.execute(self._view_sql(table, globbed))
+                    for name, body in DERIVED_VIEWS.items():
+                        try:
+                            con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+                        except duckdb.BinderException as exc:  # a store too old for this view
+                            logger.warning("results: view %s not created (%s)", name, exc)
+                finally:
+                    con.close()
+        except (filelock.Timeout, duckdb.IOException) as exc:
             if strict:
                 raise
             logger.warning("results: views in %s not refreshed (%s); will retry", self.db_path, exc)
@@ -334,12 +324,12 @@ class ResultsStore:
             ``(column_names, rows)``.
 
         Raises:
-            duckdb.Error: the query is invalid.
+            duckdb.Error: the query is invalid, or a client outside this store holds the database file.
+            filelock.Timeout: another connection of this store kept the lock ``_LOCK_TIMEOUT_S``.
         """
         if any(self._has_files(t) and not self._globbed.get(t) for t in TABLES):
             self.refresh_views(strict=False)
-
-        def _do():
+        with self._db_lock():
             con = duckdb.connect(str(self.db_path), read_only=True)
             try:
                 rel = con.execute(query)
@@ -347,8 +337,6 @@ class ResultsStore:
                 return names, rel.fetchall()
             finally:
                 con.close()
-
-        return _with_lock_retry(_do)
 
     def sql_arrow(self, query: str) -> pa.Table:
         """Like :meth:`sql` but returns a ``pyarrow.Table``."""

@@ -1,14 +1,20 @@
 """The ``rlhf`` command: one entry point for the core (verl-style) and the results store.
 
 ``rlhf ppo key=value ...`` runs exactly like ``python -m verl.trainer.main_ppo key=value ...``.
+Every subcommand parses its arguments with ``argparse`` (``rlhf <command> --help``) and shows errors the same
+way (:mod:`rlhf_core.cli`): an input error (config, data, missing file) as one line with exit code 1, a bad
+command line with argparse's usage and exit code 2, anything else (a bug) with its traceback.
 Subcommands import their module lazily, so ``rlhf config check`` never imports torch's heavy parts,
 Ray or DuckDB. This package sits above the layers: it may import ``rlhf_core`` and ``infra``.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
+
+from rlhf_core.cli import run_command
 
 # subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -16,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sft": ("rlhf_core.trainer.main_sft", "main", "supervised fine-tuning (sft_trainer.yaml keys)"),
     "eval": ("rlhf_core.trainer.main_eval", "main", "score a responses parquet (evaluation.yaml keys)"),
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
-    "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k --local-dir DIR --out OUT"),
+    "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k|countdown --out OUT ..."),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
     "results": ("infra.results_cli", "main", "results store: rlhf results sql|compare|register|path"),
     "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),
@@ -31,6 +37,7 @@ TRACKED: dict[str, tuple[str, str]] = {"ppo": ("infra.manual_runs", "ppo_main"),
 def _usage() -> str:
     lines = ["usage: rlhf <command> [args]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
+    lines += ["", "rlhf <command> --help shows a command's arguments."]
     return "\n".join(lines)
 
 
@@ -42,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        import difflib
-
         near = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
@@ -51,15 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     module, func, _ = SUBCOMMANDS[name]
     if name in TRACKED and os.environ.get("RLHF_HOME"):
         module, func = TRACKED[name]
-    from rlhf_core.config.errors import ConfigError
-    from rlhf_core.data import DataError, RemoteUnavailableError
-
-    try:
-        return int(getattr(importlib.import_module(module), func)(rest) or 0)
-    except (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError) as exc:
-        # user-facing input errors: the message names the key, file or row; no traceback
-        print(f"rlhf {name}: error: {exc}", file=sys.stderr)
-        return 1
+    # every main already runs under run_command; this also covers a module imported with an input error
+    return run_command(f"rlhf {name}", lambda args: getattr(importlib.import_module(module), func)(args), rest)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -90,17 +90,22 @@ class Batch:
             dict(self.meta),
         )
 
-    def union(self, other: "Batch") -> "Batch":
-        """Merge ``other``'s fields into a new batch; a key in both must hold equal values."""
-        if len(self) and len(other) and len(self) != len(other):
-            raise ValueError(f"cannot union batches of size {len(self)} and {len(other)}")
-        tensors = dict(self.tensors)
-        for k, v in other.tensors.items():
-            if k in tensors and not torch.equal(tensors[k], v):
-                raise ValueError(f"union: tensor {k!r} differs between the two batches")
-            tensors[k] = v
-        non_tensors = {**self.non_tensors, **other.non_tensors}
-        return Batch(tensors, non_tensors, {**self.meta, **other.meta})
+    def merge(self, other: "Batch", source: str = "") -> "Batch":
+        """A new batch with every field of ``other`` added, or replacing this batch's field of the same name
+        (a worker's output overrides its input: the rollout's ``input_ids (B, P+T)`` replace the prompts'
+        ``(B, P)``); ``meta`` is merged the same way. Tensors and arrays are shared, not copied.
+
+        ``source`` names who produced ``other`` (``"critic compute_values"``) for the error.
+
+        Raises:
+            ValueError: when both batches have rows and their sizes differ (naming ``source`` when given).
+        """
+        if len(other) and len(self) and len(other) != len(self):
+            if source:
+                raise ValueError(f"{source} returned {len(other)} rows for a batch of {len(self)}")
+            raise ValueError(f"cannot merge a batch of {len(other)} rows into a batch of {len(self)}")
+        return Batch({**self.tensors, **other.tensors}, {**self.non_tensors, **other.non_tensors},
+                     {**self.meta, **other.meta})
 
     # ---- reshaping -------------------------------------------------------------------------------
     def index(self, idx: torch.Tensor | np.ndarray | Sequence[int] | slice) -> "Batch":

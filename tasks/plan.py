@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from infra.results import prompt_id
+from rlhf_core.atomic import atomic_write
+from rlhf_core.config import ConfigError, parse_value
 
 
 def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
@@ -33,12 +35,37 @@ def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
 
 
 def override_value(value: Any) -> str:
-    """Render a Python value as an OmegaConf dotted-override value (``[a,b]``, ``null``, ``True``)."""
+    """Render a Python value as a verl/Hydra override value (``[a,b]``, ``null``, ``True``); a string that Hydra's
+    grammar would not read back as itself (``~/x``, ``a,b``, ``#1``) is single-quoted with Hydra's escapes."""
     if value is None:
         return "null"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(override_value(v) for v in value) + "]"
-    return str(value)
+    text = str(value)
+    if isinstance(value, str):
+        try:
+            same = parse_value(text) == text
+        except ConfigError:
+            same = False
+        if not same:
+            return _hydra_quote(text)
+    return text
+
+
+def _hydra_quote(text: str) -> str:
+    # Hydra's quoted strings: a quote is escaped with a backslash, and so is a run of backslashes before one
+    out, run = [], 0
+    for ch in text:
+        if ch == "\\":
+            run += 1
+            continue
+        if ch == "'":
+            out.append("\\" * (2 * run) + "\\'")
+        else:
+            out.append("\\" * run + ch)
+        run = 0
+    out.append("\\" * (2 * run))  # backslashes before the closing quote
+    return "'" + "".join(out) + "'"
 
 
 def as_overrides(mapping: dict[str, Any]) -> list[str]:
@@ -269,10 +296,8 @@ def take_rows(src: str, dest: str, n: int | None) -> str:
     table = pq.read_table(src)
     if n and n > 0:
         table = table.slice(0, min(n, table.num_rows))
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(dest).with_name(f".{Path(dest).name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(dest)
+    with atomic_write(dest) as fh:
+        pq.write_table(table, fh)
     return dest
 
 
@@ -303,3 +328,30 @@ def questions_by_prompt_id(sample_paths: Iterable[str], val_file: str | None) ->
             if q and _squash(q) in _squash(row["prompt"]):
                 out[prompt_id(row["prompt"], row["data_source"])] = str(q)
     return out
+
+
+def validation_before_after(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The core validation metric at the first and the last step it was logged, from ``file``-sink rows
+    (``{"step", "name", "value"}``, all segments together).
+
+    The metric is ``val-core/<data_source>/acc/mean@N`` when a scorer reports ``acc`` (greedy accuracy with
+    ``val_kwargs.do_sample=False, n=1``), else ``val-core/<data_source>/reward/mean@N``; the first such name in
+    sorted order when there are several data sources.
+
+    Returns:
+        ``{"name", "before_step", "before", "after_step", "after", "gain"}``, or None when no core validation
+        metric was logged.
+    """
+    series: dict[str, dict[int, float]] = {}
+    for row in rows:
+        name = str(row.get("name", ""))
+        if name.startswith("val-core/") and ("/acc/mean@" in name or "/reward/mean@" in name):
+            series.setdefault(name, {})[int(row["step"])] = float(row["value"])
+    if not series:
+        return None
+    acc = sorted(n for n in series if "/acc/mean@" in n)
+    name = acc[0] if acc else sorted(series)[0]
+    points = series[name]
+    first, last = min(points), max(points)
+    return {"name": name, "before_step": first, "before": points[first], "after_step": last,
+            "after": points[last], "gain": points[last] - points[first]}

@@ -48,6 +48,9 @@ def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:
 
 
 def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
+    if p.get("task") == "countdown":  # generated from a fixed seed: the parameters are the whole input
+        return plan.inputs_key("prepare_data", [], task="countdown", train=p["train_prompts"],
+                               val=p["val_prompts"], home=p["ctx"]["home"])
     files = _gsm8k_files(p.get("gsm8k_dir"))
     if not files:  # hub download: no stable digest to key on
         return None
@@ -58,28 +61,37 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
 @task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_prepare_key, persist_result=True)
 def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
-                 ctx: dict[str, Any]) -> dict[str, str]:
-    """Preprocess GSM8K to the verl schema and cut the train/val subsets.
+                 ctx: dict[str, Any], task: str = "gsm8k") -> dict[str, str]:
+    """Preprocess GSM8K to the verl schema (or generate Countdown) and cut the train/val subsets.
 
     Args:
         gsm8k_dir: folder with ``train.jsonl``/``test.jsonl`` (or verl parquet); None → the hub.
-        train_prompts, val_prompts: rows kept from each split (first N; <=0 keeps all).
+        train_prompts, val_prompts: rows kept from each split (first N; <=0 keeps all). For ``countdown`` they
+            are the generated sizes (seed 0; <=0 → 20000 train, 500 test).
+        task: ``gsm8k`` or ``countdown`` (``rlhf_core.data.countdown``).
 
     Returns:
         ``{"train": path, "val": path, "train_sha256": hex, "val_sha256": hex, "run_id": str}``
         (``run_id``: this stage's MLflow run — on a cache hit, the run that produced it).
     """
+    from rlhf_core.data.countdown import generate_countdown
     from rlhf_core.data.gsm8k import preprocess_gsm8k
 
-    out = Path(ctx["home"]) / "data" / "gsm8k"
-    params = {"gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts}
+    if task not in ("gsm8k", "countdown"):
+        raise ValueError(f"unknown pipeline task {task!r}; known: ['gsm8k', 'countdown']")
+    out = Path(ctx["home"]) / "data" / task
+    params = {"task": task, "gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts}
     with stage("prepare_data", params, ctx) as run_id:
-        splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"))
+        if task == "countdown":
+            n_train, n_val = (train_prompts if train_prompts > 0 else 20000), (val_prompts if val_prompts > 0 else 500)
+            splits = generate_countdown(str(out / f"full_{n_train}_{n_val}"), n_train, n_val, seed=0)
+        else:
+            splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"))
         train = plan.take_rows(splits["train"], str(out / f"train_{train_prompts}.parquet"), train_prompts)
         val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}.parquet"), val_prompts)
         result = {"train": train, "val": val, "run_id": run_id}
-        result["train_sha256"] = lineage.log_dataset(run_id, train, "gsm8k_train", "training")
-        result["val_sha256"] = lineage.log_dataset(run_id, val, "gsm8k_val", "validation")
+        result["train_sha256"] = lineage.log_dataset(run_id, train, f"{task}_train", "training")
+        result["val_sha256"] = lineage.log_dataset(run_id, val, f"{task}_val", "validation")
     if gsm8k_dir:  # the next `rlhf pipeline` in this home finds the data without GSM8K_DIR
         remember("gsm8k_dir", str(Path(gsm8k_dir).resolve()), Path(ctx["home"]))
     return result

@@ -1,5 +1,8 @@
 """Pure tensor RL math (no I/O, no Ray/Prefect/MLflow/vLLM): advantage estimators, policy/value losses,
-loss aggregation, KL estimators and controllers, rollout importance sampling.
+loss aggregation, KL estimators and controllers, rollout importance sampling, PF-PPO resampling.
+
+Importing the package registers every estimator and policy loss (the ``advantages_outcome``, ``policy_loss_seq``
+and ``policy_loss_cov`` modules register theirs on import).
 
 Names follow verl's ``core_algos`` so custom code ports by changing the import.
 """
@@ -17,6 +20,11 @@ from rlhf_core.algos.advantages import (
     register_adv_est,
     registered_adv_estimators,
 )
+from rlhf_core.algos.advantages_outcome import (  # registers opo, grpo_passk, gpg
+    compute_gpg_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+)
 from rlhf_core.algos.kl import KL_KINDS, kl_penalty, kl_penalty_full
 from rlhf_core.algos.kl_controller import (
     AdaptiveKLController,
@@ -29,8 +37,19 @@ from rlhf_core.algos.policy_loss import (
     compute_policy_loss,
     compute_value_loss,
     get_policy_loss_fn,
+    policy_loss_scalars,
     register_policy_loss,
 )
+from rlhf_core.algos.policy_loss_cov import (  # registers clip_cov, kl_cov
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_kl_cov,
+)
+from rlhf_core.algos.policy_loss_seq import (  # registers gspo, gpg, geo_mean
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+)
+from rlhf_core.algos.pf_ppo import PF_PPO_REWEIGHT_METHODS, pf_ppo_resample_indices, pf_ppo_weights
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import (
     entropy_from_logits,
@@ -42,6 +61,10 @@ from rlhf_core.algos.utils import (
 )
 
 __all__ = [
+    "PF_PPO_REWEIGHT_METHODS", "compute_gpg_outcome_advantage", "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage", "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg", "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "pf_ppo_resample_indices",
+    "pf_ppo_weights", "policy_loss_scalars",
     "AdaptiveKLController", "FixedKLController", "KL_KINDS", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",
     "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
     "compute_policy_loss", "compute_reinforce_plus_plus_baseline_outcome_advantage",

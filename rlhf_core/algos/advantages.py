@@ -13,6 +13,7 @@ float32, exactly 0 at masked positions, computed without gradient. Semantics: ``
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -25,25 +26,11 @@ AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 _ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("adv_estimator")
 
 
-def register_adv_est(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator registering an estimator under ``name`` (the config's ``algorithm.adv_estimator``).
-
-    Raises:
-        ValueError: when ``name`` is already registered.
-    """
-    return _ADV_ESTIMATORS.register(name)
-
-
-def get_adv_estimator(name: str) -> AdvEstimator:
-    """The estimator registered under ``name``.
-
-    Raises:
-        ValueError: for an unknown name, listing the registered ones.
-    """
-    return _ADV_ESTIMATORS.get(name)
-
-
-get_adv_estimator_fn = get_adv_estimator  # verl's name
+# verl's names: ``@register_adv_est(name)`` adds an estimator under ``algorithm.adv_estimator`` (ValueError on a
+# taken name); ``get_adv_estimator(name)`` returns it (ValueError naming the registered ones for an unknown name)
+register_adv_est = _ADV_ESTIMATORS.register
+get_adv_estimator = _ADV_ESTIMATORS.get
+get_adv_estimator_fn = get_adv_estimator
 
 
 def registered_adv_estimators() -> list[str]:
@@ -106,77 +93,76 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return seq_adv.float().unsqueeze(-1) * (mask != 0).float()
 
 
-def _grpo(rewards, mask, index, epsilon, norm_by_std, stats_fn):
+def _group_outcome(rewards, mask, index, stats_fn, advantage):
+    """Outcome advantage from group statistics: ``s = Σ_t rewards (B,)``, ``advantage(s, mean, std, size)`` in
+    float64 (each ``(B,)``, the statistics of the row's group), exactly 0 in a group of equal scores, broadcast to
+    the valid tokens; returns = advantages."""
     scores = rewards.float().sum(dim=-1)
-    mean, std, _, const = stats_fn(scores, index)
-    centered = scores.double() - mean
-    adv = centered / (std + epsilon) if norm_by_std else centered
+    mean, std, size, const = stats_fn(scores, index)
+    adv = advantage(scores.double(), mean, std, size)
     adv = torch.where(const, torch.zeros_like(adv), adv)
     a = _broadcast(adv, mask)
     return _finish(a, a, mask)
+
+
+def _vectorized(estimator: AdvEstimator, name: str) -> AdvEstimator:
+    """Register ``estimator`` again under ``name`` with its group statistics by bincount/scatter
+    (:func:`group_stats_vectorized`) instead of a loop over groups: the same numbers, tested against each other."""
+    fast = functools.partial(estimator, group_stats=group_stats_vectorized)
+    fast.__doc__ = f"{estimator.__name__} with group statistics by bincount/scatter; same numbers."
+    return register_adv_est(name)(fast)
 
 
 @register_adv_est("grpo")
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
-    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, **kwargs: Any,
+    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, group_stats: Callable = group_stats_loop,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300, §4.1.2): A_i = (s_i − mean_g)/(std_g + ε).
 
     s_i = Σ_t rewards; std is unbiased; ``norm_adv_by_std_in_grpo=False`` gives A = s − mean_g (Dr. GRPO).
     A group of one has mean 0, std 1. A group whose scores are equal up to float rounding gets A = 0
     exactly (verl would divide rounding noise by ε). A is broadcast to valid tokens; returns = A.
+    ``group_stats``: how the per-group statistics are computed (``grpo_vectorized`` passes the vectorized one).
 
     Returns: ``(advantages, returns)`` ``(B, T)`` float32.
     """
-    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, group_stats_loop)
+    def advantage(scores, mean, std, _size):
+        centered = scores - mean
+        return centered / (std + epsilon) if norm_adv_by_std_in_grpo else centered
+
+    return _group_outcome(token_level_rewards, response_mask, index, group_stats, advantage)
 
 
-@register_adv_est("grpo_vectorized")
-@torch.no_grad()
-def compute_grpo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
-    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO with group statistics by bincount/scatter; same numbers as ``grpo``."""
-    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, group_stats_vectorized)
+compute_grpo_vectorized_outcome_advantage = _vectorized(compute_grpo_outcome_advantage, "grpo_vectorized")
 
 
-def _rloo(rewards, mask, index, stats_fn):
-    scores = rewards.float().sum(dim=-1)
-    mean, _, size, const = stats_fn(scores, index)
+def _rloo_advantage(scores, mean, _std, size):
     if bool((size < 2).any()):
         raise ValueError("rloo needs at least 2 samples per prompt (actor_rollout_ref.rollout.n >= 2); "
                          "a group has only 1")
     n = size.double()
-    adv = n / (n - 1) * (scores.double() - mean)
-    adv = torch.where(const, torch.zeros_like(adv), adv)
-    a = _broadcast(adv, mask)
-    return _finish(a, a, mask)
+    return n / (n - 1) * (scores - mean)
 
 
 @register_adv_est("rloo")
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
+    group_stats: Callable = group_stats_loop, **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740, eq. 6): A_i = s_i − mean of the other samples of the group
-    = n/(n−1)·(s_i − mean_g). Broadcast to valid tokens; returns = A.
+    = n/(n−1)·(s_i − mean_g). Broadcast to valid tokens; returns = A. ``group_stats`` as for ``grpo``.
 
     Raises: ValueError when a group has a single sample (n = 1 is a config error).
     Returns: ``(advantages, returns)`` ``(B, T)`` float32.
     """
-    return _rloo(token_level_rewards, response_mask, index, group_stats_loop)
+    return _group_outcome(token_level_rewards, response_mask, index, group_stats, _rloo_advantage)
 
 
-@register_adv_est("rloo_vectorized")
-@torch.no_grad()
-def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO with group statistics by bincount/scatter; same numbers as ``rloo``."""
-    return _rloo(token_level_rewards, response_mask, index, group_stats_vectorized)
+compute_rloo_vectorized_outcome_advantage = _vectorized(compute_rloo_outcome_advantage, "rloo_vectorized")
 
 
 @register_adv_est("reinforce_plus_plus")

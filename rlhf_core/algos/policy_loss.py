@@ -1,12 +1,16 @@
 """PPO policy loss (clipped, dual-clip) and clipped value loss, with a policy-loss registry.
 
-The registry is keyed by verl's ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla``); every
-entry has the signature of :func:`compute_policy_loss`. Metrics are returned as 0-d *detached* float32
+The registry is keyed by verl's ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla`` here; ``gspo``,
+``gpg``, ``geo_mean`` in ``policy_loss_seq``, ``clip_cov``, ``kl_cov`` in ``policy_loss_cov``). Every entry takes
+the four ``(B, T)`` tensors ``old_log_prob, log_prob, advantages, response_mask`` positionally and everything else
+by keyword (``loss_agg_mode``, the clip ratios, the ``policy_loss.*`` scalars, ``rollout_is_weights``,
+``global_tokens``, ``global_seqs``), ignoring keywords it does not use: :func:`policy_loss_scalars` gives the
+scalars from the actor config, so the actor calls every loss the same way. Metrics are returned as 0-d *detached* float32
 tensors (no device sync inside the micro-batch loop); call ``float()`` / ``.item()`` when logging.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -18,22 +22,22 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 _POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss_mode")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (``policy_loss.loss_mode``).
-
-    Raises:
-        ValueError: when ``name`` is already registered.
-    """
-    return _POLICY_LOSSES.register(name)
+# ``@register_policy_loss(name)`` adds a loss under ``policy_loss.loss_mode`` (ValueError on a taken name);
+# ``get_policy_loss_fn(name)`` returns it (ValueError naming the registered ones for an unknown name)
+register_policy_loss = _POLICY_LOSSES.register
+get_policy_loss_fn = _POLICY_LOSSES.get
 
 
-def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """The policy loss registered under ``name``.
-
-    Raises:
-        ValueError: for an unknown name, listing the registered ones.
-    """
-    return _POLICY_LOSSES.get(name)
+def policy_loss_scalars(actor_config: Any) -> dict[str, float]:
+    """The scalar keywords every policy loss is called with, read from ``actor_rollout_ref.actor``:
+    ``clip_ratio_low`` / ``clip_ratio_high`` (null → ``clip_ratio``, as verl), ``clip_ratio_c`` and the
+    ``policy_loss`` block's ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``, ``kl_cov_ratio``, ``ppo_kl_coef``."""
+    clip, low, high = actor_config.clip_ratio, actor_config.clip_ratio_low, actor_config.clip_ratio_high
+    pl = actor_config.policy_loss
+    return {"clip_ratio_low": float(clip if low is None else low), "clip_ratio_high": float(clip if high is None else high),
+            "clip_ratio_c": float(actor_config.clip_ratio_c), "clip_cov_ratio": float(pl.clip_cov_ratio),
+            "clip_cov_lb": float(pl.clip_cov_lb), "clip_cov_ub": float(pl.clip_cov_ub),
+            "kl_cov_ratio": float(pl.kl_cov_ratio), "ppo_kl_coef": float(pl.ppo_kl_coef)}
 
 
 @register_policy_loss("vanilla")
@@ -49,6 +53,7 @@ def compute_policy_loss(
     rollout_is_weights: torch.Tensor | None = None,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) with dual clip (Ye et al. 2020,
     arXiv:1912.09729, eq. 5); verl ``compute_policy_loss_vanilla``.

@@ -6,8 +6,11 @@ import argparse
 import sys
 import warnings
 
+from rlhf_core.cli import run_command
+
 from .errors import ConfigError
 from .loader import CONFIG_NAMES, load_config, resolved_yaml
+from .notices import ConfigNotice, engine_errors
 from .validate import validate_ppo_config, validate_sft_config
 
 
@@ -23,17 +26,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run `rlhf config ...` with ``argv`` (without the leading 'config'); return the exit code.
 
-    0 = valid (show also prints the resolved YAML to stdout); 1 = invalid config (the error,
-    naming the key, goes to stderr); 2 = bad command line (argparse).
+    0 = valid (show also prints the resolved YAML to stdout); 1 = invalid config (one line naming the key on
+    stderr), or, for check, a rollout engine (``rollout.name``) whose package is not importable here; 2 = bad
+    command line (argparse). Keys that will change nothing are listed as "Notice:" lines on stderr. See
+    :mod:`rlhf_core.cli`.
     """
-    try:
+    def command(argv: list[str]) -> int:
         args = _parser().parse_intermixed_args(argv)
-    except SystemExit as exc:  # argparse exits on --help / usage errors
-        return int(exc.code or 0)
-    try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DeprecationWarning)
             cfg = load_config(args.config_name, args.overrides, args.config_dir)
@@ -41,17 +43,19 @@ def main(argv: list[str]) -> int:
                 validate_ppo_config(cfg, args.world_size)
             elif args.world_size is not None and "optim" in cfg:
                 validate_sft_config(cfg, args.world_size)
-    except ConfigError as exc:
-        print(f"Config error: {exc}", file=sys.stderr)
-        return 1
-    for w in caught:
-        print(f"Warning: {w.message}", file=sys.stderr)
-    if args.action == "show":
-        sys.stdout.write(resolved_yaml(cfg))
-    else:
-        print(f"OK: {args.config_name} is valid", file=sys.stderr)
-    return 0
+            if args.action == "check" and engine_errors(cfg):
+                raise ConfigError(engine_errors(cfg)[0])
+        for w in caught:
+            kind = "Notice" if issubclass(w.category, ConfigNotice) else "Warning"
+            print(f"{kind}: {w.message}", file=sys.stderr)
+        if args.action == "show":
+            sys.stdout.write(resolved_yaml(cfg))
+        else:
+            print(f"OK: {args.config_name} is valid", file=sys.stderr)
+        return 0
+
+    return run_command("rlhf config", command, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

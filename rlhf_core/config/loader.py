@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -11,8 +12,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
+from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
 from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
+from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
@@ -50,6 +53,20 @@ def load_base(name: str, config_dir: str | None = None) -> DictConfig:
     return OmegaConf.load(path)
 
 
+def _drop_targets(node: DictConfig) -> DictConfig:
+    """``node`` without verl's ``_target_`` entries (dataclass hints for Hydra's instantiate: accepted, ignored)."""
+    plain = OmegaConf.to_container(node, resolve=False)
+
+    def strip(d):
+        return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if k != "_target_"}
+    return OmegaConf.create(strip(plain))
+
+
+def _is_target(override: str) -> bool:
+    """True for an override of a ``_target_`` entry (``a.b._target_=...``, ``+a._target_=...``)."""
+    return override.lstrip("+~").split("=", 1)[0].strip().rsplit(".", 1)[-1] == "_target_"
+
+
 def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig, DictConfig]:
     """(kind, base, cfg): a shipped name, or a user YAML file merged over the shipped config it extends."""
     if name in CONFIG_NAMES:
@@ -62,6 +79,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
         user = OmegaConf.load(path)
     except (OmegaConfBaseException, OSError, ValueError) as exc:
         raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    user = _drop_targets(user)
     kind = _kind_of(user, path)
     base = load_base(kind, config_dir)
     known = set(all_paths(base))
@@ -80,13 +98,19 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``name``: "ppo_trainer", "sft_trainer", "evaluation" (from ``config_dir``, default the repo's
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
-    ``data.max_prompt_length=256``). Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
+    ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are
+    ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
-    real one. Returns a resolved DictConfig in struct mode. Raises ConfigError (a ValueError).
+    real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
+    notices.py). Each key set to a value that changes nothing here gets one ConfigNotice warning naming the
+    key and why. Returns a resolved, complete, typed DictConfig in struct mode backed by the
+    dataclasses of ``structured.schema_class(kind)``. Raises ConfigError (a ValueError).
     """
     kind, base, cfg = _load_unresolved(name, config_dir)
-    apply_overrides(cfg, overrides)
+    apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
+    user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
+    resolve_aliases(cfg, base)
     if kind in ("ppo_trainer", "sft_trainer"):
         try:
             convert_deprecated(cfg, sft=kind == "sft_trainer")
@@ -97,15 +121,41 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         OmegaConf.resolve(base)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
-    errors = check_schema(cfg, base, sft=kind == "sft_trainer")
+    errors = check_schema(cfg, base, sft=kind == "sft_trainer") + _shape_errors(kind, cfg, overrides)
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
-    if kind == "ppo_trainer":
+    if kind == "ppo_trainer":  # on the user's values, so messages quote them as typed (1, not 1.0)
         validate_ppo_config(cfg)
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
-    OmegaConf.set_struct(cfg, True)
-    return cfg
+    for notice in effect_notices(cfg, user_set, kind):
+        warnings.warn(notice, ConfigNotice, stacklevel=2)
+    return to_typed(kind, cfg)
+
+
+def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """Keys added with '+' that the schema lacks, and schema keys deleted with '~'.
+
+    A loaded config holds exactly the schema's keys (free-form dicts such as override_config take
+    any sub-key), so a new key goes into configs/<kind>.yaml with its default, and a key cannot be
+    deleted: set it (to null where the key allows it) instead.
+    """
+    schema = schema_paths(kind)
+    have = set(flatten(cfg, resolve=False))
+    errors = []
+    known = all_paths(typed_defaults(kind))
+    for key in sorted(have - schema):
+        if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
+            errors.append(str(unknown_key_error(key, known, f" It is not a key of configs/{kind}.yaml: add it "
+                                                            f"there with its default to make it a config key.")))
+    for key in sorted(schema - have):
+        if not any(h.startswith(key + ".") for h in have):
+            given = [o for o in overrides if o.lstrip("~").partition("=")[0] in
+                     {".".join(key.split(".")[: i + 1]) for i in range(key.count(".") + 1)}]
+            how = f" (override {given[0]!r})" if given else ""
+            errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of configs/{kind}.yaml; "
+                          f"set it instead (e.g. {key}=null where null is allowed).")
+    return errors
 
 
 def resolved_yaml(cfg: DictConfig) -> str:

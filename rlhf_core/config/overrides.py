@@ -1,34 +1,45 @@
-"""verl / Hydra command-line overrides: ``a.b=v``, ``+a.new=v``, ``++a.b=v``, ``~a.b``.
+"""verl / Hydra command-line overrides: ``a.b=v``, ``+a.new=v``, ``++a.b=v``, ``~a.b``, through Hydra's own parser.
 
-A small parser for the subset of Hydra's override grammar that verl users type (hydra-core is not
-a dependency). Values: ``null``, ``true``/``false`` (any case), ints, floats (``1e-6``, ``.5``,
-``inf``), quoted strings, lists ``[a,b]``, dicts ``{k: v}``, interpolations ``${data.x}`` (kept as
-interpolations and resolved later), anything else is a string. An unquoted top-level comma is a
-Hydra sweep (``a=1,2``) and is rejected, as Hydra does without ``--multirun``.
+verl reads its command line with Hydra, so an override means here exactly what it means there: the text is
+parsed by ``hydra.core.override_parser.overrides_parser.OverridesParser`` (Hydra's ANTLR grammar: quoting,
+escapes such as ``a\\,b``, ``null``/``true``/numbers, lists ``[a,b]``, dicts ``{k: v}``, interpolations
+``${data.x}`` kept for later resolution, casts like ``int(3.0)``) and applied to the config with the rules of
+Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` (see :func:`apply_overrides`). What is ours: the errors
+(an unknown key names the nearest known keys), free-form dicts (``schema.OPEN_PATHS``, e.g.
+``custom_reward_function.reward_kwargs={format_score: 0.1}``) taking new sub-keys without ``+``, and refusing a sweep (``a=1,2``, which needs ``--multirun``) or a
+config-group package (``a@pkg=v``) with one line that says what to write instead.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .errors import ConfigError
-from .schema import all_paths, unknown_key_error
+from .schema import OPEN_PATHS, all_paths, is_open, unknown_key_error
 
-_KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?((\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?|\d+\.?\d*[eE][+-]?\d+)$")
-_NONFINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_OPS = {OverrideType.CHANGE: "set", OverrideType.ADD: "add", OverrideType.FORCE_ADD: "force",
+        OverrideType.DEL: "delete"}
+_PARSER: OverridesParser | None = None
+
+
+def _parser() -> OverridesParser:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = OverridesParser.create()
+    return _PARSER
 
 
 @dataclass(frozen=True)
 class Override:
-    """One parsed override. ``op``: set | add (``+``) | force (``++``) | delete (``~``)."""
+    """One parsed override. ``op``: set | add (``+``) | force (``++``) | delete (``~``); ``has_value`` is False for
+    a delete without a value to check (``~a.b``, or ``~a.b=null`` as in Hydra)."""
 
     op: str
     key: str
@@ -37,191 +48,78 @@ class Override:
     text: str = ""
 
 
-class _ValueParser:
-    """Recursive-descent parser for one override value."""
+def parse_override(text: str) -> Override:
+    """Parse ``text`` (``[+|++|~]dotted.key[=value]``) with Hydra's override grammar into an Override.
 
-    def __init__(self, text: str, origin: str):
-        self.s, self.i, self.origin = text, 0, origin
-
-    def fail(self, why: str) -> ConfigError:
-        return ConfigError(f"Cannot parse override '{self.origin}': {why} (at character {self.i} of the value)")
-
-    def ws(self) -> None:
-        while self.i < len(self.s) and self.s[self.i] in " \t":
-            self.i += 1
-
-    def parse_top(self) -> Any:
-        if self.s.strip() == "":
-            return ""
-        value = self.element(top=True)
-        self.ws()
-        if self.i < len(self.s):
-            if self.s[self.i] == ",":
-                raise ConfigError(
-                    f"Ambiguous value in override '{self.origin}': an unquoted ',' is a Hydra sweep, which is "
-                    f"not supported. Use brackets for a list (key=[a,b]) or quotes for a string (key='a,b').")
-            raise self.fail(f"unexpected '{self.s[self.i:]}'")
-        return value
-
-    def element(self, top: bool = False) -> Any:
-        self.ws()
-        if self.i >= len(self.s):
-            raise self.fail("missing value")
-        c = self.s[self.i]
-        if c == "[":
-            return self.sequence()
-        if c == "{" and not self.s.startswith("${", self.i):
-            return self.mapping()
-        if c in "'\"":
-            return self.quoted()
-        return _convert(self.bare(stops=",]}" if not top else ","))
-
-    def sequence(self) -> list:
-        self.i += 1
-        items: list = []
-        self.ws()
-        if self.s.startswith("]", self.i):
-            self.i += 1
-            return items
-        while True:
-            items.append(self.element())
-            self.ws()
-            if self.s.startswith(",", self.i):
-                self.i += 1
-            elif self.s.startswith("]", self.i):
-                self.i += 1
-                return items
-            else:
-                raise self.fail("expected ',' or ']' in a list")
-
-    def mapping(self) -> dict:
-        self.i += 1
-        out: dict = {}
-        self.ws()
-        if self.s.startswith("}", self.i):
-            self.i += 1
-            return out
-        while True:
-            self.ws()
-            key = self.bare(stops=":").strip()
-            if not self.s.startswith(":", self.i) or not key:
-                raise self.fail("expected 'key: value' in a dict")
-            self.i += 1
-            out[key] = self.element()
-            self.ws()
-            if self.s.startswith(",", self.i):
-                self.i += 1
-            elif self.s.startswith("}", self.i):
-                self.i += 1
-                return out
-            else:
-                raise self.fail("expected ',' or '}' in a dict")
-
-    def quoted(self) -> str:
-        quote, self.i = self.s[self.i], self.i + 1
-        out = []
-        while self.i < len(self.s):
-            c = self.s[self.i]
-            if c == "\\" and self.i + 1 < len(self.s) and self.s[self.i + 1] in (quote, "\\"):
-                out.append(self.s[self.i + 1])
-                self.i += 2
-                continue
-            if c == quote:
-                self.i += 1
-                return "".join(out)
-            out.append(c)
-            self.i += 1
-        raise self.fail("unterminated quoted string")
-
-    def bare(self, stops: str) -> str:
-        start, depth = self.i, 0
-        while self.i < len(self.s):
-            if self.s.startswith("${", self.i):
-                depth += 1
-                self.i += 2
-                continue
-            c = self.s[self.i]
-            if depth and c == "}":
-                depth -= 1
-            elif not depth and c in stops:
-                break
-            self.i += 1
-        if depth:
-            raise self.fail("unterminated interpolation '${'")
-        return self.s[start:self.i].strip()
-
-
-def _convert(token: str) -> Any:
-    low = token.lower()
-    if low == "null":
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    if _INT.match(token):
-        return int(token)
-    if _FLOAT.match(token):
-        return float(token)
-    if low in _NONFINITE:
-        return _NONFINITE[low]
-    return token
+    Raises ConfigError naming the override when Hydra cannot parse it, when it is a sweep (``a=1,2``) or a
+    config-group package override (``a@pkg=v``).
+    """
+    try:
+        parsed = _parser().parse_override(text.strip())
+    except HydraException as exc:  # OverrideParseException and the grammar errors under it
+        raise ConfigError(f"Cannot parse override '{text}': {exc}") from exc
+    key = parsed.key_or_group
+    if parsed.is_sweep_override():
+        raise ConfigError(
+            f"Ambiguous value in override '{text}': an unquoted ',' (or a sweep function) is a Hydra sweep, which "
+            "is not supported. Use brackets for a list (key=[a,b]) or quotes for a string (key='a,b').")
+    if parsed.package is not None:
+        raise ConfigError(f"Override '{text}' looks like a config-group override ('{key}@{parsed.package}'); "
+                          f"this config has no config groups: write '{key}=...'")
+    value = parsed.value()
+    return Override(_OPS[parsed.type], key, value, value is not None or parsed.type != OverrideType.DEL, text)
 
 
 def parse_value(text: str, origin: str = "") -> Any:
-    """Parse an override's right-hand side into a python value (see the module docstring).
+    """Parse an override's right-hand side into a python value, as Hydra does for ``key=<text>``.
 
-    Raises ConfigError on malformed brackets/quotes or an unquoted top-level comma.
+    Raises ConfigError (naming ``origin``, default ``text``) on what :func:`parse_override` refuses.
     """
-    return _ValueParser(text, origin or text).parse_top()
+    try:
+        return parse_override(f"key={text}").value
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("'key=" + text + "'", f"'{origin or text}'")) from exc
 
 
-def parse_override(text: str) -> Override:
-    """Split ``text`` (``[+|++|~]dotted.key[=value]``) into an Override.
-
-    Raises ConfigError when the key is malformed or a set/add override has no '='.
-    """
-    op, body = "set", text.strip()
-    for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
-        if body.startswith(prefix):
-            op, body = name, body[len(prefix):]
-            break
-    key, eq, raw = body.partition("=")
-    key = key.strip()
-    if not _KEY.match(key):
-        raise ConfigError(f"Invalid override '{text}': '{key}' is not a dotted config key (expected a.b.c=value)")
-    if not eq:
-        if op != "delete":
-            raise ConfigError(f"Invalid override '{text}': missing '=value' (use ~{key} to delete a key)")
-        return Override(op, key, None, False, text)
-    return Override(op, key, parse_value(raw, text), True, text)
-
-
-def _lookup(container: dict, key: str) -> tuple[bool, Any]:
-    node: Any = container
+def _exists(cfg: DictConfig, key: str) -> bool:
+    node: Any = cfg
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node._get_node(part)
+    return True
 
 
 def _apply_one(cfg: DictConfig, ov: Override) -> None:
-    exists, current = _lookup(OmegaConf.to_container(cfg, resolve=False), ov.key)
+    """One override with Hydra's rules (``ConfigLoaderImpl._apply_overrides_to_config``): a set merges into the
+    existing value; ``+`` is allowed where the current value is null or missing, or the value is a dict or list
+    (then merged); ``++`` always sets (merging); ``~`` needs a non-null current value, equal to the given one."""
+    current = OmegaConf.select(cfg, ov.key, throw_on_missing=False)
     if ov.op == "set":
-        if not exists:
+        try:
+            if ov.key in OPEN_PATHS or is_open(ov.key):  # ours: a free-form dict takes new sub-keys without '+'
+                with open_dict(cfg):
+                    OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+            else:
+                OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+        except (ConfigAttributeError, ConfigKeyError) as exc:
+            if _exists(cfg, ov.key):  # a dict value with keys the existing dict lacks (Hydra refuses it too)
+                raise ConfigError(f"Could not override '{ov.key}' (override '{ov.text}'): {exc}. To add keys to "
+                                  f"it use '+{ov.text}'") from exc
             raise unknown_key_error(ov.key, all_paths(cfg),
-                                    f" (override '{ov.text}'; use '+{ov.key}=...' to add a new key)")
-        OmegaConf.update(cfg, ov.key, ov.value, merge=False)
+                                    f" (override '{ov.text}'; use '+{ov.key}=...' to add a new key)") from exc
     elif ov.op == "add":
-        if exists:
+        if current is not None and not isinstance(ov.value, (dict, list)):
             raise ConfigError(f"Could not append to config: an item is already at '{ov.key}' (override "
                               f"'{ov.text}'). Use '{ov.key}=...' to change it or '++{ov.key}=...' to force.")
-        with open_dict(cfg):
-            OmegaConf.update(cfg, ov.key, ov.value, merge=False)
+        OmegaConf.update(cfg, ov.key, ov.value, merge=True, force_add=True)
     elif ov.op == "force":
-        with open_dict(cfg):
-            OmegaConf.update(cfg, ov.key, ov.value, merge=False)
+        OmegaConf.update(cfg, ov.key, ov.value, merge=True, force_add=True)
     else:
-        if not exists:
+        if current is None:
+            if _exists(cfg, ov.key):
+                raise ConfigError(f"Could not delete '{ov.key}' (override '{ov.text}'): its value is null, which "
+                                  f"Hydra (and so verl) treats as absent; set it instead ('{ov.key}=...').")
             raise unknown_key_error(ov.key, all_paths(cfg), f" (override '{ov.text}': nothing to delete)")
         if ov.has_value and current != ov.value:
             raise ConfigError(f"Could not delete '{ov.key}' (override '{ov.text}'): its value is {current!r}, "
@@ -235,10 +133,11 @@ def _apply_one(cfg: DictConfig, ov: Override) -> None:
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Apply verl/Hydra overrides to ``cfg`` in order, in place, and return it.
 
-    ``a.b=v`` sets an existing key (an unknown key raises ConfigError naming the nearest valid one);
-    ``+a.b=v`` adds a new key (error if it exists, like Hydra); ``++a.b=v`` sets or adds;
-    ``~a.b`` / ``~a.b=v`` deletes (the key must exist; with a value, it must match).
-    Interpolations are left unresolved so they see later overrides. ``cfg`` is put in struct mode.
+    ``a.b=v`` sets an existing key, merging a dict into a dict (an unknown key raises ConfigError naming the
+    nearest valid one); ``+a.b=v`` adds a key (error if it holds a non-null value and ``v`` is not a dict or list,
+    like Hydra); ``++a.b=v`` sets or adds; ``~a.b`` / ``~a.b=v`` deletes (the key must hold a non-null value;
+    with a value, it must match). Interpolations are left unresolved so they see later overrides. ``cfg`` is put
+    in struct mode, as Hydra's composed config is.
     """
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of strings, not one string")

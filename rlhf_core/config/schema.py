@@ -11,10 +11,13 @@ verl's YAML, one comment per key). The schema is derived from it plus the small 
 * ``OPEN_PATHS``: free-form dicts whose sub-keys are not checked (HF config overrides, engine kwargs);
 * ``EFFECT``: keys accepted at any value whose effect is limited — ``NO_EFFECT_ON_CPU`` (acts on CUDA
   only) or ``NO_EFFECT_YET`` (read by nothing: an optimisation we do not have, same outputs). Every other
-  key is "supported", and tests/unit/test_config_key_effect.py checks that code reads it.
+  key is "supported", and tests/integration/test_config_reads_e2e.py checks that real runs read it by full path.
 
-This catches a typo (unknown key, wrong type, value outside an enum) exactly like a dataclass
-structured config would, without a second copy of every default that could drift from the YAML.
+The typed structured config (dataclasses registered with OmegaConf) is built from the YAML plus these tables
+by structured.py; a loaded config is that typed tree.
+
+This catches a typo (unknown key, wrong type, value outside an enum) with a message naming the key, before the
+values are merged into the typed config, and without a second copy of every default that could drift.
 """
 
 from __future__ import annotations
@@ -25,23 +28,31 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
+from .status06 import (BACKEND_VALUES, CHOICES06, EFFECT06, EFFECT_IN, NO_EFFECT_ON_CPU, NO_EFFECT_YET, OPEN06,
+                       SUPPORT06)
 
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 KL_TYPES = _KL + tuple(k + "+" for k in _KL if k != "full")
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                  "rloo", "rloo_vectorized", "grpo_vectorized", "remax")
+                  "rloo", "rloo_vectorized", "grpo_vectorized", "remax", "opo", "grpo_passk", "gpg")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean")
 LOGGERS = ("console", "mlflow", "tensorboard", "file", "wandb", "swanlab", "trackio")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 DTYPES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
 _SCHED = ("constant", "cosine")
 _A = "actor_rollout_ref."
 
+# Sections with a per-role ``profiler`` block (rlhf_core/workers/profiler.py).
+_PROFILED = (_A + "actor", _A + "ref", _A + "rollout", "critic", "reward_model")
+_PROFILER_TOOLS = ((None, "torch"), "the nsys (NVIDIA Nsight Systems), npu (Ascend) and torch_memory (CUDA memory "
+                                    "snapshot) profilers; tool torch writes torch.profiler traces")
 # Keys whose default is null or which accept several types: path -> allowed python types.
 _INT, _FLOAT, _STR = (int,), (int, float), (str,)
 TYPES: dict[str, tuple] = {
     "data.train_files": (str, list), "data.val_files": (str, list),
     "data.seed": _INT, "data.val_batch_size": _INT, "data.tokenizer": _STR, "data.custom_cls.path": _STR,
-    "data.custom_cls.name": _STR, "data.micro_batch_size": _INT,
+    "data.custom_cls.name": _STR, "data.micro_batch_size": _INT, "data.sampler.class_path": _STR,
+    "data.sampler.class_name": _STR, "data.datagen.path": _STR, "data.datagen.name": _STR,
     "data.prompt_dict_keys": (list, str), "data.response_dict_keys": (list, str),
     "data.chat_template": _STR, "trainer.logger": (list, str),
     _A + "model.external_lib": _STR, _A + "model.custom_chat_template": _STR,
@@ -53,7 +64,7 @@ TYPES: dict[str, tuple] = {
     _A + "actor.optim.lr_decay_steps": _INT, _A + "actor.optim.lr_wsd_decay_steps": _INT,
     "critic.ppo_micro_batch_size": _INT, "critic.ppo_micro_batch_size_per_gpu": _INT,
     "critic.forward_micro_batch_size": _INT, "critic.forward_micro_batch_size_per_gpu": _INT,
-    "critic.optim.min_lr_ratio": _FLOAT, "critic.model.external_lib": _STR,
+    "critic.optim.min_lr_ratio": _FLOAT, _A + "actor.optim.warmup_style": _STR, "critic.optim.warmup_style": _STR, "critic.model.external_lib": _STR,
     "reward_model.micro_batch_size": _INT, "reward_model.max_length": _INT,
     "reward_model.model.input_tokenizer": _STR, "reward_model.model.external_lib": _STR,
     "custom_reward_function.path": _STR, "algorithm.rollout_is_threshold": _FLOAT,
@@ -61,11 +72,16 @@ TYPES: dict[str, tuple] = {
     "trainer.validation_data_dir": _STR, "trainer.rollout_data_dir": _STR,
     "trainer.max_actor_ckpt_to_keep": _INT, "trainer.max_critic_ckpt_to_keep": _INT,
     "trainer.max_ckpt_to_keep": _INT, "trainer.stop_after_step": _INT,
+    "trainer.total_training_seconds": _FLOAT,
     "trainer.default_hdfs_dir": _STR, "trainer.resume_from_path": _STR,
     "ray_init.num_cpus": _INT, "ray_init.address": _STR, "ray_init.timeline_json_file": _STR,
     "output.samples_dir": _STR,
     _A + "model.target_modules": (str, list), "critic.model.target_modules": (str, list),
     "model.target_modules": (str, list), _A + "rollout.seed": _INT,
+    "critic.enable": (bool,),
+    _A + "rollout.over_sample_rate": _FLOAT, "global_profiler.tool": _STR, "global_profiler.steps": (list,),
+    "global_profiler.save_path": _STR,
+    **{p + ".profiler." + k: t for p in _PROFILED for k, t in (("tool", _STR), ("save_path", _STR))},
 }
 # Keys with a non-null default that may nevertheless be set to null (verl documents null for them).
 NULL_OK = {
@@ -86,13 +102,14 @@ CHOICES: dict[str, tuple] = {
     "algorithm.rollout_is_level": ("token", "sequence", "geometric"),
     _A + "actor.rollout_is_mode": ("truncate", "mask"), "algorithm.rollout_is_mode": ("truncate", "mask"),
     _A + "actor.optim.lr_scheduler_type": _SCHED, "critic.optim.lr_scheduler_type": _SCHED,
-    _A + "actor.optim.optimizer": ("adam", "adamw"), _A + "actor.policy_loss.loss_mode": ("vanilla",),
+    _A + "actor.optim.optimizer": ("adam", "adamw"), _A + "actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     _A + "model.fused_kernel_options.impl_backend": ("torch", "triton"),
     _A + "actor.fsdp_config.model_dtype": DTYPES, _A + "ref.fsdp_config.model_dtype": DTYPES,
     "critic.model.fsdp_config.model_dtype": DTYPES, "model.fsdp_config.model_dtype": DTYPES,
-    _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime"),
+    _A + "rollout.dtype": DTYPES + ("auto",), "reward_model.reward_manager": ("naive", "prime", "dapo"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"), "trainer.device": ("auto", "cpu", "cuda"),
     "optim.lr_scheduler": ("cosine", "wsd"),
+    "algorithm.pf_ppo.reweight_method": ("pow", "max_min", "max_random"),
 }
 SFT_CHOICES = {"data.truncation": ("error", "left", "right")}
 LIST_CHOICES: dict[str, tuple] = {
@@ -104,12 +121,13 @@ LIST_CHOICES: dict[str, tuple] = {
 
 _FSDP = ("fsdp", "fsdp2")
 _MEG = "Megatron-only optimizer key"
+_FSDP_ONLY = "only FSDP backends; Megatron is a backend this project does not have"
 # path -> (allowed values, why other values are refused)
 SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "hybrid_engine": ((True,), "only the hybrid engine is supported"),
-    _A + "actor.strategy": (_FSDP, "only FSDP backends"), _A + "ref.strategy": (_FSDP, "only FSDP backends"),
-    "critic.strategy": (_FSDP, "only FSDP backends"), "reward_model.strategy": (_FSDP, "only FSDP backends"),
-    "model.strategy": (_FSDP, "only FSDP backends"),
+    _A + "actor.strategy": (_FSDP, _FSDP_ONLY), _A + "ref.strategy": (_FSDP, _FSDP_ONLY),
+    "critic.strategy": (_FSDP, _FSDP_ONLY), "reward_model.strategy": (_FSDP, _FSDP_ONLY),
+    "model.strategy": (_FSDP, _FSDP_ONLY),
     _A + "model.override_config.moe_config.freeze_moe_router": ((False,), "Megatron only"),
     _A + "model.use_fused_kernels": ((False,), "fused kernels"),
     "reward_model.model.use_fused_kernels": ((False,), "fused kernels"),
@@ -136,9 +154,8 @@ SUPPORT: dict[str, tuple[tuple, str]] = {
     _A + "actor.optim.lr_wsd_decay_style": (("exponential",), _MEG),
     _A + "actor.optim.lr_wsd_decay_steps": ((None,), _MEG),
     _A + "actor.optim.use_checkpoint_opt_param_scheduler": ((False,), _MEG),
+    "global_profiler.tool": _PROFILER_TOOLS,
 }
-NO_EFFECT_ON_CPU = "no effect on CPU"
-NO_EFFECT_YET = "accepted, no effect yet"
 _ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already live in host memory"
 _COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
             "compiling costs more than it saves on a few cores")
@@ -179,9 +196,16 @@ EFFECT: dict[str, tuple[str, str]] = {
     "data.multiturn.enable_thinking_key": (NO_EFFECT_YET, "no per-row enable_thinking flag"),
     "data.balance_dp_token": (NO_EFFECT_YET, "ranks get equal sample counts"),
     "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
+    # found by tests/integration/test_config_reads_e2e.py: no code reads these
+    _A + "actor.optim.optimizer": (NO_EFFECT_YET, "adam and adamw both build torch.optim.AdamW"),
 }
 OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kwargs.vllm",
-              "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs")
+              "critic.model.override_config", "reward_model.reward_kwargs", "custom_reward_function.reward_kwargs",
+              "data.apply_chat_template_kwargs", *OPEN06)
+# verl 0.6.0's keys beyond the reference (rlhf_core/config/status06.py)
+SUPPORT.update(SUPPORT06)
+EFFECT.update(EFFECT06)
+CHOICES.update(CHOICES06)
 
 
 def is_open(path: str) -> bool:
@@ -233,11 +257,39 @@ def nearest_key(path: str, candidates: Iterable[str]) -> str | None:
     return leaves[hit[0]] if hit else None
 
 
+# A path component that names a backend we do not have -> that backend (for unknown keys of verl's other configs).
+FOREIGN_BACKENDS = {"megatron": "Megatron", "sglang": "sglang", "npu": "Ascend NPU",
+                    "nsys": "NVIDIA Nsight Systems (nsys)"}
+
+
+def nearest_keys(path: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` valid keys close to a mistyped ``path``, the closest first (see :func:`nearest_key`)."""
+    cands = list(candidates)
+    best = nearest_key(path, cands)
+    out = [best] if best else []
+    out += difflib.get_close_matches(path, cands, n=n + 1, cutoff=0.6)
+    parent, _, leaf = path.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in cands if c.rpartition(".")[0] == parent}
+    out += [siblings[h] for h in difflib.get_close_matches(leaf, list(siblings), n=n, cutoff=0.6)]
+    return list(dict.fromkeys(out))[:n]
+
+
+def foreign_backend(path: str) -> str | None:
+    """The backend we do not have that a key belongs to (a component named megatron, sglang, npu, nsys), or None."""
+    return next((FOREIGN_BACKENDS[p] for p in path.split(".") if p in FOREIGN_BACKENDS), None)
+
+
 def unknown_key_error(path: str, candidates: Iterable[str], hint: str = "") -> ConfigError:
-    """A ConfigError for an unknown key that names the nearest valid key."""
-    near = nearest_key(path, candidates)
+    """A ConfigError for an unknown key that names the nearest valid keys, and the backend when the key
+    belongs to one we do not have (``actor_rollout_ref.actor.megatron.*`` names Megatron)."""
+    near = nearest_keys(path, candidates)
     msg = f"Unknown config key '{path}'."
-    msg += f" Did you mean '{near}'?" if near else " No similar key exists."
+    backend = foreign_backend(path)
+    if backend:
+        msg += f" It is read only by verl's {backend} backend, which this project does not have."
+    msg += f" Did you mean '{near[0]}'?" if near else " No similar key exists."
+    if len(near) > 1:
+        msg += " Other close keys: " + ", ".join(f"'{k}'" for k in near[1:]) + "."
     return ConfigError(msg + hint)
 
 
@@ -288,8 +340,14 @@ def _same(value: Any, allowed: Any) -> bool:
 
 
 def check_support(cfg: DictConfig) -> list[str]:
-    """Error lines for keys of backends we do not have yet that are set away from their default."""
+    """Error lines for keys of backends we do not have yet that are set away from their default, and for
+    values (``BACKEND_VALUES``) that need such a backend; each line names the backend."""
     errors = []
+    for path, needs in BACKEND_VALUES.items():
+        value = OmegaConf.select(cfg, path, default=None)
+        if isinstance(value, str) and value in needs:
+            errors.append(f"{path}={value!r} needs {needs[value]}, a backend this project does not have; "
+                          f"use one of {[v for v in CHOICES.get(path, ()) if v not in needs]} or null")
     for path, (allowed, why) in SUPPORT.items():
         node = OmegaConf.select(cfg, path, default="<absent>")
         if isinstance(node, str) and node == "<absent>":

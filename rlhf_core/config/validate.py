@@ -43,7 +43,11 @@ def world_size_of(cfg: DictConfig) -> int:
 
 
 def use_critic(cfg: DictConfig) -> bool:
-    """verl's rule: a critic is built only for the GAE estimator."""
+    """Whether the run has a critic (verl 0.6 ``need_critic``): ``critic.enable`` when set (true/false); when null,
+    only for ``algorithm.adv_estimator: gae``."""
+    enable = _get(cfg, "critic.enable")
+    if enable is not None:
+        return bool(enable)
     return _get(cfg, "algorithm.adv_estimator") == "gae"
 
 
@@ -63,8 +67,41 @@ def _is_interpolation(cfg: DictConfig, path: str) -> bool:
     return isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf)
 
 
+def lr_scheduler_type_of(lr_scheduler_type: str, warmup_style: str | None, section: str) -> str:
+    """The schedule of a PPO ``<section>``: the deprecated ``warmup_style`` when set, else ``lr_scheduler_type``.
+
+    verl 0.6 (``FSDPOptimizerConfig.__post_init__``) copies a non-null ``warmup_style`` onto ``lr_scheduler_type``.
+    Raises ConfigError naming both keys when both are set to different values (``lr_scheduler_type`` other than
+    its default ``constant`` counts as set: an explicit ``constant`` cannot be told from the default, and then
+    ``warmup_style`` wins, as in verl).
+    """
+    style, kind = warmup_style, lr_scheduler_type
+    if style is None:
+        return kind
+    if kind not in ("constant", style):
+        raise ConfigError(f"{section}.warmup_style={style!r} (deprecated) and {section}.lr_scheduler_type={kind!r} "
+                          f"disagree: set only {section}.lr_scheduler_type.")
+    return style
+
+
+def _convert_warmup_style(cfg: DictConfig) -> list[str]:
+    notes = []
+    for section in (f"{A}.actor.optim", "critic.optim"):
+        optim_cfg = OmegaConf.select(cfg, section)
+        if optim_cfg is None or optim_cfg.warmup_style not in ("constant", "cosine"):
+            continue  # unset, or a bad value the schema check reports with the choices
+        kind = lr_scheduler_type_of(optim_cfg.lr_scheduler_type, optim_cfg.warmup_style, section)
+        with open_dict(cfg):
+            OmegaConf.update(cfg, f"{section}.lr_scheduler_type", kind, merge=False)
+        note = f"{section}.warmup_style is deprecated; read as {section}.lr_scheduler_type={kind} (verl 0.6)."
+        warnings.warn(note, DeprecationWarning, stacklevel=3)
+        notes.append(note)
+    return notes
+
+
 def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool = False) -> list[str]:
-    """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning.
+    """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning, and
+    (PPO) a set ``optim.warmup_style`` onto ``optim.lr_scheduler_type`` (:func:`lr_scheduler_type_of`).
 
     Mirrors verl's workers: ``per_gpu = global // world_size``; the global key is then set to null.
     Run it before resolving: a per-GPU key that is still an interpolation (e.g. the critic's, which
@@ -73,7 +110,7 @@ def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool
     the world size (verl would floor it silently, possibly to 0). Returns the warning texts.
     """
     world = world_size or world_size_of(cfg)
-    notes, errors = [], []
+    notes, errors = ([] if sft else _convert_warmup_style(cfg)), []
     if world <= 0:
         return notes  # the resource rules report the bad world size
     for section, old, new, _dyn, _when in (_SFT_MICRO if sft else _PPO_MICRO):
@@ -175,10 +212,21 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
             errors.append(f"{prefix}.top_p={top_p} must be in (0, 1].")
     if (_get(cfg, f"{vk}.n") or 0) < 1:
         errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
+    rate = _get(cfg, f"{A}.rollout.over_sample_rate")
+    if rate is not None and not 0 <= rate < 1:
+        errors.append(f"{A}.rollout.over_sample_rate={rate} must be in [0, 1) (the fraction of responses aborted).")
     adv = _get(cfg, "algorithm.adv_estimator")
-    if adv in ("rloo", "rloo_vectorized") and n is not None and n < 2:
-        errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the mean of the "
-                      f"other samples of the group), got {A}.rollout.n={n}.")
+    if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
+        errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "
+                      f"of the group), got {A}.rollout.n={n}.")
+    if adv == "gae" and not use_critic(cfg):
+        errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
+                      "null or true, or choose an estimator without a critic such as grpo).")
+    loss_mode = _get(cfg, f"{A}.actor.policy_loss.loss_mode")
+    for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+        value = _get(cfg, f"{A}.actor.policy_loss.{key}")
+        if loss_mode == mode and (value is None or value <= 0):
+            errors.append(f"{A}.actor.policy_loss.{key}={value} must be > 0 with loss_mode={mode}.")
     for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is"):
         if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
             errors.append(f"{key}=True needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "

@@ -1,4 +1,5 @@
-"""Load a user's dataset class from a file (``data.custom_cls.{path, name}``, as verl's ``load_extern_type``)."""
+"""Load a user's class from a file (``data.custom_cls``, ``data.sampler``, ``data.datagen``): verl's
+``load_extern_type``."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,16 +20,26 @@ def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
         AttributeError: the file has no attribute ``name``.
         TypeError: the attribute is not a ``torch.utils.data.Dataset`` subclass.
     """
-    path = _get(custom_cls, "path")
-    name = _get(custom_cls, "name")
+    return load_extern_class(custom_cls.path, custom_cls.name, "data.custom_cls", Dataset)
+
+
+def load_extern_class(path: Any, name: Any, key: str, base: type, path_key: str = "path",
+                      name_key: str = "name") -> type | None:
+    """The class ``name`` defined in the python file ``path`` (verl's ``load_extern_type``); None when ``path``
+    is unset. ``key`` (e.g. ``data.sampler``) and ``path_key``/``name_key`` name the config keys in errors.
+
+    Raises:
+        FileNotFoundError / ValueError / ImportError / AttributeError: as :func:`load_custom_cls`.
+        TypeError: the attribute is not a subclass of ``base``.
+    """
     if not path:
         return None
     if not name:
-        raise ValueError(f"data.custom_cls.path is {path!r} but data.custom_cls.name is not set")
+        raise ValueError(f"{key}.{path_key} is {path!r} but {key}.{name_key} is not set")
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.custom_cls.path: no such file {path!r}")
-    module_name = f"rlhf_custom_dataset_{abs(hash(os.path.abspath(path)))}"
+        raise FileNotFoundError(f"{key}.{path_key}: no such file {path!r}")
+    module_name = f"rlhf_extern_{abs(hash(os.path.abspath(path)))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -36,18 +47,11 @@ def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise ImportError(f"data.custom_cls.path {path!r} failed to import: {exc!r}") from exc
+        raise ImportError(f"{key}.{path_key} {path!r} failed to import: {exc!r}") from exc
     if not hasattr(module, name):
-        raise AttributeError(f"data.custom_cls.name: {path!r} defines no {name!r}")
+        raise AttributeError(f"{key}.{name_key}: {path!r} defines no {name!r}")
     cls = getattr(module, name)
-    if not (isinstance(cls, type) and issubclass(cls, Dataset)):
-        raise TypeError(f"data.custom_cls {path}:{name} must be a torch.utils.data.Dataset subclass, got {cls!r}")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{key} {path}:{name} must be a {base.__module__}.{base.__qualname__} subclass, got {cls!r}")
     return cls
 
-
-def _get(cfg: Any, key: str) -> Any:
-    if cfg is None:
-        return None
-    if isinstance(cfg, dict):
-        return cfg.get(key)
-    return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key)

@@ -9,12 +9,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
-import uuid
 from typing import Any
 
 import fsspec
 from filelock import FileLock
+
+from rlhf_core.atomic import atomic_directory, atomic_write, atomic_write_text
 
 _FINGERPRINT_KEYS = (
     "size", "mtime", "LastModified", "Last-Modified", "last_modified", "ETag", "etag", "ETAG", "created", "md5",
@@ -88,35 +88,15 @@ def copy_to_local(src: str, cache_dir: str | None = None) -> str:
                 if f.read() == fingerprint:
                     return dest
         _copy_atomically(fs, path, dest)
-        tmp_stamp = f"{stamp}.{uuid.uuid4().hex}.tmp"
-        with open(tmp_stamp, "w") as f:
-            f.write(fingerprint)
-        os.replace(tmp_stamp, stamp)
+        atomic_write_text(stamp, fingerprint)
     return dest
 
 
 def _copy_atomically(fs: fsspec.AbstractFileSystem, path: str, dest: str) -> None:
     """Copy ``path`` to a temporary sibling of ``dest``, then move it into place."""
-    parent = os.path.dirname(dest)
     if fs.isdir(path):
-        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-        fs.get(path.rstrip("/") + "/", tmp + "/", recursive=True)
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        if os.path.isdir(dest):  # a directory cannot be replaced in one step: move the old one aside first
-            old = f"{dest}.old-{uuid.uuid4().hex}"
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
+        with atomic_directory(dest) as tmp:
+            fs.get(path.rstrip("/") + "/", tmp + "/", recursive=True)
         return
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as out, fs.open(path, "rb") as inp:
-            shutil.copyfileobj(inp, out, length=1 << 20)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is shared like any downloaded file
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_write(dest) as out, fs.open(path, "rb") as inp:
+        shutil.copyfileobj(inp, out, length=1 << 20)

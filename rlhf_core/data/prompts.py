@@ -6,16 +6,22 @@ from typing import Any, Sequence
 
 import torch
 
+from rlhf_core.data import DataError
+
 TRUNCATIONS = ("error", "left", "right", "middle")
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None) -> str:
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt exactly as the rollout engine sees it (verl: ``apply_chat_template(..., tokenize=False)``).
 
-    ``tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)``; the same string
-    is used by the dataset, the overlong filter and ``full_prompts``.
+    ``tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)``;
+    ``template_kwargs`` is ``data.apply_chat_template_kwargs`` (e.g. ``{enable_thinking: false}``: extra variables
+    the template sees). The same string is used by the dataset, the overlong filter and ``full_prompts``.
     """
-    kwargs = {"chat_template": chat_template} if chat_template else {}
+    kwargs = dict(template_kwargs or {})
+    if chat_template:
+        kwargs["chat_template"] = chat_template
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
 
@@ -34,8 +40,6 @@ def truncate_ids(ids: Sequence[int], max_length: int, truncation: str, where: st
         DataError: ``truncation == "error"`` and the ids are too long (names ``where``).
         ValueError: an unknown ``truncation``.
     """
-    from rlhf_core.data import DataError
-
     ids = list(ids)
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")
@@ -86,26 +90,30 @@ def pad_token_id(tokenizer: Any) -> int:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer: Any, prompts: list[list[dict[str, Any]]] | None) -> None:
+def _init_worker(tokenizer: Any, prompts: list[list[dict[str, Any]]] | None,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
     _WORKER["tokenizer"] = tokenizer
+    _WORKER["template_kwargs"] = template_kwargs
     if prompts is not None:
         _WORKER["prompts"] = prompts
 
 
 def _lengths(span: tuple[int, int]) -> list[int]:
-    tok, prompts = _WORKER["tokenizer"], _WORKER["prompts"]
-    return [len(encode(tok, render_prompt(tok, m))) for m in prompts[span[0]:span[1]]]
+    tok, prompts, kwargs = _WORKER["tokenizer"], _WORKER["prompts"], _WORKER["template_kwargs"]
+    return [len(encode(tok, render_prompt(tok, m, template_kwargs=kwargs))) for m in prompts[span[0]:span[1]]]
 
 
-def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers: int = 1) -> list[int]:
-    """Rendered-prompt token counts (``len(encode(render_prompt(m)))``), in ``workers`` processes when > 1.
+def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers: int = 1,
+                   template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Rendered-prompt token counts (``len(encode(render_prompt(m, template_kwargs=...)))``), in ``workers``
+    processes when > 1.
 
     Processes come from a ``multiprocessing`` Pool ("fork" where available, as HF ``datasets.filter(num_proc)``
     in verl). The prompts are split into contiguous spans and the results re-joined in order, so the
     result is identical for any ``workers``.
     """
     if workers <= 1 or len(prompts) < 2:
-        _init_worker(tokenizer, prompts)
+        _init_worker(tokenizer, prompts, template_kwargs)
         try:
             return _lengths((0, len(prompts)))
         finally:
@@ -115,10 +123,10 @@ def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers:
     spans = [(i, min(i + size, len(prompts))) for i in range(0, len(prompts), size)]
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     if method == "fork":
-        _init_worker(tokenizer, prompts)  # inherited by the children; nothing pickled
-        initargs: tuple[Any, ...] = (tokenizer, None)
+        _init_worker(tokenizer, prompts, template_kwargs)  # inherited by the children; nothing pickled
+        initargs: tuple[Any, ...] = (tokenizer, None, template_kwargs)
     else:
-        initargs = (tokenizer, prompts)
+        initargs = (tokenizer, prompts, template_kwargs)
     try:
         with mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
             parts = pool.map(_lengths, spans)
@@ -128,8 +136,9 @@ def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers:
 
 
 def keep_short_prompts(
-    tokenizer: Any, prompts: list[list[dict[str, Any]]], max_prompt_length: int, workers: int = 1
+    tokenizer: Any, prompts: list[list[dict[str, Any]]], max_prompt_length: int, workers: int = 1,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Indices of prompts whose rendered length is ``<= max_prompt_length`` (exactly L is kept)."""
-    lengths = prompt_lengths(tokenizer, prompts, workers)
+    lengths = prompt_lengths(tokenizer, prompts, workers, template_kwargs)
     return [i for i, n in enumerate(lengths) if n <= max_prompt_length]

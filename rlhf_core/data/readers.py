@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlhf_core.atomic import atomic_write
 from rlhf_core.data import DataError
 from rlhf_core.data.fs import copy_to_local
 
@@ -109,13 +110,6 @@ def read_rows(files: str | list[str], cache_dir: str | None = None) -> tuple[lis
 
 
 def write_parquet_atomic(rows: list[dict[str, Any]], path: str) -> None:
-    """Write ``rows`` to ``path`` as parquet via a temporary sibling and ``os.replace``."""
-    path = os.path.expanduser(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Write ``rows`` to ``path`` as parquet atomically (:func:`rlhf_core.atomic.atomic_write`)."""
+    with atomic_write(os.path.expanduser(path)) as fh:
+        pq.write_table(pa.Table.from_pylist(rows), fh)

@@ -38,10 +38,6 @@ _OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _cfg(config: Any, key: str, default: Any) -> Any:
-    value = config.get(key, default) if config is not None else default
-    return default if value is None and default is not None else value
-
 
 def validate_messages(messages: Any, where: str, field: str = "prompt", allow_list_content: bool = False) -> None:
     """Check a chat message list: a non-empty list of ``{"role": str, "content": str}`` dicts.
@@ -79,8 +75,9 @@ class RLHFDataset(Dataset):
         config: the ``data`` section of ``ppo_trainer.yaml`` (DictConfig or dict). Read keys: ``prompt_key``,
             ``max_prompt_length``, ``truncation``, ``return_raw_input_ids``, ``return_raw_chat``,
             ``return_full_prompt``, ``shuffle``, ``seed``, ``filter_overlong_prompts``,
-            ``filter_overlong_prompts_workers``. (``custom_cls`` is honoured by :func:`create_rl_dataset`;
-            ``image_key``/``processor`` (multimodal) are accepted but images are not processed.)
+            ``filter_overlong_prompts_workers``, ``apply_chat_template_kwargs``. (``custom_cls`` and ``datagen``
+            are honoured by :func:`create_rl_dataset`; ``image_key``/``processor`` (multimodal) are accepted but
+            images are not processed.)
         processor: multimodal processor; unused (kept for verl's signature).
         max_samples: ``train_max_samples`` / ``val_max_samples``; > 0 keeps a seeded random subset of that
             size when ``config.shuffle``, else the first N rows. Applied before the overlong filter, as verl.
@@ -111,16 +108,18 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.processor = processor
         self.config = config
-        self.prompt_key = _cfg(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_cfg(config, "max_prompt_length", 1024))
-        self.truncation = _cfg(config, "truncation", "error")
+        self.prompt_key = config.prompt_key
+        self.max_prompt_length = int(config.max_prompt_length)
+        self.truncation = config.truncation
         if self.truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {self.truncation!r}")
-        self.return_raw_chat = bool(_cfg(config, "return_raw_chat", False))
-        self.return_full_prompt = bool(_cfg(config, "return_full_prompt", False))
-        self.return_raw_input_ids = bool(_cfg(config, "return_raw_input_ids", False))
-        self.shuffle = bool(_cfg(config, "shuffle", True))
-        self.seed = _cfg(config, "seed", None)
+        self.return_raw_chat = bool(config.return_raw_chat)
+        self.return_full_prompt = bool(config.return_full_prompt)
+        self.return_raw_input_ids = bool(config.return_raw_input_ids)
+        self.shuffle = bool(config.shuffle)
+        self.seed = config.seed
+        # extra variables for the chat template (verl: apply_chat_template(..., **apply_chat_template_kwargs))
+        self.apply_chat_template_kwargs = dict(config.apply_chat_template_kwargs)
         self.pad_id = pad_token_id(tokenizer)
         self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
 
@@ -130,13 +129,13 @@ class RLHFDataset(Dataset):
         positions = np.arange(len(rows))
         if max_samples is not None and 0 < max_samples < len(rows):
             positions = self._subsample(len(rows), int(max_samples))
-        if _cfg(config, "filter_overlong_prompts", False):
-            workers = int(_cfg(config, "filter_overlong_prompts_workers", 1))
+        if config.filter_overlong_prompts:
+            workers = int(config.filter_overlong_prompts_workers)
             kept = keep_short_prompts(tokenizer, [rows[p][self.prompt_key] for p in positions],
-                                      self.max_prompt_length, workers)
+                                      self.max_prompt_length, workers, self.apply_chat_template_kwargs)
             positions = positions[kept]
         elif self.truncation == "error":
-            self._check_lengths(tokenizer, rows, sources, positions, int(_cfg(config, "filter_overlong_prompts_workers", 1)))
+            self._check_lengths(tokenizer, rows, sources, positions, int(config.filter_overlong_prompts_workers))
         self.rows = [rows[p] for p in positions]
         self.sources = [sources[p] for p in positions]
         self.row_numbers = [int(p) for p in positions]
@@ -144,7 +143,8 @@ class RLHFDataset(Dataset):
     def _check_lengths(self, tokenizer, rows, sources, positions, workers: int) -> None:
         """``truncation: error``: fail at construction — before any model is loaded — naming the first row whose
         rendered prompt is longer than ``max_prompt_length`` (verl only finds it when the row is fetched)."""
-        lengths = prompt_lengths(tokenizer, [rows[p][self.prompt_key] for p in positions], workers)
+        lengths = prompt_lengths(tokenizer, [rows[p][self.prompt_key] for p in positions], workers,
+                                 self.apply_chat_template_kwargs)
         for p, n in zip(positions, lengths):
             if n > self.max_prompt_length:
                 raise DataError(
@@ -178,7 +178,7 @@ class RLHFDataset(Dataset):
         row = self.rows[i]
         messages = row[self.prompt_key]
         where = str(self.sources[i])
-        text = render_prompt(self.tokenizer, messages)
+        text = render_prompt(self.tokenizer, messages, template_kwargs=self.apply_chat_template_kwargs)
         ids = truncate_ids(encode(self.tokenizer, text), self.max_prompt_length, self.truncation, where)
         input_ids, attention_mask = pad_ids(ids, self.max_prompt_length, self.pad_id, left=True)
         item: dict[str, Any] = {k: v for k, v in row.items() if k != self.prompt_key}
@@ -198,14 +198,19 @@ class RLHFDataset(Dataset):
 
 
 def create_rl_dataset(data_files: str | list[str], tokenizer: Any, config: Any, processor: Any = None,
-                      max_samples: int = -1) -> Dataset:
-    """``config.custom_cls`` (a Dataset subclass loaded from a file) when set, else :class:`RLHFDataset`.
+                      max_samples: int = -1, is_train: bool = True) -> Dataset:
+    """``config.custom_cls`` (a Dataset subclass loaded from a file) when set; else, for the training set,
+    :class:`rlhf_core.data.datagen.DynamicGenDataset` when ``config.datagen.path`` is set; else :class:`RLHFDataset`.
 
-    The custom class is called with the same arguments as ``RLHFDataset`` (verl's ``create_rl_dataset``).
+    The class is called with the same arguments as ``RLHFDataset`` (verl's ``create_rl_dataset``).
     """
-    cls = load_custom_cls(_cfg(config, "custom_cls", None)) or RLHFDataset
-    return cls(data_files=data_files, tokenizer=tokenizer, config=config, processor=processor,
-               max_samples=max_samples)
+    cls = load_custom_cls(config.custom_cls)
+    if cls is None and is_train and config.datagen.path is not None:
+        from rlhf_core.data.datagen import DynamicGenDataset  # lazy: datagen imports this module
+
+        cls = DynamicGenDataset
+    return (cls or RLHFDataset)(data_files=data_files, tokenizer=tokenizer, config=config, processor=processor,
+                                max_samples=max_samples)
 
 
 def collate_fn(items: list[dict[str, Any]]) -> Batch:

@@ -24,10 +24,6 @@ __all__ = ["SFTDataset", "create_sft_dataset", "loss_mask_from_labels"]
 SFT_TRUNCATIONS = ("error", "left", "right")
 
 
-def _cfg(config: Any, key: str, default: Any) -> Any:
-    value = config.get(key, default) if config is not None else default
-    return default if value is None else value
-
 
 def _lookup(row: dict[str, Any], key: str, nested: list[str], where: RowSource, field: str) -> str:
     """``row[key][nested[0]][nested[1]]...``, which must be a string."""
@@ -58,7 +54,7 @@ class SFTDataset(Dataset):
             ``response_key`` (``answer``), ``prompt_dict_keys``/``response_dict_keys`` (nested lookups),
             ``multiturn.enable`` / ``multiturn.messages_key`` (``messages``), ``max_length`` (1024),
             ``truncation`` (``error``/``left``/``right``), ``chat_template`` (a Jinja template overriding the
-            tokenizer's, optional).
+            tokenizer's, optional), ``apply_chat_template_kwargs`` (extra template variables).
 
     Single-turn: the prompt is ``[{"role": "user", "content": prompt}]`` rendered with
     ``add_generation_prompt=True``; the response is ``response + eos_token``; both tokenized without extra
@@ -77,18 +73,20 @@ class SFTDataset(Dataset):
 
     def __init__(self, parquet_files: str | list[str], tokenizer: Any, config: Any) -> None:
         self.tokenizer = tokenizer
-        self.prompt_key = _cfg(config, "prompt_key", "question")
-        self.response_key = _cfg(config, "response_key", "answer")
-        self.prompt_dict_keys = list(_cfg(config, "prompt_dict_keys", []) or [])
-        self.response_dict_keys = list(_cfg(config, "response_dict_keys", []) or [])
-        multiturn = _cfg(config, "multiturn", {}) or {}
-        self.multiturn = bool(multiturn.get("enable", False))
-        self.messages_key = multiturn.get("messages_key", "messages") or "messages"
-        self.max_length = int(_cfg(config, "max_length", 1024))
-        self.truncation = _cfg(config, "truncation", "error")
+        self.prompt_key = config.prompt_key
+        self.response_key = config.response_key
+        # null = the column holds the string itself (no nested keys)
+        self.prompt_dict_keys = [] if config.prompt_dict_keys is None else list(config.prompt_dict_keys)
+        self.response_dict_keys = [] if config.response_dict_keys is None else list(config.response_dict_keys)
+        self.multiturn = bool(config.multiturn.enable)
+        self.messages_key = config.multiturn.messages_key
+        self.max_length = int(config.max_length)
+        self.truncation = config.truncation
         if self.truncation not in SFT_TRUNCATIONS:
             raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS}, got {self.truncation!r}")
-        self.chat_template = _cfg(config, "chat_template", None)
+        self.chat_template = config.chat_template
+        # extra variables for the chat template (verl: apply_chat_template(..., **apply_chat_template_kwargs))
+        self.apply_chat_template_kwargs = dict(config.apply_chat_template_kwargs)
         self.pad_id = pad_token_id(tokenizer)
         if not self.multiturn and getattr(tokenizer, "eos_token", None) is None:
             raise ValueError("SFT needs a tokenizer with an eos token (appended to every response)")
@@ -113,8 +111,10 @@ class SFTDataset(Dataset):
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         if generation_prompt:
-            return render_prompt(self.tokenizer, messages, self.chat_template)
-        kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
+            return render_prompt(self.tokenizer, messages, self.chat_template, self.apply_chat_template_kwargs)
+        kwargs = dict(self.apply_chat_template_kwargs)
+        if self.chat_template:
+            kwargs["chat_template"] = self.chat_template
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False, **kwargs)
 
     def _segments(self, sample: Any, where: str) -> list[tuple[str, int]]:
@@ -169,5 +169,5 @@ class SFTDataset(Dataset):
 def create_sft_dataset(data_files: str | list[str], tokenizer: Any, config: Any) -> Dataset:
     """``config.custom_cls`` when set (called as ``cls(parquet_files=..., tokenizer=..., config=...)``), else
     :class:`SFTDataset`."""
-    cls = load_custom_cls(_cfg(config, "custom_cls", None)) or SFTDataset
+    cls = load_custom_cls(config.custom_cls) or SFTDataset
     return cls(parquet_files=data_files, tokenizer=tokenizer, config=config)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import ray
+
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
@@ -20,12 +22,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     authentication by default, which a private local instance does not need); an explicit value in
     the environment is kept.
     """
-    import ray
-
     if ray.is_initialized():
         return
+    # config-read recording (rlhf_core/config/reads.py) must reach every worker process too
+    reads = os.environ.get("RLHF_CONFIG_READS")
+    runtime_env = {"env_vars": {"RLHF_CONFIG_READS": reads}} if reads else None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
     else:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env=runtime_env)

@@ -18,6 +18,11 @@ import socket
 import uuid
 from typing import Any
 
+import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.protocol import Batch
 
 logger = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
     if omp_threads:
         env["OMP_NUM_THREADS"] = omp_threads
     os.environ.update({k: str(v) for k, v in env.items()})
+    # imported after the environment is set: OMP_NUM_THREADS must be in place before torch first loads
     import torch
     import torch.distributed as dist
 
@@ -66,13 +72,9 @@ class _WorkerHost:
         self.worker: Any = None
 
     def node_ip_and_port(self) -> tuple[str, int]:
-        import ray
-
         return ray.util.get_node_ip_address(), free_port()
 
     def node_id(self) -> str:
-        import ray
-
         return ray.get_runtime_context().get_node_id()
 
     def setup(self, worker_cls: type, init_kwargs: dict, rank: int, world_size: int,
@@ -120,16 +122,11 @@ class RayWorkerGroup:
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
                  ready_timeout_s: float | None = None, nnodes: int = 1) -> None:
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if nnodes < 1 or world_size % nnodes:
             raise ValueError(f"trainer.nnodes={nnodes} must divide the world size {world_size}")
         if not ray.is_initialized():
-            from rlhf_core.distributed.ray_init import init_ray
-
             init_ray()
         self.world_size = world_size
         self.name_prefix = f"{name_prefix}_{uuid.uuid4().hex[:6]}"
@@ -168,9 +165,6 @@ class RayWorkerGroup:
 
     @staticmethod
     def _placement_group(bundles: list[dict], timeout_s: float):
-        import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-
         for strategy in ("STRICT_PACK", "PACK"):
             pg = placement_group(bundles, strategy=strategy)
             ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
@@ -183,14 +177,10 @@ class RayWorkerGroup:
 
     def node_ids(self) -> list[str]:
         """The Ray node id of every rank, in rank order."""
-        import ray
-
         return ray.get([a.node_id.remote() for a in self._actors])
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method(*args, **kwargs)`` on every rank; results in rank order."""
-        import ray
-
         return ray.get([a.call.remote(method, *args, **kwargs) for a in self._actors])
 
     def execute_dp(self, method: str, batch: Batch, **kwargs: Any) -> Batch | list:
@@ -199,16 +189,11 @@ class RayWorkerGroup:
         Returns the concatenated :class:`Batch` when every rank returns one, else the list of results.
         Raises ``ValueError`` when ``len(batch)`` is not divisible by ``world_size``.
         """
-        import ray
-
         shards = batch.chunk(self.world_size)
         return _gather_results(ray.get([a.call.remote(method, s, **kwargs) for a, s in zip(self._actors, shards)]))
 
     def shutdown(self) -> None:
         """Kill the actors and free the placement group (idempotent)."""
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
         for a in getattr(self, "_actors", []):
             ray.kill(a)
         self._actors = []
@@ -227,9 +212,6 @@ def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float) -
         TimeoutError: fewer than ``nnodes`` nodes can hold the bundles, a group is not ready within
             ``timeout_s``, or two groups landed on one node; names what is missing.
     """
-    import ray
-    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-
     need = {k: sum(b.get(k, 0) for b in bundles) for k in bundles[0]}
     nodes = [n for n in ray.nodes() if n.get("Alive")
              and all(n.get("Resources", {}).get(k, 0) >= v for k, v in need.items())]

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from numbers import Number
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from rlhf_core.atomic import atomic_write
 
 CORE_COLUMNS: dict[str, pa.DataType] = {
     "step": pa.int64(),
@@ -107,15 +108,8 @@ def write_samples_parquet(rows: "list[dict] | pandas.DataFrame", out_dir: str, n
     fname = name if name.endswith(".parquet") else f"{name}.parquet"
     path = os.path.join(out_dir, fname)
     table = samples_table(rows)
-    fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", suffix=".tmp", dir=out_dir)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_write(path) as fh:
+        pq.write_table(table, fh)
     return path
 
 

@@ -31,22 +31,23 @@ import numpy as np
 N_BOOTSTRAP = 1000
 
 
+def _doublings(first: int, n_resps: int) -> list[int]:
+    """``first, 2·first, 4·first, …`` below ``n_resps``, then ``n_resps``."""
+    sizes, n = [], first
+    while n < n_resps:
+        sizes.append(n)
+        n *= 2
+    return sizes + [n_resps]
+
+
 def _ns(n_resps: int) -> list[int]:
     """``2, 4, 8, …`` below ``n_resps``, then ``n_resps`` (verl's subset sizes)."""
-    ns, n = [], 2
-    while n < n_resps:
-        ns.append(n)
-        n *= 2
-    return ns + [n_resps]
+    return _doublings(2, n_resps)
 
 
 def pass_k_values(n_resps: int) -> list[int]:
     """``1, 2, 4, …`` below ``n_resps``, then ``n_resps`` (pass@k sizes)."""
-    ks, k = [], 1
-    while k < n_resps:
-        ks.append(k)
-        k *= 2
-    return ks + [n_resps]
+    return _doublings(1, n_resps)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

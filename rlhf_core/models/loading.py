@@ -10,6 +10,7 @@ import os
 from typing import Any, Mapping
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -63,8 +64,6 @@ def import_external_libs(external_lib: str | list[str] | None) -> None:
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """``AutoTokenizer`` for ``path``; sets ``pad_token = eos_token`` when the tokenizer has no pad (as verl)."""
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(local_path(path), trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
@@ -83,8 +82,6 @@ def _model_config_overrides(override_config: Mapping[str, Any] | None) -> dict:
 
 
 def _load_config(path: str, override_config, trust_remote_code: bool):
-    from transformers import AutoConfig
-
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for k, v in _model_config_overrides(override_config).items():
         setattr(config, k, v)
@@ -96,8 +93,6 @@ def load_causal_lm(path: str, dtype: str | torch.dtype = "float32", override_con
     """``AutoModelForCausalLM.from_pretrained`` on CPU with ``dtype`` and config overrides.
 
     Returns the model in train mode on CPU (the FSDP layer moves it to the device)."""
-    from transformers import AutoModelForCausalLM
-
     import_external_libs(external_lib)
     path = local_path(path)
     config = _load_config(path, override_config, trust_remote_code)
@@ -115,8 +110,6 @@ def load_value_model(path: str, dtype: str | torch.dtype = "float32", override_c
     none (reproducible across processes). ``model(input_ids, attention_mask, position_ids).logits`` is ``(B, L, 1)``.
 
     Raises ``ValueError`` (from transformers) when the architecture has no token-classification variant."""
-    from transformers import AutoModelForTokenClassification
-
     import_external_libs(external_lib)
     path = local_path(path)
     config = _load_config(path, override_config, trust_remote_code)

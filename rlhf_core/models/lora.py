@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from peft import LoraConfig, TaskType, get_peft_model
+
 
 def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: str | Sequence[str] = "all-linear",
                task_type: str = "CAUSAL_LM"):
@@ -19,8 +21,6 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
     """
     if lora_rank is None or int(lora_rank) <= 0:
         return model
-    from peft import LoraConfig, TaskType, get_peft_model
-
     if not isinstance(target_modules, str):
         target_modules = list(target_modules)
     extra = {}

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
+
+from rlhf_core.atomic import atomic_directory
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -137,16 +138,12 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tiny_model.json").write_text(json.dumps({"built_by": "rlhf_core.models.tiny", "vocab": len(tokenizer)}))
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with atomic_directory(out) as tmp_dir:
+        tmp = Path(tmp_dir)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tiny_model.json").write_text(json.dumps({"built_by": "rlhf_core.models.tiny",
+                                                         "vocab": len(tokenizer)}))
     return str(out)
 
 

@@ -1,10 +1,11 @@
-"""Rewards: rule-based scorers by ``data_source``, reward managers (``naive``, ``prime``), custom functions.
+"""Rewards: rule-based scorers by ``data_source``, reward managers (``naive``, ``batch``, ``prime``, ``dapo``),
+custom functions.
 
 Public API::
 
     default_compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float
     load_custom_reward_function(path, name="compute_score", reward_kwargs=None) -> FileRewardFunction
-    load_reward_manager(config, tokenizer, num_examine=0, **kwargs) -> reward manager (naive | prime | batch)
+    load_reward_manager(config, tokenizer, num_examine=0, **kwargs) -> reward manager (naive | prime | batch | dapo)
     get_reward_manager_cls(name), register(name), REWARD_MANAGERS
 
 Attribute access is lazy (PEP 562) so that reward worker processes, which import
@@ -28,6 +29,8 @@ _EXPORTS = {
     "NaiveRewardManager": "rlhf_core.reward.managers",
     "BatchRewardManager": "rlhf_core.reward.managers",
     "PrimeRewardManager": "rlhf_core.reward.prime",
+    "DAPORewardManager": "rlhf_core.reward.dapo",
+    "overlong_penalty": "rlhf_core.reward.dapo",
 }
 
 __all__ = sorted(_EXPORTS)

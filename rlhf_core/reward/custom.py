@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from rlhf_core.reward.scorers import default_compute_score
+
 
 def _load_function(path: str, name: str) -> Callable[..., Any]:
     if not os.path.isfile(path):
@@ -81,11 +83,9 @@ def reward_function_from_config(config: Any) -> Callable[..., Any]:
     Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and, when present,
     ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does).
     """
-    from rlhf_core.reward.scorers import default_compute_score
-
-    section = config.get("custom_reward_function", None) if config is not None else None
-    path = section.get("path", None) if section is not None else None
-    kwargs = (section.get("reward_kwargs", None) if section is not None else None) or {}
-    if not path:
-        return functools.partial(default_compute_score, **dict(kwargs)) if kwargs else default_compute_score
-    return load_custom_reward_function(str(path), section.get("name", None) or "compute_score", dict(kwargs))
+    section = config.custom_reward_function
+    # evaluation.yaml has no reward_kwargs (verl's main_eval passes none)
+    kwargs = dict(section.reward_kwargs) if "reward_kwargs" in section else {}
+    if not section.path:
+        return functools.partial(default_compute_score, **kwargs) if kwargs else default_compute_score
+    return load_custom_reward_function(str(section.path), section.name, kwargs)

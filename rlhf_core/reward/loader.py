@@ -5,6 +5,7 @@ from typing import Any
 
 from rlhf_core.reward.custom import reward_function_from_config
 from rlhf_core.reward.managers import get_reward_manager_cls
+from rlhf_core.reward import dapo as _dapo  # noqa: F401  (registers "dapo")
 from rlhf_core.reward import prime as _prime  # noqa: F401  (registers "prime")
 
 
@@ -14,7 +15,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
     Args:
         config: the full ppo_trainer config (``DictConfig`` or nested dicts). Reads
             ``reward_model.reward_manager``, ``reward_model.reward_kwargs`` (optional; passed to the manager,
-            e.g. ``timeout_s``/``num_processes`` for prime), ``custom_reward_function.{path,name,reward_kwargs}``
+            e.g. ``timeout_s``/``num_processes`` for prime,
+            ``max_resp_len``/``overlong_buffer_cfg`` for dapo), ``custom_reward_function.{path,name,reward_kwargs}``
             and ``data.reward_fn_key`` (default ``data_source``).
         tokenizer: anything with ``decode(ids, skip_special_tokens=True)``.
         num_examine: samples per data source to print on each call (verl: 0 for training, 1 for validation).
@@ -23,14 +25,12 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
     Raises:
         ValueError: for an unknown manager name. FileNotFoundError / AttributeError from a bad custom function.
     """
-    rm = config.get("reward_model", None) or {}
-    name = rm.get("reward_manager", None) or "naive"
-    data = config.get("data", None) or {}
-    manager_kwargs = {**dict(rm.get("reward_kwargs", None) or {}), **kwargs}
-    return get_reward_manager_cls(str(name))(
+    rm = config.reward_model
+    manager_kwargs = {**dict(rm.reward_kwargs), **kwargs}
+    return get_reward_manager_cls(str(rm.reward_manager))(
         tokenizer=tokenizer,
         num_examine=num_examine,
         compute_score=reward_function_from_config(config),
-        reward_fn_key=str(data.get("reward_fn_key", None) or "data_source"),
+        reward_fn_key=str(config.data.reward_fn_key),
         **manager_kwargs,
     )

@@ -26,6 +26,7 @@ import torch
 
 from rlhf_core.protocol import Batch
 from rlhf_core.registry import Registry
+from rlhf_core.reward.scorers import default_compute_score
 
 REWARD_MANAGERS: Registry[type] = Registry("reward_model.reward_manager")
 
@@ -125,8 +126,6 @@ class RewardManagerBase(abc.ABC):
         compute_score: Callable[..., Any] | None = None,
         reward_fn_key: str = "data_source",
     ) -> None:
-        from rlhf_core.reward.scorers import default_compute_score
-
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or default_compute_score

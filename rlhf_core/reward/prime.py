@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
-
+from typing import Any
 
 from rlhf_core.protocol import Batch
 from rlhf_core.reward.managers import DecodedSample, RewardManagerBase, register
@@ -25,19 +24,12 @@ logger = logging.getLogger(__name__)
 
 @register("prime")
 class PrimeRewardManager(RewardManagerBase):
-    """Args (besides :class:`RewardManagerBase`'s): ``timeout_s`` per sample (seconds), ``num_processes``
-    (default ``min(8, cpu_count)``). The pool starts on the first call and lives until :meth:`close`."""
+    """Args: :class:`RewardManagerBase`'s (``tokenizer``, ``num_examine``, ``compute_score``, ``reward_fn_key``),
+    then, by keyword, ``timeout_s`` per sample (seconds) and ``num_processes`` (default ``min(8, cpu_count)``).
+    The pool starts on the first call and lives until :meth:`close`."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int = 0,
-        compute_score: Callable[..., Any] | None = None,
-        reward_fn_key: str = "data_source",
-        timeout_s: float = 300.0,
-        num_processes: int | None = None,
-    ) -> None:
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
+    def __init__(self, *args: Any, timeout_s: float = 300.0, num_processes: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.timeout_s = float(timeout_s)
         self.num_processes = int(num_processes or min(8, os.cpu_count() or 1))
         self.num_timeouts = 0

@@ -5,7 +5,7 @@
 <default_local_dir>/global_step_<N>/critic/   written by the critic workers
 <default_local_dir>/global_step_<N>/data.pt   dataloader ``state_dict()`` (torch.save)
 <default_local_dir>/global_step_<N>/trainer_state.pt   driver state beyond verl's (e.g. the adaptive KL β; ours)
-<default_local_dir>/latest_checkpointed_iteration.txt   "N", written last via a temp file + os.replace
+<default_local_dir>/latest_checkpointed_iteration.txt   "N", written last, atomically
 ```
 
 Retention (``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; ``remove_previous_ckpt_in_save`` means keep 1)
@@ -24,6 +24,8 @@ import shutil
 from typing import Any, Callable
 
 import torch
+
+from rlhf_core.atomic import atomic_write, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +53,8 @@ def parse_global_step(path: str) -> int:
 
 
 def write_tracker(root: str, global_step: int) -> None:
-    """Atomically write ``N`` to ``<root>/latest_checkpointed_iteration.txt`` (temp file, fsync, os.replace)."""
-    tmp = os.path.join(root, f".{TRACKER_FILE}.tmp.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(str(int(global_step)))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER_FILE))
+    """Atomically write ``N`` to ``<root>/latest_checkpointed_iteration.txt`` (:func:`rlhf_core.atomic.atomic_write`)."""
+    atomic_write_text(os.path.join(root, TRACKER_FILE), str(int(global_step)))
 
 
 def find_latest_checkpoint(root: str) -> str | None:
@@ -108,13 +105,13 @@ class CheckpointManager:
             "critic": _keep_count(max_critic_ckpt_to_keep, remove_previous_ckpt_in_save),
         }
         self.del_local_after_load = bool(del_local_ckpt_after_load)
+        self._pending: tuple[int, str, list] | None = None
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> "CheckpointManager":
-        get = trainer_cfg.get
-        return cls(get("default_local_dir"), get("default_hdfs_dir"), get("max_actor_ckpt_to_keep"),
-                   get("max_critic_ckpt_to_keep"), bool(get("remove_previous_ckpt_in_save", False)),
-                   bool(get("del_local_ckpt_after_load", False)))
+        t = trainer_cfg
+        return cls(t.default_local_dir, t.default_hdfs_dir, t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep,
+                   bool(t.remove_previous_ckpt_in_save), bool(t.del_local_ckpt_after_load))
 
     # ---- resume ----------------------------------------------------------------------------------
     def resolve_resume(self, resume_mode: str, resume_from_path: str | None = None) -> str | None:
@@ -154,21 +151,39 @@ class CheckpointManager:
 
     # ---- save ------------------------------------------------------------------------------------
     def save(self, global_step: int, save_fns: dict[str, Callable[[str], None]],
-             dataloader_state: dict | None, trainer_state: dict | None = None) -> str:
+             dataloader_state: dict | None, trainer_state: dict | None = None,
+             wait_fns: list[Callable[[], Any]] | None = None) -> str:
         """Write ``global_step_N`` (components, data.pt, trainer_state.pt), then the tracker, then upload and prune.
+
+        ``wait_fns`` (``checkpoint.async_save``): the components are still being written when ``save_fns`` return;
+        the tracker, upload and pruning then wait for :meth:`finish_pending` (called before the next save and at
+        the end of training), which first calls every ``wait_fn`` (they block until the files are complete).
 
         Returns:
             the local ``global_step_N`` directory.
         """
+        self.finish_pending()
         path = step_dir(self.root, global_step)
         os.makedirs(path, exist_ok=True)
         for name, save in save_fns.items():
             save(os.path.join(path, name))
         for name, state in (("data.pt", dataloader_state), ("trainer_state.pt", trainer_state)):
             if state is not None:
-                tmp = os.path.join(path, f".{name}.tmp")
-                torch.save(state, tmp)
-                os.replace(tmp, os.path.join(path, name))
+                with atomic_write(os.path.join(path, name)) as fh:
+                    torch.save(state, fh)
+        self._pending = (global_step, path, list(wait_fns or []))
+        if wait_fns is None:
+            self.finish_pending()
+        return path
+
+    def finish_pending(self) -> str | None:
+        """Complete the last save: wait for its components, then tracker, upload, prune; returns its directory."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        global_step, path, wait_fns = pending
+        for wait in wait_fns:
+            wait()
         write_tracker(self.root, global_step)
         if self.hdfs_dir:
             self.upload(path)

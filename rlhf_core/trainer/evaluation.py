@@ -5,7 +5,8 @@ Input parquet, one row per prompt: ``data.prompt_key`` (a string or chat message
 ``ground_truth``); an ``extra_info`` column is passed to scorers that accept it. ``data.path`` may be remote
 (``hdfs://``, ``s3://`` ...): it is fetched with :func:`rlhf_core.data.fs.copy_to_local`.
 
-Every response is scored in this process with ``custom_reward_function`` (or :func:`default_compute_score`),
+Every response is scored in Ray tasks (:func:`score_rows_parallel`, sized by ``ray_init.num_cpus``) with
+``custom_reward_function`` (or :func:`default_compute_score`),
 called as ``fn(data_source, solution_str, ground_truth[, extra_info=...])`` — positionally like verl's
 ``main_eval`` so verl custom functions with three parameters keep working; ``extra_info`` is passed only when
 the function accepts it. A scorer's exception propagates, naming the row.
@@ -48,13 +49,6 @@ def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
     return any(p.name == "extra_info" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _get(section: Any, key: str, default: Any) -> Any:
-    if section is None:
-        return default
-    value = section.get(key, None)
-    return default if value is None else value
-
-
 def _as_list(value: Any) -> list:
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -70,8 +64,8 @@ def load_eval_rows(config: Any) -> list[dict]:
         FileNotFoundError: ``data.path`` does not exist. DataError: a configured column is missing (naming the
             columns the file has) or the file has no rows.
     """
-    data = config.get("data")
-    path = str(data.get("path"))
+    data = config.data
+    path = str(data.path)
     if "://" in path and not path.startswith("file://"):
         from rlhf_core.data.fs import copy_to_local  # lazy: only remote paths need fsspec plumbing
 
@@ -82,8 +76,7 @@ def load_eval_rows(config: Any) -> list[dict]:
         raise FileNotFoundError(f"data.path {path!r} does not exist")
     table = pq.read_table(path)
     for key in ("prompt_key", "response_key", "data_source_key", "reward_model_key"):
-        col = _get(data, key, {"prompt_key": "prompt", "response_key": "responses", "data_source_key": "data_source",
-                               "reward_model_key": "reward_model"}[key])
+        col = data[key]
         if col not in table.column_names:
             raise DataError(f"{path}: data.{key}={col!r} is not a column; columns: {table.column_names}")
     if table.num_rows == 0:
@@ -91,16 +84,15 @@ def load_eval_rows(config: Any) -> list[dict]:
     return table.to_pylist()
 
 
-def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any]) -> list[dict]:
-    """One row dict per response (sample-file columns plus scorer extras)."""
-    data = config.get("data")
-    prompt_key = _get(data, "prompt_key", "prompt")
-    response_key = _get(data, "response_key", "responses")
-    ds_key = _get(data, "data_source_key", "data_source")
-    rm_key = _get(data, "reward_model_key", "reward_model")
+def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], start: int = 0) -> list[dict]:
+    """One row dict per response (sample-file columns plus scorer extras); ``records`` are the file's rows from
+    row ``start`` on (their ``uid`` and error messages count from there)."""
+    data = config.data
+    prompt_key, response_key = data.prompt_key, data.response_key
+    ds_key, rm_key = data.data_source_key, data.reward_model_key
     pass_extra = _accepts_extra_info(scorer)
     rows = []
-    for i, rec in enumerate(records):
+    for i, rec in enumerate(records, start=start):
         reward_data = rec[rm_key]
         ground_truth = reward_data.get("ground_truth") if isinstance(reward_data, dict) else reward_data
         data_source = str(rec[ds_key])
@@ -121,6 +113,40 @@ def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any]) -> 
                 "ground_truth": ground_truth, "score": score, **extras,
             })
     return rows
+
+
+def _score_chunk(records: list[dict], config: Any, start: int) -> list[dict]:
+    return score_rows(records, config, reward_function_from_config(config), start)
+
+
+def score_rows_parallel(records: list[dict], config: Any) -> list[dict]:
+    """:func:`score_rows` over all ``records``, in Ray tasks as verl's ``main_eval`` (one CPU each).
+
+    ``ray_init.num_cpus`` sizes the embedded Ray instance (null: all CPUs) and so the number of tasks running at
+    once; ``ray_init.address`` connects to an existing cluster instead. The rows are split into as many
+    contiguous chunks as the cluster has free CPUs; each task loads the reward function itself, so a
+    ``custom_reward_function`` file only has to be readable where the task runs. ``num_cpus: 1`` scores in this
+    process (one CPU: a Ray task would only add start-up time). A Ray instance started here is shut down after.
+    The result (rows, order, uids) is the same for any ``num_cpus``.
+    """
+    ray_cfg = config.ray_init
+    if ray_cfg.num_cpus == 1 and ray_cfg.address is None:
+        return _score_chunk(records, config, 0)
+    import ray  # lazy: only evaluation with Ray workers needs it
+
+    from rlhf_core.distributed.ray_init import init_ray
+
+    started = not ray.is_initialized()
+    init_ray(ray_cfg.address, ray_cfg.num_cpus)
+    try:
+        n = max(1, min(len(records), int(ray.available_resources().get("CPU", 1))))
+        bounds = np.linspace(0, len(records), n + 1).astype(int).tolist()
+        task = ray.remote(num_cpus=1)(_score_chunk)
+        refs = [task.remote(records[a:b], config, a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return [row for part in ray.get(refs) for row in part]
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def evaluation_metrics(rows: list[dict]) -> dict[str, float]:
@@ -149,9 +175,9 @@ def run_evaluation(config: Any) -> dict[str, float]:
         ``custom_reward_function``. ValueError: an unknown data source with the default scorer (wrapped in
         RuntimeError naming the row).
     """
-    scorer = reward_function_from_config(config)
-    rows = score_rows(load_eval_rows(config), config, scorer)
-    samples_dir = _get(config.get("output", None), "samples_dir", None)
+    reward_function_from_config(config)  # a bad custom_reward_function fails here, before Ray starts
+    rows = score_rows_parallel(load_eval_rows(config), config)
+    samples_dir = config.output.samples_dir
     if samples_dir and rows:
         write_samples_parquet(rows, str(samples_dir), SAMPLES_FILE)
     return evaluation_metrics(rows)

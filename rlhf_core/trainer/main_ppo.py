@@ -5,8 +5,8 @@ holds batches and scalars; the models live in Ray worker actors. Running in-proc
 and the return value direct for the CLI and the Prefect tasks, and costs no extra Ray process.
 
 Worker placement: ``trainer.nnodes × trainer.n_gpus_per_node`` ranks per group — the actor/rollout(/ref) group,
-plus a critic group when ``algorithm.adv_estimator == gae`` and a reward-model group (``"rm"``) when
-``reward_model.enable``. On GPUs the groups share each GPU (fractional
+plus a critic group when ``critic.enable`` (null: when ``algorithm.adv_estimator == gae``) and a reward-model
+group (``"rm"``) when ``reward_model.enable``. On GPUs the groups share each GPU (fractional
 ``num_gpus``); on CPU the cluster's CPUs are split fractionally so that both groups fit
 (``min(1, CPUs ÷ (ranks × groups))`` per worker).
 """
@@ -16,9 +16,22 @@ import logging
 import sys
 from typing import Any
 
+import ray
 from omegaconf import DictConfig
 
+from rlhf_core.cli import config_command
+from rlhf_core.config import ConfigError, validate_ppo_config
+from rlhf_core.config.notices import engine_errors
+from rlhf_core.config.validate import use_critic as critic_in_use
+from rlhf_core.data import DataError
+from rlhf_core.data.rl_dataset import create_rl_dataset
+from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.worker_group import RayWorkerGroup
+from rlhf_core.models.loading import load_tokenizer, local_path
+from rlhf_core.reward import load_reward_manager
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from rlhf_core.workers.reward_model import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +42,7 @@ def need_reference_policy(config: DictConfig) -> bool:
 
 def resolve_device(config: DictConfig) -> str:
     """``trainer.device``: ``auto`` → ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
-    import ray
-
-    device = str(config.trainer.get("device", "auto") or "auto")
+    device = str(config.trainer.device)
     if device != "auto":
         return device
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
@@ -39,8 +50,6 @@ def resolve_device(config: DictConfig) -> str:
 
 def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
     """(num_cpus_per_worker, num_gpus_per_worker) so that ``n_groups`` groups of ranks fit the cluster."""
-    import ray
-
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     if resolve_device(config) == "cuda":
         return 1.0 / n_groups, 1.0 / n_groups
@@ -54,26 +63,22 @@ TIMEOUT_KEY = "trainer.ray_wait_register_center_timeout"
 
 def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     """The Ray worker groups for this config: ``actor_rollout`` (role actor_rollout_ref when a reference policy
-    is needed), ``critic`` for GAE and ``rm`` (``RewardModelWorker``) when ``reward_model.enable``.
+    is needed), ``critic`` when ``critic.enable`` (null: for GAE) and ``rm`` (``RewardModelWorker``) when
+    ``reward_model.enable``.
 
     ``trainer.ray_wait_register_center_timeout`` (seconds) bounds the wait for each group's placement group
     (per placement strategy) and for its actors to start. Raises ``TimeoutError`` naming that key; groups
     already built are shut down first."""
-    from rlhf_core.distributed.worker_group import RayWorkerGroup
-    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
-
-    use_critic = config.algorithm.adv_estimator == "gae"
-    use_rm = bool(config.get("reward_model") is not None and config.reward_model.get("enable", False))
+    use_critic = critic_in_use(config)  # critic.enable; null = only for gae
+    use_rm = bool(config.reward_model.enable)
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
-    timeout = float(config.trainer.get("ray_wait_register_center_timeout", 300) or 300)
+    timeout = float(config.trainer.ray_wait_register_center_timeout)
     specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor")]
     if use_critic:
         specs.append(("critic", CriticWorker, {"config": config}, "critic"))
     if use_rm:
-        from rlhf_core.workers.reward_model import RewardModelWorker
-
         specs.append(("rm", RewardModelWorker, {"config": config}, "rm"))
     wgs: dict[str, Any] = {}
     for key, cls, kwargs, prefix in specs:
@@ -90,16 +95,14 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
 
 
 def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
-    from rlhf_core.data.rl_dataset import create_rl_dataset
-
     data = config.data
     train = create_rl_dataset(list(_as_list(data.train_files)), tokenizer, data,
-                              max_samples=int(data.get("train_max_samples", -1) or -1))
+                              max_samples=int(data.train_max_samples))
     val = None
-    if data.get("val_files"):
+    if data.val_files:
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
-                                max_samples=int(data.get("val_max_samples", -1) or -1))
-    if not config.reward_model.get("enable", False) and not config.custom_reward_function.get("path"):
+                                max_samples=int(data.val_max_samples), is_train=False)
+    if not config.reward_model.enable and not config.custom_reward_function.path:
         for ds in (train, val):
             check_rule_reward_inputs(ds)
     return train, val
@@ -113,8 +116,6 @@ def check_rule_reward_inputs(dataset: Any) -> None:
     Raises:
         DataError: naming the file and row of the first row without a ground truth.
     """
-    from rlhf_core.data import DataError
-
     rows, sources = getattr(dataset, "rows", None), getattr(dataset, "sources", None)
     if rows is None or sources is None:
         return
@@ -126,29 +127,40 @@ def check_rule_reward_inputs(dataset: Any) -> None:
                             "without it)")
 
 
+def driver_tokenizer_path(config: DictConfig) -> str:
+    """The tokenizer the driver uses for the datasets and reward managers: ``data.tokenizer`` when set, else
+    ``actor_rollout_ref.model.path``; it is loaded with ``data.trust_remote_code`` (verl's ``main_ppo``)."""
+    data_tokenizer = config.data.tokenizer
+    return str(data_tokenizer if data_tokenizer is not None else config.actor_rollout_ref.model.path)
+
+
+def load_driver_tokenizer(config: DictConfig) -> Any:
+    """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
+    (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
+    from rlhf_core.models.loading import load_tokenizer, local_path
+
+    return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None,
     "worker_nodes": the Ray node id of each actor rank}``.
 
     Raises:
-        ValueError: from config validation (before any model is loaded) or a bad ``resume_from_path``.
+        ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
+            ``rollout.name`` is not importable) or a bad ``resume_from_path``.
     """
-    from rlhf_core.config import validate_ppo_config
-    from rlhf_core.distributed.ray_init import init_ray
-    from rlhf_core.models.loading import load_tokenizer, local_path
-    from rlhf_core.reward import load_reward_manager
-
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
+    if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
+        raise ConfigError(engine_errors(config)[0])
     # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
-    model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(local_path(str(model_cfg.path)), bool(model_cfg.get("trust_remote_code", False)))
+    tokenizer = load_driver_tokenizer(config)
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    ray_cfg = config.get("ray_init") or {}
-    init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
+    init_ray(config.ray_init.address, config.ray_init.num_cpus)
     trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
@@ -160,22 +172,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
             "worker_nodes": nodes}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``rlhf ppo key=value ...``: load ``ppo_trainer`` with the overrides and run; returns the exit code."""
-    from rlhf_core.config import load_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: rlhf ppo [key=value ...]   verl's ppo_trainer.yaml keys, e.g.\n"
-              "  rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL "
-              "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4\n"
-              "`rlhf config show` prints every key; `rlhf config check [overrides]` validates without training.")
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config("ppo_trainer", argv)
-    result = run_ppo(config)
-    print(f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
-    return 0
+main = config_command(
+    "rlhf ppo", "ppo_trainer", "PPO / GRPO / RLOO / REINFORCE++ training with verl's ppo_trainer.yaml keys\n"
+    "(like python -m verl.trainer.main_ppo).",
+    "rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL algorithm.adv_estimator=grpo "
+    "actor_rollout_ref.rollout.n=4", run_ppo,
+    lambda result: f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
 
 
 def _as_list(value: Any) -> list:

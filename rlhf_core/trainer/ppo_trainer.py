@@ -13,18 +13,35 @@ With an ``"rm"`` group (``reward_model.enable``), the [reward] stage (and valida
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
+from transformers import AutoConfig
 
+from rlhf_core.algos.advantages import get_adv_estimator
+from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
+from rlhf_core.algos.loss_agg import agg_loss
+from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
+from rlhf_core.data.loader import build_dataloader
+from rlhf_core.data.rl_dataset import collate_fn as default_collate
+from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
+from rlhf_core.config.validate import use_critic
+from rlhf_core.data.sampler import create_rl_sampler
+from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.checkpoint_manager import CheckpointManager
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
+                                            mean_rank_metrics, resample_rows, timer)
+from rlhf_core.trainer.mfu import estimate_mfu
 from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.profiling import StepProfiler
+from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
-from rlhf_core.trainer.stages import (add_uids, balance_batch, dump_rollouts, ensure_response_mask, mean_rank_metrics,
-                                      merge, timer)
+from rlhf_core.trainer.tracking import Tracking
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +54,8 @@ def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> in
     Raises:
         ValueError: when the result is not positive (e.g. an empty dataloader).
     """
-    given = config.trainer.get("total_training_steps")
-    total = int(given) if given else steps_per_epoch * int(config.trainer.total_epochs)
+    given = config.trainer.total_training_steps
+    total = int(given) if given is not None and given > 0 else steps_per_epoch * int(config.trainer.total_epochs)
     if total <= 0:
         raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
                          f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")
@@ -68,37 +85,41 @@ class RayPPOTrainer:
         self.val_reward_fn = val_reward_fn if val_dataset is not None else None
         self.tracker = tracker
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == "gae"
+        self.use_critic = use_critic(config)  # critic.enable; null = only for gae (verl 0.6 need_critic)
+        self.use_pf_ppo = bool(algo.use_pf_ppo) and algo.adv_estimator == "gae"
+        if algo.use_pf_ppo and not self.use_pf_ppo:
+            logger.warning("algorithm.use_pf_ppo=True has no effect with adv_estimator=%s: as in verl, PF-PPO "
+                           "resamples the batch only with adv_estimator=gae", algo.adv_estimator)
         self.use_remax = algo.adv_estimator == "remax"
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl = None
         if algo.use_kl_in_reward:
-            from rlhf_core.algos.kl_controller import get_kl_controller
-
             kc = algo.kl_ctrl
-            self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.get("horizon"), kc.get("target_kl"))
+            self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.horizon, kc.target_kl)
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
+        self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
         self.global_steps = 0
+        self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
 
     # ---- setup -----------------------------------------------------------------------------------
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
-        from rlhf_core.data.loader import build_dataloader
-        from rlhf_core.data.rl_dataset import collate_fn as default_collate
-
         data = self.config.data
         collate = collate_fn or default_collate
-        workers = int(data.get("dataloader_num_workers", 0) or 0)
+        workers = int(data.dataloader_num_workers)
+        seed = None if data.seed is None else int(data.seed)  # an explicit 0 stays 0
         self.train_dataloader = build_dataloader(train_dataset, int(data.train_batch_size),
-                                                 shuffle=bool(data.get("shuffle", True)), seed=int(data.get("seed", 1) or 1),
-                                                 drop_last=True, collate_fn=collate, num_workers=workers)
+                                                 shuffle=bool(data.shuffle), seed=seed,
+                                                 drop_last=True, collate_fn=collate, num_workers=workers,
+                                                 sampler=create_rl_sampler(data, train_dataset))
         self.val_dataloader = None
         if val_dataset is not None:
-            val_bs = data.get("val_batch_size") or len(val_dataset)
-            self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=False, seed=0,
-                                                   drop_last=False, collate_fn=collate)
+            val_bs = len(val_dataset) if data.val_batch_size is None else data.val_batch_size
+            # data.validation_shuffle: a seeded (data.seed) shuffle of the validation set, as verl's val dataloader
+            self.val_dataloader = build_dataloader(val_dataset, int(val_bs), shuffle=bool(data.validation_shuffle),
+                                                   seed=seed, drop_last=False, collate_fn=collate)
         self.total_training_steps = compute_total_training_steps(self.config, len(self.train_dataloader))
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
@@ -120,7 +141,12 @@ class RayPPOTrainer:
 
     # ---- the loop --------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train until ``total_training_steps`` (or ``trainer.stop_after_step``); returns the last step's metrics.
+        """Train until ``total_training_steps`` (or ``trainer.stop_after_step``, or until the wall-clock budget
+        ``trainer.total_training_seconds`` is spent); returns the last step's metrics.
+
+        The budget clock starts when the first training step starts (after ``val_before_train``; a resumed run
+        starts a new clock). The step during which it runs out is treated as the last step: it validates (when
+        ``test_freq > 0``) and checkpoints (when ``save_freq > 0``), then the loop stops.
 
         A run resumed at or beyond its last step (or its ``stop_after_step``) trains nothing and returns ``{}``
         (or the ``val_before_train`` metrics)."""
@@ -129,37 +155,46 @@ class RayPPOTrainer:
         self._ensure_tracker()
         self._load_checkpoint()
         last_metrics: dict[str, float] = {}
-        if self.val_reward_fn is not None and self.config.trainer.get("val_before_train", True):
+        if self.val_reward_fn is not None and self.config.trainer.val_before_train:
             last_metrics = self.validator.validate(self.global_steps)
             self.tracker.log(last_metrics, step=self.global_steps)
-            if self.config.trainer.get("val_only", False):
+            if self.config.trainer.val_only:
                 return last_metrics
-        stop_at = min(self.total_training_steps, int(self.config.trainer.get("stop_after_step") or 10**12))
+        stop_after = self.config.trainer.stop_after_step
+        stop_at = self.total_training_steps if stop_after is None else min(self.total_training_steps, int(stop_after))
         if self.global_steps >= stop_at:
             return last_metrics
         steps_per_epoch = len(self.train_dataloader)
         n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
+        profiler = StepProfiler(self.config.global_profiler, self.wgs)
+        self._train_started = time.monotonic()
         for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
             for batch in self.train_dataloader:
                 self.global_steps += 1
+                profiler.begin(self.global_steps)
                 last_metrics = self.train_step(batch, epoch)
+                profiler.end(self.global_steps, last=self.global_steps >= stop_at)
                 self.tracker.log(last_metrics, step=self.global_steps)
-                if self.global_steps >= stop_at:
+                if self.global_steps >= stop_at or self.budget_spent():
+                    self.checkpoints.finish_pending()
                     return last_metrics
+        self.checkpoints.finish_pending()
         return last_metrics
+
+    def budget_spent(self) -> bool:
+        """True once ``trainer.total_training_seconds`` (wall clock, seconds) have passed since the training loop
+        started; always False when the key is null or the loop has not started."""
+        budget = self.config.trainer.total_training_seconds
+        return (budget is not None and self._train_started is not None
+                and time.monotonic() - self._train_started >= float(budget))
 
     def _ensure_tracker(self) -> None:
         if self.tracker is None:
-            from rlhf_core.trainer.tracking import Tracking
-
             t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
-        from rlhf_core.metrics.training import (compute_data_metrics, compute_throughput_metrics,
-                                                compute_timing_metrics)
-
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
@@ -171,7 +206,7 @@ class RayPPOTrainer:
             if self.use_remax:
                 with timer("gen_max", timing):
                     batch = self.compute_reward_baselines(prompts, batch)
-            if self.config.trainer.get("balance_batch", False):
+            if self.config.trainer.balance_batch:
                 batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
                 metrics.update(balance_metrics)
             with timer("reward", timing):
@@ -187,7 +222,7 @@ class RayPPOTrainer:
                     batch = self.compute_values(batch)
             with timer("adv", timing):
                 batch = self.compute_advantage(batch, metrics)
-            if self.config.trainer.get("rollout_data_dir"):
+            if self.config.trainer.rollout_data_dir:
                 with timer("dump_rollout_generations", timing):
                     dump_rollouts(batch, self.tokenizer, str(self.config.trainer.rollout_data_dir), self.global_steps)
             if self.use_critic:
@@ -197,6 +232,7 @@ class RayPPOTrainer:
             if self.global_steps > int(self.config.trainer.critic_warmup):
                 with timer("update_actor", timing):
                     metrics.update(self.update_actor(batch))
+            is_last = is_last or self.budget_spent()  # the budget ran out during this step: it is the last
             if self._should_test(is_last):
                 with timer("testing", timing):
                     metrics.update(self.validator.validate(self.global_steps))
@@ -209,14 +245,37 @@ class RayPPOTrainer:
         if "update_actor" in timing:
             metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+        if self._train_started is not None:
+            metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
+        self._after_step(batch)
         return metrics
+
+    def _after_step(self, batch: Batch) -> None:
+        """verl's end-of-step hooks: a curriculum ``data.sampler`` gets ``update(batch=batch)``; a dataset with
+        ``on_batch_end`` (``data.datagen``) gets ``on_batch_end(batch=batch)``."""
+        sampler = self.train_dataloader.sampler
+        if sampler is not None and hasattr(sampler, "update"):
+            sampler.update(batch=batch)
+        dataset = self.train_dataloader.dataset
+        if hasattr(dataset, "on_batch_end"):
+            dataset.on_batch_end(batch=batch)
 
     # ---- stages ----------------------------------------------------------------------------------
     def generate(self, batch: Batch) -> Batch:
-        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``."""
+        """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
+
+        ``rollout.skip_rollout`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
+        responses (``rlhf_core.trainer.rollout_control``)."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
-        out = self.actor_wg.execute_dp("generate_sequences", batch)
-        batch = ensure_response_mask(merge(batch, out))
+        out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None
+        if out is None:
+            out = self.actor_wg.execute_dp("generate_sequences", batch)
+            if self.rollout_dump:
+                self.rollout_dump.dump(self.global_steps, out)
+        rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
+        if rate > 0:
+            out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)
+        batch = ensure_response_mask(batch.merge(out, "actor rollout generate_sequences"))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
 
@@ -231,53 +290,46 @@ class RayPPOTrainer:
         batch, result = score_batch(batch, self.reward_fn, self.wgs.get("rm"))
         extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
                   if len(v) == len(batch)}
-        return merge(batch, Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+        return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (aggregated by ``loss_agg_mode``)."""
-        from rlhf_core.algos.loss_agg import agg_loss
-
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
-            mode = self.config.actor_rollout_ref.actor.get("loss_agg_mode", "token-mean")
+            mode = self.config.actor_rollout_ref.actor.loss_agg_mode
             entropy = agg_loss(out["entropys"], batch["response_mask"].float(), mode)
             metrics["actor/entropy"] = float(entropy)
             out = Batch({k: v for k, v in out.tensors.items() if k != "entropys"}, out.non_tensors, out.meta)
-        return merge(batch, out)
+        return batch.merge(out, "actor compute_log_prob")
 
     def compute_rollout_is(self, batch: Batch, metrics: dict) -> Batch:
         """Rollout importance sampling (``algorithm.rollout_is*``): with ``rollout_log_probs`` from the rollout
         engine and a threshold set, log ``mismatch/rollout_is_*``; with ``rollout_is=True`` also add the detached
         ``rollout_is_weights (B, T)`` that the actor multiplies into its per-token policy loss."""
-        from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
-
         algo = self.config.algorithm
-        if "rollout_log_probs" not in batch or algo.get("rollout_is_threshold") is None:
+        if "rollout_log_probs" not in batch or algo.rollout_is_threshold is None:
             return batch
         weights, is_metrics = compute_rollout_importance_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-            level=algo.get("rollout_is_level", "token"), mode=algo.get("rollout_is_mode", "truncate"),
-            threshold=algo.get("rollout_is_threshold"), threshold_lower=algo.get("rollout_is_threshold_lower"),
-            veto_threshold=algo.get("rollout_is_veto_threshold"))
+            level=algo.rollout_is_level, mode=algo.rollout_is_mode, threshold=algo.rollout_is_threshold,
+            threshold_lower=algo.rollout_is_threshold_lower, veto_threshold=algo.rollout_is_veto_threshold)
         metrics.update(is_metrics)
-        if algo.get("rollout_is", False):
-            batch = merge(batch, Batch({"rollout_is_weights": weights.detach()}))
+        if algo.rollout_is:
+            batch = batch.merge(Batch({"rollout_is_weights": weights.detach()}))
         return batch
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
-        return merge(batch, wg.execute_dp("compute_ref_log_prob", batch))
+        return batch.merge(wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""
-        return merge(batch, self.wgs["critic"].execute_dp("compute_values", batch))
+        return batch.merge(self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
-        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``."""
-        from rlhf_core.algos.advantages import get_adv_estimator
-        from rlhf_core.algos.kl_controller import apply_kl_penalty
-
+        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``; then, with
+        ``algorithm.use_pf_ppo`` (gae), the batch is resampled by :meth:`pf_ppo_resample`."""
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
         if algo.use_kl_in_reward:
@@ -291,9 +343,20 @@ class RayPPOTrainer:
         advantages, returns = get_adv_estimator(algo.adv_estimator)(
             token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
-            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.get("norm_adv_by_std_in_grpo", True)),
+            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
-        return merge(batch, Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        batch = batch.merge(Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
+        return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
+
+    def pf_ppo_resample(self, batch: Batch) -> Batch:
+        """PF-PPO (``algorithm.use_pf_ppo``, with gae, as verl): the batch resampled with replacement, P(row) ∝ the
+        ``algorithm.pf_ppo`` weight of its score Σ_t token_level_scores (``rlhf_core.algos.pf_ppo``). Per-row lists
+        in ``meta`` (``global_token_num``) follow the rows. Seeded by the global step, so a resumed run draws the
+        same rows (verl draws from the global RNG)."""
+        pf = self.config.algorithm.pf_ppo
+        idx = pf_ppo_resample_indices(batch["token_level_scores"].sum(-1), pf.reweight_method, float(pf.weight_pow),
+                                      generator=torch.Generator().manual_seed(self.global_steps))
+        return resample_rows(batch, idx)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """[update_critic] one critic update; per-rank metrics averaged."""
@@ -306,24 +369,18 @@ class RayPPOTrainer:
 
     def _actor_mfu(self, batch: Batch, seconds: float) -> float:
         """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
-        from rlhf_core.trainer.mfu import estimate_mfu
-
         if not hasattr(self, "_hf_config"):
             try:
-                from transformers import AutoConfig
-
-                from rlhf_core.models.loading import local_path
-
                 model = self.config.actor_rollout_ref.model
                 self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
-                                                             trust_remote_code=bool(model.get("trust_remote_code", False)))
+                                                             trust_remote_code=bool(model.trust_remote_code))
             except Exception as exc:  # a remote-code model the driver cannot load: MFU unknown
                 logger.warning("perf/mfu/actor unavailable: %s", exc)
                 self._hf_config = None
         if self._hf_config is None:
             return 0.0
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        passes = int(self.config.actor_rollout_ref.actor.get("ppo_epochs", 1) or 1)
+        passes = int(self.config.actor_rollout_ref.actor.ppo_epochs)
         seqlens = batch["attention_mask"].sum(-1).tolist()
         return estimate_mfu(self._hf_config, seqlens, seconds, self.actor_wg.world_size, passes, name)
 
@@ -334,8 +391,8 @@ class RayPPOTrainer:
 
     def _should_save(self, is_last: bool) -> bool:
         freq = int(self.config.trainer.save_freq)
-        stop_after = self.config.trainer.get("stop_after_step")
-        at_stop = bool(stop_after) and self.global_steps == int(stop_after)
+        stop_after = self.config.trainer.stop_after_step
+        at_stop = stop_after is not None and self.global_steps == int(stop_after)
         return at_stop or (freq > 0 and (is_last or self.global_steps % freq == 0))
 
     def save_checkpoint(self) -> str:
@@ -345,15 +402,22 @@ class RayPPOTrainer:
         if self.use_critic:
             fns["critic"] = lambda p: self.wgs["critic"].execute_all("save_checkpoint", p, None, step)
         trainer_state = {"kl_ctrl_value": self.kl_ctrl.value} if self.kl_ctrl is not None else None
-        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state)
+        waits = None
+        if self._async_save():  # checkpoint.async_save: the tracker follows once every worker's files are written
+            waits = [lambda wg=wg: wg.execute_all("wait_checkpoint")
+                     for wg in [self.actor_wg] + ([self.wgs["critic"]] if self.use_critic else [])]
+        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state,
+                                                         wait_fns=waits)
         return self.last_checkpoint_dir
+
+    def _async_save(self) -> bool:
+        async_save = bool(self.config.actor_rollout_ref.actor.checkpoint.async_save)
+        return async_save or (self.use_critic and bool(self.config.critic.checkpoint.async_save))
 
     def _load_checkpoint(self) -> None:
         """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
-        from rlhf_core.trainer.checkpoint_manager import parse_global_step
-
         t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if path is None:
             logger.info("training from scratch")
             return
@@ -372,6 +436,11 @@ class RayPPOTrainer:
         self.checkpoints.after_load(path)
 
     def shutdown(self) -> None:
+        if self.wgs:
+            try:  # an async checkpoint still being written when fit raised: keep it if it completes
+                self.checkpoints.finish_pending()
+            except Exception as exc:  # the tracker keeps naming the last complete checkpoint
+                logger.warning("pending async checkpoint not completed: %s", exc)
         for wg in self.wgs.values():
             wg.shutdown()
         if self.tracker is not None and hasattr(self.tracker, "finish"):

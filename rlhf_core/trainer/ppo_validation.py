@@ -16,9 +16,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlhf_core.metrics.samples import write_samples_parquet
+from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.reward_stage import score_batch
-from rlhf_core.trainer.stages import add_uids, ensure_response_mask, merge, pad_to_divisor, unpad
+from rlhf_core.trainer.driver_utils import add_uids, ensure_response_mask, pad_to_divisor, unpad
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,6 @@ class Validator:
 
     def validate(self, global_step: int) -> dict[str, float]:
         """Generate, score and summarise the whole validation set; returns ``{metric name: value}``."""
-        from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
-
         if self.val_reward_fn is None or self.val_dataloader is None:
             return {}
         rows: list[dict[str, Any]] = []
@@ -54,13 +54,13 @@ class Validator:
 
     def _validate_batch(self, batch: Batch, global_step: int) -> list[dict[str, Any]]:
         kw = self.config.actor_rollout_ref.rollout.val_kwargs
-        n = int(kw.get("n", 1))
+        n = int(kw.n)
         batch = add_uids(batch).repeat_interleave(n)
-        batch.meta.update({"validate": True, "do_sample": bool(kw.get("do_sample", False)),
+        batch.meta.update({"validate": True, "do_sample": bool(kw.do_sample),
                            "global_steps": global_step})
         padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
         out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
-        batch = ensure_response_mask(merge(batch, out))
+        batch = ensure_response_mask(batch.merge(out))
         batch, result = score_batch(batch, self.val_reward_fn, self.rm_wg)
         scores = result["reward_tensor"].float().sum(-1).tolist()
         extras = result.get("reward_extra_info") or {}
@@ -97,7 +97,7 @@ class Validator:
                 for ids, n in zip(batch["responses"], lengths)]
 
     def _log_generations(self, rows: list[dict[str, Any]]) -> None:
-        k = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        k = int(self.config.trainer.log_val_generations)
         if k <= 0 or not rows:
             return
         order = sorted(range(len(rows)), key=lambda i: rows[i]["prompt"])
@@ -108,11 +108,9 @@ class Validator:
                         r["step"], r["score"], r["prompt"], r["response"], r["ground_truth"])
 
     def _write_samples(self, rows: list[dict[str, Any]], global_step: int) -> str | None:
-        out_dir = self.config.trainer.get("validation_data_dir")
+        out_dir = self.config.trainer.validation_data_dir
         if not out_dir or not rows:
             return None
-        from rlhf_core.metrics.samples import write_samples_parquet
-
         return write_samples_parquet(rows, str(out_dir), f"val_step_{global_step}")
 
 

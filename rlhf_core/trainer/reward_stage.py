@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.stages import ensure_response_mask, merge, pad_to_divisor, unpad
+from rlhf_core.trainer.driver_utils import ensure_response_mask, pad_to_divisor, unpad
 
 
 def add_rm_scores(batch: Batch, rm_wg: Any | None) -> Batch:
@@ -26,7 +26,7 @@ def add_rm_scores(batch: Batch, rm_wg: Any | None) -> Batch:
     if rm_wg is None or "rm_scores" in batch:
         return batch
     padded, pad = pad_to_divisor(batch, rm_wg.world_size)
-    return merge(batch, unpad(rm_wg.execute_dp("compute_rm_score", padded), pad))
+    return batch.merge(unpad(rm_wg.execute_dp("compute_rm_score", padded), pad), "reward model compute_rm_score")
 
 
 def score_batch(batch: Batch, reward_fn: Callable, rm_wg: Any | None = None) -> tuple[Batch, dict]:
@@ -52,8 +52,8 @@ def add_reward_baselines(prompts: Batch, batch: Batch, actor_wg: Any, reward_fn:
     greedy = Batch(dict(prompts.tensors), dict(prompts.non_tensors),
                    {**prompts.meta, "global_steps": global_steps, "validate": False, "do_sample": False})
     padded, pad = pad_to_divisor(greedy, actor_wg.world_size)
-    greedy = ensure_response_mask(merge(greedy, unpad(actor_wg.execute_dp("generate_sequences", padded), pad)))
+    greedy = ensure_response_mask(greedy.merge(unpad(actor_wg.execute_dp("generate_sequences", padded), pad)))
     _, result = score_batch(greedy, reward_fn, rm_wg)
     by_uid = dict(zip((str(u) for u in greedy["uid"]), result["reward_tensor"].float().sum(-1).tolist()))
     baselines = torch.tensor([by_uid[str(u)] for u in batch["uid"]], dtype=torch.float32)
-    return merge(batch, Batch({"reward_baselines": baselines}))
+    return batch.merge(Batch({"reward_baselines": baselines}))

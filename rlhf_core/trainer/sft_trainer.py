@@ -14,21 +14,29 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any
 
+import ray
 from omegaconf import DictConfig
 
+from rlhf_core.cli import config_command
+from rlhf_core.config import validate_sft_config
+from rlhf_core.data.loader import build_dataloader
+from rlhf_core.data.rl_dataset import collate_fn
+from rlhf_core.data.sft_dataset import create_sft_dataset
+from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
-from rlhf_core.trainer.stages import mean_rank_metrics
+from rlhf_core.trainer.driver_utils import mean_rank_metrics
+from rlhf_core.trainer.sft_worker import SFTWorker
+from rlhf_core.trainer.tracking import Tracking
 
 logger = logging.getLogger(__name__)
 
 
 def sft_collate(items: list[dict]) -> Batch:
-    from rlhf_core.data.rl_dataset import collate_fn
-
     return collate_fn(items)
 
 
@@ -37,12 +45,10 @@ class SFTTrainer:
     ``tracker`` (``log(data, step)``; ``None`` → from ``trainer.logger``)."""
 
     def __init__(self, config: DictConfig, train_dataset: Any, val_dataset: Any = None, tracker: Any = None):
-        from rlhf_core.data.loader import build_dataloader
-
         self.config = config
         t, data = config.trainer, config.data
         self.world_size = int(t.nnodes) * int(t.n_gpus_per_node)
-        seed = int(t.get("seed", 1) or 1)
+        seed = None if t.seed is None else int(t.seed)  # an explicit 0 stays 0
         self.train_loader = build_dataloader(train_dataset, int(data.train_batch_size), shuffle=True, seed=seed,
                                              drop_last=True, collate_fn=sft_collate)
         self.val_loader = None
@@ -52,32 +58,23 @@ class SFTTrainer:
             self.val_loader = build_dataloader(val_dataset, max(bs, self.world_size), shuffle=False, seed=seed,
                                                drop_last=True, collate_fn=sft_collate)
         steps_per_epoch = len(self.train_loader)
-        given = t.get("total_training_steps")
-        self.total_steps = int(given) if given else steps_per_epoch * int(t.total_epochs)
+        given = t.total_training_steps
+        self.total_steps = int(given) if given is not None and given > 0 else steps_per_epoch * int(t.total_epochs)
         if self.total_steps <= 0:
             raise ValueError(f"SFT has 0 training steps: {len(train_dataset)} samples, "
                              f"data.train_batch_size={data.train_batch_size}")
-        keep = t.get("max_ckpt_to_keep")
-        self.checkpoints = CheckpointManager(t.default_local_dir, t.get("default_hdfs_dir"), keep, None)
+        self.checkpoints = CheckpointManager(t.default_local_dir, t.default_hdfs_dir, t.max_ckpt_to_keep, None)
         self.tracker = tracker
         self.global_step = 0
         self.wg = None
 
     def init_workers(self) -> None:
-        from rlhf_core.trainer.sft_worker import SFTWorker
-
         kwargs = {"config": self.config, "total_steps": self.total_steps}
         if self.world_size == 1:
-            from rlhf_core.distributed.worker_group import LocalWorkerGroup
-
             self.wg = LocalWorkerGroup(SFTWorker, kwargs)
         else:
-            from rlhf_core.distributed.ray_init import init_ray
-            from rlhf_core.distributed.worker_group import RayWorkerGroup
-
-            ray_cfg = self.config.get("ray_init") or {}
-            init_ray(ray_cfg.get("address"), ray_cfg.get("num_cpus"))
-            gpus = 1.0 if str(self.config.trainer.get("device", "auto")) != "cpu" and _cluster_has_gpu() else 0.0
+            init_ray(self.config.ray_init.address, self.config.ray_init.num_cpus)
+            gpus = 1.0 if str(self.config.trainer.device) != "cpu" and _cluster_has_gpu() else 0.0
             self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
                                      num_gpus_per_worker=gpus, name_prefix="sft")
         self.wg.execute_all("init_model")
@@ -88,13 +85,11 @@ class SFTTrainer:
         if self.wg is None:
             self.init_workers()
         if self.tracker is None:
-            from rlhf_core.trainer.tracking import Tracking
-
             t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
         last_ckpt = self._resume()
         t = self.config.trainer
-        save_freq, test_freq = int(t.get("save_freq", -1) or -1), int(t.get("test_freq", -1) or -1)
+        save_freq, test_freq = int(t.save_freq), int(t.test_freq)
         steps_per_epoch = len(self.train_loader)
         metrics: dict[str, float] = {}
         n_epochs = -(-self.total_steps // steps_per_epoch)
@@ -128,7 +123,7 @@ class SFTTrainer:
 
     def _resume(self) -> str | None:
         t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.get("resume_mode", "auto"), t.get("resume_from_path"))
+        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
         if path is None:
             return None
         self.global_step = parse_global_step(path)
@@ -147,8 +142,6 @@ class SFTTrainer:
 
 
 def _cluster_has_gpu() -> bool:
-    import ray
-
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
@@ -159,16 +152,12 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
     Raises:
         ConfigError: a broken batch-size rule (before any model is loaded).
     """
-    from rlhf_core.config import validate_sft_config
-    from rlhf_core.data.sft_dataset import create_sft_dataset
-    from rlhf_core.models.loading import load_tokenizer
-
     validate_sft_config(config)  # before any model is loaded
     model = config.model
-    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.get("trust_remote_code", False)))
+    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.trust_remote_code))
     data = config.data
     train = create_sft_dataset(_as_list(data.train_files), tokenizer, data)
-    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.get("val_files") else None
+    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.val_files else None
     trainer = SFTTrainer(config, train, val)
     try:
         return trainer.fit()
@@ -176,21 +165,11 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
         trainer.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``rlhf sft key=value ...``."""
-    from rlhf_core.config import load_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: rlhf sft [key=value ...]   verl's sft_trainer.yaml keys, e.g.\n"
-              "  rlhf sft data.train_files=train.parquet model.partial_pretrain=MODEL trainer.total_epochs=1\n"
-              "`rlhf config show --config-name sft_trainer` prints every key.")
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config("sft_trainer", argv)
-    result = run_sft(config)
-    print(f"sft finished at step {result['global_step']}; model: {result['hf_model_dir']}")
-    return 0
+main = config_command(
+    "rlhf sft", "sft_trainer", "Supervised fine-tuning with verl's sft_trainer.yaml keys\n"
+    "(like torchrun -m verl.trainer.fsdp_sft_trainer).",
+    "rlhf sft data.train_files=train.parquet model.partial_pretrain=MODEL trainer.total_epochs=1", run_sft,
+    lambda result: f"sft finished at step {result['global_step']}; model: {result['hf_model_dir']}")
 
 
 def _as_list(value: Any) -> list:

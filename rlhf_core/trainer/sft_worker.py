@@ -5,19 +5,27 @@ method takes this rank's shard of the batch. Loss (verl's ``fsdp_sft_trainer``):
 ``logits[:, :-1]`` against ``input_ids[:, 1:]`` weighted by ``loss_mask[:, :-1]``, **token-mean over the whole
 global batch** — the valid-token count is summed over micro-batches and ranks first, each micro-batch contributes
 ``Σ CE·m / N_global`` (× world size, since FSDP averages gradients over ranks), so the loss and gradient do not
-depend on ``micro_batch_size_per_gpu`` or the number of ranks.
+depend on ``micro_batch_size_per_gpu`` or the number of ranks. The accumulation, clipping, finite check and step
+are the shared :func:`rlhf_core.workers.update_loop.run_update` (one mini-batch, one epoch per step).
 """
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from transformers import AutoTokenizer
 
+from rlhf_core.models.loading import load_causal_lm, local_path, to_torch_dtype
+from rlhf_core.models.lora import apply_lora, merge_lora
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.batching import all_reduce_sum, global_counts
+from rlhf_core.workers.checkpoint import FSDPCheckpointManager
+from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
+from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
+from rlhf_core.workers.optim import build_optimizer
+from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
 
@@ -32,43 +40,34 @@ class SFTWorker:
 
     # ---- model -----------------------------------------------------------------------------------
     def init_model(self) -> None:
-        from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
-        from rlhf_core.models.lora import apply_lora
-        from rlhf_core.trainer.sft_schedule import build_sft_scheduler
-        from rlhf_core.workers.fsdp_utils import apply_fsdp2
-        from rlhf_core.workers.optim import build_optimizer
-
         mcfg = self.config.model
-        torch.manual_seed(int(self.config.trainer.get("seed", 1) or 1))
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.get("model_dtype", "fp32")),
-                               trust_remote_code=bool(mcfg.get("trust_remote_code", False)),
-                               external_lib=mcfg.get("external_lib"))
-        if mcfg.get("enable_gradient_checkpointing", False):
+        torch.manual_seed(int(self.config.trainer.seed))  # an explicit 0 stays 0
+        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
+                               trust_remote_code=bool(mcfg.trust_remote_code), external_lib=mcfg.external_lib)
+        if mcfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        model = apply_lora(model, int(mcfg.get("lora_rank", 0) or 0), float(mcfg.get("lora_alpha", 16)),
-                           mcfg.get("target_modules", "all-linear"))
+        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
+        offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
-        offload = bool(fsdp_cfg.get("cpu_offload") and fsdp_cfg.get("offload_params"))
         fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
-        self.scheduler = build_sft_scheduler(self.optimizer, self.config.optim, self.total_steps)
+        self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
 
-    def _micro_batches(self, batch: Batch) -> list[Batch]:
-        """Micro-batches of ``data.micro_batch_size_per_gpu`` rows (else the deprecated global
+    def _micro_batch_size(self) -> int:
+        """Rows per micro-batch: ``data.micro_batch_size_per_gpu`` (else the deprecated global
         ``data.micro_batch_size`` ÷ world size)."""
         data = self.config.data
-        size = data.get("micro_batch_size_per_gpu")
-        if not size:
-            world = dist.get_world_size() if dist.is_initialized() else 1
-            size = max(1, int(data.micro_batch_size) // world)
-        return batch.split(int(size))
+        if data.micro_batch_size_per_gpu is not None:
+            return int(data.micro_batch_size_per_gpu)
+        return max(1, int(data.micro_batch_size) // world_size())
+
+    def _micro_batches(self, batch: Batch) -> list[Batch]:
+        return batch.split(self._micro_batch_size())
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
         """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad)."""
-        from rlhf_core.workers.fsdp_utils import device
-
         dev = device()
         input_ids = micro["input_ids"].to(dev)
         out = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(dev),
@@ -79,56 +78,38 @@ class SFTWorker:
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
         return (ce.view_as(mask) * mask).sum()
 
-    def _global_tokens(self, batch: Batch) -> float:
-        count = torch.tensor([float(batch["loss_mask"][:, :-1].sum())])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(count)
-        return float(count.item())
-
     # ---- steps -----------------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer update on this rank's shard; returns ``train/loss`` (global token-mean), ``train/lr``,
-        ``train/grad_norm``. A non-finite grad norm skips the update (logged as such)."""
-        from rlhf_core.workers.fsdp_utils import clip_grad_norm
-
-        self.model.train()
-        n_tokens = self._global_tokens(batch)
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        """One optimizer update on this rank's shard (:func:`run_update`: one mini-batch, one epoch); returns
+        ``train/loss`` (global token-mean), ``train/lr`` (before the scheduler step), ``train/grad_norm``,
+        ``train/skipped_steps`` (1 when a non-finite grad norm skipped the update)."""
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for micro in self._micro_batches(batch):
+        schedule = UpdateSchedule(ppo_epochs=1, mini_batch_size=len(batch), micro_batch_size=self._micro_batch_size(),
+                                  grad_clip=self.config.optim.clip_grad)
+
+        def micro_loss(micro: Batch, n_tokens: float, _n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)
-            (contribution * world).backward()
-            loss_sum += float(contribution.detach())
-        grad_norm = clip_grad_norm(self.model, float(self.config.optim.get("clip_grad", 1.0) or 0.0))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            logger.warning("non-finite grad norm %s: update skipped", grad_norm)
+            return contribution, {"train/loss": float(contribution.detach())}
+
+        metrics = run_update("train", self.model, self.optimizer, batch, schedule, micro_loss,
+                             count_mask=_loss_mask)
         self.scheduler.step()
-        return {"train/loss": _all_reduce_sum(loss_sum), "train/lr": lr, "train/grad_norm": grad_norm}
+        return {**metrics, "train/lr": lr}
 
     @torch.no_grad()
     def eval_step(self, batch: Batch) -> dict[str, float]:
         """``val/loss``: token-mean cross-entropy over the whole (global) batch; no update."""
         self.model.eval()
-        n_tokens = self._global_tokens(batch)
+        n_tokens, _ = global_counts(_loss_mask(batch))
         total = sum(float(self._token_loss_sum(m)) for m in self._micro_batches(batch))
-        return {"val/loss": _all_reduce_sum(total) / max(n_tokens, 1.0)}
+        return {"val/loss": all_reduce_sum({"val/loss": total})["val/loss"] / max(n_tokens, 1.0)}
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _ckpt(self):
         """The shared FSDP checkpoint manager (DCP model/optimizer shards, extra = scheduler + RNG, huggingface/)."""
-        from transformers import AutoTokenizer
-
-        from rlhf_core.models.loading import local_path
-        from rlhf_core.workers.checkpoint import FSDPCheckpointManager
-
         if getattr(self, "_ckpt_mgr", None) is None:
-            ck = self.config.trainer.get("checkpoint") or {}
-            save = list(ck.get("save_contents") or ["model", "optimizer", "extra"])
-            load = ck.get("load_contents")
+            ck = self.config.trainer.checkpoint
+            save, load = list(ck.save_contents), ck.load_contents
             tok = AutoTokenizer.from_pretrained(local_path(str(self.config.model.partial_pretrain)))
             hf_config = getattr(getattr(self.model, "base_model", self.model), "config", None)
             self._ckpt_mgr = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler, tok, hf_config,
@@ -144,35 +125,20 @@ class SFTWorker:
 
     def save_hf_model(self, out_dir: str) -> str | None:
         """Rank 0 writes a plain Hugging Face directory (config, tokenizer, full weights; LoRA merged)."""
-        from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
-        from rlhf_core.models.lora import apply_lora, merge_lora
-        from rlhf_core.workers.fsdp_utils import full_state_dict
-
         state = full_state_dict(self.model, rank0_only=True)
-        if _rank() != 0:
+        if rank() != 0:
             return None
         mcfg = self.config.model
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.get("model_dtype", "fp32")),
-                               trust_remote_code=bool(mcfg.get("trust_remote_code", False)))
-        model = apply_lora(model, int(mcfg.get("lora_rank", 0) or 0), float(mcfg.get("lora_alpha", 16)),
-                           mcfg.get("target_modules", "all-linear"))
+        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
+                               trust_remote_code=bool(mcfg.trust_remote_code))
+        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
         model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=True)
         model = merge_lora(model)
         model.save_pretrained(out_dir)
-        from transformers import AutoTokenizer
-
-        from rlhf_core.models.loading import local_path
-
         AutoTokenizer.from_pretrained(local_path(str(mcfg.partial_pretrain))).save_pretrained(out_dir)
         return out_dir
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _all_reduce_sum(value: float) -> float:
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return float(t.item())
+def _loss_mask(batch: Batch) -> torch.Tensor:
+    """``loss_mask[:, :-1]`` ``(B, L-1)``: the positions whose next token is trained on."""
+    return batch["loss_mask"][:, :-1]

@@ -28,6 +28,7 @@ Raises:
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import numbers
@@ -35,6 +36,8 @@ import os
 import re
 import time
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +63,6 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
 
 def flatten_config(config: Any) -> dict[str, str]:
     """A nested config (DictConfig or dict) as ``{"a.b.c": "value"}`` strings (for MLflow params)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(config, DictConfig):
         try:
             config = OmegaConf.to_container(config, resolve=True)
@@ -116,6 +117,7 @@ class MlflowSink:
     """Logs into ``MLFLOW_RUN_ID`` when set, else into a new run (ended with FINISHED by :meth:`finish`)."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any):
+        # lazy (this and the two below): mlflow takes seconds to import; only runs with the mlflow sink pay it
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient()
@@ -178,8 +180,6 @@ class _ModuleSink:
     """wandb / swanlab / trackio: ``init(project=, name=, config=)``, ``log(data, step=)``, ``finish()``."""
 
     def __init__(self, module_name: str, project_name: str, experiment_name: str, config: Any):
-        import importlib
-
         self.module = importlib.import_module(module_name)
         cfg = flatten_config(config) if config is not None else None
         self.module.init(project=project_name, name=experiment_name, config=cfg)

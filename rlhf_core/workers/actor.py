@@ -12,7 +12,6 @@ micro-batch without gradients, both logits divided by the same temperature as th
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Mapping
 
 import torch
@@ -20,12 +19,13 @@ from torch import nn
 
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import get_policy_loss_fn
+from rlhf_core.algos.policy_loss import get_policy_loss_fn, policy_loss_scalars
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
-from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
+from rlhf_core.workers.fsdp_utils import device
+from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
 _COMPILED: dict[str, "_CompiledOrEager"] = {}
@@ -101,7 +101,7 @@ class DataParallelPPOActor:
                  ref_model: nn.Module | None = None, activation_offload: bool = False) -> None:
         self.config = config
         self.activation_offload = bool(activation_offload)
-        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.get("use_torch_compile", False)))
+        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile))
         self.model = model
         self.ref_model = ref_model
         self.optimizer = optimizer
@@ -137,7 +137,7 @@ class DataParallelPPOActor:
         """Per-token KL of the policy vs the reference for the KL loss, ``(b, T)`` (``kl_loss_type``):
         ``full`` → :func:`kl_penalty_full` on the current and reference logits; else :func:`kl_penalty` on
         ``log_prob`` and ``mb["ref_log_prob"]``."""
-        kind = self.config.get("kl_loss_type", "low_var_kl")
+        kind = self.config.kl_loss_type
         if kind == "full":
             return kl_penalty_full(logits, self.ref_response_logits(mb, temperature))
         return kl_penalty(log_prob, mb["ref_log_prob"].to(log_prob.device), kind)
@@ -178,100 +178,76 @@ class DataParallelPPOActor:
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
         return torch.cat(out)
 
-    # ---- update --------------------------------------------------------------------------------------------
+    # ---- update (the loop is rlhf_core.workers.update_loop; the actor supplies the micro-batch loss) -----------
     def _is_weights(self, mb: Batch) -> torch.Tensor | None:
         if "rollout_is_weights" in mb:
             return mb["rollout_is_weights"]
-        if not self.config.get("rollout_is", False) or "rollout_log_probs" not in mb:
+        if not self.config.rollout_is or "rollout_log_probs" not in mb:
             return None
         weights, _ = compute_rollout_importance_weights(
             mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"],
-            level=self.config.get("rollout_is_level", "token"), mode=self.config.get("rollout_is_mode", "truncate"),
-            threshold=self.config.get("rollout_is_threshold"), threshold_lower=self.config.get("rollout_is_threshold_lower"),
-            veto_threshold=self.config.get("rollout_is_veto_threshold"))
+            level=self.config.rollout_is_level, mode=self.config.rollout_is_mode,
+            threshold=self.config.rollout_is_threshold, threshold_lower=self.config.rollout_is_threshold_lower,
+            veto_threshold=self.config.rollout_is_veto_threshold)
         return weights
 
     def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
-        """This micro-batch's contribution to the mini-batch loss, and its metric contributions."""
+        """This micro-batch's contribution to the mini-batch loss, and its metric contributions (the
+        :data:`~rlhf_core.workers.update_loop.MicroLoss` of the actor)."""
         cfg = self.config
-        mode = cfg.get("loss_agg_mode", "token-mean")
-        entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
+        mode = cfg.loss_agg_mode
+        entropy_coeff = float(cfg.entropy_coeff)
         dev = device()
         mask = mb["response_mask"].to(dev)
-        use_kl_loss = bool(cfg.get("use_kl_loss", False))
-        full_kl = use_kl_loss and cfg.get("kl_loss_type", "low_var_kl") == "full"
-        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=True, return_logits=full_kl)
-        clip = float(cfg.get("clip_ratio", 0.2))
-        low = cfg.get("clip_ratio_low")
-        high = cfg.get("clip_ratio_high")
+        use_kl_loss = bool(cfg.use_kl_loss)
+        full_kl = use_kl_loss and cfg.kl_loss_type == "full"
+        # the entropy enters the loss only with entropy_coeff (verl computes it only then, too); the logged
+        # actor/entropy is the rollout batch's pre-update entropy, from compute_log_prob (the trainer's old_log_prob)
+        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff),
+                                                          return_logits=full_kl)
         is_w = self._is_weights(mb)
-        loss_mode = (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
-        pg_loss, pg_metrics = get_policy_loss_fn(loss_mode)(
-            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask,
-            clip if low is None else float(low), clip if high is None else float(high),
-            float(cfg.get("clip_ratio_c", 3.0)), mode,
-            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq)
-        ent = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
-        loss = pg_loss - entropy_coeff * ent if entropy_coeff else pg_loss
+        pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
+            mb["old_log_probs"].to(dev), log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
+            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq,
+            **policy_loss_scalars(cfg))
+        loss = pg_loss
+        if entropy_coeff:
+            loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
-        metrics = {"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(ent.detach())}
+        metrics = {"actor/pg_loss": float(pg_loss.detach())}
         metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
             kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
-            loss = loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+            loss = loss + float(cfg.kl_loss_coef) * kl_loss
             metrics["actor/kl_loss"] = float(kl_loss.detach())
         return loss, metrics
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over this rank's shard: one optimizer step per mini-batch.
+        """PPO epochs over this rank's shard: one optimizer step per mini-batch (:func:`run_update`).
 
         Needs ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
         ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with ``use_kl_loss`` unless ``kl_loss_type: full``,
         ``rollout_log_probs`` or ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over
         mini-batches, identical on every rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
-        ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
+        ``actor/pg_clipfrac_lower``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
         ``use_kl_loss``), ``actor/grad_norm``, ``actor/skipped_steps`` (non-finite grad norm → no step).
-        The LR is stepped by the worker.
+        The LR is stepped by the worker. No ``actor/entropy``: as in verl, that metric is the rollout batch's
+        entropy before the update (the trainer's ``old_log_prob`` stage), which an update value would overwrite.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")
         cfg = self.config
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
-        W = world_size()
-        seed = cfg.get("data_loader_seed")
-        seed = 0 if seed is None else int(seed)
-        self.model.train()
-        history: dict[str, list[float]] = {}
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
-            for mini in batching.mini_batches(batch, self.mini_batch_size or len(batch), epoch,
-                                              bool(cfg.get("shuffle", False)), seed, self.update_calls):
-                n_tok, n_seq = batching.global_counts(mini["response_mask"])
-                self.optimizer.zero_grad(set_to_none=True)
-                sums: dict[str, float] = {}
-                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
-                                                 cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
-                    with activation_offload(self.activation_offload):
-                        loss, m = self._micro_loss(mb, temperature, n_tok, n_seq)
-                    (loss * W).backward()  # FSDP averages gradients over the W ranks; the sum is wanted
-                    for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                mini_metrics = batching.all_reduce_sum(sums)
-                grad_norm = clip_grad_norm(self.model, cfg.get("grad_clip"))
-                if math.isfinite(grad_norm):
-                    self.optimizer.step()
-                    mini_metrics["actor/skipped_steps"] = 0.0
-                else:
-                    logger.warning("actor: grad norm is %s; skipping this optimizer step", grad_norm)
-                    mini_metrics["actor/skipped_steps"] = 1.0
-                self.optimizer.zero_grad(set_to_none=True)
-                mini_metrics["actor/grad_norm"] = grad_norm
-                if cfg.get("use_kl_loss", False):
-                    mini_metrics["actor/kl_coef"] = float(cfg.get("kl_loss_coef", 0.001))
-                for k, v in mini_metrics.items():
-                    history.setdefault(k, []).append(v)
+        schedule = UpdateSchedule(
+            ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size or len(batch),
+            micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
+            max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
+            seed=0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed), grad_clip=cfg.grad_clip,
+            activation_offload=self.activation_offload)
+        out = run_update("actor", self.model, self.optimizer, batch, schedule,
+                         lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq), self.update_calls)
         self.update_calls += 1
-        out = {k: sum(v) / len(v) for k, v in history.items()}
-        if "actor/skipped_steps" in history:
-            out["actor/skipped_steps"] = sum(history["actor/skipped_steps"])
+        if cfg.use_kl_loss:
+            out["actor/kl_coef"] = float(cfg.kl_loss_coef)
         return out

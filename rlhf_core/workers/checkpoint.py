@@ -12,9 +12,11 @@ crash never leaves a half-written ``local_path`` (an older checkpoint at that pa
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,17 +24,24 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.utils._pytree import tree_map
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
 
+from rlhf_core.atomic import replace_directory
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
-def _barrier() -> None:
+def _barrier(group=None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
+
+
+def _clone_tensors(tree: Any) -> Any:
+    """A copy of every tensor in ``tree`` (DTensors stay DTensors), so training can change the originals."""
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
 def rng_state() -> dict[str, Any]:
@@ -65,48 +74,77 @@ class FSDPCheckpointManager:
         tokenizer: saved into ``huggingface/``; hf_config: ``model.config`` (saved into ``huggingface/``).
         save_contents / load_contents: subsets of ``('model','optimizer','extra','hf_model')``.
         extra_state: ``() -> dict`` of counters to save; set_extra_state: ``(dict) -> None`` to restore them.
+        async_save: ``checkpoint.async_save``: :meth:`save` returns once the state is copied; the files are
+            written in the background and :meth:`wait` blocks until they are complete.
     """
 
     def __init__(self, model: nn.Module, optimizer, lr_scheduler, tokenizer, hf_config,
                  save_contents: Sequence[str] = ("model", "optimizer", "extra"),
                  load_contents: Sequence[str] | None = None,
                  extra_state: Callable[[], dict] | None = None, set_extra_state: Callable[[dict], None] | None = None,
-                 generation_config=None) -> None:
+                 generation_config=None, async_save: bool = False) -> None:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.tokenizer, self.hf_config, self.generation_config = tokenizer, hf_config, generation_config
         self.save_contents = _check_contents(save_contents, "save_contents")
         self.load_contents = _check_contents(load_contents if load_contents is not None else save_contents,
                                              "load_contents")
         self.extra_state, self.set_extra_state = extra_state, set_extra_state
+        # checkpoint.async_save: a writer thread with its own gloo group (collectives of the writer must not
+        # interleave with training's on the default group); new_group is collective, so every rank builds it here
+        self.async_save = bool(async_save)
+        self._pending: Future | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt") if self.async_save else None
+        self._pg = dist.new_group(backend="gloo") if self.async_save and dist.is_initialized() else None
 
     def _extra_path(self, root: str) -> str:
         return os.path.join(root, f"extra_state_world_size_{world_size()}_rank_{rank()}.pt")
 
     def save(self, local_path: str) -> str:
-        """Write the checkpoint to ``local_path`` (collective: every rank must call it). Returns the path."""
+        """Write the checkpoint to ``local_path`` (collective: every rank must call it). Returns the path.
+
+        With ``async_save`` the state is first copied (model/optimizer shards, RNG, scheduler, and the full
+        weights for ``hf_model``), then written by a background thread over a checkpoint-only gloo group while
+        training goes on; :meth:`wait` blocks until it is on disk. A previous pending save is waited for first.
+        """
         local_path = os.path.abspath(os.path.expanduser(local_path))
+        self.wait()
+        model_sd = get_model_state_dict(self.model) if "model" in self.save_contents else None
+        optim_sd = (get_optimizer_state_dict(self.model, self.optimizer)
+                    if "optimizer" in self.save_contents and self.optimizer is not None else None)
+        extra = None
+        if "extra" in self.save_contents:
+            extra = {"rng": rng_state(), "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+                     "counters": self.extra_state() if self.extra_state else {}}
+        full = full_state_dict(self.model, rank0_only=True) if "hf_model" in self.save_contents else None
+        if not self.async_save:
+            return self._write(local_path, model_sd, optim_sd, extra, full, None)
+        snapshot = _clone_tensors((model_sd, optim_sd, copy.deepcopy(extra), full))
+        self._pending = self._executor.submit(self._write, local_path, *snapshot, self._pg)
+        return local_path
+
+    def wait(self) -> str | None:
+        """Block until a pending async save is on disk (re-raising its error); returns its path or None."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def _write(self, local_path: str, model_sd, optim_sd, extra, full, pg) -> str:
         tmp = local_path + ".tmp"
         if rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-        _barrier()
-        if "model" in self.save_contents:
-            dcp.save(get_model_state_dict(self.model), checkpoint_id=os.path.join(tmp, "model"))
-        if "optimizer" in self.save_contents and self.optimizer is not None:
-            dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=os.path.join(tmp, "optim"))
-        if "extra" in self.save_contents:
-            extra = {"rng": rng_state(), "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-                     "counters": self.extra_state() if self.extra_state else {}}
+        _barrier(pg)
+        if model_sd is not None:
+            dcp.save(model_sd, checkpoint_id=os.path.join(tmp, "model"), process_group=pg)
+        if optim_sd is not None:
+            dcp.save(optim_sd, checkpoint_id=os.path.join(tmp, "optim"), process_group=pg)
+        if extra is not None:
             torch.save(extra, self._extra_path(tmp))
-        full = full_state_dict(self.model, rank0_only=True) if "hf_model" in self.save_contents else None
         if rank() == 0:
             self._save_hf(os.path.join(tmp, "huggingface"), full)
-        _barrier()
+        _barrier(pg)
         if rank() == 0:
-            if os.path.exists(local_path):
-                shutil.rmtree(local_path)
-            os.replace(tmp, local_path)
-        _barrier()
+            replace_directory(tmp, local_path)
+        _barrier(pg)
         return local_path
 
     def _save_hf(self, hf_dir: str, full: dict | None) -> None:
@@ -131,6 +169,7 @@ class FSDPCheckpointManager:
     def load(self, local_path: str) -> None:
         """Restore ``load_contents`` from ``local_path`` (collective). Raises ``FileNotFoundError`` if a
         requested part is missing; extra state needs the same world size it was saved with."""
+        self.wait()
         local_path = os.path.abspath(os.path.expanduser(local_path))
         if "model" in self.load_contents:
             path = os.path.join(local_path, "model")

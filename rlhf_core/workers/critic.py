@@ -5,8 +5,6 @@ is read at position ``P + t − 1`` like the actor's log-probs, and masked by ``
 """
 from __future__ import annotations
 
-import logging
-import math
 from typing import Any, Mapping
 
 import torch
@@ -16,9 +14,8 @@ from rlhf_core.algos.policy_loss import compute_value_loss
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor import forward_response_logits
-from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, device, world_size
-
-logger = logging.getLogger(__name__)
+from rlhf_core.workers.fsdp_utils import device
+from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 
 class DataParallelPPOCritic:
@@ -55,9 +52,9 @@ class DataParallelPPOCritic:
         cfg = self.config
         self.model.eval()
         out = []
-        for mb in batching.micro_batches(batch, cfg.get("forward_micro_batch_size_per_gpu") or self.micro_batch_size,
-                                         bool(cfg.get("use_dynamic_bsz", False)),
-                                         cfg.get("forward_max_token_len_per_gpu") or cfg.get("ppo_max_token_len_per_gpu"),
+        fwd = cfg.forward_micro_batch_size_per_gpu  # null: the update's micro-batch size per rank
+        for mb in batching.micro_batches(batch, self.micro_batch_size if fwd is None else fwd,
+                                         bool(cfg.use_dynamic_bsz), cfg.forward_max_token_len_per_gpu,
                                          "forward_max_token_len_per_gpu"):
             out.append(self._values(mb).cpu() * mb["response_mask"].float())
         return torch.cat(out)
@@ -67,49 +64,30 @@ class DataParallelPPOCritic:
 
         Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``response_mask``, ``values``,
         ``returns``. Returns ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean`` (masked token mean),
-        ``critic/grad_norm``, ``critic/skipped_steps``, averaged over mini-batches and identical on every rank."""
+        ``critic/grad_norm``, ``critic/skipped_steps``, averaged over mini-batches and identical on every rank
+        (:func:`run_update` with :meth:`_micro_loss`)."""
         cfg = self.config
-        mode = cfg.get("loss_agg_mode", "token-mean")
-        cliprange = cfg.get("cliprange_value", 0.5)
-        W = world_size()
-        seed = cfg.get("data_loader_seed")
-        seed = 0 if seed is None else int(seed)
-        dev = device()
-        self.model.train()
-        history: dict[str, list[float]] = {}
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
-            for mini in batching.mini_batches(batch, self.mini_batch_size, epoch, bool(cfg.get("shuffle", False)),
-                                              seed, self.update_calls):
-                n_tok, n_seq = batching.global_counts(mini["response_mask"])
-                self.optimizer.zero_grad(set_to_none=True)
-                sums: dict[str, float] = {}
-                for mb in batching.micro_batches(mini, self.micro_batch_size, bool(cfg.get("use_dynamic_bsz", False)),
-                                                 cfg.get("ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu"):
-                    mask = mb["response_mask"].to(dev)
-                    with activation_offload(self.activation_offload):
-                        vpreds = self._values(mb)
-                    loss, clipfrac = compute_value_loss(
-                        vpreds, mb["returns"].to(dev), mb["values"].to(dev), mask,
-                        None if cliprange is None else float(cliprange), mode, global_tokens=n_tok, global_seqs=n_seq)
-                    (loss * W).backward()
-                    share = float(mask.sum()) / max(n_tok, 1e-8)
-                    m = {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac) * share,
-                         "critic/vpred_mean": float((vpreds.detach() * mask).sum()) / max(n_tok, 1e-8)}
-                    for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                mini_metrics = batching.all_reduce_sum(sums)
-                grad_norm = clip_grad_norm(self.model, cfg.get("grad_clip"))
-                stepped = math.isfinite(grad_norm)
-                if stepped:
-                    self.optimizer.step()
-                else:
-                    logger.warning("critic: grad norm is %s; skipping this optimizer step", grad_norm)
-                self.optimizer.zero_grad(set_to_none=True)
-                mini_metrics["critic/grad_norm"] = grad_norm
-                mini_metrics["critic/skipped_steps"] = 0.0 if stepped else 1.0
-                for k, v in mini_metrics.items():
-                    history.setdefault(k, []).append(v)
+        schedule = UpdateSchedule(
+            ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size,
+            micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
+            max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
+            seed=0,  # the critic section has no data_loader_seed key: its shuffle has always been seeded by 0
+            grad_clip=cfg.grad_clip, activation_offload=self.activation_offload)
+        out = run_update("critic", self.model, self.optimizer, batch, schedule, self._micro_loss, self.update_calls)
         self.update_calls += 1
-        out = {k: sum(v) / len(v) for k, v in history.items()}
-        out["critic/skipped_steps"] = sum(history.get("critic/skipped_steps", [0.0]))
         return out
+
+    def _micro_loss(self, mb: Batch, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """This micro-batch's share of the mini-batch's clipped value loss (``compute_value_loss`` with the global
+        counts) and its metric contributions (the :data:`~rlhf_core.workers.update_loop.MicroLoss` of the critic)."""
+        cfg = self.config
+        mask = mb["response_mask"].to(device())
+        vpreds = self._values(mb)
+        cliprange = cfg.cliprange_value
+        loss, clipfrac = compute_value_loss(
+            vpreds, mb["returns"].to(mask.device), mb["values"].to(mask.device), mask,
+            None if cliprange is None else float(cliprange), cfg.loss_agg_mode, global_tokens=n_tok,
+            global_seqs=n_seq)
+        share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
+        return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac) * share,
+                      "critic/vpred_mean": float((vpreds.detach() * mask).sum()) / max(n_tok, 1e-8)}

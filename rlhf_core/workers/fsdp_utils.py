@@ -16,6 +16,11 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+from rlhf_core.config.structured import full_key, role_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +47,21 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _build_mesh(fsdp_size: int):
-    from torch.distributed.device_mesh import init_device_mesh
+def mesh_shape(fsdp_size: int, ws: int, key: str = "fsdp_config.fsdp_size", role: str = "actor") -> tuple[int, ...]:
+    """``(ws,)`` (plain FSDP) when ``fsdp_size`` is negative or covers the world, else ``(ws // fsdp_size,
+    fsdp_size)`` (HSDP: replicate over the first dim). Raises ValueError naming the role and ``key`` when
+    ``fsdp_size`` does not divide ``ws``."""
+    if fsdp_size < 0 or fsdp_size >= ws:
+        return (ws,)
+    if fsdp_size == 0 or ws % fsdp_size:
+        raise ValueError(f"{role_name(role)}: {key}={fsdp_size} must divide the world size {ws}")
+    return (ws // fsdp_size, fsdp_size)
 
-    ws = world_size()
+
+def _build_mesh(fsdp_size: int, key: str = "fsdp_config.fsdp_size", role: str = "actor"):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if fsdp_size is None or fsdp_size < 0 or fsdp_size >= ws:
-        return init_device_mesh(dev, (ws,), mesh_dim_names=("fsdp",))
-    if ws % fsdp_size:
-        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {ws}")
-    return init_device_mesh(dev, (ws // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+    shape = mesh_shape(fsdp_size, world_size(), key, role)
+    return init_device_mesh(dev, shape, mesh_dim_names=("fsdp",) if len(shape) == 1 else ("ddp", "fsdp"))
 
 
 def _modules_to_wrap(model: nn.Module, min_num_params: int) -> list[nn.Module]:
@@ -75,6 +85,13 @@ def _modules_to_wrap(model: nn.Module, min_num_params: int) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
+def _present(cfg: Mapping[str, Any], key: str, absent: Any) -> Any:
+    """``cfg[key]`` when this role's ``fsdp_config`` section has the key (its YAML value applies), else ``absent``:
+    the sections differ by role in verl's YAML (the ref has no ``fsdp_size``, SFT no ``offload_policy``), and a key a
+    section lacks means the feature is off for that role."""
+    return cfg[key] if key in cfg else absent
+
+
 def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, role: str = "actor") -> nn.Module:
     """Shard ``model`` in place with FSDP2 and return it (moved to :func:`device`).
 
@@ -82,13 +99,13 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
     ``reshard_after_forward`` (default True).
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    cfg = dict(fsdp_config or {})
-    wrap = dict(cfg.get("wrap_policy") or {})
-    offload = any(bool(cfg.get(k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
-    kwargs: dict[str, Any] = {"mesh": _build_mesh(int(cfg.get("fsdp_size", -1) or -1)),
-                              "reshard_after_forward": bool(cfg.get("reshard_after_forward", True))}
+    cfg = fsdp_config if fsdp_config is not None else {}
+    wrap = _present(cfg, "wrap_policy", {})
+    offload = any(bool(_present(cfg, k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
+    fsdp_size = _present(cfg, "fsdp_size", -1)
+    kwargs: dict[str, Any] = {"mesh": _build_mesh(-1 if fsdp_size is None else int(fsdp_size),
+                                                  full_key(cfg, "fsdp_size"), role),
+                              "reshard_after_forward": bool(_present(cfg, "reshard_after_forward", True))}
     if offload:
         if torch.cuda.is_available():
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
@@ -97,7 +114,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     if not torch.cuda.is_available() or not offload:
         model.to(device())
     broadcast_from_rank0(model)
-    for module in _modules_to_wrap(model, int(wrap.get("min_num_params", 0) or 0)):
+    for module in _modules_to_wrap(model, int(_present(wrap, "min_num_params", 0))):
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model
@@ -124,8 +141,6 @@ def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, tor
 
     With ``rank0_only=False`` every rank gets the full dict (on CPU for CPU runs, on the device on CUDA);
     with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return get_model_state_dict(model, options=opts)
 

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
@@ -16,22 +17,20 @@ from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
-from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, per_rank
+from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
+from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
+from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
-def _cfg_get(cfg, path: str, default: Any = None) -> Any:
-    node = cfg
-    for part in path.split("."):
-        if node is None or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
+def _listed(value: Any) -> list | None:
+    return None if value is None else list(value)
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(ProfiledWorker):
     """Actor (FSDP2 + AdamW), rollout engine (hybrid: its own full copy of the policy) and/or reference.
 
     Args:
@@ -51,53 +50,55 @@ class ActorRolloutRefWorker:
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
         self.actor_module = self.optimizer = self.lr_scheduler = self.ckpt = None
+        self.profiler_role = "actor" if self._is_actor or self._is_rollout else "ref"  # names the trace file
+
+    def profiler_config(self):
+        """The union of the ``profiler`` blocks of the roles this worker holds (actor, rollout, ref)."""
+        held = [r for r, on in (("actor", self._is_actor), ("rollout", self._is_rollout), ("ref", self._is_ref)) if on]
+        return union_profiler_configs([OmegaConf.select(self.arr, f"{r}.profiler") for r in held])
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def init_model(self) -> None:
         """Load tokenizer and models; shard with FSDP2; build optimizer, LR schedule, rollout; push weights."""
         mcfg, acfg = self.arr.model, self.arr.actor
-        if (self._is_actor and acfg.get("use_kl_loss", False) and acfg.get("kl_loss_type") == "full"
+        if (self._is_actor and acfg.use_kl_loss and acfg.kl_loss_type == "full"
                 and not self._is_ref):
             raise ValueError(f"actor_rollout_ref.actor.kl_loss_type='full' needs the reference model in the actor's "
                              f"worker (role 'actor_rollout_ref'), got role {self.role!r}")
-        self.tokenizer = load_tokenizer(mcfg.path, bool(mcfg.get("trust_remote_code", False)))
-        n = int(_cfg_get(self.arr, "rollout.n", 1))
+        self.tokenizer = load_tokenizer(mcfg.path, bool(mcfg.trust_remote_code))
+        n = int(self.arr.rollout.n)
         if self._is_actor:
-            note_unsupported(mcfg, bool(acfg.get("use_torch_compile", False)), "actor")
-            self.actor_module = build_model(mcfg, acfg.get("fsdp_config"), "actor")
+            note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")
+            self.actor_module = build_model(mcfg, acfg.fsdp_config, "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
-            dynamic = bool(acfg.get("use_dynamic_bsz", False))
-            self.actor = DataParallelPPOActor(
-                acfg, self.actor_module, self.optimizer,
-                mini_batch_size=per_rank(acfg.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size", n),
-                micro_batch_size=micro_per_rank(acfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-                activation_offload=bool(mcfg.get("enable_activation_offload", False)))
+            self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
+                                              **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
                 getattr(self.actor_module, "config", None),
-                save_contents=list(_cfg_get(acfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
-                load_contents=_cfg_get(acfg, "checkpoint.load_contents"),
+                save_contents=list(acfg.checkpoint.save_contents), load_contents=_listed(acfg.checkpoint.load_contents),
                 extra_state=self._extra_state, set_extra_state=self._set_extra_state,
-                generation_config=getattr(self.actor_module, "generation_config", None))
+                generation_config=getattr(self.actor_module, "generation_config", None),
+                async_save=bool(acfg.checkpoint.async_save))
         if self._is_rollout:
             self._init_rollout()
         if self._is_ref:
             rcfg = self.arr.ref
-            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.get("fsdp_config"), "ref"))
+            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"))
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
-        name = rcfg.get("name", "hf")
-        seed = int(_cfg_get(self.config, "data.seed", 0) or 0) if rcfg.get("seed") is None else int(rcfg.seed)
+        name = rcfg.name
+        # rollout.seed, else data.seed (an explicit 0 stays 0); both null: 0, the engines need an int
+        seed = rcfg.seed if rcfg.seed is not None else self.config.data.seed
+        seed = 0 if seed is None else int(seed)
         if name == "hf":
-            from rlhf_core.workers.rollout.hf_rollout import HFRollout
-            from rlhf_core.workers.rollout.engine_copy import build_engine_copy
-
-            module = build_engine_copy(self.arr.model, self.arr.actor.get("fsdp_config"))
+            module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
         elif name == "vllm":
+            # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
 
             self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())
@@ -132,7 +133,7 @@ class ActorRolloutRefWorker:
         return self.rollout.generate_sequences(batch)
 
     def _temperature(self, batch: Batch) -> Batch:
-        batch.meta.setdefault("temperature", float(_cfg_get(self.arr, "rollout.temperature", 1.0)))
+        batch.meta.setdefault("temperature", float(self.arr.rollout.temperature))
         return batch
 
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -140,15 +141,15 @@ class ActorRolloutRefWorker:
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
         rcfg = self.arr.rollout
-        dynamic = bool(rcfg.get("log_prob_use_dynamic_bsz", False))
+        dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
         micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
         batch = self._temperature(batch)
-        lp, ent = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.get("log_prob_max_token_len_per_gpu"))
+        lp, ent = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.log_prob_max_token_len_per_gpu)
         return Batch({"old_log_probs": lp, "entropys": ent}, meta={"temperature": batch.meta["temperature"]})
 
     def _full_kl_in_reward(self) -> bool:
-        return bool(_cfg_get(self.config, "algorithm.use_kl_in_reward", False)) and \
-            _cfg_get(self.config, "algorithm.kl_penalty") == "full"
+        algo = self.config.algorithm
+        return bool(algo.use_kl_in_reward) and algo.kl_penalty == "full"
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``Batch{ref_log_prob (B,T)}`` from the frozen reference model (ref.log_prob_* batching).
@@ -162,9 +163,9 @@ class ActorRolloutRefWorker:
         if self.ref is None:
             raise RuntimeError(f"role {self.role!r} has no reference model")
         rcfg = self.arr.ref
-        dynamic = bool(rcfg.get("log_prob_use_dynamic_bsz", False))
+        dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
         micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
-        max_tok = rcfg.get("log_prob_max_token_len_per_gpu")
+        max_tok = rcfg.log_prob_max_token_len_per_gpu
         batch = self._temperature(batch)
         lp, _ = self.ref.compute_log_prob(batch, micro, dynamic, max_tok, calculate_entropy=False)
         out = {"ref_log_prob": lp}
@@ -196,6 +197,10 @@ class ActorRolloutRefWorker:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored (copy the local checkpoint instead)", hdfs_path)
         return self.ckpt.save(local_path)
 
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait() if self.ckpt is not None else None
+
     def load_checkpoint(self, local_path: str) -> None:
         """Restore actor (+ optimizer, scheduler, RNG per ``load_contents``) and re-sync the rollout."""
         if self.ckpt is None:
@@ -208,8 +213,10 @@ class ActorRolloutRefWorker:
         return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.actor_module).items()}
 
 
-class CriticWorker:
+class CriticWorker(ProfiledWorker):
     """The PPO value model on FSDP2 (``critic.*`` config section)."""
+
+    profiler_role, profiler_key = "critic", "critic.profiler"
 
     def __init__(self, config) -> None:
         self.config = config
@@ -219,23 +226,18 @@ class CriticWorker:
     def init_model(self) -> None:
         ccfg = self.ccfg
         mcfg = ccfg.model
-        self.tokenizer = load_tokenizer(mcfg.get("tokenizer_path") or mcfg.path, bool(mcfg.get("trust_remote_code", False)))
-        n = int(ccfg.get("rollout_n") or _cfg_get(self.config, "actor_rollout_ref.rollout.n", 1))
+        self.tokenizer = load_tokenizer(mcfg.tokenizer_path, bool(mcfg.trust_remote_code))
+        n = int(ccfg.rollout_n)
         note_unsupported(mcfg, False, "critic")
-        self.module = build_model(mcfg, mcfg.get("fsdp_config") or ccfg.get("fsdp_config"), "critic", value_head=True)
+        self.module = build_model(mcfg, mcfg.fsdp_config, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
-        dynamic = bool(ccfg.get("use_dynamic_bsz", False))
-        self.critic = DataParallelPPOCritic(
-            ccfg, self.module, self.optimizer,
-            mini_batch_size=per_rank(ccfg.ppo_mini_batch_size, "critic.ppo_mini_batch_size", n),
-            micro_batch_size=micro_per_rank(ccfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", dynamic),
-            activation_offload=bool(mcfg.get("enable_activation_offload", False)))
+        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
-            save_contents=list(_cfg_get(ccfg, "checkpoint.save_contents", ["model", "optimizer", "extra"])),
-            load_contents=_cfg_get(ccfg, "checkpoint.load_contents"),
+            save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),
             extra_state=lambda: {"critic_update_calls": self.critic.update_calls},
-            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))))
+            set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))),
+            async_save=bool(ccfg.checkpoint.async_save))
 
     def compute_values(self, batch: Batch) -> Batch:
         """``Batch{values (B,T)}`` (masked by ``response_mask``)."""
@@ -252,6 +254,10 @@ class CriticWorker:
         if hdfs_path:
             logger.warning("save_checkpoint: hdfs_path=%s is ignored", hdfs_path)
         return self.ckpt.save(local_path)
+
+    def wait_checkpoint(self) -> str | None:
+        """Block until an ``async_save`` checkpoint is on disk (collective); returns its path (None: none pending)."""
+        return self.ckpt.wait()
 
     def load_checkpoint(self, local_path: str) -> None:
         self.ckpt.load(local_path)

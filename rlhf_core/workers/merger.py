@@ -2,7 +2,10 @@
 
 Reads the sharded DCP ``model/`` folder in a single process (no process group needed), builds the model from
 ``huggingface/config.json`` and writes ``save_pretrained`` weights + the tokenizer into ``target_dir``.
-Usage: ``rlhf merge --local-dir CKPT/global_step_N/actor --target-dir OUT`` (``main(argv)``).
+A verl 0.6 FSDP checkpoint (``model_world_size_W_rank_R.pt`` shards beside ``huggingface/``) is read too
+(:mod:`rlhf_core.workers.verl_checkpoint`), so a verl run can be brought over.
+Usage: ``rlhf merge --local-dir CKPT/global_step_N/actor --target-dir OUT`` (``main(argv)``), or verl's
+``rlhf merge merge --backend fsdp --local_dir … --target_dir …``.
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ import tempfile
 
 import torch
 
+from rlhf_core.atomic import atomic_directory
+from rlhf_core.cli import run_command
+from rlhf_core.data import DataError
+from rlhf_core.workers.verl_checkpoint import is_verl_checkpoint, load_verl_fsdp_state_dict
 
 def _load_dcp_full(model_dir: str) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -53,8 +60,11 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], alpha: float) -> dict[
 def merge_checkpoint(local_dir: str, target_dir: str) -> str:
     """Write a ``from_pretrained``-loadable directory for the checkpoint at ``local_dir``; returns ``target_dir``.
 
-    Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or both ``model/`` and
-    full ``huggingface`` weights."""
+    ``local_dir`` is ours (DCP ``model/``, or full ``huggingface`` weights) or verl 0.6's FSDP layout
+    (``model_world_size_W_rank_R.pt`` + ``fsdp_config.json``); weights keep their saved dtype.
+
+    Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or any weights, or a verl
+    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     hf_dir = os.path.join(local_dir, "huggingface")
@@ -62,14 +72,19 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
         raise FileNotFoundError(f"{hf_dir}/config.json not found: is {local_dir} an actor/critic checkpoint folder?")
     config = AutoConfig.from_pretrained(hf_dir)
     model_dir = os.path.join(local_dir, "model")
-    if os.path.isdir(model_dir):
+    if is_verl_checkpoint(local_dir):
+        with torch.device("meta"):
+            shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        state = load_verl_fsdp_state_dict(local_dir, shapes)
+    elif os.path.isdir(model_dir):
         state = _load_dcp_full(model_dir)
     elif os.path.exists(os.path.join(hf_dir, "model.safetensors")):
         from safetensors.torch import load_file
 
         state = load_file(os.path.join(hf_dir, "model.safetensors"))
     else:
-        raise FileNotFoundError(f"no model weights in {local_dir} (neither model/ nor huggingface/model.safetensors)")
+        raise FileNotFoundError(f"no model weights in {local_dir} (neither model/, verl's "
+                                f"model_world_size_W_rank_R.pt nor huggingface/model.safetensors)")
     if any(".lora_" in k for k in state):
         state = _merge_lora(state, hf_dir)
     # a critic (value head ``score``, no ``lm_head``) keeps the LM's ``architectures`` in its config: decide by keys
@@ -83,38 +98,39 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
     model.load_state_dict(state, strict=False, assign=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
-        raise KeyError(f"checkpoint lacks weights for {missing[:5]} ...")
+        raise DataError(f"{local_dir}: the checkpoint lacks weights for {missing[:5]} ...")
     if getattr(config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
         model.tie_weights()
-    tmp = target_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in os.listdir(hf_dir):  # tokenizer files + generation config
-        if name not in ("config.json", "model.safetensors", "adapter_config.json") and os.path.isfile(os.path.join(hf_dir, name)):
-            shutil.copy2(os.path.join(hf_dir, name), os.path.join(tmp, name))
-    if os.path.exists(target_dir):
-        shutil.rmtree(target_dir)
-    os.replace(tmp, target_dir)
+    with atomic_directory(target_dir.rstrip("/")) as tmp:
+        model.save_pretrained(tmp)
+        for name in os.listdir(hf_dir):  # tokenizer files + generation config
+            if name not in ("config.json", "model.safetensors", "adapter_config.json") and os.path.isfile(os.path.join(hf_dir, name)):
+                shutil.copy2(os.path.join(hf_dir, name), os.path.join(tmp, name))
     return target_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rlhf merge --local-dir DIR --target-dir OUT``; returns the exit code (0 ok, 1 error, printed)."""
-    parser = argparse.ArgumentParser(prog="rlhf merge", description=__doc__.splitlines()[0])
+    """``rlhf merge [merge] --local-dir DIR --target-dir OUT``; returns the exit code (0 ok; 1 not a checkpoint,
+    one line on stderr; 2 bad command line). verl's own form ``merge --backend fsdp --local_dir … --target_dir …``
+    (``python -m verl.model_merger merge ...``) works as it is, the leading ``merge`` included."""
+    parser = argparse.ArgumentParser(prog="rlhf merge", description=__doc__.splitlines()[0],
+                                     epilog="verl's form works too: rlhf merge merge --backend fsdp "
+                                            "--local_dir ckpt/global_step_10/actor --target_dir hf_model")
+    parser.add_argument("operation", nargs="?", choices=["merge"], default="merge",
+                        help="verl model_merger's operation word (only merge; optional)")
     # verl's model_merger spells them --local_dir / --target_dir: both spellings work
     parser.add_argument("--local-dir", "--local_dir", dest="local_dir", required=True,
                         help="global_step_N/actor (or critic) folder")
     parser.add_argument("--target-dir", "--target_dir", dest="target_dir", required=True,
                         help="output Hugging Face directory")
     parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (verl compatible flag)")
-    args = parser.parse_args(argv)
-    try:
-        path = merge_checkpoint(args.local_dir, args.target_dir)
-    except (FileNotFoundError, KeyError) as exc:
-        print(f"rlhf merge: {exc}", file=sys.stderr)
-        return 1
-    print(f"merged {args.local_dir} -> {path}")
-    return 0
+
+    def command(args: list[str]) -> int:
+        ns = parser.parse_args(args)
+        print(f"merged {ns.local_dir} -> {merge_checkpoint(ns.local_dir, ns.target_dir)}")
+        return 0
+
+    return run_command("rlhf merge", command, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

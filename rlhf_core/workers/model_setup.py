@@ -7,10 +7,12 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from rlhf_core.config.structured import full_key, role_name
 from rlhf_core.models.loading import load_causal_lm, load_value_model, to_torch_dtype
 from rlhf_core.models.lora import apply_lora
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
-from rlhf_core.workers.optim import build_lr_scheduler, build_optimizer
+from rlhf_core.workers.lr_schedule import build_lr_scheduler
+from rlhf_core.workers.optim import build_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -19,28 +21,32 @@ def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role
     """Log, once per model, the settings this build accepts but runs differently (never silently).
 
     ``use_torch_compile`` is kept for callers; the actor logs its own CPU note (``actor.hot_functions``)."""
-    if model_cfg.get("use_remove_padding", False):
+    if model_cfg.use_remove_padding:
         logger.info("%s: use_remove_padding=True has no effect yet: running the padded forward (same numbers; the "
                     "packed varlen path needs flash-attention on CUDA)", role)
-    if model_cfg.get("enable_activation_offload", False) and not torch.cuda.is_available():
+    # the reward model's section has no enable_activation_offload (verl's YAML): nothing to note there
+    if "enable_activation_offload" in model_cfg and model_cfg.enable_activation_offload and not torch.cuda.is_available():
         logger.info("%s: enable_activation_offload=True is a no-op on CPU (activations already live in host memory)",
                     role)
 
 
-def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any] | None, role: str,
+def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role: str,
                 value_head: bool = False, default_dtype: str = "float32") -> nn.Module:
     """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing,
-    then shard it with FSDP2. ``fsdp_cfg.model_dtype`` picks the parameter dtype (default ``default_dtype``)."""
-    fsdp_cfg = fsdp_cfg or {}
-    dtype = to_torch_dtype(fsdp_cfg.get("model_dtype") or default_dtype)
+    then shard it with FSDP2. ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section
+    without that key). Raises FileNotFoundError / OSError naming the role and ``<section>.path`` when the model
+    cannot be loaded."""
+    dtype = to_torch_dtype(fsdp_cfg.model_dtype if "model_dtype" in fsdp_cfg else default_dtype)
     loader = load_value_model if value_head else load_causal_lm
-    model = loader(model_cfg["path"], dtype=dtype, override_config=model_cfg.get("override_config"),
-                   trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-                   external_lib=model_cfg.get("external_lib"))
-    if role in ("actor", "critic") and int(model_cfg.get("lora_rank", 0) or 0) > 0:
-        model = apply_lora(model, int(model_cfg["lora_rank"]), model_cfg.get("lora_alpha", 16),
-                           model_cfg.get("target_modules", "all-linear"), "TOKEN_CLS" if value_head else "CAUSAL_LM")
-    if role in ("actor", "critic") and model_cfg.get("enable_gradient_checkpointing", False):
+    try:
+        model = loader(model_cfg.path, dtype=dtype, override_config=model_cfg.override_config,
+                       trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib)
+    except OSError as exc:  # FileNotFoundError included: a missing or unreadable model directory
+        raise type(exc)(f"{role_name(role)}: {full_key(model_cfg, 'path')}={model_cfg.path!r}: {exc}") from exc
+    if role in ("actor", "critic") and int(model_cfg.lora_rank) > 0:
+        model = apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
+                           "TOKEN_CLS" if value_head else "CAUSAL_LM")
+    if role in ("actor", "critic") and model_cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if role == "ref":
         model.requires_grad_(False)
@@ -65,15 +71,34 @@ def per_rank(global_size: int | None, key: str, n: int = 1) -> int:
 def micro_per_rank(cfg: Mapping[str, Any], per_gpu_key: str, global_key: str, dynamic: bool) -> int | None:
     """The micro-batch size per rank: ``*_per_gpu``, or the deprecated global value ÷ world size.
 
-    Raises ``ValueError`` when both are set, or neither is and ``use_dynamic_bsz`` is off (SEMANTICS)."""
-    per_gpu, glob = cfg.get(per_gpu_key), cfg.get(global_key)
+    Raises ``ValueError`` naming the full keys when both are set, or neither is and ``use_dynamic_bsz`` is off
+    (SEMANTICS)."""
+    per_gpu, glob = cfg[per_gpu_key], cfg[global_key]
+    per_gpu_path, global_path = full_key(cfg, per_gpu_key), full_key(cfg, global_key)
     if per_gpu is not None and glob is not None:
-        raise ValueError(f"set only one of {per_gpu_key} and the deprecated {global_key}")
+        raise ValueError(f"set only one of {per_gpu_path} and the deprecated {global_path}")
     if glob is not None:
-        return per_rank(glob, global_key)
+        return per_rank(glob, global_path)
     if per_gpu is None and not dynamic:
-        raise ValueError(f"{per_gpu_key} must be set when use_dynamic_bsz is False")
+        raise ValueError(f"{per_gpu_path} must be set when use_dynamic_bsz is False")
     return None if per_gpu is None else int(per_gpu)
+
+
+def update_sizes(role_cfg: Any, model_cfg: Any, key: str, n: int) -> dict[str, Any]:
+    """The per-rank sizes of a trainable role's update, as keyword arguments of ``DataParallelPPOActor`` /
+    ``DataParallelPPOCritic``: ``mini_batch_size`` (``ppo_mini_batch_size × n ÷ world``), ``micro_batch_size``
+    (:func:`micro_per_rank`) and ``activation_offload`` (``model.enable_activation_offload``).
+
+    Args:
+        role_cfg: ``actor_rollout_ref.actor`` or ``critic``; ``key`` is its dotted path, used in errors.
+        model_cfg: the role's ``model`` section. n: ``rollout.n`` (responses per prompt).
+    Raises:
+        ValueError: from :func:`per_rank` / :func:`micro_per_rank`, naming the key.
+    """
+    return {"mini_batch_size": per_rank(role_cfg.ppo_mini_batch_size, f"{key}.ppo_mini_batch_size", n),
+            "micro_batch_size": micro_per_rank(role_cfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+                                               bool(role_cfg.use_dynamic_bsz)),
+            "activation_offload": bool(model_cfg.enable_activation_offload)}
 
 
 def first_param_device(model: nn.Module) -> torch.device:

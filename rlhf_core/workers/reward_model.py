@@ -25,12 +25,15 @@ import logging
 from typing import Any
 
 import torch
+from transformers import AutoModelForSequenceClassification
 
+from rlhf_core.config.structured import full_key
 from rlhf_core.models.loading import import_external_libs, load_tokenizer, local_path, to_torch_dtype
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
+from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
 
@@ -70,24 +73,27 @@ def right_padded(rows: list[list[int]], pad_token_id: int) -> Batch:
 
 def load_reward_model(model_cfg: Any, pad_token_id: int | None, dtype: str | torch.dtype = "float32"):
     """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` on CPU, frozen, in eval mode."""
-    from transformers import AutoModelForSequenceClassification
-
-    import_external_libs(model_cfg.get("external_lib"))
+    import_external_libs(model_cfg.external_lib)
+    try:
+        path = local_path(str(model_cfg.path))
+    except OSError as exc:  # FileNotFoundError included
+        raise type(exc)(f"reward model: {full_key(model_cfg, 'path')}={model_cfg.path!r}: {exc}") from exc
     model = AutoModelForSequenceClassification.from_pretrained(
-        local_path(str(model_cfg.path)), num_labels=1, dtype=to_torch_dtype(dtype),
-        trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+        path, num_labels=1, dtype=to_torch_dtype(dtype), trust_remote_code=bool(model_cfg.trust_remote_code))
     if model.config.pad_token_id is None and pad_token_id is not None:
         model.config.pad_token_id = int(pad_token_id)
     model.requires_grad_(False)
     return model.eval()
 
 
-class RewardModelWorker:
+class RewardModelWorker(ProfiledWorker):
     """Scores generated sequences with a reward model; see the module docstring.
 
     Args:
         config: the full PPO config (``reward_model.*``, ``actor_rollout_ref.model.*``).
     """
+
+    profiler_role, profiler_key = "reward_model", "reward_model.profiler"
 
     def __init__(self, config) -> None:
         self.config = config
@@ -103,24 +109,24 @@ class RewardModelWorker:
             ValueError: both or neither of ``micro_batch_size_per_gpu`` / ``micro_batch_size`` without dynamic bsz.
         """
         cfg, mcfg = self.rm_cfg, self.rm_cfg.model
-        trust = bool(mcfg.get("trust_remote_code", False))
+        trust = bool(mcfg.trust_remote_code)
         self.tokenizer = load_tokenizer(str(mcfg.path), trust)
-        if mcfg.get("input_tokenizer"):
+        if mcfg.input_tokenizer:
             self.input_tokenizer = load_tokenizer(str(mcfg.input_tokenizer), trust)
             self.switch_chat_template = not same_tokenizer(self.input_tokenizer, self.tokenizer)
-        self.dynamic = bool(cfg.get("use_dynamic_bsz", False))
+        self.dynamic = bool(cfg.use_dynamic_bsz)
         self.micro_batch_size = micro_per_rank(cfg, "micro_batch_size_per_gpu", "micro_batch_size", self.dynamic)
         note_unsupported(mcfg, False, "reward_model")
-        fsdp = mcfg.get("fsdp_config") or {}
-        model = load_reward_model(mcfg, self.tokenizer.pad_token_id, fsdp.get("model_dtype") or "float32")
+        fsdp = mcfg.fsdp_config  # verl's RM section has no model_dtype: the RM loads in float32
+        model = load_reward_model(mcfg, self.tokenizer.pad_token_id, "float32")
         head = getattr(model, "score", None)
         if head is not None:  # the per-token scores, before HF pools them at the last non-pad token
             head.register_forward_hook(lambda _m, _i, out: self._head_outputs.append(out))
         else:
             logger.warning("reward model %s has no 'score' head: using its pooled logits (HF picks the last token that "
                            "is not pad_token_id)", type(model).__name__)
-        self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.get("min_num_params", 0) or 0)},
-                                          "param_offload": bool(fsdp.get("param_offload", False))}, "reward_model")
+        self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
+                                          "param_offload": bool(fsdp.param_offload)}, "reward_model")
 
     # ---- inputs --------------------------------------------------------------------------------------------
     def rm_inputs(self, batch: Batch) -> Batch:
@@ -137,7 +143,7 @@ class RewardModelWorker:
         src, dst = self.input_tokenizer, self.tokenizer
         responses = batch["responses"]
         lengths = _response_mask(batch).ne(0).sum(-1).tolist()
-        max_length = self.rm_cfg.get("max_length")
+        max_length = self.rm_cfg.max_length
         rows = []
         for i in range(len(batch)):
             response = src.decode(responses[i, :int(lengths[i])].tolist())
@@ -179,7 +185,7 @@ class RewardModelWorker:
         inputs = self.rm_inputs(batch)
         self.module.eval()
         scores = [self._forward_micro_batch(mb) for mb in batching.micro_batches(
-            inputs, self.micro_batch_size, self.dynamic, self.rm_cfg.get("forward_max_token_len_per_gpu"),
+            inputs, self.micro_batch_size, self.dynamic, self.rm_cfg.forward_max_token_len_per_gpu,
             "reward_model.forward_max_token_len_per_gpu")]
         return Batch({"rm_scores": scores_on_last_response_token(torch.cat(scores), _response_mask(batch))})
 

@@ -35,7 +35,7 @@ def _actor_group(helpers, model_dir, *overrides):
     from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
-    cfg = helpers.ppo_config(model_dir, "+actor_rollout_ref.actor.optim.eps=1.0", *overrides)
+    cfg = helpers.ppo_config(model_dir, "actor_rollout_ref.actor.optim.eps=1.0", *overrides)
     wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
     wg.execute_all("init_model")
     return wg

@@ -28,7 +28,7 @@ def test_fsdp_actor_on_cuda_with_offload_matches_without(helpers, tiny_model_dir
 
     results = []
     for offload in ("False", "True"):
-        cfg = helpers.ppo_config(tiny_model_dir, "+actor_rollout_ref.actor.optim.eps=1.0",
+        cfg = helpers.ppo_config(tiny_model_dir, "actor_rollout_ref.actor.optim.eps=1.0",
                                  f"actor_rollout_ref.actor.fsdp_config.param_offload={offload}")
         wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
         wg.execute_all("init_model")

@@ -102,7 +102,7 @@ def test_sft_two_ray_workers_match_one(tiny_model_dir, sft_files, tmp_path, monk
         out = tmp_path / f"w{world}"
         run_sft(sft_config(tiny_model_dir, sft_files, out, "trainer.total_epochs=1", "trainer.test_freq=-1",
                            f"trainer.n_gpus_per_node={world}", "data.micro_batch_size_per_gpu=1",
-                           "+ray_init.num_cpus=2"))
+                           "ray_init.num_cpus=2"))
         m = read_metrics_jsonl(str(out / "metrics.jsonl"))
         losses[world] = [m[s]["train/loss"] for s in sorted(m)]
     assert len(losses[1]) == 2

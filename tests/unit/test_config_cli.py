@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from omegaconf import OmegaConf
 
 from rlhf_core.config.cli import main
 
 
-@pytest.mark.parametrize("name", ["ppo_trainer", "sft_trainer", "evaluation"])
-def test_check_passes_on_shipped_configs(name, capsys):
-    assert main(["check", "--config-name", name]) == 0
+HF = "actor_rollout_ref.rollout.name=hf"  # the engine every environment has (vllm may not be installed)
+
+
+@pytest.mark.parametrize("name,extra", [("ppo_trainer", [HF]), ("sft_trainer", []), ("evaluation", [])])
+def test_check_passes_on_shipped_configs(name, extra, capsys):
+    assert main(["check", "--config-name", name, *extra]) == 0
     assert f"OK: {name} is valid" in capsys.readouterr().err
+
+
+def test_check_fails_in_one_line_when_the_rollout_engine_is_not_importable(capsys):
+    # the shipped default engine is vllm: check passes exactly when the vllm package is importable here
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    assert main(["check", "actor_rollout_ref.rollout.name=vllm"]) == (0 if has_vllm else 1)
+    if not has_vllm:
+        err = capsys.readouterr().err.strip()
+        assert err == ("rlhf config: error: actor_rollout_ref.rollout.name='vllm' needs the 'vllm' package, which is not "
+                       "importable in this environment; install it or set actor_rollout_ref.rollout.name=hf.")
+    # show only prints the config: it does not need the engine
+    assert main(["show", "actor_rollout_ref.rollout.name=vllm"]) == 0
+
+
+def test_check_prints_a_notice_for_keys_that_change_nothing(capsys):
+    assert main(["check", HF, "actor_rollout_ref.model.use_remove_padding=true",
+                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"]) == 0
+    err = capsys.readouterr().err
+    assert ("Notice: actor_rollout_ref.model.use_remove_padding=True has no effect here (accepted, no effect yet): "
+            "only the padded forward exists, same outputs") in err
+    # the actor's copy follows through an interpolation: only the key the user set gets a notice
+    assert "actor_rollout_ref.actor.use_remove_padding" not in err
+    assert ("Notice: actor_rollout_ref.rollout.gpu_memory_utilization=0.8 has no effect here: it is read only by "
+            "the vllm rollout engine, and actor_rollout_ref.rollout.name='hf'.") in err
+    assert err.count("Notice:") == 2  # one per key
+    # under vllm on CPU the same key is "no effect on CPU" (vLLM's CPU backend ignores it)
+    assert main(["show", "trainer.device=cpu", "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"]) == 0
+    assert ("Notice: actor_rollout_ref.rollout.gpu_memory_utilization=0.8 has no effect here (no effect on CPU): "
+            "vLLM on CUDA only") in capsys.readouterr().err
 
 
 def test_check_typo_exits_nonzero_naming_nearest_key(capsys):
@@ -28,8 +62,8 @@ def test_check_rule_violation_exits_nonzero(capsys):
 
 def test_check_with_world_size(capsys):
     # shipped: 256 prompts x n 1 per mini-batch; 16 workers x micro 8 = 128 divides 256, 3 workers do not
-    assert main(["check", "--world-size", "16"]) == 0
-    assert main(["check", "--world-size", "3"]) == 1
+    assert main(["check", "--world-size", "16", HF]) == 0
+    assert main(["check", "--world-size", "3", HF]) == 1
     assert "is not divisible by world size 3" in capsys.readouterr().err
 
 

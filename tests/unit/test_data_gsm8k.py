@@ -100,7 +100,7 @@ def test_cli(tmp_path, capsys):
     assert pq.read_table(tmp_path / "o" / "train.parquet").to_pylist()[0]["reward_model"]["ground_truth"] == "1000"
     assert "train:" in capsys.readouterr().out
     _write_split(tmp_path / "bad", [json.dumps({"question": "q"})])
-    assert main(["gsm8k", "--local-dir", str(tmp_path / "bad"), "--out", str(tmp_path / "o2")]) == 2
+    assert main(["gsm8k", "--local-dir", str(tmp_path / "bad"), "--out", str(tmp_path / "o2")]) == 1  # bad data: one line, exit 1
     assert "line 1" in capsys.readouterr().err
     assert main(["gsm8k"]) == 2  # --out is required
     # verl's spellings of the same flags
@@ -146,4 +146,4 @@ def test_hub_unreachable_says_how_to_use_local_files(tmp_path, monkeypatch):
     assert "ConnectionError" in msg and "name resolution" in msg
     assert "GSM8K_DIR" in msg and "--local-dir" in msg and "train.jsonl" in msg and "test.jsonl" in msg
     assert isinstance(err.value.__cause__, ConnectionError)
-    assert main(["gsm8k", "--out", str(tmp_path / "o")]) == 2  # the CLI prints it without a traceback
+    assert main(["gsm8k", "--out", str(tmp_path / "o")]) == 1  # the CLI prints it without a traceback

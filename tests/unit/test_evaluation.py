@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 
 from rlhf_core.trainer.evaluation import run_evaluation
 
+from config_fixtures import typed_config
+
 
 def _write_parquet(path) -> str:
     df = pd.DataFrame({
@@ -32,12 +34,10 @@ def _write_parquet(path) -> str:
 
 
 def _config(data_path, samples_dir=None, custom_path=None, name="compute_score"):
-    return OmegaConf.create({
-        "data": {"path": data_path, "prompt_key": "prompt", "response_key": "responses",
-                 "data_source_key": "data_source", "reward_model_key": "reward_model"},
-        "custom_reward_function": {"path": custom_path, "name": name},
-        "output": {"samples_dir": samples_dir},
-    })
+    # ray_init.num_cpus=1: in-process scoring (tests/unit/test_evaluation_ray.py scores in Ray tasks)
+    return typed_config("evaluation", f"data.path={data_path}", f"output.samples_dir={samples_dir or 'null'}",
+                        f"custom_reward_function.path={custom_path or 'null'}", f"custom_reward_function.name={name}",
+                        "ray_init.num_cpus=1")
 
 
 def test_default_scorer_metrics_and_samples(tmp_path):
@@ -114,10 +114,10 @@ def test_main_eval_prints_json(tmp_path, capsys):
     from rlhf_core.trainer.main_eval import main
 
     data = _write_parquet(tmp_path / "resp.parquet")
-    rc = main([f"data.path={data}", f"output.samples_dir={tmp_path / 'out'}"])
+    rc = main([f"data.path={data}", f"output.samples_dir={tmp_path / 'out'}", "ray_init.num_cpus=1"])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["test_score/openai/gsm8k"] == pytest.approx(0.375)
     assert (tmp_path / "out" / "eval_samples.parquet").exists()
-    assert main([f"data.path={tmp_path / 'missing.parquet'}"]) == 1
+    assert main([f"data.path={tmp_path / 'missing.parquet'}", "ray_init.num_cpus=1"]) == 1
     assert "missing.parquet" in capsys.readouterr().err

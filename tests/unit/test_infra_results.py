@@ -139,3 +139,35 @@ def test_cli_sql_and_path(rlhf_env, results_store, tmp_path, capsys):
 def test_format_table_cuts_long_cells():
     text = format_table(["a"], [("x" * 100,), (None,)], max_width=10)
     assert "xxxxxxxxx…" in text and "NULL" in text and "(2 rows)" in text
+
+
+def _writer(home: str, tag: str, src_dir: str, rounds: int, start, out: mp.Queue) -> None:
+    store = ResultsStore(home)
+    start.wait(timeout=60)
+    counts: list = []
+    try:
+        for i in range(rounds):
+            store.register_samples([_samples(f"{src_dir}/{tag}_{i}.parquet", i)], f"run_{tag}", "ppo")
+            store.refresh_views(strict=True)  # a write connection every round: raises if it ever collides
+            counts.append(store.sql(f"SELECT count(*) FROM samples WHERE run_id = 'run_{tag}'")[1][0][0])
+    except Exception as exc:  # reported to the test instead of a silent dead process
+        counts.append(repr(exc))
+    out.put((tag, counts))
+
+
+def test_two_processes_writing_at_once(results_store, tmp_path):
+    # both processes open write connections (view refreshes) and read connections in a tight loop, started
+    # together; DuckDB refuses a second process while one writes, so without the store's lock they collide
+    ctx = mp.get_context("spawn")
+    start, q = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(str(results_store.home), tag, str(tmp_path), 15, start, q))
+             for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    # each process saw its own 4 new rows after every round: 4, 8, ..., 60
+    assert got == {"a": list(range(4, 61, 4)), "b": list(range(4, 61, 4))}
+    assert results_store.sql("SELECT count(*) FROM samples")[1] == [(120,)]

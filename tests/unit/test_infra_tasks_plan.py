@@ -252,8 +252,7 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     monkeypatch.setattr(flow_mod.shutil, "which", lambda name: "/usr/bin/rlhf")
     assert flow_mod.main([]) == 0
     assert seen == {} and "Try:    rlhf results sql" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        flow_mod.main(["--help"])
+    assert flow_mod.main(["--help"]) == 0  # every rlhf subcommand's main returns its exit code
     help_text = capsys.readouterr().out
     assert "--skip-sft" in help_text and "--skip-evaluate" in help_text
 
@@ -307,3 +306,50 @@ def test_gsm8k_dir_recorded_under_the_home_is_the_last_fallback(monkeypatch, tmp
     monkeypatch.setenv("GSM8K_DIR", "/env/gsm8k")  # anything the user gives wins
     assert resolve_settings({}).gsm8k_dir == "/env/gsm8k"
     assert resolve_settings({"gsm8k_dir": "/param"}).gsm8k_dir == "/param"
+
+
+@pytest.mark.parametrize("value", ["~/data/train.parquet", "a,b", "#1", "it's", "end\\", "q\\'x", "x=y",
+                                   "/tmp/x y", "  sp  ", "", "plain", "${data.max_prompt_length}"])
+def test_override_value_reads_back_through_hydras_grammar(value):
+    # the flow's overrides go through the same Hydra parser as a user's: any string comes back unchanged
+    from rlhf_core.config import parse_value
+
+    assert parse_value(plan.override_value(value)) == value
+    assert plan.override_value("plain") == "plain" and plan.override_value("~/x") == "'~/x'"
+
+
+def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
+    from flows.settings import validate_overrides
+
+    s = resolve_settings({"preset": "countdown"})
+    assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
+        "countdown", 20000, 500, 100000, 100000)
+    assert "trainer.total_training_seconds=300" in s.preset_ppo
+    validate_overrides(s)  # the shipped countdown preset is valid for every stage
+    assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
+    assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
+
+
+def test_preset_with_unknown_pipeline_key_is_refused(tmp_path):
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "pipeline.yaml").write_text("preset: bad\n")
+    (tmp_path / "presets" / "bad.yaml").write_text("pipeline: {val_promts: 5}\n")
+    with pytest.raises(ValueError, match="val_promts"):
+        resolve_settings({}, config_dir=tmp_path)
+
+
+def test_validation_before_after_prefers_acc_and_spans_segments():
+    rows = [
+        {"step": 0, "name": "val-core/countdown/acc/mean@1", "value": 0.1},
+        {"step": 0, "name": "val-core/countdown/reward/mean@1", "value": 0.1},
+        {"step": 3, "name": "critic/score/mean", "value": 0.9},  # not a validation metric
+        {"step": 5, "name": "val-core/countdown/acc/mean@1", "value": 0.25},  # segment 1 ends
+        {"step": 9, "name": "val-core/countdown/acc/mean@1", "value": 0.35},  # segment 2 ends
+    ]
+    out = plan.validation_before_after(rows)
+    assert out["name"] == "val-core/countdown/acc/mean@1"
+    assert (out["before_step"], out["after_step"]) == (0, 9)
+    assert out["gain"] == pytest.approx(0.35 - 0.1)
+    only_reward = [{"step": 2, "name": "val-core/openai/gsm8k/reward/mean@2", "value": 0.5}]
+    assert plan.validation_before_after(only_reward)["gain"] == 0.0
+    assert plan.validation_before_after([{"step": 1, "name": "actor/lr", "value": 1.0}]) is None

@@ -45,15 +45,26 @@ def test_mismatched_sizes_are_rejected():
         Batch.from_dict({"a": torch.zeros(3), "b": np.array([1, 2], dtype=object)})
 
 
-def test_index_union_select():
+def test_index_and_select():
     b = _batch()
     sub = b.index([3, 0])
     assert list(sub["uid"]) == ["d", "a"] and sub["input_ids"][0].tolist() == [9, 10, 11]
-    extra = Batch.from_dict({"score": torch.tensor([1.0, 2.0, 3.0, 4.0])})
-    both = b.union(extra)
-    assert set(both.keys()) == {"input_ids", "uid", "reward_model", "score"}
     assert b.select(["uid"]).keys() == ["uid"]
     with pytest.raises(KeyError, match="nope"):
         b.select(["nope"])
-    with pytest.raises(ValueError, match="differs"):
-        b.union(Batch.from_dict({"input_ids": torch.zeros(4, 3, dtype=torch.long)}))
+
+
+def test_merge_adds_and_replaces_fields_and_meta():
+    b = _batch()
+    # a rollout's output: longer input_ids replace the prompts', a new tensor and a new column are added
+    out = Batch.from_dict({"input_ids": torch.ones(4, 5, dtype=torch.long), "score": torch.tensor([1.0, 2, 3, 4]),
+                           "acc": [True, False, True, True]}, meta={"temperature": 0.5, "step": 3})
+    both = b.merge(out)
+    assert set(both.keys()) == {"input_ids", "uid", "reward_model", "score", "acc"}
+    assert both["input_ids"].shape == (4, 5) and both["score"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert list(both["uid"]) == ["a", "b", "c", "d"] and list(both["acc"]) == [True, False, True, True]
+    assert both.meta == {"temperature": 0.5, "step": 3}
+    assert b["input_ids"].shape == (4, 3) and "score" not in b and b.meta == {"temperature": 1.0}  # b unchanged
+    assert b.merge(Batch(meta={"x": 1})).meta == {"temperature": 1.0, "x": 1}  # an empty batch adds only meta
+    with pytest.raises(ValueError, match="2 rows into a batch of 4"):
+        b.merge(Batch.from_dict({"score": torch.zeros(2)}))

@@ -6,23 +6,23 @@ import textwrap
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlhf_core.reward import (
     NaiveRewardManager, get_reward_manager_cls, load_custom_reward_function, load_reward_manager,
 )
 from rlhf_core.reward.managers import decode_batch
 
+from config_fixtures import typed_config
 from reward_fixtures import CharTokenizer, make_batch
 
 GSM = "openai/gsm8k"
 
 
 def _config(**over):
-    base = {"reward_model": {"reward_manager": "naive"}, "custom_reward_function": {"path": None, "name": "compute_score"},
-            "data": {"reward_fn_key": "data_source"}}
-    cfg = OmegaConf.create(base)
-    return OmegaConf.merge(cfg, OmegaConf.create(over))
+    """The typed ppo_trainer config (naive manager, no custom function, reward_fn_key data_source) + ``over``."""
+    cfg = typed_config("ppo_trainer")
+    cfg.merge_with(over)
+    return cfg
 
 
 def test_naive_scores_on_last_valid_token_with_padding():

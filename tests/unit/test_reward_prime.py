@@ -22,6 +22,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise RuntimeError("scorer bug")
     if solution_str == "die":
         os._exit(7)                  # the worker process itself disappears
+    if solution_str.startswith("sleep"):
+        time.sleep(float(solution_str[5:]))
+        return 1.0
     return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
 """
 
@@ -86,13 +89,12 @@ def test_unpicklable_scorer_is_refused():
 
 
 def test_prime_configured_through_reward_kwargs():
-    from omegaconf import OmegaConf
+    from config_fixtures import typed_config
 
     from rlhf_core.reward import load_reward_manager
 
-    cfg = OmegaConf.create({"reward_model": {"reward_manager": "prime",
-                                             "reward_kwargs": {"timeout_s": 5, "num_processes": 3}},
-                            "custom_reward_function": {"path": None}, "data": {}})
+    cfg = typed_config("ppo_trainer", "reward_model.reward_manager=prime",
+                       "reward_model.reward_kwargs={timeout_s: 5, num_processes: 3}")
     manager = load_reward_manager(cfg, CharTokenizer(), num_examine=1, num_processes=1)
     assert isinstance(manager, PrimeRewardManager)
     assert manager.timeout_s == 5.0 and manager.num_processes == 1  # keyword arguments override reward_kwargs
@@ -113,3 +115,44 @@ def test_prime_manager_pickles_without_its_pool(scorer):
         clone.close()
     finally:
         manager.close()
+
+
+def _kw(responses):
+    return [dict(data_source="src", solution_str=r, ground_truth="a", extra_info=None) for r in responses]
+
+
+def test_pool_hung_sample_times_out_others_scored(scorer):
+    pool = ScorerPool(scorer, num_processes=2, timeout_s=3.0)
+    try:
+        start = time.monotonic()
+        results, statuses = pool.map(_kw(["a", "hang", "b", "a", "a"]))
+        # the hung worker is stopped after 3 s and replaced; spawn start-up ~1 s; far below "forever"
+        assert time.monotonic() - start < 30.0
+        assert statuses == ["ok", "timeout", "ok", "ok", "ok"]
+        assert [r["score"] if isinstance(r, dict) else r for r in results] == [1.0, None, 0.0, 1.0, 1.0]
+    finally:
+        pool.close()
+
+
+def test_pool_dead_worker_is_replaced_others_scored(scorer):
+    # one worker only: after it dies on sample 1, samples 2 and 3 can only be scored by its replacement
+    pool = ScorerPool(scorer, num_processes=1, timeout_s=30.0)
+    try:
+        results, statuses = pool.map(_kw(["a", "die", "a", "b"]))
+        assert statuses == ["ok", "error", "ok", "ok"]
+        assert "died" in results[1] and "7" in results[1]  # exit code of os._exit(7)
+        assert [results[i]["score"] for i in (0, 2, 3)] == [1.0, 1.0, 0.0]
+    finally:
+        pool.close()
+
+
+def test_pool_timeout_counts_from_pick_up_not_from_queueing(scorer):
+    # one worker, three samples of 1.5 s each, timeout 2.5 s: the third waits ~3 s in the queue, more than the
+    # timeout, yet none times out because each clock starts when the worker takes the sample
+    pool = ScorerPool(scorer, num_processes=1, timeout_s=2.5)
+    try:
+        pool.map(_kw(["a"]))  # worker started and scorer loaded before timing
+        results, statuses = pool.map(_kw(["sleep1.5"] * 3))
+        assert statuses == ["ok"] * 3 and results == [1.0] * 3
+    finally:
+        pool.close()

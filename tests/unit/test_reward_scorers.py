@@ -57,22 +57,23 @@ def test_gsm8k_ground_truth_normalised_too():
 # ---- MATH ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"])
 def test_math_sources_use_boxed_scorer(source):
-    assert default_compute_score(source, r"so \boxed{5}", "5") == 1.0
-    assert default_compute_score(source, r"so \boxed{6}", "5") == 0.0
+    assert default_compute_score(source, r"so \boxed{5}", "5")["score"] == 1.0
+    assert default_compute_score(source, r"so \boxed{6}", "5")["score"] == 0.0
 
 
 def test_math_last_boxed_counts_and_nested_braces():
     text = r"first guess \boxed{3}, corrected: \boxed{\frac{1}{2}}"
     assert math_boxed.extract_boxed_answer(text) == r"\frac{1}{2}"  # nested braces kept balanced
-    assert math_boxed.compute_score(text, r"\frac{1}{2}") == 1.0
-    assert math_boxed.compute_score(text, "3") == 0.0  # only the last box counts
+    assert math_boxed.compute_score(text, r"\frac{1}{2}")["score"] == 1.0
+    assert math_boxed.compute_score(text, "3")["score"] == 0.0  # only the last box counts
     assert math_boxed.extract_boxed_answer(r"\boxed{\sqrt{x^{2}}} tail") == r"\sqrt{x^{2}}"
 
 
 def test_math_fbox_and_unbalanced_and_missing():
-    assert math_boxed.compute_score(r"answer \fbox{12}", "12") == 1.0
+    assert math_boxed.compute_score(r"answer \fbox{12}", "12")["score"] == 1.0
     assert math_boxed.extract_boxed_answer(r"\boxed{12") is None  # never closed
-    assert math_boxed.compute_score("the answer is 12", "12") == 0.0  # no box → 0
+    assert math_boxed.compute_score("the answer is 12", "12") == {  # no box → 0
+        "score": 0.0, "acc": False, "pred": "", "decided_by": "no_answer"}
 
 
 @pytest.mark.parametrize(

@@ -67,3 +67,25 @@ def test_loss_and_update_do_not_depend_on_micro_batches(sft_batch_and_config):
     # normalised step by a few 1e-6, far below a real difference of the update
     for k in weights[0]:
         torch.testing.assert_close(weights[0][k], weights[1][k], rtol=1e-4, atol=1e-5)
+
+
+def test_train_step_matches_the_pinned_numbers(sft_batch_and_config):
+    """Loss, grad norm and weights after one step with 2-row micro-batches, recorded at cced719 (the SFT worker's
+    own accumulation loop, before it moved onto ``rlhf_core.workers.update_loop``)."""
+    from rlhf_core.workers.fsdp_utils import full_state_dict
+
+    batch, config = sft_batch_and_config
+    wg = _worker(config(2))
+    wg.execute_all("init_model")
+    metrics = wg.execute_dp("train_step", batch)[0]
+    flat = torch.cat([v.reshape(-1).double() for _, v in sorted(full_state_dict(wg.worker.model).items())])
+    wg.shutdown()
+    w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
+    assert metrics["train/lr"] == pytest.approx(SFT_PIN["train/lr"], rel=1e-9)
+    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-6)
+
+
+SFT_PIN = {"train/loss": 6.917751789093018, "train/lr": 0.01, "train/grad_norm": 2.5845158100128174}
+SFT_PIN_CHECKSUM = (152.79277644935064, 21.18925288331699)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from config_fixtures import typed_config
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -140,12 +140,15 @@ def make_config(tmp_path, **trainer):
                     "logger": ["file"], "log_val_generations": 2, "save_freq": 2, "test_freq": 2,
                     "val_before_train": True, "critic_warmup": 0, "resume_mode": "auto", "resume_from_path": None,
                     "default_local_dir": str(tmp_path / "ckpt"), "default_hdfs_dir": None,
-                    "validation_data_dir": str(tmp_path / "val"), "stop_after_step": None,
+                    "validation_data_dir": str(tmp_path / "val"), "stop_after_step": None, "total_training_seconds": None,
                     "remove_previous_ckpt_in_save": False, "del_local_ckpt_after_load": False,
                     "max_actor_ckpt_to_keep": None, "max_critic_ckpt_to_keep": None},
     }
     cfg["trainer"].update(trainer)
-    return OmegaConf.create(cfg)
+    cfg["trainer"].setdefault("balance_batch", False)  # FakeGroup shards in order; the YAML's True reorders rows
+    typed = typed_config("ppo_trainer")  # every other key at the YAML's value
+    typed.merge_with(cfg)
+    return typed
 
 
 def run(cfg, log=None):
@@ -307,3 +310,49 @@ def test_resumed_at_the_end_trains_nothing_and_retention_applies(tmp_path):
     trainer, final, _, log = run(make_config(tmp_path, total_training_steps=8, stop_after_step=3,
                                              val_before_train=False, test_freq=-1))
     assert trainer.global_steps == 3 and not [c for c in log if c[0] == "update_actor"]
+
+
+class EntropyActor(FakeActor):
+    """``compute_log_prob`` gives entropy ``t + 1`` at response position ``t`` and records the masks it saw."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.masks = []
+
+    def compute_log_prob(self, batch):
+        self.masks.append(batch["response_mask"].clone())
+        lp = super().compute_log_prob(batch)["old_log_probs"]
+        return Batch({"old_log_probs": lp, "entropys": (torch.arange(T) + 1.0).expand(len(batch), T).clone()})
+
+
+def test_actor_entropy_is_the_rollout_batch_entropy_before_the_update(tmp_path):
+    # verl: actor/entropy = agg_loss(entropys from compute_log_prob, response_mask, loss_agg_mode) of the rollout
+    # batch, before any update (the workers' update metrics carry no actor/entropy to overwrite it).
+    cfg = make_config(tmp_path, total_training_steps=1, val_before_train=False, test_freq=-1)
+    actor = EntropyActor([])
+    trainer = RayPPOTrainer(cfg, DecodeTok(), lambda c: {"actor_rollout": FakeGroup(actor)}, reward_fn, reward_fn,
+                            make_dataset(), make_dataset(4))
+    final = trainer.fit()
+    trainer.shutdown()
+    mask = torch.cat(actor.masks[:2]).float()  # step 1's two shards
+    # token-mean: Σ (t+1)·mask / Σ mask over the 4 rows; the rows' lengths are 1..3, so the mean lies in [1, 2]
+    expected = float(((torch.arange(T) + 1.0) * mask).sum() / mask.sum())
+    assert final["actor/entropy"] == pytest.approx(expected, rel=1e-6)
+    assert 1.0 <= expected <= 2.0 and "actor/pg_loss" in final
+
+
+def test_wall_clock_budget_stops_validates_and_checkpoints(tmp_path):
+    # A budget of 0 s is spent as soon as the first step ends: step 1 is the last one, and although test_freq and
+    # save_freq (5) do not fall on step 1, it validates and checkpoints there, then the loop stops (8 steps planned).
+    cfg = make_config(tmp_path, total_training_seconds=0, test_freq=5, save_freq=5, val_before_train=False)
+    trainer, final, _, _ = run(cfg)
+    assert trainer.total_training_steps == 8 and trainer.global_steps == 1
+    assert "val-core/toy/acc/mean@2" in final and "timing_s/save_checkpoint" in final
+    assert os.path.isdir(os.path.join(cfg.trainer.default_local_dir, "global_step_1"))
+    assert final["timing_s/training_elapsed"] >= 0.0
+    # a budget far above the run's length changes nothing: all 8 steps, and step 1 neither validates nor saves
+    cfg2 = make_config(tmp_path / "b", total_training_seconds=3600, test_freq=5, save_freq=5, val_before_train=False)
+    trainer2, final2, _, _ = run(cfg2)
+    assert trainer2.global_steps == 8
+    metrics = read_metrics_jsonl(os.path.join(cfg2.trainer.default_local_dir, "metrics.jsonl"))
+    assert "timing_s/testing" not in metrics[1] and "timing_s/testing" in metrics[5]

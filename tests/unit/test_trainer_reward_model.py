@@ -7,11 +7,11 @@ import os
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlhf_core.protocol import Batch
 from rlhf_core.reward.managers import NaiveRewardManager
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+from config_fixtures import typed_config
 from test_trainer_ppo import DecodeTok, FakeGroup, make_config, make_dataset
 from test_trainer_remax import GreedyAwareActor
 
@@ -67,7 +67,6 @@ def test_rm_scores_feed_training_validation_and_the_remax_baseline(tmp_path):
 
 
 def test_build_worker_groups_adds_the_rm_group(monkeypatch):
-    import rlhf_core.distributed.worker_group as worker_group
     from rlhf_core.trainer import main_ppo
     from rlhf_core.workers.reward_model import RewardModelWorker
 
@@ -81,11 +80,11 @@ def test_build_worker_groups_adds_the_rm_group(monkeypatch):
         shares.append(n_groups)
         return 1.0 / n_groups, 0.0
 
-    monkeypatch.setattr(worker_group, "RayWorkerGroup", RecordingGroup)
+    monkeypatch.setattr(main_ppo, "RayWorkerGroup", RecordingGroup)
     monkeypatch.setattr(main_ppo, "worker_resources", resources)
-    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}},
-                            "trainer": {"nnodes": 1, "n_gpus_per_node": 2}, "reward_model": {"enable": True}})
+    cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
+                       "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+                       "reward_model.enable=True")
     wgs = main_ppo.build_worker_groups(cfg)
     assert set(wgs) == {"actor_rollout", "critic", "rm"} and shares == [3]  # three groups share each device
     assert (RewardModelWorker, 2, "rm") in built

@@ -182,7 +182,7 @@ def test_weight_update_reaches_vllm(group, vllm_model_dir, tiny_tokenizer):
     old = hf_copy(group, vllm_model_dir)
 
     batch = group.execute_dp("generate_sequences", prompt_batch())
-    batch = batch.union(group.execute_dp("compute_log_prob", batch))
+    batch = batch.merge(group.execute_dp("compute_log_prob", batch))
     batch.tensors["advantages"] = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(0))
     group.execute_dp("update_actor", batch)  # pushes the new weights into vLLM
     new = hf_copy(group, vllm_model_dir)

@@ -74,3 +74,25 @@ def test_save_load_roundtrip_and_merge(tiny_model_dir, tmp_path):
     out = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]
     assert merge_main(["--local-dir", str(tmp_path), "--target-dir", target]) == 1  # not a checkpoint folder
+
+
+def test_async_save_snapshots_the_state_and_writes_in_the_background(tiny_model_dir, tmp_path):
+    cfg = ppo_config(tiny_model_dir, "actor_rollout_ref.actor.checkpoint.async_save=True")
+    wg = _new_group(cfg)
+    batch = training_batch(wg, seed=3)
+    wg.execute_dp("update_actor", batch)
+    saved_w, saved_o = wg.worker.get_state_dict(), _optim_state(wg.worker)
+    ckpt = str(tmp_path / "global_step_1" / "actor")
+    wg.execute_all("save_checkpoint", ckpt, None, 1)
+    assert wg.worker.ckpt._pending is not None  # returned with the write still handed to the writer thread
+    # training goes on while the writer thread works: the files must hold the state *at* save time
+    wg.execute_dp("update_actor", batch)
+    assert any(not torch.equal(wg.worker.get_state_dict()[k], saved_w[k]) for k in saved_w)
+    assert wg.execute_all("wait_checkpoint") == [os.path.abspath(ckpt)]
+    assert sorted(os.listdir(ckpt)) == ["extra_state_world_size_1_rank_0.pt", "huggingface", "model", "optim"]
+    assert wg.execute_all("wait_checkpoint") == [None]  # nothing pending any more
+    fresh = _new_group(cfg)
+    fresh.execute_all("load_checkpoint", ckpt)
+    w, o = fresh.worker.get_state_dict(), _optim_state(fresh.worker)
+    assert all(torch.equal(w[k], saved_w[k]) for k in saved_w)
+    assert o.keys() == saved_o.keys() and all(torch.equal(o[k], saved_o[k]) for k in o)

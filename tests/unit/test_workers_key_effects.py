@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from config_fixtures import section, typed_config
 
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.workers import actor as actor_mod
@@ -59,13 +59,13 @@ def test_use_torch_compile_on_cuda_compiles_and_falls_back_to_eager(monkeypatch)
 def test_actor_reads_use_torch_compile_and_activation_offload(monkeypatch):
     seen = []
     monkeypatch.setattr(actor_mod, "hot_functions", lambda flag: seen.append(flag) or (None, None))
-    a = actor_mod.DataParallelPPOActor(OmegaConf.create({"use_torch_compile": True}), torch.nn.Linear(2, 2),
+    a = actor_mod.DataParallelPPOActor(section("ppo_trainer", "actor_rollout_ref.actor", use_torch_compile=True),
+                                       torch.nn.Linear(2, 2),
                                        activation_offload=True)
     assert seen == [True] and a.activation_offload
 
 
 def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypatch):
-    import rlhf_core.distributed.worker_group as worker_group
     from rlhf_core.trainer import main_ppo
 
     calls, shut = [], []
@@ -79,11 +79,11 @@ def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypa
         def shutdown(self):
             shut.append(1)
 
-    monkeypatch.setattr(worker_group, "RayWorkerGroup", Group)
+    monkeypatch.setattr(main_ppo, "RayWorkerGroup", Group)
     monkeypatch.setattr(main_ppo, "worker_resources", lambda config, n: (0.5, 0.0))
-    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
-                            "actor_rollout_ref": {"actor": {"use_kl_loss": False}},
-                            "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "ray_wait_register_center_timeout": 7}})
+    cfg = typed_config("ppo_trainer", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=False",
+                       "actor_rollout_ref.actor.use_kl_loss=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+                       "trainer.ray_wait_register_center_timeout=7")
     with pytest.raises(TimeoutError, match="trainer.ray_wait_register_center_timeout"):
         main_ppo.build_worker_groups(cfg)
     assert [(c["pg_timeout_s"], c["ready_timeout_s"]) for c in calls] == [(7.0, 7.0), (7.0, 7.0)]

@@ -30,7 +30,7 @@ def _zero_adv_batch(wg, seed: int):
     """A rollout with old log-probs and A = 0: the PPO term then has value and gradient 0, so the actor's
     loss and gradient are the KL term's alone."""
     out = wg.execute_dp("generate_sequences", prompt_batch(4, seed))
-    out = out.union(wg.execute_dp("compute_log_prob", out))
+    out = out.merge(wg.execute_dp("compute_log_prob", out))
     out.tensors["advantages"] = torch.zeros(out["responses"].shape)
     out.meta["temperature"] = TEMP
     return out

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_core.reward.scorers import gsm8k, math_boxed
+from rlhf_core.reward.scorers import countdown, gsm8k, math_boxed
 
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
-KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES
+COUNTDOWN_SOURCES = (countdown.DATA_SOURCE,)
+KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES + COUNTDOWN_SOURCES
 
 
 def default_compute_score(
@@ -23,9 +24,11 @@ def default_compute_score(
 ) -> float:
     """Score one response with the scorer registered for its ``data_source``.
 
-    Returns a float, as verl's default does (so validation metrics are named ``.../reward/...`` as in verl):
-    ``openai/gsm8k`` → :func:`gsm8k.compute_score` (``gsm8k_method`` strict by default, as verl);
-    MATH sources → :func:`math_boxed.compute_score`. ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
+    ``openai/gsm8k`` → :func:`gsm8k.compute_score`, a float as verl's (``gsm8k_method`` strict by default);
+    MATH sources → :func:`math_boxed.compute_score`, a dict ``{score, acc, pred, decided_by}`` whose keys become
+    ``reward_extra_info`` columns (``decided_by``: ``math_verify`` or ``string``, the path that decided);
+    ``countdown`` → :func:`countdown.compute_score`, a dict ``{score, acc, pred}`` (``format_score``/``score`` from
+    ``scorer_kwargs`` apply to it too). ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
     go to the GSM8K scorer: ``format_score`` (a number extracted but wrong; verl's default 0.0) and ``score``.
 
     Raises:
@@ -35,6 +38,8 @@ def default_compute_score(
         return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method, **scorer_kwargs)
     if data_source in MATH_SOURCES:
         return math_boxed.compute_score(solution_str, str(ground_truth))
+    if data_source in COUNTDOWN_SOURCES:
+        return countdown.compute_score(solution_str, ground_truth, **scorer_kwargs)
     raise ValueError(
         f"no default reward function for data_source={data_source!r}; known data sources: "
         f"{list(KNOWN_DATA_SOURCES)}. Set custom_reward_function.path to score other data."

@@ -1,22 +1,29 @@
 """MATH scorer: the last ``\\boxed{...}`` / ``\\fbox{...}`` answer against the reference answer.
 
-Mirrors verl's ``verl/utils/reward_score/math.py`` (Hendrycks MATH ``is_equiv`` over ``strip_string``), which is
-what verl uses for ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval`` and ``HuggingFaceH4/MATH-500``.
-It is a careful string normaliser, not a CAS: no dependency on ``math-verify`` or ``sympy`` (so it is safe in
-any thread or process and never hangs). On top of verl's normaliser we
+Used for ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval`` and ``HuggingFaceH4/MATH-500`` (verl's
+``verl/utils/reward_score/math.py`` dispatch). Extraction is ours: the **last** ``\\boxed{`` or ``\\fbox{`` (or
+``\\boxed 5``), with braces balanced, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; an unbalanced box gives
+no answer. Equivalence is decided by ``math-verify`` (:mod:`rlhf_core.reward.scorers.math_equiv`: both sides parsed
+to sympy and compared); only when either side does not parse does the string normaliser here decide
+(Hendrycks MATH ``is_equiv`` over ``strip_string``, as verl, with these fixes and extensions):
 
-* remove thousands separators (``1,000`` and ``1{,}000`` → ``1000``; ``1,2`` — a tuple — is left alone);
-* unwrap ``\\text{...}``/``\\textbf{...}``/``\\mbox{...}`` and drop ``\\,`` thin spaces;
-* compare numerically when both sides are plain numbers or simple fractions (``\\frac{1}{2} == 0.5 == 1/2``,
+* only a *trailing* ``\\text{ unit}`` after the quantity is dropped (verl drops everything after the first
+  ``\\text{ ``, so ``4 \\text{ or } 1`` equalled ``4 \\text{ or } 9``);
+* thousands separators removed (``1,000`` and ``1{,}000`` → ``1000``; ``1,2`` — a tuple — is left alone);
+* ``\\text{...}``/``\\textbf{...}``/``\\mbox{...}`` unwrapped, ``\\,`` thin spaces and ``°`` dropped, a leading
+  ``+`` and a trailing ``.`` dropped, ``\\sqrt 2`` read as ``\\sqrt{2}``;
+* numeric comparison when both sides are plain numbers or simple fractions (``\\frac{1}{2} == 0.5 == 1/2``,
   ``18.00 == 18``) using exact ``Fraction`` arithmetic.
 
-Extraction: the **last** ``\\boxed{`` or ``\\fbox{`` (or ``\\boxed 5``), with braces balanced, so
-``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; an unbalanced box gives no answer.
+:func:`compute_score` returns ``{"score", "acc", "pred", "decided_by"}``: ``decided_by`` is ``"math_verify"`` or
+``"string"`` (which path decided), ``"no_answer"`` when the response has no box.
 """
 from __future__ import annotations
 
 import re
 from fractions import Fraction
+
+from rlhf_core.reward.scorers.math_equiv import math_verify_equiv
 
 
 def last_boxed_only_string(text: str) -> str | None:
@@ -97,6 +104,13 @@ def _unwrap_text(s: str) -> str:
     return re.sub(r"\\(?:text|textbf|textrm|mbox|mathrm)\{([^{}]*)\}", r"\1", s)
 
 
+def _remove_right_units(s: str) -> str:
+    """``5 \\text{ cm}`` → ``5``: drop a unit in ``\\text{ ...}`` only at the very end and only after a quantity
+    (verl's ``remove_right_units`` cut at the first ``\\text{ `` and dropped any text after it)."""
+    m = re.fullmatch(r"(.*\S)\s*\\text\{\s+[A-Za-z][A-Za-z ]*\}\s*", s)
+    return m.group(1) if m else s
+
+
 def _remove_thousands(s: str) -> str:
     s = s.replace("{,}", ",")
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
@@ -110,13 +124,14 @@ def strip_string(s: str) -> str:
     s = s.replace("\\\\", "\\").replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\left", "").replace("\\right", "")
     s = s.replace("^{\\circ}", "").replace("^\\circ", "")
-    s = s.replace("\\$", "").replace("$", "")
-    if "\\text{ " in s:  # verl remove_right_units: "5 \\text{ cm}" → "5"
-        s = s.split("\\text{ ")[0]
+    s = s.replace("\\$", "").replace("$", "").replace("°", "")
+    s = _remove_right_units(s)
     s = _unwrap_text(s)
     s = s.replace("\\%", "").replace("%", "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
-    s = s.strip()
+    s = s.strip().rstrip(".").strip()
+    if s.startswith("+"):
+        s = s[1:].strip()
     if not s:
         return s
     if s[0] == ".":
@@ -124,7 +139,7 @@ def strip_string(s: str) -> str:
     sides = s.split("=")
     if len(sides) == 2 and len(sides[0].strip()) <= 2:  # "x = 5" → "5"
         s = sides[1]
-    s = _fix_sqrt(s).replace(" ", "")
+    s = _fix_sqrt(s.replace(" ", ""))
     s = _fix_fracs(s)
     s = _remove_thousands(s)
     s = _fix_a_slash_b(s)
@@ -153,15 +168,24 @@ def is_equiv(answer: str, reference: str) -> bool:
     return fa is not None and fr is not None and fa == fr
 
 
-def compute_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 when the last boxed answer of ``solution_str`` is equivalent to ``ground_truth``, else 0.0.
+def compute_score(solution_str: str, ground_truth: str) -> dict:
+    """Score the last boxed answer of ``solution_str`` against ``ground_truth``.
 
-    A ``ground_truth`` that is itself boxed (``\\boxed{5}``) is unboxed first.
+    A ``ground_truth`` that is itself boxed (``\\boxed{5}``) is unboxed first. math-verify decides when both sides
+    parse (:func:`~rlhf_core.reward.scorers.math_equiv.math_verify_equiv`), else :func:`is_equiv` (strings).
+
+    Returns:
+        ``{"score": 1.0 | 0.0, "acc": bool, "pred": the extracted answer ("" when none),
+        "decided_by": "math_verify" | "string" | "no_answer"}``.
     """
     answer = extract_boxed_answer(solution_str)
     if answer is None:
-        return 0.0
+        return {"score": 0.0, "acc": False, "pred": "", "decided_by": "no_answer"}
     reference = str(ground_truth)
     if "\\boxed" in reference or "\\fbox" in reference:
         reference = extract_boxed_answer(reference) or reference
-    return 1.0 if is_equiv(answer, reference) else 0.0
+    equal = math_verify_equiv(answer, reference)
+    decided_by = "math_verify"
+    if equal is None:
+        equal, decided_by = is_equiv(answer, reference), "string"
+    return {"score": 1.0 if equal else 0.0, "acc": bool(equal), "pred": answer, "decided_by": decided_by}

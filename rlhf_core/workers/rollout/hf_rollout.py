@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
@@ -56,8 +57,6 @@ class HFRollout:
 
     @torch.no_grad()
     def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
-        from transformers import GenerationConfig
-
         dev = next(self.module.parameters()).device
         ids = mb["input_ids"].to(dev)
         gen_cfg = GenerationConfig(
@@ -88,10 +87,10 @@ class HFRollout:
         token) when ``calculate_log_probs``."""
         cfg = self.config
         params = sampling_params(cfg, batch.meta)
-        T = int(cfg.get("response_length"))
-        ignore_eos = bool(cfg.get("ignore_eos", False))
-        calc_lp = bool(cfg.get("calculate_log_probs", False))
-        size = int(cfg.get("micro_batch_size") or len(batch))
+        T = int(cfg.response_length)
+        ignore_eos = bool(cfg.ignore_eos)
+        calc_lp = bool(cfg.calculate_log_probs)
+        size = len(batch)  # one generate() call per shard (verl's rollout has no micro-batch key)
         was_training = self.module.training
         self.module.eval()
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []

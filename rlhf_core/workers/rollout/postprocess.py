@@ -45,12 +45,12 @@ def sampling_params(config, meta: dict) -> dict:
 
     ``meta['validate']`` → ``rollout.val_kwargs``; ``meta['do_sample']`` overrides; not sampling or temperature 0
     → greedy."""
-    src = config.get("val_kwargs", {}) if meta.get("validate", False) else config
-    do_sample = bool(meta.get("do_sample", src.get("do_sample", config.get("do_sample", True))))
-    temperature = float(meta.get("temperature", src.get("temperature", 1.0)) if not meta.get("validate") else
-                        src.get("temperature", 0.0))
-    top_k = int(src.get("top_k", -1) or 0)
-    top_p = float(src.get("top_p", 1.0) or 1.0)
+    validate = bool(meta.get("validate", False))
+    src = config.val_kwargs if validate else config
+    do_sample = bool(meta.get("do_sample", src.do_sample))
+    temperature = float(src.temperature if validate else meta.get("temperature", src.temperature))
+    top_k = int(src.top_k)
+    top_p = float(src.top_p)
     if temperature <= 0:
         do_sample = False
     return {"do_sample": do_sample, "temperature": temperature if do_sample else 1.0,

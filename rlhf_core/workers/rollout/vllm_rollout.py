@@ -12,9 +12,11 @@ import os
 from typing import Any, Mapping
 
 import torch
+from transformers import AutoConfig, GenerationConfig
 
 from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.merger import merge_lora_state_dict
 from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
 
 _MISSING = ("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
@@ -31,7 +33,7 @@ def _import_vllm():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     try:
-        import vllm
+        import vllm  # lazy: an optional dependency, imported after the environment above is set
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise ImportError(_MISSING) from exc
     return vllm
@@ -49,8 +51,6 @@ def check_cpu_head_dim(model_path: str, trust_remote_code: bool = False) -> None
         supported = list(CPUAttentionBackend.get_supported_head_sizes())
     except Exception:  # pragma: no cover - other vLLM versions
         return
-    from transformers import AutoConfig
-
     cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -61,17 +61,17 @@ def check_cpu_head_dim(model_path: str, trust_remote_code: bool = False) -> None
 
 def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments from ``actor_rollout_ref.rollout`` (+ ``engine_kwargs.vllm`` verbatim)."""
-    dtype = str(config.get("dtype", "bfloat16"))
+    dtype = str(config.dtype)
     if not torch.cuda.is_available() and dtype in ("bfloat16", "bf16", "float16", "fp16"):
         dtype = "float32"  # CPU: match the fp32 actor so greedy outputs agree
     kwargs = {
-        "model": local_path(model_cfg["path"]), "dtype": dtype, "seed": int(seed),
-        "tensor_parallel_size": int(config.get("tensor_model_parallel_size", 1) or 1),
-        "gpu_memory_utilization": float(config.get("gpu_memory_utilization", 0.5)),
-        "enforce_eager": bool(config.get("enforce_eager", True)),
-        "max_num_seqs": int(config.get("max_num_seqs", 1024)),
-        "max_model_len": int(config.get("prompt_length")) + int(config.get("response_length")),
-        "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+        "model": local_path(model_cfg.path), "dtype": dtype, "seed": int(seed),
+        "tensor_parallel_size": int(config.tensor_model_parallel_size),
+        "gpu_memory_utilization": float(config.gpu_memory_utilization),
+        "enforce_eager": bool(config.enforce_eager),
+        "max_num_seqs": int(config.max_num_seqs),
+        "max_model_len": int(config.prompt_length) + int(config.response_length),
+        "trust_remote_code": bool(model_cfg.trust_remote_code),
         # log-probs of logits / temperature, like HFRollout and the actor's compute_log_prob (vLLM's default,
         # raw_logprobs, ignores the temperature); with top_k / top_p they are of the truncated distribution
         "logprobs_mode": "processed_logprobs",
@@ -82,10 +82,9 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         # ``gen.set_offset(...)``: "RuntimeError: CPU Generator does not use offset", and every later generate()
         # then spins forever. Without chunked prefill every prompt is prefilled whole, in one step.
         kwargs["enable_chunked_prefill"] = False
-    if config.get("max_num_batched_tokens"):
-        kwargs["max_num_batched_tokens"] = max(int(config["max_num_batched_tokens"]), kwargs["max_model_len"])
-    extra = ((config.get("engine_kwargs") or {}).get("vllm") or {})
-    kwargs.update({k: v for k, v in dict(extra).items() if v is not None})
+    if config.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = max(int(config.max_num_batched_tokens), kwargs["max_model_len"])
+    kwargs.update({k: v for k, v in dict(config.engine_kwargs.vllm).items() if v is not None})
     return kwargs
 
 
@@ -94,8 +93,6 @@ def _eos_ids(model_path: str, tokenizer) -> list[int]:
     ids: set[int] = set()
     gen_eos = None
     try:
-        from transformers import GenerationConfig
-
         gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except Exception:  # no generation_config.json
         pass
@@ -112,7 +109,7 @@ class VLLMRollout:
                  rank: int = 0) -> None:
         vllm = _import_vllm()
         self.config, self.tokenizer, self.seed, self.rank, self.calls = config, tokenizer, int(seed), int(rank), 0
-        self.lora_alpha = float(model_cfg.get("lora_alpha", 16)) if int(model_cfg.get("lora_rank", 0) or 0) > 0 else None
+        self.lora_alpha = float(model_cfg.lora_alpha) if int(model_cfg.lora_rank) > 0 else None
         kwargs = engine_kwargs(model_cfg, config, seed)
         check_cpu_head_dim(kwargs["model"], kwargs["trust_remote_code"])
         self.llm = vllm.LLM(**kwargs)
@@ -124,8 +121,6 @@ class VLLMRollout:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
         state = dict(state_dict)
         if any(".lora_" in k for k in state):
-            from rlhf_core.workers.merger import merge_lora_state_dict
-
             state = merge_lora_state_dict(state, self.lora_alpha or 16)
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
@@ -141,9 +136,9 @@ class VLLMRollout:
         """See :meth:`HFRollout.generate_sequences`; per-request seeds ``seed + 7919·rank + 104729·call + i``."""
         cfg = self.config
         p = sampling_params(cfg, batch.meta)
-        T = int(cfg.get("response_length"))
-        ignore_eos = bool(cfg.get("ignore_eos", False))
-        calc_lp = bool(cfg.get("calculate_log_probs", False))
+        T = int(cfg.response_length)
+        ignore_eos = bool(cfg.ignore_eos)
+        calc_lp = bool(cfg.calculate_log_probs)
         base = self.seed + 7919 * self.rank + 104729 * self.calls
         params = [self._SamplingParams(
             n=1, max_tokens=T, ignore_eos=ignore_eos, logprobs=0 if calc_lp else None, seed=base + i,

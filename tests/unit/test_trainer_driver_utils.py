@@ -9,7 +9,7 @@ import torch
 
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.mfu import device_peak_flops, estimate_mfu, matmul_params
-from rlhf_core.trainer.stages import balance_batch, dump_rollouts, mean_rank_metrics, pad_to_divisor, unpad
+from rlhf_core.trainer.driver_utils import balance_batch, dump_rollouts, mean_rank_metrics, pad_to_divisor, unpad
 
 
 def _mask_batch(lengths, width=8):

@@ -1,13 +1,17 @@
-"""Small helpers shared by the PPO driver's stages: timers, batch merging, padding, rank-metric reduction."""
+"""Small helpers shared by the PPO driver's stages: timers, uids, padding, rank-metric reduction, balancing."""
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
+from rlhf_core.metrics.training import reduce_metrics
 from rlhf_core.protocol import Batch
 
 
@@ -21,17 +25,6 @@ def timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
 
 
-def merge(batch: Batch, out: Batch) -> Batch:
-    """``batch`` with every field of ``out`` added or replaced (a worker's output overrides its input).
-
-    Raises:
-        ValueError: when the two batches have different sizes.
-    """
-    if len(out) and len(batch) and len(out) != len(batch):
-        raise ValueError(f"worker returned {len(out)} rows for a batch of {len(batch)}")
-    return Batch({**batch.tensors, **out.tensors}, {**batch.non_tensors, **out.non_tensors}, {**batch.meta, **out.meta})
-
-
 def add_uids(batch: Batch) -> Batch:
     """A new batch with a fresh ``uid`` (uuid4 string) per row: one group per prompt before repetition."""
     uids = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -43,7 +36,18 @@ def ensure_response_mask(batch: Batch) -> Batch:
     if "response_mask" in batch:
         return batch
     t = batch["responses"].shape[1]
-    return merge(batch, Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
+    return batch.merge(Batch({"response_mask": batch["attention_mask"][:, -t:].clone()}))
+
+
+def resample_rows(batch: Batch, idx: torch.Tensor | np.ndarray) -> Batch:
+    """The rows ``idx`` of ``batch`` (repeats allowed, any order); per-row lists in ``meta`` (a list as long as the
+    batch, e.g. ``global_token_num``) follow the rows, as verl's PF-PPO resampling does with ``meta_info``."""
+    rows = [int(i) for i in idx]
+    out = batch.index(np.asarray(rows, dtype=np.int64))
+    for key, value in batch.meta.items():
+        if isinstance(value, list) and len(value) == len(batch):
+            out.meta[key] = [value[i] for i in rows]
+    return out
 
 
 def pad_to_divisor(batch: Batch, divisor: int) -> tuple[Batch, int]:
@@ -62,8 +66,6 @@ def unpad(batch: Batch, pad: int) -> Batch:
 def mean_rank_metrics(outputs: list[Any]) -> dict[str, float]:
     """Reduce per-rank metric dicts (values: numbers or lists of numbers; or Batches carrying
     ``meta["metrics"]``) to their mean per key (``rlhf_core.metrics.training.reduce_metrics``)."""
-    from rlhf_core.metrics.training import reduce_metrics
-
     dicts = []
     for out in outputs:
         if isinstance(out, Batch):
@@ -101,9 +103,6 @@ def dump_rollouts(batch: Batch, tokenizer: Any, out_dir: str, global_step: int) 
     """``trainer.rollout_data_dir``: write ``<out_dir>/<global_step>.jsonl``, one line per sequence with
     ``input``, ``output`` (decoded, special tokens skipped), ``score`` (Σ token_level_scores), ``step`` and the
     reward manager's extra columns (verl ``_dump_generations``)."""
-    import json
-    import os
-
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{global_step}.jsonl")
     p = batch["prompts"].shape[1]

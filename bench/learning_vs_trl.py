@@ -1,0 +1,227 @@
+"""Learning per wall-clock second, ours vs TRL's GRPOTrainer, from the same warmed-up checkpoint (issue 15).
+
+    python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 300] [--lr 1e-3] [--trl-lr 1e-3]
+                                    [--peers ours,trl] [--seed 0]
+
+Task: Countdown (``rlhf data countdown``, seed 0: 20000 train, 500 held-out test problems). Set-up, done once per
+``--workdir`` and shared by both peers: the tiny model (sizes of ``configs/presets/countdown.yaml``) built on the
+task text, then the preset's warm-up SFT (``rlhf sft`` with the preset's ``sft`` overrides) on format-only answers
+that are never solutions.
+
+Peers, each from that warmed-up checkpoint, each in its own process, one after the other:
+
+* ``ours``: ``rlhf ppo`` with the preset's ``ppo`` overrides (GRPO, 32 prompts × n=8, response ≤ 12 tokens, no KL,
+  HF rollout) and ``trainer.total_training_seconds=--seconds``.
+* ``trl``: TRL ``GRPOTrainer`` with the same prompts (same shuffled order is not guaranteed), reward (the Countdown
+  scorer), group size (``num_generations=8``), batch (``per_device_train_batch_size=256`` completions = 32 prompts),
+  learning rate, weight decay (0.01) and gradient clip (1.0), ``max_completion_length=12``, temperature 1,
+  ``beta=0``, one update per batch
+  (``num_iterations=1``), fp32 on CPU, stopped by a callback when ``--seconds`` of training have passed.
+
+Both final models are scored by the same function here: greedy decoding (HF ``generate``, ``do_sample=False``,
+12 new tokens) on the 500 test problems, before (the warmed-up checkpoint) and after. Prints each gain and
+``ratio = ours gain / TRL gain``. Training time counts from the first training step (ours: the budget clock of
+``trainer.total_training_seconds``; TRL: ``on_train_begin``); set-up, model loading and the final evaluation
+are outside the budget for both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PRESET = REPO / "configs" / "presets" / "countdown.yaml"
+MAX_NEW_TOKENS = 12
+
+
+def _preset() -> dict:
+    import yaml
+
+    return yaml.safe_load(PRESET.read_text())
+
+
+def _rlhf(argv: list[str], log: Path) -> None:
+    """Run ``rlhf <argv>`` in a subprocess (this checkout first on the path); raise with the log tail on failure."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = "import sys, rlhf_cli; sys.exit(rlhf_cli.main(sys.argv[1:]))"
+    with open(log, "w") as fh:
+        rc = subprocess.call([sys.executable, "-c", code, *argv], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    if rc != 0:
+        raise RuntimeError(f"rlhf {argv[0]} failed (rc {rc}); last lines of {log}:\n" + log.read_text()[-3000:])
+
+
+def prepare(work: Path) -> Path:
+    """Data, tiny model and warm-up SFT under ``work`` (reused when present); returns the warmed-up HF folder."""
+    import pandas as pd
+
+    from rlhf_core.data.countdown import generate_countdown
+    from rlhf_core.models.tiny import build_tiny_model
+
+    warm = work / "sft" / "hf_model"
+    if (warm / "config.json").exists():
+        return warm
+    preset = _preset()
+    pipe = preset["pipeline"]
+    files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0)
+    texts = []
+    for extra in pd.read_parquet(files["train"])["extra_info"]:
+        texts += [extra["question"], extra["answer"]]
+    model = build_tiny_model(texts, work / "model", **preset["model"])
+    _rlhf(["sft", *preset["sft"], f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
+           f"data.val_files={files['test']}", f"trainer.default_local_dir={work / 'sft'}",
+           f"trainer.total_epochs={pipe['sft_epochs']}", "trainer.logger=[console]",
+           "trainer.project_name=learn", "trainer.experiment_name=sft"], work / "sft.log")
+    return warm
+
+
+def test_rows(work: Path) -> list[dict]:
+    from rlhf_core.data.readers import read_parquet_rows
+
+    return read_parquet_rows(str(work / "data" / "test.parquet"))
+
+
+def greedy_accuracy(model_dir: Path, rows: list[dict], state_dict_file: Path | None = None,
+                    batch_size: int = 100) -> float:
+    """Mean Countdown accuracy of greedy responses (``max_new_tokens=12``) to ``rows``' prompts.
+
+    ``state_dict_file`` (a safetensors file) replaces the weights of ``model_dir`` (ours saves weights only).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf_core.reward.scorers import countdown
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if state_dict_file is not None:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(state_dict_file)), strict=False)
+    correct = 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        texts = [tok.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False)
+                 for r in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        for r, ids in zip(chunk, out[:, enc["input_ids"].shape[1]:]):
+            text = tok.decode(ids, skip_special_tokens=True)
+            correct += countdown.compute_score(text, r["reward_model"]["ground_truth"])["acc"]
+    return correct / len(rows)
+
+
+def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dict:
+    """GRPO with our trainer for ``seconds`` of training; returns ``{"steps", "weights"}``."""
+    out = work / f"ours_lr{lr}_s{seed}"
+    preset = _preset()
+    t0 = time.perf_counter()
+    _rlhf(["ppo", *preset["ppo"], f"actor_rollout_ref.model.path={warm}",
+           f"data.train_files={work / 'data' / 'train.parquet'}", f"data.val_files={work / 'data' / 'test.parquet'}",
+           "algorithm.adv_estimator=grpo", f"actor_rollout_ref.actor.optim.lr={lr}", f"data.seed={seed}",
+           f"trainer.total_training_seconds={seconds}",
+           "trainer.total_training_steps=100000", "trainer.val_before_train=False", "trainer.test_freq=-1",
+           "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+           "trainer.logger=[console,file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
+           "trainer.project_name=learn", "trainer.experiment_name=ours"], work / f"ours_lr{lr}_s{seed}.log")
+    step = int((out / "latest_checkpointed_iteration.txt").read_text().strip())
+    weights = out / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors"
+    return {"steps": step, "weights": weights, "wall_s": time.perf_counter() - t0}
+
+
+def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dict:
+    """GRPO with TRL's GRPOTrainer for ``seconds`` of training; returns ``{"steps", "model_dir"}``."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlhf_core.data.readers import read_parquet_rows
+    from rlhf_core.reward.scorers import countdown
+
+    preset = _preset()
+    ppo = dict(o.split("=", 1) for o in preset["ppo"])
+    n, prompts = int(ppo["actor_rollout_ref.rollout.n"]), int(ppo["data.train_batch_size"])
+    rows = read_parquet_rows(str(work / "data" / "train.parquet"))
+    data = Dataset.from_list([{"prompt": [dict(m) for m in r["prompt"]],
+                               "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def reward(prompts, completions, ground_truth, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [countdown.compute_score(t, g)["score"] for t, g in zip(texts, ground_truth)]
+
+    class Budget(TrainerCallback):
+        def on_train_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if time.perf_counter() - self.t0 >= seconds:
+                control.should_training_stop = True
+
+    out = work / f"trl_lr{lr}_s{seed}"
+    cfg = GRPOConfig(
+        output_dir=str(out), use_cpu=True, per_device_train_batch_size=prompts * n, gradient_accumulation_steps=1,
+        num_generations=n, max_completion_length=MAX_NEW_TOKENS, learning_rate=lr, beta=0.0, num_iterations=1,
+        scale_rewards="group", temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
+        logging_steps=10, report_to="none", save_strategy="no", max_steps=100000, disable_tqdm=True,
+        dataloader_num_workers=0, seed=seed, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.01, max_grad_norm=1.0)  # ours: actor.optim.weight_decay 0.01, actor.grad_clip 1.0
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32),
+                          reward_funcs=reward, args=cfg, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(warm), callbacks=[Budget()])
+    trainer.train()
+    trainer.save_model(str(out / "final"))
+    AutoTokenizer.from_pretrained(warm).save_pretrained(str(out / "final"))
+    return {"steps": trainer.state.global_step, "model_dir": out / "final", "wall_s": time.perf_counter() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", required=True, type=Path)
+    p.add_argument("--seconds", type=float, default=300.0, help="training wall-clock budget per peer")
+    p.add_argument("--lr", type=float, default=1e-3, help="our learning rate")
+    p.add_argument("--trl-lr", type=float, default=None, help="TRL's learning rate (default: --lr)")
+    p.add_argument("--peers", default="ours,trl")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    warm = prepare(args.workdir)
+    rows = test_rows(args.workdir)
+    base = greedy_accuracy(warm, rows)
+    result = {"before": base, "seconds": args.seconds, "n_test": len(rows), "load": os.getloadavg()}
+    peers = args.peers.split(",")
+    if "ours" in peers:
+        r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed)
+        result["ours"] = {"lr": args.lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),
+                          "after": greedy_accuracy(warm, rows, state_dict_file=r["weights"])}
+    if "trl" in peers:
+        lr = args.trl_lr if args.trl_lr is not None else args.lr
+        r = run_trl(args.workdir, warm, args.seconds, lr, args.seed)
+        result["trl"] = {"lr": lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),
+                         "after": greedy_accuracy(r["model_dir"], rows)}
+    result["load_end"] = os.getloadavg()
+    print(f"greedy accuracy on {len(rows)} held-out Countdown problems, {args.seconds:.0f} s of training each")
+    print(f"  warmed-up checkpoint: {base:.3f}")
+    for name in ("ours", "trl"):
+        if name in result:
+            r = result[name]
+            print(f"  {name:4s} lr={r['lr']:g}: {r['after']:.3f} (gain {r['after'] - base:+.3f}, {r['steps']} steps)")
+    if "ours" in result and "trl" in result:
+        g_ours, g_trl = result["ours"]["after"] - base, result["trl"]["after"] - base
+        ratio = g_ours / g_trl if g_trl else float("inf")
+        print(f"  ratio ours/TRL gain: {ratio:.2f}")
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""What every ``rlhf`` subcommand shares: argparse parsers, and how errors are shown.
+
+* Every subcommand's ``main(argv) -> int`` builds an ``argparse`` parser with ``prog="rlhf <name>"``, so
+  ``--help`` works the same everywhere; the trainers take verl-style dotted overrides as positional arguments
+  (:func:`overrides_parser`).
+* :func:`run_command` runs a subcommand: ``--help`` exits 0; a bad command line exits 2 (argparse's usage
+  line); an **input error** (:data:`INPUT_ERRORS`: a config, data or missing-file error, whose message names
+  the key, file or row) prints one line ``rlhf <name>: error: <message>`` and exits 1; any other exception
+  (``KeyError``, ``AttributeError``...: a bug, or a failing user function) propagates with its traceback.
+
+Import-light on purpose (``rlhf config`` must start fast): no torch here.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig
+
+from rlhf_core.config.errors import ConfigError
+from rlhf_core.config.loader import load_config
+from rlhf_core.data import DataError, RemoteUnavailableError
+
+INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError)
+"""Errors caused by the user's input: shown as one line, without a traceback."""
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Sequence[str]) -> int:
+    """``command(argv)``'s exit code, with the error display described in the module docstring.
+
+    Raises:
+        every exception that is not an input error nor argparse's ``SystemExit`` (shown with a traceback).
+    """
+    try:
+        return int(command(list(argv)) or 0)
+    except SystemExit as exc:  # argparse: --help (0), a usage error (2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except INPUT_ERRORS as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def overrides_parser(prog: str, config_name: str, description: str, example: str) -> argparse.ArgumentParser:
+    """A parser taking verl-style dotted overrides of ``configs/<config_name>.yaml`` as positional arguments.
+
+    ``example`` is one command line shown under the options; the epilog also says how to list every key."""
+    epilog = (f"example:\n  {example}\n\nevery key and its default: rlhf config show --config-name {config_name}\n"
+              f"validate without running:  rlhf config check --config-name {config_name} [overrides]")
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help=f"verl/Hydra overrides of {config_name}.yaml: a.b=v, +a.new=v, ++a.b=v, ~a.b")
+    return parser
+
+
+def setup_logging() -> None:
+    """INFO logging to stderr with timestamps, for the long-running commands (ppo, sft, eval)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def config_command(prog: str, config_name: str, description: str, example: str, run: Callable[[DictConfig], Any],
+                   report: Callable[[Any], str]) -> Callable[[Sequence[str] | None], int]:
+    """The ``main(argv) -> int`` of a trainer-style command (``rlhf ppo|sft|eval``): parse the overrides, load
+    ``config_name`` with them, ``result = run(config)``, print ``report(result)``; errors as in :func:`run_command`.
+    ``argv`` ``None`` means ``sys.argv[1:]`` (the module run as ``python -m``)."""
+    def command(args: list[str]) -> int:
+        overrides = overrides_parser(prog, config_name, description, example).parse_args(args).overrides
+        setup_logging()
+        print(report(run(load_config(config_name, overrides))))
+        return 0
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_command(prog, command, sys.argv[1:] if argv is None else argv)
+
+    main.__doc__ = f"``{prog} key=value ...``: {description} Returns the exit code."
+    return main

@@ -1,0 +1,112 @@
+"""What a config will not do, said before anything starts: aliases, no-effect notices, missing engines.
+
+* ``resolve_aliases``: verl 0.6 renamed the top-level ``ray_init`` section to ``ray_kwargs.ray_init`` (and
+  ``ray_init.timeline_json_file`` to ``ray_kwargs.timeline_json_file``). Both spellings are accepted; the one
+  set away from its default is copied onto the other, so code reads either; both set to different values is
+  an error naming both.
+* ``effect_notices``: one line per key the user set away from its default whose status is "no effect on CPU"
+  (only when the run is on CPU) or "accepted, no effect yet", naming the key and what happens instead; and
+  per vLLM-only rollout key set while ``rollout.name`` is not vllm.
+* ``engine_errors``: ``rollout.name`` names an engine whose package is not importable here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .errors import ConfigError
+from .schema import EFFECT, EFFECT_IN, NO_EFFECT_ON_CPU, flatten
+
+# (reference spelling, verl 0.6 spelling)
+ALIASES = (("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"),
+           ("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"))
+_R = "actor_rollout_ref.rollout."
+# rollout keys read only by the vllm engine (rlhf_core/workers/rollout/vllm_rollout.py engine_kwargs)
+VLLM_ONLY = tuple(_R + k for k in ("gpu_memory_utilization", "tensor_model_parallel_size", "enforce_eager",
+                                   "max_num_batched_tokens", "max_num_seqs"))
+# rollout.name -> the package it needs
+ENGINE_PACKAGES = {"vllm": "vllm", "hf": "transformers", "sglang": "sglang"}
+
+
+class ConfigNotice(UserWarning):
+    """A key is set to a value that changes nothing here (see :func:`effect_notices`)."""
+
+
+def _select(cfg: DictConfig, path: str) -> Any:
+    return OmegaConf.select(cfg, path, default="<absent>", throw_on_resolution_failure=False)
+
+
+def resolve_aliases(cfg: DictConfig, base: DictConfig) -> None:
+    """Make both spellings of each ``ALIASES`` pair hold the value the user set (unresolved, in place).
+
+    Raises ConfigError naming both keys when both are set away from their defaults to different values.
+    Pairs absent from ``base`` (a config without one of the spellings) are skipped.
+    """
+    for old, new in ALIASES:
+        d_old, d_new = _select(base, old), _select(base, new)
+        if "<absent>" in (d_old, d_new):
+            continue
+        v_old, v_new = _select(cfg, old), _select(cfg, new)
+        set_old, set_new = v_old != d_old, v_new != d_new
+        if set_old and set_new and v_old != v_new:
+            raise ConfigError(f"{old}={v_old!r} and {new}={v_new!r} are two spellings of one key (verl 0.6 moved "
+                              f"ray_init under ray_kwargs); set one of them, or both to the same value.")
+        with open_dict(cfg):
+            if set_new and not set_old:
+                OmegaConf.update(cfg, old, v_new, merge=False)
+            elif set_old and not set_new:
+                OmegaConf.update(cfg, new, v_old, merge=False)
+
+
+def changed_paths(cfg: DictConfig, base: DictConfig) -> set[str]:
+    """Leaves whose unresolved value differs from the shipped one: the keys the user set (before resolution,
+    so a key that only follows another through an interpolation does not count)."""
+    ours, shipped = flatten(cfg, resolve=False), flatten(base, resolve=False)
+    return {p for p, v in ours.items() if p in shipped and v != shipped[p]}
+
+
+def runs_on_cpu(cfg: DictConfig) -> bool:
+    """True for ``trainer.device=cpu``, or ``auto`` on a machine without CUDA."""
+    device = OmegaConf.select(cfg, "trainer.device", default="auto")
+    if device != "auto":
+        return device == "cpu"
+    import torch  # lazy: only when a CPU-only key is set, so `rlhf config` stays fast otherwise
+
+    return not torch.cuda.is_available()
+
+
+def effect_notices(cfg: DictConfig, user_set: set[str], name: str = "ppo_trainer") -> list[str]:
+    """One line per key in ``user_set`` that will change nothing in this run, naming the key and why.
+
+    ``cfg`` is the resolved config; ``name`` the shipped config it extends (statuses can differ per file).
+    A vLLM-only rollout key under another engine gets that reason instead of its status (one line per key).
+    """
+    notices, on_cpu = [], None
+    engine = OmegaConf.select(cfg, _R + "name", default=None)
+    for path in sorted(user_set):
+        if path in VLLM_ONLY and engine is not None and engine != "vllm":
+            notices.append(f"{path}={_select(cfg, path)!r} has no effect here: it is read only by the vllm "
+                           f"rollout engine, and {_R}name={engine!r}.")
+            continue
+        status = EFFECT_IN.get(name, {}).get(path) or EFFECT.get(path)
+        if status is None:
+            continue
+        if status[0] == NO_EFFECT_ON_CPU:
+            on_cpu = runs_on_cpu(cfg) if on_cpu is None else on_cpu
+            if not on_cpu:
+                continue
+        notices.append(f"{path}={_select(cfg, path)!r} has no effect here ({status[0]}): {status[1]}.")
+    return notices
+
+
+def engine_errors(cfg: DictConfig) -> list[str]:
+    """An error line when ``actor_rollout_ref.rollout.name`` needs a package that is not importable here."""
+    engine = OmegaConf.select(cfg, _R + "name", default=None)
+    package = ENGINE_PACKAGES.get(engine)
+    if package and importlib.util.find_spec(package) is None:
+        return [f"{_R}name={engine!r} needs the '{package}' package, which is not importable in this environment; "
+                f"install it or set {_R}name=hf."]
+    return []

@@ -1,0 +1,166 @@
+"""Proof of effect, not of name: every key marked "supported" is read, by full path, in a real run.
+
+Each entry point runs once on the tiny model with ``RLHF_CONFIG_READS`` set (rlhf_core/config/reads.py): PPO
+with GRPO and with GAE (one Ray instance started here, so its workers record too), SFT and offline evaluation.
+A key whose docs/CONFIG_KEYS.md status is "supported" must be read by one of these runs, or be listed in
+``EFFECT_TESTS`` with the test that shows its effect (keys only read on paths these short runs do not take:
+LoRA, a reward model, the KL controller...). The test named there must exist.
+"""
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rlhf_core.config import load_config, reads
+from rlhf_core.config.keys_doc import status_of, yaml_keys
+from rlhf_core.config.loader import CONFIG_NAMES
+from rlhf_core.config.schema import OPEN_PATHS
+
+from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401 - gsm8k_parquet is a fixture
+from test_sft_e2e import sft_config, sft_files  # noqa: F401 - sft_files is a fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+_A = "actor_rollout_ref."
+_LORA = "tests/unit/test_workers_lora.py::test_lora_actor_update_sync_and_merge"
+_LORA_CRITIC = "tests/unit/test_workers_lora.py::test_lora_critic_trains_head_and_merges"
+_RM = "tests/unit/test_workers_reward_model.py::test_other_chat_template_is_re_templated"
+_RM_SAME = "tests/unit/test_workers_reward_model.py::test_same_tokenizer_scores_the_policy_ids"
+_VLLM = "tests/unit/test_workers_fsdp.py::test_vllm_engine_kwargs_and_missing_vllm_message"
+_IS = "tests/unit/test_trainer_ppo.py::test_rollout_is_balance_and_rollout_dump"
+_IS_ACTOR = "tests/unit/test_workers_fsdp.py::test_rollout_is_weights_scale_the_policy_loss"
+_KL = "tests/unit/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
+_DEPRECATED = "tests/unit/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
+_SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
+# Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
+EFFECT_TESTS: dict[str, dict[str, str]] = {
+    "ppo_trainer": {
+        _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
+        "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
+        # the interpolation actor_rollout_ref.rollout.response_length: ${data.max_response_length} carries it
+        "data.max_response_length": "tests/unit/test_config_overrides.py::test_interpolations_resolve_after_overrides",
+        "data.filter_overlong_prompts_workers": "tests/unit/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
+        "critic.forward_micro_batch_size": _DEPRECATED,
+        # vLLM engine arguments (the e2e runs use the hf rollout)
+        **{_A + f"rollout.{k}": _VLLM for k in (
+            "prompt_length", "dtype", "gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size",
+            "max_num_batched_tokens", "max_num_seqs", "engine_kwargs.vllm")},
+        **{_A + f"actor.rollout_is_{k}": _IS_ACTOR for k in ("threshold", "threshold_lower", "level", "mode",
+                                                             "veto_threshold")},
+        **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold", "_threshold_lower", "_level", "_mode",
+                                                     "_veto_threshold")},
+        # the runs give total_training_steps; without it, steps = batches per epoch x total_epochs
+        "trainer.total_epochs": "tests/unit/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
+        **{f"algorithm.{k}": _KL for k in ("kl_penalty", "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.horizon",
+                                           "kl_ctrl.target_kl")},
+        **{f"reward_model.{k}": _RM for k in ("model.input_tokenizer", "model.path", "model.external_lib",
+                                              "model.trust_remote_code", "model.fsdp_config.min_num_params",
+                                              "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
+                                              "use_dynamic_bsz", "forward_max_token_len_per_gpu")},
+    },
+    "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
+                    "trainer.device": _SFT_RAY,
+                    "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
+    "evaluation": {"custom_reward_function.name":
+                   "tests/unit/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
+}
+
+
+def _read(path: str, reads_: set[str]) -> bool:
+    """Read by full path; a free-form dict (override_config, engine_kwargs) also counts when code reads the dict."""
+    return path in reads_ or (path in OPEN_PATHS and path.rpartition(".")[0] in reads_)
+
+
+def _supported(name: str) -> list[str]:
+    return [p for p, _, _ in yaml_keys(name) if status_of(name, p).startswith("supported")]
+
+
+def _test_exists(ref: str) -> bool:
+    path, _, name = ref.partition("::")
+    file = ROOT / path
+    if not file.is_file():
+        return False
+    tree = ast.parse(file.read_text(encoding="utf-8"))
+    return not name or any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
+
+
+def _eval_parquet(path: Path) -> str:
+    pd.DataFrame({
+        "data_source": ["openai/gsm8k"], "prompt": [[{"role": "user", "content": "q"}]],
+        "responses": [["#### 72", "#### 1"]], "reward_model": [{"style": "rule", "ground_truth": "72"}],
+    }).to_parquet(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model_dir, gsm8k_parquet, sft_files, tmp_path_factory):  # noqa: F811
+    """{config name: every full path read by its runs}."""
+    import ray
+
+    from rlhf_core.trainer.evaluation import run_evaluation
+    from rlhf_core.trainer.main_ppo import run_ppo
+    from rlhf_core.trainer.sft_trainer import run_sft
+
+    out = tmp_path_factory.mktemp("config_reads")
+    files = {name: str(out / f"{name}.reads") for name in CONFIG_NAMES}
+    saved = {k: os.environ.get(k) for k in (reads.ENV, "RLHF_METRICS_FILE")}
+    os.environ.pop("RLHF_METRICS_FILE", None)
+    if ray.is_initialized():  # an instance started without the variable would start workers that do not record
+        ray.shutdown()
+    try:
+        os.environ[reads.ENV] = files["ppo_trainer"]
+        reads.install()
+        for adv in ("grpo", "gae"):
+            run_ppo(ppo_config(tiny_model_dir, gsm8k_parquet, out / adv, adv, "trainer.total_training_steps=1",
+                               "trainer.test_freq=1", "trainer.save_freq=1"))
+        ray.shutdown()
+        os.environ[reads.ENV] = files["sft_trainer"]
+        run_sft(sft_config(tiny_model_dir, sft_files, out / "sft", "trainer.total_training_steps=1",
+                           "trainer.save_freq=1", "trainer.test_freq=1"))
+        os.environ[reads.ENV] = files["evaluation"]
+        run_evaluation(load_config("evaluation", [f"data.path={_eval_parquet(out / 'resp.parquet')}",
+                                                  f"output.samples_dir={out / 'eval'}"]))
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    return {name: reads.read_paths(path) for name, path in files.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_supported_key_is_read_by_a_run_or_has_an_effect_test(recorded, name):
+    covered = EFFECT_TESTS[name]
+    unread = [p for p in _supported(name) if not _read(p, recorded[name]) and p not in covered]
+    assert unread == [], (f"{name}.yaml keys marked 'supported' that no run reads and no effect test covers: {unread}. "
+                          f"Make a run read them, name the test showing their effect in EFFECT_TESTS, or give them an "
+                          f"honest status in rlhf_core/config/schema.py EFFECT and regenerate docs/CONFIG_KEYS.md")
+    stale = [p for p in covered if _read(p, recorded[name])]
+    assert stale == [], f"read by a run now, drop from EFFECT_TESTS: {stale}"
+
+
+def test_effect_tests_name_supported_keys_and_existing_tests():
+    for name, entries in EFFECT_TESTS.items():
+        for path, ref in entries.items():
+            assert path in _supported(name), f"{name}: {path} is not a supported key"
+            assert _test_exists(ref), f"{name}: {path}: no test {ref}"
+
+
+def test_recording_sees_attribute_and_item_reads_only(tmp_path, monkeypatch):
+    # unit check of the recorder, no run: reads by name count; to_container / select / `in` do not
+    from omegaconf import OmegaConf
+
+    target = tmp_path / "reads.txt"
+    monkeypatch.setenv(reads.ENV, str(target))
+    reads.install()
+    cfg = load_config("evaluation")
+    OmegaConf.to_container(cfg, resolve=True)
+    OmegaConf.select(cfg, "data.path")
+    assert "prompt_key" in cfg.data
+    assert not {p for p in reads.read_paths(str(target)) if "." in p}  # only top-level section names at most
+    cfg.data.path, cfg.output["samples_dir"]
+    assert {"data.path", "output.samples_dir"} <= reads.read_paths(str(target))
