@@ -30,14 +30,19 @@ configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults;
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
+from flows import artifacts, report  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
-from infra.ray_cluster import connect_ray  # noqa: E402
-from infra.results_cli import EXAMPLE_QUERY  # noqa: E402
+from infra import model_registry  # noqa: E402
+from infra.compare import RunNotFoundError  # noqa: E402
+from infra.ray_cluster import check_shared_paths, connect_ray, run_on_ray  # noqa: E402
+from infra.results import ResultsStore  # noqa: E402
 from rlhf_core.cli import run_command  # noqa: E402
-from tasks import plan  # noqa: E402
+from rlhf_core.config import ConfigError, load_config  # noqa: E402
+from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
+from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
 
 
@@ -59,46 +64,118 @@ def rlhf(
     eval_overrides: list[str] | None = None,
     skip_sft: bool | None = None,
     skip_evaluate: bool | None = None,
+    baseline: str | None = None,
+    max_regression: float | None = None,
 ) -> dict[str, Any]:
     """Post-train a model with SFT then PPO-family RL, and evaluate it.
 
+    ``baseline`` (``previous-successful`` | a flow-run or MLflow run id | None) turns on the
+    regression gate: after evaluation the run is compared with the baseline prompt by prompt,
+    and a data source whose whole 95 % interval of the score difference lies below
+    ``-max_regression`` fails the flow run (RegressionError), after everything was recorded.
+    An explicit baseline that does not exist fails before any training.
+
     Returns:
-        ``{"parent_run_id", "model_path", "sft_model", "ppo": final PPO result,
+        ``{"parent_run_id", "flow_run_id", "model_path", "sft_model", "ppo": final PPO result,
         "evaluation": metrics, "home": str}``.
     """
     s = resolve_settings(locals())
     validate_overrides(s)  # a typo in any override list fails here, before data/SFT (ConfigError)
     home = rlhf_home()
     fr_id = str(flow_run.get_id() or "local")
+    store = ResultsStore(home)
+    baseline_run = report.resolve_baseline(store, s.baseline, fr_id)  # a wrong id fails here
+    started, status = report.now(), "FAILED"
+    report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), "RUNNING", started)
+    try:
+        out = _pipeline(s, home, fr_id, store, baseline_run)
+        status = "FINISHED"
+    finally:
+        report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
+    return out
+
+
+def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
+              baseline_run: Any) -> dict[str, Any]:
+    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`).
+
+    Each task gets the future of the one before it (``wait_for``), so the Prefect run graph
+    shows the chain prepare_data → build_model → sft → ppo_segment × K → evaluate.
+    """
     run_dir = home / "runs" / fr_id
     connect_ray(s.ray_address)
-    with lineage.pipeline_run(s.experiment, fr_id, s.as_params()) as parent_run_id:
+    if s.ray_address or os.environ.get("RAY_ADDRESS"):  # an existing cluster: every node must see the home
+        check_shared_paths([str(home)])
+    url = flow_run.get_flow_run_ui_url()  # None in ephemeral mode (no UI)
+    with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=flow_run.get_name() or "rlhf",
+                              tags={lineage.FLOW_RUN_URL_TAG: url} if url else None) as parent_run_id:
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
-        data = prepare_data(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task)
-        _record(parent_run_id, "prepare_data", data)
+        rec = _Recorder(parent_run_id, store, fr_id)
+        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task)
+        data = rec("prepare_data", upstream.result())
         base_model = s.model_path
         if not base_model:
-            built = build_model(data["train"], s.model_sizes, ctx)
-            base_model = _record(parent_run_id, "build_model", built)["model_path"]
+            upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
+            base_model = rec("build_model", upstream.result())["model_path"]
         model = base_model
         if s.sft_enabled:
-            trained = sft(base_model, data["train"], data["val"], s.sft_list(), ctx)
-            model = _record(parent_run_id, "sft", trained)["hf_dir"]
-        ppo_result = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment)
-        evaluation = {}
+            upstream = sft.submit(base_model, data["train"], data["val"], s.sft_list(), ctx,
+                                  wait_for=[upstream])
+            model = rec("sft", upstream.result())["hf_dir"]
+        ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream)
+        rec.log("ppo")
+        evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
-            evaluation = evaluate(str(run_dir / "val_samples"), s.eval_list(), ctx)
+            evaluation = evaluate.submit(
+                str(run_dir / "val_samples"), s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"),
+                val_file=data["val"], global_step=int(ppo_result.get("global_step") or 0),
+                wait_for=[upstream]).result()
+            rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
         _print_learning(run_dir, s.val_prompts)
-    return {"parent_run_id": parent_run_id, "model_path": base_model, "sft_model": model,
-            "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
+        failure = gate_text = None
+        if baseline_run is not None:
+            cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),
+                                       s.max_regression, parent_run_id)
+            gate_text = failure or "\n".join(
+                f"passed vs {baseline_run.run_id}: {r['data_source']} {r['mean_a']:.4f} -> {r['mean_b']:.4f} "
+                f"(diff {r['diff']:+.4f}, 95% CI [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}])"
+                for r in report.gate_summary(cmp))
+            print(f"regression gate: {gate_text}")
+        elif s.baseline:
+            print(f"regression gate: no earlier successful run to compare with ({s.baseline})")
+        artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text)
+        if failure:
+            raise report.RegressionError(failure)
+    return {"parent_run_id": parent_run_id, "flow_run_id": fr_id, "model_path": base_model,
+            "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
 
 
-def _record(parent_run_id: str, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
-    """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
-    lineage.set_tags(parent_run_id, {f"stage.{stage_name}.run_id": output["run_id"]})
-    return output
+class _Recorder:
+    """Tags the parent run with each stage's run and logs one line per stage (flows.artifacts)."""
+
+    def __init__(self, parent_run_id: str, store: ResultsStore, flow_run_id: str):
+        self.parent_run_id, self.store, self.flow_run_id = parent_run_id, store, flow_run_id
+        self.cached: dict[str, str] = {}  # stage -> run id of an earlier flow run (Prefect cache hit)
+
+    def __call__(self, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
+        """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
+        run_id = output["run_id"]
+        lineage.set_tags(self.parent_run_id, {f"stage.{stage_name}.run_id": run_id})
+        _, rows = self.store.sql(f"SELECT flow_run_id FROM runs WHERE run_id = '{run_id}'")
+        cached = bool(rows) and rows[0][0] != self.flow_run_id
+        if cached:
+            self.cached[stage_name] = run_id
+        artifacts.log_stage(self.store, stage_name, run_id, cached=cached)
+        return output
+
+    def log(self, stage_name: str) -> None:
+        """The line of a stage whose run is found in this flow run's rows."""
+        _, rows = self.store.sql(f"SELECT run_id FROM runs WHERE flow_run_id = '{self.flow_run_id}' "
+                                 f"AND stage = '{stage_name}' AND kind = 'stage' ORDER BY started_at DESC LIMIT 1")
+        if rows:
+            artifacts.log_stage(self.store, stage_name, rows[0][0])
 
 
 def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dict[str, Any]) -> None:
@@ -131,22 +208,53 @@ def _configured_tasks(s: PipelineSettings) -> tuple:
 
 
 def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
-             ctx: dict[str, Any], ppo_task: Any = ppo_segment) -> dict[str, Any]:
-    """One ``ppo`` MLflow run; one ppo_segment task per checkpoint boundary."""
+             ctx: dict[str, Any], ppo_task: Any = ppo_segment, upstream: Any = None) -> tuple[dict[str, Any], Any]:
+    """One ``ppo`` MLflow run (and ``runs`` row, whose params are the last segment's whole
+    resolved config); one ppo_segment task per checkpoint boundary, each waiting for the last.
+
+    Returns:
+        ``(final segment result, its future)``.
+    """
     result: dict[str, Any] = {}
-    stage_params = {"total_steps": s.ppo_steps, "segment_steps": s.segment_steps,
-                    "adv_estimator": s.adv_estimator, "model_path": model}
-    with stage("ppo", stage_params, ctx) as ppo_run_id:
+    bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
+    lists = [s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
+                        run_dir=run_dir, stop_after_step=stop) for stop in bounds]
+    with stage("ppo", load_config("ppo_trainer", lists[-1]), ctx) as ppo_run_id:
         lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
         lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
-        for i, stop in enumerate(plan.segment_boundaries(s.ppo_steps, s.segment_steps), start=1):
-            overrides = s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
-                                   run_dir=run_dir, stop_after_step=stop)
-            result = ppo_task(overrides, i, ppo_run_id, ctx)
-        ckpt = result.get("checkpoint_dir")
-        if ckpt and os.path.isdir(ckpt):  # copied only when small (a tiny model), else tagged
-            lineage.log_dir_artifact(ppo_run_id, ckpt, "checkpoint")
-    return result
+        first = 1
+        progress_id = create_ppo_progress(s.ppo_steps)
+        for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
+            name = f"ppo_segment {i}/{len(bounds)} (steps {first}-{stop})"
+            upstream = ppo_task.with_options(task_run_name=name).submit(
+                overrides, i, ppo_run_id, ctx, progress_id,
+                wait_for=[upstream] if upstream is not None else None)
+            result = upstream.result()
+            first = stop + 1
+        _publish_policy(s, ppo_run_id, result.get("checkpoint_dir"), model, data, ctx)
+    return result, upstream
+
+
+def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_model: str,
+                    data: dict[str, str], ctx: dict[str, Any]) -> None:
+    """On the ppo run: the reward-over-steps PNG, and the final actor checkpoint merged into a
+    Hugging Face folder, logged as ``hf_model`` and registered as a new version of the model
+    named after the experiment (lineage: datasets, SFT parent model, PPO checkpoint)."""
+    store = ResultsStore(ctx["home"])
+    _, rows = store.sql(f"SELECT step, key, value FROM metrics WHERE run_id = '{ppo_run_id}' "
+                        "AND (key = 'critic/score/mean' OR key LIKE 'val-core/%')")
+    if rows:
+        png = model_registry.reward_chart(rows, Path(ctx["run_dir"]) / "reward_over_steps.png")
+        lineage.client().log_artifact(ppo_run_id, png, "charts")
+    actor = Path(ckpt or "") / "actor"
+    if not ckpt or not actor.is_dir():
+        return
+    merged = run_on_ray(remote.merge_remote, str(actor), str(Path(ctx["run_dir"]) / "hf_policy"), timeout_s=3600)
+    tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
+            "dataset.gsm8k_train.path": data["train"], "dataset.gsm8k_val.path": data["val"]}
+    tags.update({f"dataset.gsm8k_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
+    version = model_registry.register_policy(ppo_run_id, merged, s.experiment, tags)
+    print(f"registered model {s.experiment} version {version} (merged from {ckpt})")
 
 
 # every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
@@ -168,6 +276,9 @@ PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
     "eval_overrides": ("list", "evaluation.yaml overrides for the evaluate stage (they win)"),
     "skip_sft": ("flag", "skip the sft stage (PPO starts from the base model)"),
     "skip_evaluate": ("flag", "skip the evaluate stage"),
+    "baseline": (str, "regression gate: a run id, flow run id or 'previous-successful' to compare the evaluation with "
+                      "(regression_gate.baseline)"),
+    "max_regression": (float, "regression gate: the largest allowed drop of the mean score (regression_gate.max_regression)"),
 }
 
 
@@ -193,15 +304,40 @@ def main(argv: list[str] | None = None) -> int:
     the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
     def command(args: list[str]) -> int:
         params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
+        error = check_parameters(params)
+        if error:  # before Prefect starts its server: one line naming the parameter, exit 2 (a usage error)
+            print(f"rlhf pipeline: error: {error}", file=sys.stderr)
+            return 2
         out = rlhf(**params)
         home = Path(out["home"])
         print(f"\nResults under {home}")
         print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
         print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
-        print(f"  Try:    {rlhf_command()} results sql \"{EXAMPLE_QUERY}\"")
+        print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
+        print(f"  Compare with the run before: {rlhf_command()} results compare previous {out['flow_run_id']}")
         return 0
 
     return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
+
+
+def check_parameters(params: dict[str, Any]) -> str | None:
+    """What is wrong with the flow parameters, in one line (None when they are usable).
+
+    Runs the flow's own checks (settings, every stage's override list, the baseline run id)
+    plus the existence of ``model_path`` and ``gsm8k_dir``, without starting any service.
+    """
+    try:
+        s = resolve_settings(params)
+        validate_overrides(s)
+        for name in ("model_path", "gsm8k_dir"):
+            value = getattr(s, name)
+            if value and "://" not in value and not Path(value).expanduser().exists():
+                return f"{name}: {value} does not exist"
+        if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
+            report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
+    except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 def rlhf_command() -> str:

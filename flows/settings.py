@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from infra.home import remembered
 from tasks import plan
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -40,6 +41,8 @@ class PipelineSettings:
     ppo_overrides: list[str]
     eval_overrides: list[str]
     task_options: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    baseline: str | None = None        # regression gate: previous-successful | a run id | None (off)
+    max_regression: float = 0.0        # absolute drop of a data source's mean score tolerated
 
     def as_params(self) -> dict[str, Any]:
         """The settings as a dict (for the parent MLflow run's params)."""
@@ -124,8 +127,9 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
 
     A preset may hold ``task`` (``gsm8k`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
     pipeline.yaml values (``train_prompts``, ``val_prompts``, ``sft_epochs``, ``ppo_steps``, ``segment_steps``)
-    that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR`` when
-    neither parameter nor file sets it. When the
+    that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR``, then to
+    the folder an earlier flow run in this ``$RLHF_HOME`` recorded (``infra.home.remembered``), when neither
+    parameter nor file sets it. When the
     user's ppo (eval) overrides set ``custom_reward_function.path``, the preset's
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
@@ -164,7 +168,9 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         preset=preset_name,
         task=str(preset["task"] if "task" in preset else setting("task")),
         model_path=_pick(params.get("model_path"), setting("model_path")),
-        gsm8k_dir=_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR"),
+        # then the folder an earlier run in this $RLHF_HOME used (e.g. `make demo`'s GSM8K_DIR)
+        gsm8k_dir=(_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR")
+                   or remembered("gsm8k_dir")),
         ray_address=_pick(params.get("ray_address"), setting("ray_address")),
         train_prompts=int(_pick(params.get("train_prompts"), value("data.train_prompts"))),
         val_prompts=int(_pick(params.get("val_prompts"), value("data.val_prompts"))),
@@ -185,9 +191,18 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         ppo_overrides=list(params.get("ppo_overrides") or []),
         eval_overrides=list(params.get("eval_overrides") or []),
     )
-    s = dataclasses.replace(s, task_options=_task_options(setting("tasks") or {}))
+    baseline = _pick(params.get("baseline"), setting("regression_gate.baseline"))
+    if isinstance(baseline, str) and baseline.strip().lower() in ("", "none", "null"):
+        baseline = None
+    s = dataclasses.replace(
+        s, task_options=_task_options(setting("tasks") or {}), baseline=baseline,
+        max_regression=float(_pick(params.get("max_regression"), setting("regression_gate.max_regression"))))
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ValueError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
+    if s.max_regression < 0:
+        raise ValueError(f"max_regression must be >= 0 (an absolute score drop), got {s.max_regression}")
+    if s.baseline is not None and not s.evaluate_enabled:
+        raise ValueError(f"baseline={s.baseline!r} needs the evaluate stage (skip_evaluate is set)")
     return s
 
 

@@ -61,3 +61,36 @@ def configure_environment() -> dict[str, str]:
 def artifact_root() -> str:
     """The artifact location for new MLflow experiments (a ``file://`` URI under the home)."""
     return os.environ.get("RLHF_MLFLOW_ARTIFACT_ROOT") or (rlhf_home() / "mlartifacts").as_uri()
+
+
+SETTINGS_FILE = "settings.json"
+
+
+def remembered(key: str, home: Path | None = None) -> str | None:
+    """A value an earlier flow run recorded under the home (``remember``), or None."""
+    import json
+
+    path = (home or rlhf_home()) / SETTINGS_FILE
+    try:
+        value = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+    return str(value) if value is not None else None
+
+
+def remember(key: str, value: str, home: Path | None = None) -> None:
+    """Record ``key = value`` in ``$RLHF_HOME/settings.json`` (written atomically), so the next
+    ``rlhf pipeline`` in this home finds e.g. the GSM8K folder ``make demo`` used."""
+    import json
+    import uuid
+
+    home = home or rlhf_home()
+    path = home / SETTINGS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = value
+    tmp = home / f".{SETTINGS_FILE}.{uuid.uuid4().hex}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)

@@ -29,12 +29,33 @@ PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
 STAGE_TAG = "rlhf.stage"
 GIT_TAG = "mlflow.source.git.commit"
+GIT_DIRTY_TAG = "git.dirty"
+CONFIG_HASH_TAG = "rlhf.config_sha256"
+FLOW_RUN_URL_TAG = "prefect.flow_run_url"
+# MLflow 3 shows an experiment without this tag as a GenAI one; this value opens the model-training view
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 ARTIFACT_LIMIT_BYTES = 50 * 2**20
 
 
+_READY_STORES: set[str] = set()
+
+
 def client() -> MlflowClient:
-    """A client for ``$MLFLOW_TRACKING_URI`` (call ``infra.home.configure_environment`` first)."""
-    return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
+    """A client for ``$MLFLOW_TRACKING_URI`` (call ``infra.home.configure_environment`` first).
+
+    The first use of a SQLite store in this process creates its tables under a file lock
+    (``<db>.lock``): two flow runs starting at once on a fresh ``$RLHF_HOME`` would otherwise race
+    on MLflow's schema creation ("table ... already exists").
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and uri.startswith("sqlite:///") and uri not in _READY_STORES:
+        from filelock import FileLock
+
+        with FileLock(uri[len("sqlite:///"):] + ".lock", timeout=300):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # creates / migrates the schema
+        _READY_STORES.add(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 def get_or_create_experiment(name: str) -> str:
@@ -42,13 +63,16 @@ def get_or_create_experiment(name: str) -> str:
     c = client()
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     from infra.home import artifact_root
 
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     location = f"{artifact_root()}/{name}" if uri.startswith("sqlite:") else None
     try:
-        return c.create_experiment(name, artifact_location=location)
+        return c.create_experiment(name, artifact_location=location,
+                                   tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -64,6 +88,23 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def git_dirty(cwd: str | Path | None = None) -> bool | None:
+    """Whether the work tree at ``cwd`` has uncommitted changes (None when git is unavailable)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def config_hash(params: Mapping[str, Any]) -> str:
+    """sha256 of the flattened ``params`` as sorted JSON (the same config, the same hash)."""
+    import json
+
+    return hashlib.sha256(json.dumps(flatten_params(params), sort_keys=True).encode()).hexdigest()
 
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -116,6 +157,11 @@ def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def log_dict_artifact(run_id: str, data: Mapping[str, Any], artifact_file: str) -> None:
+    """Save ``data`` as a JSON artifact ``artifact_file`` (e.g. ``config/ppo.json``) of ``run_id``."""
+    client().log_dict(run_id, dict(data), artifact_file)
+
+
 def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
               parent_run_id: str | None = None) -> str:
     """Create a RUNNING run (nested under ``parent_run_id`` when given) and return its id."""
@@ -133,15 +179,20 @@ def end_run(run_id: str, status: str = "FINISHED") -> None:
 
 @contextlib.contextmanager
 def pipeline_run(experiment: str, flow_run_id: str | None, params: Mapping[str, Any],
-                 run_name: str = "rlhf") -> Iterator[str]:
-    """Parent run of one flow run: tags flow run id and git commit, logs ``params``.
+                 run_name: str = "rlhf", tags: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """Parent run of one flow run, named ``run_name`` (the flow run's name): tags the flow run
+    id, the git commit and dirty flag, the hash of ``params`` and ``tags`` (e.g. the flow-run
+    URL); logs ``params``.
 
     Yields the run id; the run ends FINISHED, or FAILED when the body raises.
     """
-    tags = {FLOW_RUN_TAG: flow_run_id or "", STAGE_TAG: "pipeline"}
-    commit = git_commit(Path(__file__).resolve().parent)
+    tags = {FLOW_RUN_TAG: flow_run_id or "", STAGE_TAG: "pipeline", CONFIG_HASH_TAG: config_hash(params),
+            **{k: str(v) for k, v in (tags or {}).items()}}
+    here = Path(__file__).resolve().parent
+    commit = git_commit(here)
     if commit:
         tags[GIT_TAG] = commit
+        tags[GIT_DIRTY_TAG] = str(git_dirty(here)).lower()
     with _tracked_run(experiment, run_name, tags, params) as run_id:
         yield run_id
 

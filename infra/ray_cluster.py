@@ -9,6 +9,9 @@ machine, all CPU slots stay free for the training workers.
 from __future__ import annotations
 
 import os
+import socket
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import ray
@@ -40,11 +43,14 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
         ``ray.cluster_resources()`` of the connected cluster.
 
     Raises:
-        ConnectionError: an explicit address cannot be reached (raised by Ray).
+        ConnectionError: an explicit address cannot be reached within ``REACH_TIMEOUT_S``
+            (:func:`check_reachable`, naming the address), or Ray refuses it.
     """
     if ray.is_initialized():
         return ray.cluster_resources()
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        check_reachable(address)
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
@@ -54,8 +60,73 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
             configure_logging=False,
         )
     else:
-        ray.init(address=address, log_to_driver=True)
+        # the job's runtime_env ships the code: cluster nodes need the dependencies only, not a checkout
+        # (a local working_dir is only accepted here, at the job level, not per task)
+        ray.init(address=address, log_to_driver=True, runtime_env=code_runtime_env())
     return ray.cluster_resources()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# What a cluster node needs of the checkout: the packages and configs/ (rlhf_core finds it beside itself)
+CODE_EXCLUDES = [".git", ".rlhf", ".venv*", "tests", "bench", "docs", "**/__pycache__", "*.parquet",
+                 "*.safetensors", "*.pt", "data", "checkpoints", "mlruns"]
+REACH_TIMEOUT_S = 5.0
+DEFAULT_PORTS = {"ray://": 10001, "": 6379}  # Ray Client server, GCS
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Open (and close) a TCP connection to a Ray address, so a wrong ``RAY_ADDRESS`` fails in
+    seconds instead of after Ray's own minute of retries.
+
+    ``auto`` / ``local`` are not checked (Ray looks for a cluster on this machine itself).
+
+    Raises:
+        ConnectionError: the host does not answer on the port within ``timeout_s``; the message
+            names the address and where it came from.
+    """
+    if address in ("auto", "local"):
+        return
+    scheme = "ray://" if address.startswith("ray://") else ""
+    hostport = address[len(scheme):].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    try:
+        with socket.create_connection((host, int(port or DEFAULT_PORTS[scheme])), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"Ray cluster at {address!r} (ray_address / $RAY_ADDRESS) is unreachable: "
+                              f"{exc}; start it with `ray start --head` or fix the address") from exc
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """Ray ``runtime_env`` that ships this checkout's code (``working_dir``, without data, tests or
+    caches) to the cluster, so a driver and its workers import the same ``rlhf_core`` everywhere.
+    The remote working directory is the unpacked copy: paths handed to a stage must be absolute."""
+    return {"working_dir": str(REPO_ROOT), "excludes": list(CODE_EXCLUDES)}
+
+
+def _path_status(paths: list[str]) -> tuple[str, dict[str, bool]]:
+    import ray as _ray
+
+    return _ray.get_runtime_context().get_node_id(), {p: os.path.isdir(p) for p in paths}
+
+
+def check_shared_paths(paths: list[str], timeout_s: float = 120.0) -> None:
+    """Check that every alive node of the cluster sees the folders ``paths`` (``$RLHF_HOME`` must be
+    on a filesystem shared by all nodes: checkpoints, data and samples are exchanged through it).
+
+    Raises:
+        FileNotFoundError: names the nodes and the folders they do not see.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    fn = ray.remote(num_cpus=0, max_retries=0)(_path_status)
+    refs = [fn.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(paths)
+            for n in ray.nodes() if n.get("Alive")]
+    missing = {node: [p for p, ok in seen.items() if not ok] for node, seen in ray.get(refs, timeout=timeout_s)}
+    missing = {node: ps for node, ps in missing.items() if ps}
+    if missing:
+        raise FileNotFoundError(f"Ray nodes {sorted(missing)} do not see {sorted({p for ps in missing.values() for p in ps})}: "
+                                f"put $RLHF_HOME on a filesystem every node mounts at the same path")
 
 
 def forwarded_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -72,6 +143,8 @@ def run_on_ray(
     runtime_env: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 2.0,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` as a Ray remote task and wait for its result.
@@ -86,6 +159,7 @@ def run_on_ray(
         runtime_env: extra Ray runtime environment; its ``env_vars`` win over forwarded ones.
         env: extra environment variables for the remote side.
         timeout_s: seconds to wait; ``None`` waits forever.
+        on_poll: called every ``poll_s`` seconds while ``fn`` runs (progress reporting).
 
     Returns:
         What ``fn`` returned.
@@ -100,8 +174,14 @@ def run_on_ray(
     renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
     remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
     ref = remote_fn.remote(*args, **kwargs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        return ray.get(ref, timeout=timeout_s)
+        while on_poll is not None and not ray.wait([ref], timeout=poll_s)[0]:
+            on_poll()
+            if deadline is not None and time.monotonic() > deadline:
+                raise ray.exceptions.GetTimeoutError(f"{fn.__name__} did not finish within {timeout_s} s")
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return ray.get(ref, timeout=left)
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         raise

@@ -6,9 +6,17 @@ file and a dying writer loses nothing already registered). The DuckDB file
 ``<home>/results.duckdb`` holds only VIEWS over those files:
 
 - ``samples``: ``run_id, stage, step, data_source, uid, sample_idx, prompt, response,
-  ground_truth, score`` plus any extra columns the core wrote (``acc``, ``pred``, ...);
+  ground_truth, score, prompt_id, question, checkpoint`` plus any extra columns the core wrote
+  (``acc``, ``pred``, ...). ``prompt_id`` (:func:`prompt_id`) is a hash of the rendered prompt
+  and ``data_source``, the same for the same prompt in every run;
 - ``metrics``: ``run_id, stage, step, key, value``;
-- ``runs``: ``run_id, flow_run_id, stage, status, started_at, ended_at, params_json``.
+- ``runs``: ``run_id, flow_run_id, stage, status, started_at, ended_at, params_json, name, kind``:
+  one row per run id (``kind`` ``flow`` for a flow run, whose ``run_id`` is the Prefect flow-run
+  id; ``stage`` for a stage run, whose ``run_id`` is its MLflow run id).
+
+Derived views (:data:`DERIVED_VIEWS`): ``prompt_scores`` (one row per run, stage, step and
+prompt: mean score over its samples) and ``compare_pairs`` (evaluation prompt scores of two
+runs side by side, paired by ``prompt_id``; filter on ``run_a``/``run_b`` or ``flow_a``/``flow_b``).
 
 Views are (re)created with a brief write connection when the store is opened and when a
 table gets its first file; queries use a read-only connection. While a table has no file,
@@ -23,6 +31,7 @@ store opens is taken under one ``filelock`` (``<home>/results.duckdb.lock``), so
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -40,7 +49,8 @@ TABLES: dict[str, dict[str, str]] = {
     "samples": {
         "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "data_source": "VARCHAR",
         "uid": "VARCHAR", "sample_idx": "BIGINT", "prompt": "VARCHAR", "response": "VARCHAR",
-        "ground_truth": "VARCHAR", "score": "DOUBLE",
+        "ground_truth": "VARCHAR", "score": "DOUBLE", "prompt_id": "VARCHAR", "question": "VARCHAR",
+        "checkpoint": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "key": "VARCHAR", "value": "DOUBLE",
@@ -48,12 +58,43 @@ TABLES: dict[str, dict[str, str]] = {
     "runs": {
         "run_id": "VARCHAR", "flow_run_id": "VARCHAR", "stage": "VARCHAR", "status": "VARCHAR",
         "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "params_json": "VARCHAR",
+        "name": "VARCHAR", "kind": "VARCHAR",
     },
+}
+# Views over the three tables. ``runs`` may hold several rows for one run id in a store written
+# before runs were keyed by run id alone, hence the GROUP BY in ``_run_index``.
+DERIVED_VIEWS: dict[str, str] = {
+    "prompt_scores": """
+        WITH run_index AS (
+            SELECT run_id, any_value(flow_run_id) AS flow_run_id, min(started_at) AS started_at
+            FROM runs GROUP BY run_id)
+        SELECT s.run_id, any_value(r.flow_run_id) AS flow_run_id, s.stage, s.step, s.data_source,
+               coalesce(s.prompt_id, s.uid) AS prompt_id, any_value(s.question) AS question,
+               any_value(s.prompt) AS prompt, any_value(s.checkpoint) AS checkpoint,
+               avg(s.score) AS score, count(*) AS n_samples, any_value(r.started_at) AS started_at
+        FROM samples s LEFT JOIN run_index r ON r.run_id = s.run_id
+        GROUP BY s.run_id, s.stage, s.step, s.data_source, coalesce(s.prompt_id, s.uid)""",
+    "compare_pairs": """
+        SELECT a.run_id AS run_a, b.run_id AS run_b, a.flow_run_id AS flow_a, b.flow_run_id AS flow_b,
+               a.data_source, a.prompt_id, coalesce(b.question, a.question) AS question,
+               a.score AS score_a, b.score AS score_b, b.score - a.score AS diff
+        FROM prompt_scores a JOIN prompt_scores b
+          ON a.data_source = b.data_source AND a.prompt_id = b.prompt_id AND a.run_id <> b.run_id
+        WHERE a.stage = 'evaluate' AND b.stage = 'evaluate'""",
 }
 logger = logging.getLogger(__name__)
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # the longest wait for another connection of this store (a long query of the results CLI)
 _LOCK_TIMEOUT_S = 60.0
+
+
+def prompt_id(prompt: str | None, data_source: str | None) -> str:
+    """Stable id of a prompt across runs: the first 16 hex digits of sha256(data_source, NUL, prompt).
+
+    ``prompt`` is the prompt as rendered (the text the model saw); ``None`` counts as ``""``.
+    """
+    blob = f"{data_source or ''}\0{prompt or ''}".encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -124,6 +165,11 @@ class ResultsStore:
                 try:
                     for table, globbed in state.items():
                         con.execute(self._view_sql(table, globbed))
+                    for name, body in DERIVED_VIEWS.items():
+                        try:
+                            con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+                        except duckdb.BinderException as exc:  # a store too old for this view
+                            logger.warning("results: view %s not created (%s)", name, exc)
                 finally:
                     con.close()
         except (filelock.Timeout, duckdb.IOException) as exc:
@@ -139,8 +185,13 @@ class ResultsStore:
             self.refresh_views(strict=False)
 
     # ---------------------------------------------------------------- writers
-    def register_samples(self, parquet_paths: Iterable[str], run_id: str, stage: str) -> int:
-        """Copy sample parquet files into the store, adding ``run_id`` and ``stage`` columns.
+    def register_samples(
+        self, parquet_paths: Iterable[str], run_id: str, stage: str,
+        checkpoint: str | Mapping[int, str] | None = None,
+        questions: Mapping[str, str] | None = None,
+    ) -> int:
+        """Copy sample parquet files into the store, adding ``run_id``, ``stage``, ``prompt_id``,
+        ``question`` and ``checkpoint`` columns.
 
         Each file lands at ``results/samples/run_id=<id>/stage=<stage>/<name>.parquet``;
         registering the same file again replaces only that copy (retries are idempotent).
@@ -149,6 +200,11 @@ class ResultsStore:
             parquet_paths: local parquet files with the core's sample columns.
             run_id: MLflow run id of the stage (letters, digits, ``_.-``).
             stage: stage name, e.g. ``ppo`` or ``evaluate``.
+            checkpoint: the checkpoint the samples came from: one path for every row, or
+                ``{step: path}`` (rows of other steps get NULL). A file's own ``checkpoint``
+                column is kept where this gives none.
+            questions: ``{prompt_id: raw question}``; a file's own ``question`` column is kept
+                for rows this does not cover.
 
         Returns:
             Number of rows registered.
@@ -162,7 +218,7 @@ class ResultsStore:
         dest_dir = self.root / "samples" / f"run_id={run_id}" / f"stage={stage}"
         total = 0
         for path in parquet_paths:
-            table = pq.read_table(path)
+            table = _with_sample_ids(pq.read_table(path), checkpoint, questions or {})
             for col in ("run_id", "stage"):
                 if col in table.column_names:
                     table = table.drop_columns([col])
@@ -226,18 +282,26 @@ class ResultsStore:
     def index_run(
         self, run_id: str, flow_run_id: str | None, stage: str, status: str,
         started_at: Any, ended_at: Any | None, params_json: str,
+        name: str | None = None, kind: str = "stage",
     ) -> None:
-        """Write (or replace) the run-index row of one stage run.
+        """Write (or replace) the run-index row of ``run_id``: one row per run id, ever.
 
         Args:
-            started_at, ended_at: ``datetime`` (naive UTC) or ``None`` for a running stage.
-            params_json: the stage's resolved config as JSON text.
+            run_id: a stage's MLflow run id, or (``kind="flow"``) the Prefect flow-run id.
+            stage: the stage name (``flow`` for a flow run).
+            status: ``RUNNING``, ``FINISHED`` or ``FAILED``.
+            started_at, ended_at: ``datetime`` (naive UTC) or ``None`` for a running run.
+            params_json: the run's whole resolved config (a stage) or parameters (a flow) as JSON.
+            name: a readable name (the Prefect flow-run name, the MLflow run name).
+            kind: ``flow`` or ``stage``.
 
         Raises:
-            ValueError: unsafe ``run_id`` or ``stage``.
+            ValueError: unsafe ``run_id`` or ``stage``, or an unknown ``kind``.
         """
         _check_name("run_id", run_id)
         _check_name("stage", stage)
+        if kind not in ("flow", "stage"):
+            raise ValueError(f"kind must be 'flow' or 'stage', got {kind!r}")
         table = pa.table({
             "run_id": pa.array([run_id], pa.string()),
             "flow_run_id": pa.array([flow_run_id], pa.string()),
@@ -246,8 +310,10 @@ class ResultsStore:
             "started_at": pa.array([started_at], pa.timestamp("us")),
             "ended_at": pa.array([ended_at], pa.timestamp("us")),
             "params_json": pa.array([params_json], pa.string()),
+            "name": pa.array([name], pa.string()),
+            "kind": pa.array([kind], pa.string()),
         })
-        _atomic_write(table, self.root / "runs" / f"run_id={run_id}" / f"stage={stage}.parquet")
+        _atomic_write(table, self.root / "runs" / f"run_id={run_id}.parquet")
         self._after_write("runs")
 
     # ---------------------------------------------------------------- readers
@@ -276,3 +342,31 @@ class ResultsStore:
         """Like :meth:`sql` but returns a ``pyarrow.Table``."""
         names, rows = self.sql(query)
         return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
+
+
+def _with_sample_ids(table: pa.Table, checkpoint: str | Mapping[int, str] | None,
+                     questions: Mapping[str, str]) -> pa.Table:
+    """``table`` with ``prompt_id`` (computed from ``prompt`` and ``data_source``), ``question`` and
+    ``checkpoint`` columns (see :meth:`ResultsStore.register_samples`)."""
+    cols = table.column_names
+    n = table.num_rows
+    prompts = table.column("prompt").to_pylist() if "prompt" in cols else [None] * n
+    sources = table.column("data_source").to_pylist() if "data_source" in cols else [None] * n
+    ids = [prompt_id(p, d) for p, d in zip(prompts, sources)]
+    own_q = table.column("question").to_pylist() if "question" in cols else [None] * n
+    own_c = table.column("checkpoint").to_pylist() if "checkpoint" in cols else [None] * n
+    steps = table.column("step").to_pylist() if "step" in cols else [None] * n
+    if isinstance(checkpoint, Mapping):
+        ckpts = [checkpoint.get(int(s)) if s is not None else None for s in steps]
+    else:
+        ckpts = [checkpoint] * n
+    new = {
+        "prompt_id": pa.array(ids, pa.string()),
+        "question": pa.array([questions.get(i, q) for i, q in zip(ids, own_q)], pa.string()),
+        "checkpoint": pa.array([c if c is not None else o for c, o in zip(ckpts, own_c)], pa.string()),
+    }
+    for name, arr in new.items():
+        if name in table.column_names:
+            table = table.drop_columns([name])
+        table = table.append_column(name, arr)
+    return table

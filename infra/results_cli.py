@@ -1,4 +1,5 @@
-"""``rlhf results sql "SELECT ..."`` and ``rlhf results path``: query the results store."""
+"""Query the results store: ``rlhf results sql "SELECT ..."``, ``rlhf results path``,
+``rlhf results compare RUN_A RUN_B [--show regressed]`` and ``rlhf results register PATH``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("query", nargs="?", default=EXAMPLE_QUERY)
     q.add_argument("--max-width", type=int, default=60, help="cut cells longer than this (chars)")
     sub.add_parser("path", help="print the DuckDB database file")
+    c = sub.add_parser("compare", help="compare the evaluation of two runs prompt by prompt")
+    c.add_argument("run_a", help="baseline: flow-run id, MLflow run id, latest or previous")
+    c.add_argument("run_b", help="candidate: flow-run id, MLflow run id, latest or previous")
+    c.add_argument("--show", choices=["regressed", "improved", "failing"], help="list those prompts")
+    c.add_argument("--limit", type=int, default=20, help="prompts listed per data source")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    c.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples")
+    r = sub.add_parser("register", help="add an existing run folder (rlhf ppo / rlhf eval output)")
+    r.add_argument("path", help="folder with sample parquet files (val_step_*.parquet, eval_samples.parquet) "
+                                "and optionally metrics.jsonl")
+    r.add_argument("--stage", choices=["ppo", "evaluate", "sft"], help="default: guessed from the files")
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:
@@ -54,6 +66,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = ResultsStore(rlhf_home())
     if args.cmd == "path":
         print(store.db_path)
+        return 0
+    if args.cmd == "compare":
+        from infra.compare import RunNotFoundError, compare_runs, format_comparison
+
+        try:
+            cmp = compare_runs(store, args.run_a, args.run_b, seed=args.seed, n_boot=args.n_boot)
+        except RunNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(format_comparison(cmp, show=args.show, limit=args.limit))
+        return 0
+    if args.cmd == "register":
+        from infra.manual_runs import register_folder
+
+        try:
+            info = register_folder(store, args.path, stage=args.stage)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"registered {info['samples']} samples and {info['metrics']} metric values of "
+              f"{args.path} as run {info['run_id']} (stage {info['stage']})")
         return 0
     import duckdb
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 
 from rlhf_core.cli import run_command
@@ -23,9 +24,14 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
     "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k|countdown --out OUT ..."),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
-    "results": ("infra.results_cli", "main", "query the DuckDB results store: rlhf results sql \"SELECT ...\""),
+    "results": ("infra.results_cli", "main", "results store: rlhf results sql|compare|register|path"),
     "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),
 }
+
+
+# with RLHF_HOME set, these run through infra.manual_runs: MLflow under $RLHF_HOME, rows in the results store
+TRACKED: dict[str, tuple[str, str]] = {"ppo": ("infra.manual_runs", "ppo_main"),
+                                       "eval": ("infra.manual_runs", "eval_main")}
 
 
 def _usage() -> str:
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = SUBCOMMANDS[name]
+    if name in TRACKED and os.environ.get("RLHF_HOME"):
+        module, func = TRACKED[name]
     # every main already runs under run_command; this also covers a module imported with an input error
     return run_command(f"rlhf {name}", lambda args: getattr(importlib.import_module(module), func)(args), rest)
 

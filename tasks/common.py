@@ -25,33 +25,31 @@ def _now() -> dt.datetime:
 
 
 @contextlib.contextmanager
-def stage(name: str, params: Mapping[str, Any], ctx: Mapping[str, Any],
-          run_id: str | None = None, index_stage: str | None = None) -> Iterator[str]:
-    """Open the stage's nested MLflow run (or reuse ``run_id``) and index it in DuckDB.
+def stage(name: str, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> Iterator[str]:
+    """Open the stage's nested MLflow run and index it in DuckDB (one ``runs`` row per run id).
 
-    The run-index row is written RUNNING at the start and FINISHED/FAILED at the end, so a
-    query during a run sees what is in progress.
+    The run-index row is written RUNNING at the start and replaced FINISHED/FAILED at the end,
+    so a query during a run sees what is in progress. ``params`` (the stage's whole resolved
+    config) is saved flattened in ``params_json``, as MLflow params and as artifact
+    ``config/<name>.json``.
 
     Yields:
         The stage's MLflow run id.
     """
     store = ResultsStore(ctx["home"])
-    index_stage = index_stage or name
-    params_json = json.dumps(lineage.flatten_params(params), sort_keys=True)
+    flat = lineage.flatten_params(params)
+    params_json = json.dumps(flat, sort_keys=True)
     started = _now()
-    if run_id is None:
-        cm = lineage.stage_run(name, params, parent_run_id=ctx.get("parent_run_id"),
-                               experiment=ctx["experiment"], flow_run_id=ctx.get("flow_run_id"))
-    else:
-        cm = contextlib.nullcontext(run_id)
-    with cm as rid:
-        store.index_run(rid, ctx.get("flow_run_id"), index_stage, "RUNNING", started, None, params_json)
+    with lineage.stage_run(name, params, parent_run_id=ctx.get("parent_run_id"),
+                           experiment=ctx["experiment"], flow_run_id=ctx.get("flow_run_id")) as rid:
+        lineage.log_dict_artifact(rid, flat, f"config/{name}.json")
+        store.index_run(rid, ctx.get("flow_run_id"), name, "RUNNING", started, None, params_json, name=name)
         status = "FAILED"
         try:
             yield rid
             status = "FINISHED"
         finally:
-            store.index_run(rid, ctx.get("flow_run_id"), index_stage, status, started, _now(), params_json)
+            store.index_run(rid, ctx.get("flow_run_id"), name, status, started, _now(), params_json, name=name)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

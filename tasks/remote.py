@@ -60,3 +60,10 @@ def evaluation_remote(overrides: list[str]) -> dict[str, Any]:
     from rlhf_core.trainer.evaluation import run_evaluation
 
     return _plain(run_evaluation(load_config("evaluation", overrides)))
+
+
+def merge_remote(actor_dir: str, target_dir: str) -> str:
+    """``merge_checkpoint(actor_dir, target_dir)``: an actor checkpoint as a loadable HF folder."""
+    from rlhf_core.workers.merger import merge_checkpoint
+
+    return merge_checkpoint(actor_dir, target_dir)

@@ -16,10 +16,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import lineage
+from infra.home import remember
 from infra.ray_cluster import run_on_ray
 from infra.results import ResultsStore
 from tasks import plan, remote
 from tasks.common import parquet_files, read_jsonl, stage
+from tasks.progress import StepProgress
 
 HOUR = 3600
 
@@ -90,6 +92,8 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
         result = {"train": train, "val": val, "run_id": run_id}
         result["train_sha256"] = lineage.log_dataset(run_id, train, f"{task}_train", "training")
         result["val_sha256"] = lineage.log_dataset(run_id, val, f"{task}_val", "validation")
+    if gsm8k_dir:  # the next `rlhf pipeline` in this home finds the data without GSM8K_DIR
+        remember("gsm8k_dir", str(Path(gsm8k_dir).resolve()), Path(ctx["home"]))
     return result
 
 
@@ -157,12 +161,14 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
 @task(name="ppo_segment", retries=2, retry_delay_seconds=30, timeout_seconds=12 * HOUR,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
-                ctx: dict[str, Any]) -> dict[str, Any]:
+                ctx: dict[str, Any], progress_id: str | None = None) -> dict[str, Any]:
     """Run PPO until ``trainer.stop_after_step`` (in ``overrides``), checkpointing there.
 
     A retry (or a re-run of a finished segment) resumes from the latest checkpoint in
     ``trainer.default_local_dir`` (``resume_mode=auto``). Metrics go to the ``ppo`` MLflow
-    run ``ppo_run_id``; validation samples and per-step metrics are registered in DuckDB.
+    run ``ppo_run_id`` (whose single ``runs`` row the flow writes); validation samples (with
+    their prompt id, raw question and checkpoint) and per-step metrics are registered in DuckDB.
+    While it runs, one line per step is printed and the progress artifact ``progress_id`` moves.
 
     Returns:
         ``run_ppo``'s result: final metrics (incl. ``val-core/...``), ``global_step``,
@@ -173,35 +179,57 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     config = load_config("ppo_trainer", overrides)
     run_dir = Path(config.trainer.default_local_dir).parent
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
-    params = {"segment": segment, "stop_after_step": config.trainer.stop_after_step}
-    with stage("ppo", params, ctx, run_id=ppo_run_id, index_stage=f"ppo_segment_{segment}"):
-        metrics_file.unlink(missing_ok=True)
-        env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
-        result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR)
-        store = ResultsStore(ctx["home"])
-        store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
-        val_dir = config.trainer.validation_data_dir
-        store.register_samples(parquet_files(val_dir), ppo_run_id, "ppo")
-        lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step")})
+    metrics_file.unlink(missing_ok=True)
+    env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
+    progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id)
+    result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR,
+                        on_poll=progress.poll)
+    progress.finish()
+    store = ResultsStore(ctx["home"])
+    store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
+    register_validation_samples(store, config, ppo_run_id)
+    lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step"),
+                                  f"segment.{segment}.worker_nodes": ",".join(result.get("worker_nodes") or [])})
     return result
+
+
+def register_validation_samples(store: ResultsStore, config: Any, run_id: str) -> int:
+    """Register the validation sample files of a PPO config with questions and checkpoints."""
+    from infra.manual_runs import checkpoints_by_step
+
+    files = parquet_files(config.trainer.validation_data_dir)
+    val_files = config.data.val_files
+    val_file = val_files if isinstance(val_files, str) else (list(val_files) or [None])[0]
+    ckpt_root = Path(config.trainer.default_local_dir)
+    return store.register_samples(files, run_id, "ppo",
+                                  checkpoint=checkpoints_by_step(ckpt_root) if ckpt_root.exists() else None,
+                                  questions=plan.questions_by_prompt_id(files, val_file))
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=30, timeout_seconds=2 * HOUR,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
-def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any]) -> dict[str, Any]:
+def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any],
+             checkpoint: str | None = None, val_file: str | None = None,
+             global_step: int = 0) -> dict[str, Any]:
     """Score the final model's responses with ``evaluation.yaml`` semantics.
 
     The responses parquet is built from the last PPO validation step's samples (greedy or
     sampled per ``val_kwargs``): one row per prompt with the list of its N responses.
 
+    Args:
+        checkpoint: the checkpoint that produced the responses (recorded on every sample).
+        val_file: the validation parquet (for the raw questions of the samples).
+        global_step: the PPO step of the responses: the ``step`` of the metrics rows.
+
     Returns:
-        The evaluation metrics (per data_source).
+        The evaluation metrics (per data_source), also in DuckDB ``metrics`` (stage evaluate).
     """
     from rlhf_core.config import load_config
 
     out = Path(ctx["run_dir"]) / "evaluate"
     out.mkdir(parents=True, exist_ok=True)
-    samples = plan.latest_validation_samples(parquet_files(val_samples_dir))
+    val_paths = parquet_files(val_samples_dir)
+    samples = plan.latest_validation_samples(val_paths)
     responses_path = out / "responses.parquet"
     plan.responses_from_samples(samples).to_parquet(responses_path)
     full = plan.eval_overrides([], overrides, responses_path=str(responses_path),
@@ -212,7 +240,13 @@ def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any]) ->
         metrics = run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id),
                              timeout_s=2 * HOUR)
         lineage.log_metrics(run_id, {lineage_name(k): v for k, v in metrics.items()})
-        ResultsStore(ctx["home"]).register_samples(parquet_files(out / "samples"), run_id, "evaluate")
+        store = ResultsStore(ctx["home"])
+        store.register_metrics([{"step": int(global_step), **metrics}], run_id, "evaluate")
+        sample_files = parquet_files(out / "samples")
+        store.register_samples(sample_files, run_id, "evaluate", checkpoint=checkpoint,
+                               questions=plan.questions_by_prompt_id(val_paths, val_file))
+        for f in sample_files:
+            lineage.client().log_artifact(run_id, f, "samples")
     return metrics
 
 

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf_core.distributed.ray_init import init_ray
@@ -74,6 +74,9 @@ class _WorkerHost:
     def node_ip_and_port(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def setup(self, worker_cls: type, init_kwargs: dict, rank: int, world_size: int,
               master_addr: str, master_port: int, omp_threads: int | None) -> str:
         backend = setup_process_group(rank, world_size, master_addr, master_port, 0, omp_threads)
@@ -107,6 +110,9 @@ class RayWorkerGroup:
         pg_timeout_s: seconds to wait for the placement group, per placement strategy (STRICT_PACK, then PACK).
         ready_timeout_s: seconds to wait for the actors to start and join the process group; ``None`` = no limit.
             The PPO driver passes ``trainer.ray_wait_register_center_timeout`` for both.
+        nnodes: ``trainer.nnodes``. Above 1, the ranks are placed as verl's resource pool does: one placement
+            group (``STRICT_PACK``) of ``world_size / nnodes`` bundles per node, each on a different node;
+            rank ``r`` runs in group ``r // (world_size / nnodes)``.
 
     Raises:
         ValueError: when ``world_size < 1``.
@@ -117,9 +123,11 @@ class RayWorkerGroup:
     def __init__(self, worker_cls: type, world_size: int, init_kwargs: dict,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
-                 ready_timeout_s: float | None = None, num_threads: int | None = None) -> None:
+                 ready_timeout_s: float | None = None, num_threads: int | None = None, nnodes: int = 1) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if nnodes < 1 or world_size % nnodes:
+            raise ValueError(f"trainer.nnodes={nnodes} must divide the world size {world_size}")
         if not ray.is_initialized():
             init_ray()
         self.world_size = world_size
@@ -127,7 +135,11 @@ class RayWorkerGroup:
         bundle: dict[str, float] = {"CPU": num_cpus_per_worker}
         if num_gpus_per_worker:
             bundle["GPU"] = num_gpus_per_worker
-        self._pg = self._placement_group([dict(bundle) for _ in range(world_size)], pg_timeout_s)
+        per_node = world_size // nnodes
+        if nnodes == 1:
+            self._pgs = [self._placement_group([dict(bundle) for _ in range(world_size)], pg_timeout_s)]
+        else:
+            self._pgs = _node_placement_groups(nnodes, [dict(bundle) for _ in range(per_node)], pg_timeout_s)
         omp = int(num_threads) if num_threads else max(1, int(num_cpus_per_worker))
         actor_env = {"OMP_NUM_THREADS": str(omp), **{k: str(v) for k, v in (env or {}).items()}}
         remote_cls = ray.remote(_WorkerHost)
@@ -135,7 +147,8 @@ class RayWorkerGroup:
             remote_cls.options(
                 num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
                 name=f"{self.name_prefix}_{rank}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pgs[rank // per_node], placement_group_bundle_index=rank % per_node),
             ).remote(actor_env)
             for rank in range(world_size)
         ]
@@ -164,6 +177,10 @@ class RayWorkerGroup:
         raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on the Ray cluster within "
                            f"{timeout_s:.0f} s per strategy (available: {ray.available_resources()})")
 
+    def node_ids(self) -> list[str]:
+        """The Ray node id of every rank, in rank order."""
+        return ray.get([a.node_id.remote() for a in self._actors])
+
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method(*args, **kwargs)`` on every rank; results in rank order."""
         return ray.get([a.call.remote(method, *args, **kwargs) for a in self._actors])
@@ -182,9 +199,46 @@ class RayWorkerGroup:
         for a in getattr(self, "_actors", []):
             ray.kill(a)
         self._actors = []
-        if getattr(self, "_pg", None) is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
+        for pg in getattr(self, "_pgs", []):
+            remove_placement_group(pg)
+        self._pgs = []
+
+
+def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float) -> list:
+    """One ``STRICT_PACK`` placement group of ``bundles`` on each of ``nnodes`` different alive nodes.
+
+    Nodes are chosen among those whose total resources can hold the bundles (most free CPUs first) and
+    targeted with ``_soft_target_node_id``; the groups are checked to sit on distinct nodes.
+
+    Raises:
+        TimeoutError: fewer than ``nnodes`` nodes can hold the bundles, a group is not ready within
+            ``timeout_s``, or two groups landed on one node; names what is missing.
+    """
+    need = {k: sum(b.get(k, 0) for b in bundles) for k in bundles[0]}
+    nodes = [n for n in ray.nodes() if n.get("Alive")
+             and all(n.get("Resources", {}).get(k, 0) >= v for k, v in need.items())]
+    if len(nodes) < nnodes:
+        raise TimeoutError(f"trainer.nnodes={nnodes} needs {nnodes} nodes with {need} each; the Ray cluster has "
+                           f"{len(nodes)} such node(s) of {len(ray.nodes())} (resources: {ray.cluster_resources()})")
+    nodes.sort(key=lambda n: -n.get("Resources", {}).get("CPU", 0))
+    pgs = []
+    try:
+        for node in nodes[:nnodes]:
+            pg = placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=node["NodeID"])
+            if not ray.wait([pg.ready()], timeout=timeout_s)[0]:
+                pgs.append(pg)
+                raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on node {node['NodeID']} "
+                                   f"within {timeout_s:.0f} s (available: {ray.available_resources()})")
+            pgs.append(pg)
+        used = [set(placement_group_table(pg)["bundles_to_node_id"].values()) for pg in pgs]
+        if len(set().union(*used)) != nnodes:
+            raise TimeoutError(f"trainer.nnodes={nnodes}: the worker groups landed on nodes {used}, "
+                               f"not on {nnodes} different nodes")
+    except BaseException:
+        for pg in pgs:
+            remove_placement_group(pg)
+        raise
+    return pgs
 
 
 class LocalWorkerGroup:

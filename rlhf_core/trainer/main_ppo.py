@@ -65,7 +65,6 @@ def worker_resources(config: DictConfig, n_groups: int) -> tuple[float, float]:
 def worker_threads(config: DictConfig, cpu_threads: int | None) -> int:
     """Intra-op threads per rank of one group: ``cpu_threads`` (a role's ``fsdp_config.cpu_threads``) when set,
     else the CPUs of a node (Ray's count, which ``ray_init.num_cpus`` sets) ÷ ``trainer.n_gpus_per_node``."""
-    import ray
 
     return threads_per_rank(ray.cluster_resources().get("CPU", 1), int(config.trainer.nnodes),
                             int(config.trainer.n_gpus_per_node), cpu_threads)
@@ -100,7 +99,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
         try:
             wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                                       name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
-                                      num_threads=worker_threads(config, cpu_threads))
+                                      num_threads=worker_threads(config, cpu_threads), nnodes=int(config.trainer.nnodes))
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()
@@ -160,7 +159,8 @@ def load_driver_tokenizer(config: DictConfig) -> Any:
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
-    ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None}``.
+    ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None,
+    "worker_nodes": the Ray node id of each actor rank}``.
 
     Raises:
         ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
@@ -179,9 +179,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
+        actor_wg = trainer.wgs["actor_rollout"]
+        nodes = actor_wg.node_ids() if hasattr(actor_wg, "node_ids") else []
     finally:
         trainer.shutdown()
-    return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir}
+    return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir,
+            "worker_nodes": nodes}
 
 
 main = config_command(

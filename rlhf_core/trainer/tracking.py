@@ -133,14 +133,19 @@ class MlflowSink:
             self._log_params(flatten_config(config))
 
     def _log_params(self, params: dict[str, str]) -> None:
-        from mlflow.entities import Param
+        """Log ``params``; into an existing run, only the new keys: a key the run already has with another
+        value (a later PPO segment's ``trainer.stop_after_step``) becomes tag ``param.<key>`` instead, since
+        MLflow params cannot change."""
+        from mlflow.entities import Param, RunTag
 
-        items = [Param(sanitize_mlflow_name(k)[:250], v[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            try:
-                self.client.log_batch(self.run_id, params=items[i : i + 100])
-            except Exception as exc:  # a retried stage re-logs params the run already has
-                logger.warning("mlflow: could not log params (%s)", exc)
+        items = {sanitize_mlflow_name(k)[:250]: v[:6000] for k, v in params.items()}
+        existing = {} if self.owns_run else self.client.get_run(self.run_id).data.params
+        changed = [RunTag(f"param.{k}"[:250], v) for k, v in items.items() if k in existing and existing[k] != v]
+        new = [Param(k, v) for k, v in items.items() if k not in existing]
+        for i in range(0, len(new), 100):
+            self.client.log_batch(self.run_id, params=new[i : i + 100])
+        for i in range(0, len(changed), 100):
+            self.client.log_batch(self.run_id, tags=changed[i : i + 100])
 
     def log(self, data: dict[str, Any], step: int) -> None:
         from mlflow.entities import Metric

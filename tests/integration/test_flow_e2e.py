@@ -8,6 +8,7 @@ PPO segments so the second one resumes from the first one's checkpoint.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -65,9 +66,25 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     _, keys = store.sql("SELECT DISTINCT key FROM metrics WHERE stage = 'ppo'")
     assert PPO_METRICS <= {k for (k,) in keys}
     _, runs = store.sql("SELECT stage, status FROM runs ORDER BY stage")
-    assert ("ppo_segment_1", "FINISHED") in runs and ("ppo_segment_2", "FINISHED") in runs
     assert all(status == "FINISHED" for _, status in runs)
-    assert {s for s, _ in runs} >= {"prepare_data", "build_model", "sft", "ppo", "evaluate"}
+    assert sorted(s for s, _ in runs) == ["build_model", "evaluate", "flow", "ppo", "prepare_data", "sft"]
+    # one row per run id; the flow run's row has its name and parameters
+    assert store.sql("SELECT count(*) = count(DISTINCT run_id) FROM runs")[1] == [(True,)]
+    _, [(kind, name, params)] = store.sql("SELECT kind, name, params_json FROM runs WHERE stage = 'flow'")
+    assert kind == "flow" and name and json.loads(params)["ppo_steps"] == 2
+    # the ppo row holds the whole resolved config, not a handful of keys
+    _, [(ppo_params,)] = store.sql("SELECT params_json FROM runs WHERE stage = 'ppo'")
+    assert len(json.loads(ppo_params)) > 200 and json.loads(ppo_params)["trainer.stop_after_step"] == "2"
+    # evaluation metrics are queryable, at the last PPO step
+    _, ev = store.sql("SELECT step, key FROM metrics WHERE stage = 'evaluate' ORDER BY key")
+    assert ("test_score/openai/gsm8k" in {k for _, k in ev}) and {s for s, _ in ev} == {2}
+    # every sample has a prompt id, and the same prompts have the same ids in ppo and evaluate
+    _, ids = store.sql("SELECT stage, count(DISTINCT prompt_id), count(question), count(checkpoint), count(*) "
+                       "FROM samples WHERE stage = 'evaluate' OR step = 2 GROUP BY stage ORDER BY stage")
+    assert [r[1] for r in ids] == [8, 8] and all(r[2] == r[4] and r[3] == r[4] for r in ids)
+    _, same = store.sql("SELECT count(DISTINCT prompt_id) FROM samples s WHERE stage = 'evaluate' "
+                        "AND prompt_id IN (SELECT prompt_id FROM samples WHERE stage = 'ppo')")
+    assert same == [(8,)]
 
 
 @pytest.mark.slow
@@ -102,9 +119,25 @@ def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
                     for i in run.inputs.dataset_inputs}
         assert "training" in contexts.values() and "validation" in contexts.values()
     assert ppo.data.tags["dataset.gsm8k_train.sha256"] == digest
-    assert [a.path for a in client.list_artifacts(children["sft"].info.run_id)] == ["hf_model"]
-    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["checkpoint"]
+    assert [a.path for a in client.list_artifacts(children["sft"].info.run_id)] == ["config", "hf_model"]
+    # the ppo run: its resolved config, the reward chart and the merged (loadable) final policy
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["charts", "config", "hf_model"]
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id, "charts")] == ["charts/reward_over_steps.png"]
+    assert "hf_model/config.json" in {a.path for a in client.list_artifacts(ppo.info.run_id, "hf_model")}
+    # segment 1 logged stop_after_step=1, segment 2 changed it: a tag, not a failed param update
+    assert ppo.data.params["trainer.stop_after_step"] == "2" and ppo.data.tags["param.trainer.stop_after_step"] == "1"
     assert any(k.startswith("test_score/") for k in children["evaluate"].data.metrics)
+    assert {a.path for a in client.list_artifacts(children["evaluate"].info.run_id)} >= {"config", "samples"}
+    # the final policy is a registered model version with its lineage
+    [version] = client.search_model_versions("name = 'rlhf'")
+    assert version.run_id == ppo.info.run_id
+    assert Path(version.tags["sft_model"]).resolve() == Path(children["sft"].data.tags["artifact.hf_model.path"])
+    assert version.tags["ppo_checkpoint"].endswith("global_step_2") and version.tags["dataset.gsm8k_train.sha256"] == digest
+    # the parent run says where it came from, and is named after the flow run
+    assert parent.info.run_name != "rlhf" and len(parent.data.tags["rlhf.config_sha256"]) == 64
+    assert parent.data.tags["git.dirty"] in ("true", "false")
+    exp = client.get_experiment(parent.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 # A verl custom reward function that fails once, during the second run's second PPO segment
@@ -156,4 +189,4 @@ def test_second_run_reuses_cache_and_retried_segment_resumes(flow_home, gsm8k_di
     flow_run_id = second.data.tags["prefect.flow_run_id"]
     _, rows = ResultsStore(flow_home).sql(
         f"SELECT stage, status FROM runs WHERE flow_run_id = '{flow_run_id}' AND stage LIKE 'ppo%' ORDER BY stage")
-    assert rows == [("ppo", "FINISHED"), ("ppo_segment_1", "FINISHED"), ("ppo_segment_2", "FINISHED")]
+    assert rows == [("ppo", "FINISHED")]  # one row for the ppo run, however many segments and retries

@@ -38,6 +38,9 @@ def test_prefect_yaml_declares_the_deployment():
     assert dep["entrypoint"] == "flows/rlhf.py:rlhf"
     assert [s["cron"] for s in dep["schedules"]] == ["0 2 * * *"]
     assert _pool_name() == "rlhf-pool"
+    # the nightly run is gated against the last successful one
+    assert dep["parameters"]["baseline"] == "previous-successful"
+    assert dep["parameters"]["max_regression"] > 0
 
 
 def _run(cmd, env, timeout=300, **kw):
@@ -98,3 +101,32 @@ def test_deployment_runs_on_a_process_worker(prefect_server, tmp_path, gsm8k_dir
     # the run wrote its results under the worker's RLHF_HOME
     assert (tmp_path / "home" / "results.duckdb").exists()
     assert (tmp_path / "home" / "mlflow.db").exists()
+    _assert_artifacts_and_graph(api, started[0]["id"])
+
+
+def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
+    """Summary markdown, evaluation table, PPO progress at 100 %; named segment runs; a linked graph."""
+    arts = httpx.post(f"{api}/artifacts/filter", timeout=30,
+                      json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+    by_key = {a["key"]: a for a in arts}
+    assert {"rlhf-summary", "rlhf-evaluation", "ppo-progress"} <= set(by_key), sorted(by_key)
+    summary = by_key["rlhf-summary"]
+    assert summary["type"] == "markdown"
+    for stage in ("| prepare_data |", "| sft |", "| ppo |", "| evaluate |", "test_score/openai/gsm8k"):
+        assert stage in summary["data"], summary["data"]
+    assert "/#/experiments/" in summary["data"]  # MLflow run links
+    table = by_key["rlhf-evaluation"]
+    assert table["type"] == "table"
+    rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    assert [r["data_source"] for r in rows] == ["openai/gsm8k"] and 0.0 <= rows[0]["test_score"] <= 1.0
+    progress = by_key["ppo-progress"]
+    assert progress["type"] == "progress" and float(progress["data"]) == 100.0
+    tasks = httpx.post(f"{api}/task_runs/filter", timeout=30,
+                       json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+    names = {t["name"]: t for t in tasks}
+    assert "ppo_segment 1/1 (steps 1-1)" in names, sorted(names)
+    # the graph: every stage after the first waits for the one before it
+    [evaluate] = [t for n, t in names.items() if n.startswith("evaluate")]
+    [segment] = [t for n, t in names.items() if n.startswith("ppo_segment")]
+    assert [i["id"] for i in evaluate["task_inputs"]["wait_for"]] == [segment["id"]]
+    assert segment["task_inputs"]["wait_for"], segment["task_inputs"]

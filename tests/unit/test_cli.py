@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def rlhf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """``rlhf ARGS`` as the console script runs it, in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # without RLHF_HOME (an earlier import of flows.rlhf sets it in this process): the plain core commands;
+    # with it, ppo/eval run tracked (infra.manual_runs, tested in test_infra_manual_runs)
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_HOME"} | {"PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-c", "import sys, rlhf_cli; sys.exit(rlhf_cli.main())", *args],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
@@ -44,7 +46,7 @@ def test_pipeline_help_documents_every_flow_parameter(capsys):
     from flows.rlhf import PIPELINE_OPTIONS, rlhf as flow
 
     params = list(inspect.signature(flow.fn).parameters)
-    assert len(params) == 16 and list(PIPELINE_OPTIONS) == params
+    assert len(params) == 18 and list(PIPELINE_OPTIONS) == params  # 16 + baseline, max_regression (gate)
     assert rlhf_cli.main(["pipeline", "--help"]) == 0
     out = capsys.readouterr().out
     assert "python -m flows.rlhf" not in out.splitlines()[0]

@@ -101,4 +101,6 @@ def test_generate_countdown_rejects_bad_arguments(tmp_path, capsys):
         generate_countdown(str(tmp_path), 10, 500, min_numbers=2, max_numbers=2, max_number=3)
     assert data_main(["countdown", "--out", str(tmp_path / "x"), "--train-size", "20", "--test-size", "5"]) == 0
     assert "train: " in capsys.readouterr().out
-    assert data_main(["countdown", "--out", str(tmp_path / "y"), "--max-number", "1"]) == 1  # bad generator arguments: one line, exit 1
+    # a bad value is an input error under rlhf_core.cli.run_command: one line naming it, exit 1 (2 = usage)
+    assert data_main(["countdown", "--out", str(tmp_path / "y"), "--max-number", "1"]) == 1
+    assert "max_number must be >= 2, got 1" in capsys.readouterr().err

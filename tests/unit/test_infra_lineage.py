@@ -86,3 +86,31 @@ def test_big_folder_is_not_copied(rlhf_env, mlflow_client, tmp_path):
     run = mlflow_client.get_run(run_id)
     assert run.data.tags["artifact.checkpoint.path"] == str(big.resolve())
     assert mlflow_client.list_artifacts(run_id) == []
+
+
+def _first_use(uri: str, out) -> None:
+    import os
+
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        lineage.client().search_experiments(max_results=1)
+        out.put("ok")
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out.put(repr(exc))
+
+
+def test_fresh_sqlite_store_is_created_once_by_concurrent_processes(tmp_path):
+    # two flow runs starting at once on a fresh RLHF_HOME both create MLflow's tables: without the
+    # file lock one of them failed with "table ... already exists"
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    procs = [ctx.Process(target=_first_use, args=(uri, q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert results == ["ok", "ok", "ok"]

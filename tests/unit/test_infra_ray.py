@@ -47,3 +47,38 @@ def test_forwarded_env_only_set_values(monkeypatch):
     monkeypatch.setenv("RLHF_HOME", "/h")
     env = forwarded_env({"X": 1})
     assert env["RLHF_HOME"] == "/h" and env["X"] == "1" and "MLFLOW_RUN_ID" not in env
+
+
+def _sleep_then(value, seconds):
+    import time
+
+    time.sleep(seconds)
+    return value
+
+
+def test_run_on_ray_polls_while_waiting(ray_local):
+    calls = []
+    assert run_on_ray(_sleep_then, 7, 1.5, on_poll=lambda: calls.append(1), poll_s=0.2) == 7
+    assert len(calls) >= 3  # ~1.5 s of waiting at 0.2 s per poll (start-up adds more)
+
+
+def test_unreachable_ray_address_fails_in_seconds_naming_it(free_port):
+    import socket
+    import subprocess
+    import time
+
+    from infra.ray_cluster import check_reachable
+
+    with pytest.raises(ConnectionError, match=f"'127.0.0.1:{free_port}'.*unreachable"):
+        check_reachable(f"127.0.0.1:{free_port}")  # nothing listens there
+    with socket.socket() as srv:  # something listening passes
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        check_reachable(f"ray://127.0.0.1:{srv.getsockname()[1]}")
+    # the flow's connect path, in a fresh process, via $RAY_ADDRESS
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{free_port}"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", "from infra.ray_cluster import connect_ray; connect_ray()"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and f"Ray cluster at '127.0.0.1:{free_port}'" in proc.stderr
+    assert time.monotonic() - t0 < 60  # python + ray import, then a 5 s connect timeout at most

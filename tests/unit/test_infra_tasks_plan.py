@@ -239,7 +239,7 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
 
     def fake_flow(**kwargs):
         seen.update(kwargs)
-        return {"home": "/h", "parent_run_id": "p"}
+        return {"home": "/h", "parent_run_id": "p", "flow_run_id": "f-1"}
 
     monkeypatch.setattr(flow_mod, "rlhf", fake_flow)
     monkeypatch.setattr(flow_mod.shutil, "which", lambda name: None)
@@ -247,6 +247,7 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     assert seen == {"skip_sft": True, "skip_evaluate": True, "ppo_steps": 2}
     out = capsys.readouterr().out
     assert "Try:    rlhf results" not in out and "bin/rlhf results sql" in out
+    assert "flow_run_id = 'f-1'" in out  # the example query is about the run that just finished
     seen.clear()
     monkeypatch.setattr(flow_mod.shutil, "which", lambda name: "/usr/bin/rlhf")
     assert flow_mod.main([]) == 0
@@ -254,6 +255,57 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     assert flow_mod.main(["--help"]) == 0  # every rlhf subcommand's main returns its exit code
     help_text = capsys.readouterr().out
     assert "--skip-sft" in help_text and "--skip-evaluate" in help_text
+
+
+def test_cli_checks_parameters_before_any_service(monkeypatch, capsys, tmp_path):
+    from infra.home import embedded_defaults
+
+    for key, value in embedded_defaults(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    import flows.rlhf as flow_mod
+
+    def no_flow(**kwargs):
+        raise AssertionError("the flow (and Prefect's server) must not start")
+
+    monkeypatch.setattr(flow_mod, "rlhf", no_flow)
+    cases = [(["--ppo-steps", "0"], "ppo_steps (0)"),
+             (["--model-path", str(tmp_path / "nope")], "model_path: "),
+             (["--max-regression", "-1"], "max_regression must be >= 0"),
+             (["--baseline", "no-such-run"], "baseline: run 'no-such-run'"),
+             (["--ppo-overrides", "actor_rollout_ref.rollout.nn=4"], "ppo stage")]
+    for argv, expected in cases:
+        assert flow_mod.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, (argv, err)
+
+
+def test_questions_by_prompt_id_pairs_validation_order_and_checks_text(tmp_path):
+    from infra.results import prompt_id
+
+    val = tmp_path / "val.parquet"
+    pd.DataFrame({"extra_info": [{"question": "How many apples?"}, {"question": "What is 2+2?"},
+                                 {"question": "Unseen"}]}).to_parquet(val)
+    # two samples per prompt in dataset order; the second prompt's decoded text lost its question
+    samples = tmp_path / "val_step_1.parquet"
+    pd.DataFrame({"uid": ["a", "a", "b", "b"], "data_source": ["gsm8k"] * 4,
+                  "prompt": ["user: How many  apples? Let's think", "user: How many  apples? Let's think",
+                             "user: garbled", "user: garbled"]}).to_parquet(samples)
+    got = plan.questions_by_prompt_id([str(samples)], str(val))
+    assert got == {prompt_id("user: How many  apples? Let's think", "gsm8k"): "How many apples?"}
+    assert plan.questions_by_prompt_id([str(samples)], None) == {}
+
+
+def test_gsm8k_dir_recorded_under_the_home_is_the_last_fallback(monkeypatch, tmp_path):
+    from infra.home import remember, remembered
+
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GSM8K_DIR", raising=False)
+    assert remembered("gsm8k_dir") is None and resolve_settings({}).gsm8k_dir is None
+    remember("gsm8k_dir", "/data/gsm8k")  # what prepare_data records after `make demo`
+    assert resolve_settings({}).gsm8k_dir == "/data/gsm8k"
+    monkeypatch.setenv("GSM8K_DIR", "/env/gsm8k")  # anything the user gives wins
+    assert resolve_settings({}).gsm8k_dir == "/env/gsm8k"
+    assert resolve_settings({"gsm8k_dir": "/param"}).gsm8k_dir == "/param"
 
 
 @pytest.mark.parametrize("value", ["~/data/train.parquet", "a,b", "#1", "it's", "end\\", "q\\'x", "x=y",

@@ -48,7 +48,7 @@ def test_evaluate_scores_the_last_validation_step(ctx, ray_local, tmp_path, mlfl
             rows.append({"step": step, "data_source": "openai/gsm8k", "uid": "q1", "sample_idx": j,
                          "prompt": "What is 3+4?", "response": ans, "ground_truth": "7", "score": 0.0})
     pd.DataFrame(rows).to_parquet(val_dir / "val.parquet")
-    metrics = evaluate.fn(str(val_dir), [], ctx)
+    metrics = evaluate.fn(str(val_dir), [], ctx, checkpoint="/ckpt/global_step_2", global_step=2)
     # step 2 only: responses "#### 7" (correct) and "#### 3" (wrong) -> mean score 0.5
     assert metrics["test_score/openai/gsm8k"] == pytest.approx(0.5)
     run = _children(mlflow_client, ctx)["evaluate"]
@@ -56,3 +56,13 @@ def test_evaluate_scores_the_last_validation_step(ctx, ray_local, tmp_path, mlfl
     _, got = ResultsStore(ctx["home"]).sql(
         "SELECT sample_idx, response, score FROM samples WHERE stage = 'evaluate' ORDER BY sample_idx")
     assert got == [(0, "#### 7", 1.0), (1, "#### 3", 0.0)]
+    store = ResultsStore(ctx["home"])
+    # the evaluation metrics are queryable too, at the PPO step of the responses
+    assert ("test_score/openai/gsm8k", 2, 0.5) in store.sql(
+        "SELECT key, step, value FROM metrics WHERE stage = 'evaluate'")[1]
+    assert store.sql("SELECT DISTINCT checkpoint FROM samples WHERE stage = 'evaluate'")[1] == [
+        ("/ckpt/global_step_2",)]
+    # the whole resolved evaluation config, in DuckDB and as an MLflow artifact; the samples as an artifact
+    _, [(params,)] = store.sql("SELECT params_json FROM runs WHERE stage = 'evaluate'")
+    assert "custom_reward_function.name" in params
+    assert {a.path for a in mlflow_client.list_artifacts(run.info.run_id)} >= {"config", "samples"}

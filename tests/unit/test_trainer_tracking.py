@@ -64,6 +64,27 @@ def test_mlflow_logs_into_given_run(tmp_path, monkeypatch):
     assert run.data.params["trainer.seed"] == "1"
     assert run.info.status == "RUNNING"  # the pipeline owns that run; we do not end it
 
+    # a later PPO segment logs into the same run with a changed value: MLflow params cannot change, so it
+    # becomes tag param.<key>; new keys are still params, and nothing is logged as a warning
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("rlhf_core.trainer.tracking").addHandler(handler)
+    try:
+        Tracking("proj", "exp", ["mlflow"],
+                 config=OmegaConf.create({"trainer": {"seed": 1, "stop_after_step": 2}})).finish()
+        Tracking("proj", "exp", ["mlflow"],
+                 config=OmegaConf.create({"trainer": {"seed": 1, "stop_after_step": 4}})).finish()
+    finally:
+        logging.getLogger("rlhf_core.trainer.tracking").removeHandler(handler)
+    run = client.get_run(run_id)
+    assert run.data.params["trainer.stop_after_step"] == "2"  # the first segment's value
+    assert run.data.tags["param.trainer.stop_after_step"] == "4"  # the latest segment's
+    assert run.data.params["trainer.seed"] == "1" and "param.trainer.seed" not in run.data.tags
+    assert [r for r in records if r.levelno >= logging.WARNING] == []
+
 
 def test_missing_optional_sink_is_skipped_and_env_adds_file_sink(tmp_path, monkeypatch):
     pytest.importorskip("omegaconf")
