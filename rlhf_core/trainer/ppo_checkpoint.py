@@ -16,9 +16,8 @@ logger = logging.getLogger(__name__)
 
 def async_save(trainer: Any) -> bool:
     """Whether ``actor_rollout_ref.actor.checkpoint.async_save`` (or the critic's, with a critic) is on."""
-    config = trainer.config
-    return bool(config.actor_rollout_ref.actor.checkpoint.async_save) or (
-        trainer.use_critic and bool(config.critic.checkpoint.async_save))
+    actor_async = bool(trainer.config.actor_rollout_ref.actor.checkpoint.async_save)
+    return actor_async or (trainer.use_critic and bool(trainer.config.critic.checkpoint.async_save))
 
 
 def save_ppo_checkpoint(trainer: Any) -> str:
