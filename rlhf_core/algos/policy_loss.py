@@ -28,6 +28,37 @@ register_policy_loss = _POLICY_LOSSES.register
 get_policy_loss_fn = _POLICY_LOSSES.get
 
 
+def pg_metrics(pg_clipfrac: torch.Tensor, ppo_kl: torch.Tensor, pg_clipfrac_lower: torch.Tensor) -> dict:
+    """The three policy-loss metrics as 0-d detached float32 tensors (what every loss returns)."""
+    return {"pg_clipfrac": pg_clipfrac.detach().float(), "ppo_kl": ppo_kl.detach().float(),
+            "pg_clipfrac_lower": pg_clipfrac_lower.detach().float()}
+
+
+def clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor, clip_ratio_low: float,
+                      clip_ratio_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's two surrogate terms (arXiv:1707.06347, eq. 7), ``(B, T)`` float each: ``(−A·r, −A·clip(r, 1−ε_low,
+    1+ε_high))``; their elementwise max is the clipped loss."""
+    return -advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+
+
+def weighted_agg(
+    pg_losses: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    rollout_is_weights: torch.Tensor | None = None,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The scalar of a per-token policy loss: ``(B, T)`` ``pg_losses`` × the detached ``(B, T)``
+    ``rollout_is_weights`` when given, then ``agg_loss(·, response_mask, loss_agg_mode, global_tokens,
+    global_seqs)`` (see ``loss_agg`` for micro-batch contributions). Other keywords (the scalars a loss does not
+    use) are ignored, so every loss can pass its remaining keywords through."""
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.detach()
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+
+
 def policy_loss_scalars(actor_config: Any) -> dict[str, float]:
     """The scalar keywords every policy loss is called with, read from ``actor_rollout_ref.actor``:
     ``clip_ratio_low`` / ``clip_ratio_high`` (null → ``clip_ratio``, as verl), ``clip_ratio_c`` and the
@@ -50,10 +81,7 @@ def compute_policy_loss(
     clip_ratio_high: float,
     clip_ratio_c: float,
     loss_agg_mode: str,
-    rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-    **kwargs: Any,
+    **agg_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) with dual clip (Ye et al. 2020,
     arXiv:1912.09729, eq. 5); verl ``compute_policy_loss_vanilla``.
@@ -66,7 +94,8 @@ def compute_policy_loss(
     Args:
         old_log_prob, log_prob, advantages: ``(B, T)`` float (gradient flows through ``log_prob`` only).
         response_mask: ``(B, T)`` 0/1.
-        rollout_is_weights: ``(B, T)`` float or ``None``.
+        agg_kwargs: ``rollout_is_weights`` (``(B, T)`` float or ``None``), ``global_tokens``, ``global_seqs``
+            (see :func:`weighted_agg`); other keywords are ignored.
     Returns:
         ``(pg_loss 0-d tensor, metrics)`` with metrics (0-d detached float32, masked means over this batch):
         ``pg_clipfrac`` (fraction of tokens where the clipped term is active), ``ppo_kl`` = mean(logπ_old − logπ),
@@ -78,23 +107,17 @@ def compute_policy_loss(
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_unclipped, loss_clipped = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
     loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
     loss_dual = torch.minimum(loss_ppo, -advantages * clip_ratio_c)
     negative = advantages < 0
     pg_losses = torch.where(negative, loss_dual, loss_ppo)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
-            "pg_clipfrac_lower": masked_mean(((loss_ppo > -advantages * clip_ratio_c) & negative).float(),
-                                             response_mask),
-        }
-    return pg_loss, {k: v.detach().float() for k, v in metrics.items()}
+        metrics = pg_metrics(masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
+                             masked_mean(-log_ratio, response_mask),
+                             masked_mean(((loss_ppo > -advantages * clip_ratio_c) & negative).float(), response_mask))
+    return pg_loss, metrics
 
 
 def compute_value_loss(

@@ -14,9 +14,7 @@ from typing import Any
 
 import torch
 
-from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import register_policy_loss
-from rlhf_core.algos.policy_loss_seq import pg_metrics
+from rlhf_core.algos.policy_loss import clipped_surrogate, pg_metrics, register_policy_loss, weighted_agg
 from rlhf_core.algos.utils import masked_mean
 
 
@@ -65,11 +63,8 @@ def compute_policy_loss_clip_cov(
     clip_cov_ratio: float,
     clip_cov_lb: float,
     clip_cov_ub: float,
-    rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
     generator: torch.Generator | None = None,
-    **kwargs: Any,
+    **agg_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov (arXiv:2505.22617, eq. 13); verl ``compute_policy_loss_clip_cov``.
 
@@ -91,16 +86,13 @@ def compute_policy_loss_clip_cov(
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, got {clip_cov_ratio}")
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_unclipped, loss_clipped = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
     clipped_by_ratio = (loss_clipped > loss_unclipped) & (response_mask != 0)
     detached = clip_cov_selection(log_prob, advantages, response_mask, clipped_by_ratio, clip_cov_ratio,
                                   clip_cov_lb, clip_cov_ub, generator)
     keep = (~detached).to(log_prob.dtype)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         metrics = pg_metrics(masked_mean(detached.float(), response_mask), masked_mean(-log_ratio, response_mask),
                            torch.zeros((), device=pg_loss.device))
@@ -137,10 +129,7 @@ def compute_policy_loss_kl_cov(
     *,
     kl_cov_ratio: float,
     ppo_kl_coef: float,
-    rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-    **kwargs: Any,
+    **agg_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (arXiv:2505.22617, eq. 14); verl ``compute_policy_loss_kl_cov``.
 
@@ -163,9 +152,7 @@ def compute_policy_loss_kl_cov(
     loss_pg = -advantages * torch.exp(log_ratio)
     selected = kl_cov_selection(log_prob, advantages, response_mask, kl_cov_ratio)
     pg_losses = torch.where(selected, loss_pg + ppo_kl_coef * abs_kl, loss_pg)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     zero = torch.zeros((), device=pg_loss.device)
     with torch.no_grad():
         metrics = pg_metrics(zero, masked_mean(abs_kl, response_mask), zero)

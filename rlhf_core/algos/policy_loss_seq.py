@@ -13,15 +13,8 @@ from typing import Any
 
 import torch
 
-from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import register_policy_loss
+from rlhf_core.algos.policy_loss import clipped_surrogate, pg_metrics, register_policy_loss, weighted_agg
 from rlhf_core.algos.utils import masked_mean, masked_sum
-
-
-def pg_metrics(pg_clipfrac: torch.Tensor, ppo_kl: torch.Tensor, pg_clipfrac_lower: torch.Tensor) -> dict:
-    """The three policy-loss metrics as 0-d detached float32 tensors (what every loss returns)."""
-    return {"pg_clipfrac": pg_clipfrac.detach().float(), "ppo_kl": ppo_kl.detach().float(),
-            "pg_clipfrac_lower": pg_clipfrac_lower.detach().float()}
 
 
 def _zero(like: torch.Tensor) -> torch.Tensor:
@@ -38,10 +31,7 @@ def compute_policy_loss_gspo(
     *,
     clip_ratio_low: float,
     clip_ratio_high: float,
-    rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-    **kwargs: Any,
+    **agg_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO-token (Zheng et al. 2025, arXiv:2507.18071, eqs. 5–7 and §4.3); verl ``compute_policy_loss_gspo``.
 
@@ -54,9 +44,10 @@ def compute_policy_loss_gspo(
 
     Args:
         old_log_prob, log_prob, advantages: ``(B, T)`` float. response_mask: ``(B, T)`` 0/1.
-        loss_agg_mode: ignored (see above).
         clip_ratio_low, clip_ratio_high: ε_low, ε_high.
-        rollout_is_weights: ``(B, T)`` float or ``None`` (detached).
+        loss_agg_mode: ignored (see above).
+        agg_kwargs: ``rollout_is_weights`` (``(B, T)`` float or ``None``, detached), ``global_tokens``,
+            ``global_seqs`` (see :func:`rlhf_core.algos.policy_loss.weighted_agg`).
     Returns:
         ``(pg_loss, metrics)``: ``pg_clipfrac`` = masked mean of 1[clipped term larger], ``ppo_kl`` = masked mean
         of logπ_old − logπ, ``pg_clipfrac_lower`` = 0 (no dual clip).
@@ -66,13 +57,9 @@ def compute_policy_loss_gspo(
     seq_log_ratio = masked_sum(log_ratio, response_mask, axis=-1) / lengths
     log_token_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     token_ratio = torch.exp(torch.clamp(log_token_ratio, max=10.0))
-    loss_unclipped = -advantages * token_ratio
-    loss_clipped = -advantages * torch.clamp(token_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_unclipped, loss_clipped = clipped_surrogate(advantages, token_ratio, clip_ratio_low, clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", global_tokens=global_tokens,
-                       global_seqs=global_seqs)
+    pg_loss = weighted_agg(pg_losses, response_mask, "seq-mean-token-mean", **agg_kwargs)
     with torch.no_grad():
         metrics = pg_metrics(masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
                            masked_mean(-log_ratio, response_mask), _zero(pg_loss))
@@ -86,11 +73,7 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-    **kwargs: Any,
+    **agg_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GPG, the plain policy gradient (Chu et al. 2025, arXiv:2504.02546, eq. 6); verl ``compute_policy_loss_gpg``.
 
@@ -102,9 +85,7 @@ def compute_policy_loss_gpg(
         logπ_old − logπ (verl reports 0 here; the real value is logged so a drifting policy is visible).
     """
     pg_losses = -advantages * log_prob
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         metrics = pg_metrics(_zero(pg_loss), masked_mean(old_log_prob - log_prob, response_mask), _zero(pg_loss))
     return pg_loss, metrics
@@ -116,12 +97,10 @@ def compute_policy_loss_geo_mean(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
     *,
     clip_ratio_low: float,
     clip_ratio_high: float,
     rollout_is_weights: torch.Tensor | None = None,
-    global_tokens: float | None = None,
     global_seqs: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -134,7 +113,7 @@ def compute_policy_loss_geo_mean(
     advantage is the token mean, as verl: the method assumes one advantage per sequence). With
     ``rollout_is_weights`` w, L_i is multiplied by the geometric mean exp(Σ_t log(w_t + 1e-10)/(|y| + 1e-8)).
     The scalar is the mean of L_i over sequences with at least one valid token (÷ ``global_seqs`` when given);
-    ``loss_agg_mode`` is ignored, as in verl. verl's ``torch.mean`` also counts fully masked rows (L = 0), which
+    ``loss_agg_mode`` and ``global_tokens`` (taken with the other keywords) are ignored, as in verl. verl's ``torch.mean`` also counts fully masked rows (L = 0), which
     makes its loss depend on padding rows; they are left out here, as ``agg_loss``'s seq-mean modes do.
 
     Returns:

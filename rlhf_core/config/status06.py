@@ -79,6 +79,8 @@ _MT = "not built yet in the multi-turn agent loop (rlhf_core/agent/)"
 _AGENT = "one agent loop per rollout rank; nothing reads it yet"
 _VLLM_DEFAULT = "not passed to vLLM; the engine's default is used"
 _SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not supported"
+_HOST_OFFLOAD = "CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory"
+_FSDP_PREFETCH = "FSDP2's default prefetching is used; performance only"
 # path -> (status, what happens instead)
 EFFECT06: dict[str, tuple[str, str]] = {
     # ours for good: options we do not have
@@ -92,14 +94,10 @@ EFFECT06: dict[str, tuple[str, str]] = {
     _A + "ref.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),
     _A + "ref.entropy_checkpointing": (NO_EFFECT_YET, "the reference computes no gradients"),
     _A + "ref.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, "like param_offload for the reference (it has no "
-                                                                 "optimizer): CPUOffloadPolicy on CUDA; on CPU the "
-                                                                 "weights already live in host memory"),
-    _A + "ref.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, "CPUOffloadPolicy on CUDA; on CPU the weights "
-                                                              "already live in host memory"),
-    "critic.model.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, "CPUOffloadPolicy on CUDA; on CPU the weights "
-                                                                  "already live in host memory"),
-    "critic.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, "FSDP2's default prefetching is used; "
-                                                                 "performance only"),
+                                                                 "optimizer): " + _HOST_OFFLOAD),
+    _A + "ref.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, _HOST_OFFLOAD),
+    "critic.model.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, _HOST_OFFLOAD),
+    "critic.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _FSDP_PREFETCH),
     _A + "rollout.gpu_memory_utilization": (NO_EFFECT_ON_CPU, "vLLM on CUDA only: vLLM's CPU backend sizes its KV "
                                                               "cache by VLLM_CPU_KVCACHE_SPACE"),
     _A + "rollout.cudagraph_capture_sizes": (NO_EFFECT_YET, _VLLM_DEFAULT),
@@ -124,8 +122,7 @@ EFFECT06: dict[str, tuple[str, str]] = {
         NO_EFFECT_YET, "the reward model reads reward_model.model.fsdp_config.min_num_params"),
     "reward_model.model.fsdp_config.reshard_after_forward": (NO_EFFECT_YET, "the reward model always reshards"),
     "reward_model.model.fsdp_config.fsdp_size": (NO_EFFECT_YET, "the reward model shards over all workers"),
-    "reward_model.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, "FSDP2's default prefetching is used; "
-                                                                       "performance only"),
+    "reward_model.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _FSDP_PREFETCH),
     "reward_model.sandbox_fusion.max_concurrent": (NO_EFFECT_YET, _SANDBOX),
     "reward_model.sandbox_fusion.memory_limit_mb": (NO_EFFECT_YET, _SANDBOX),
     "trainer.esi_redundant_time": (NO_EFFECT_YET, "no cloud-instance expiry watch; save with trainer.save_freq"),

@@ -8,7 +8,15 @@ peaks by CUDA device name; an unknown device (e.g. CPU) has an unknown peak and 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
+
+import torch
+from transformers import AutoConfig
+
+from rlhf_core.models.loading import local_path
+
+logger = logging.getLogger(__name__)
 
 PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peaks, FLOP/s
     "H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "A100": 312e12, "A800": 312e12,
@@ -48,3 +56,23 @@ def estimate_mfu(hf_config: Any, seqlens: Sequence[int], seconds: float, n_worke
     attn = 12.0 * int(hf_config.num_hidden_layers) * int(hf_config.hidden_size) * float(sum(s * s for s in seqlens))
     flops = (6.0 * matmul_params(hf_config) * tokens + attn) * passes
     return flops / (seconds * device_peak_flops(device_name) * n_workers)
+
+
+def load_hf_config(model_config: Any) -> Any | None:
+    """The HF config of ``actor_rollout_ref.model`` (``path``, ``trust_remote_code``), or ``None`` with a warning
+    when the driver cannot load it (e.g. a remote-code model): MFU is then unknown."""
+    try:
+        return AutoConfig.from_pretrained(local_path(str(model_config.path)),
+                                          trust_remote_code=bool(model_config.trust_remote_code))
+    except Exception as exc:  # a remote-code model the driver cannot load: MFU unknown
+        logger.warning("perf/mfu/actor unavailable: %s", exc)
+        return None
+
+
+def actor_mfu(hf_config: Any | None, seqlens: Sequence[int], seconds: float, world_size: int, passes: int) -> float:
+    """``perf/mfu/actor``: :func:`estimate_mfu` on this process's CUDA device (``None`` on CPU); 0.0 when
+    ``hf_config`` is ``None``."""
+    if hf_config is None:
+        return 0.0
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return estimate_mfu(hf_config, seqlens, seconds, world_size, passes, name)

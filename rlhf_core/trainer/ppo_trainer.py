@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
-from transformers import AutoConfig
 
 from rlhf_core.agent.layout import multiturn_metrics
 from rlhf_core.algos.advantages import get_adv_estimator
@@ -32,12 +31,12 @@ from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
-from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
                                             mean_rank_metrics, resample_rows, timer)
-from rlhf_core.trainer.mfu import estimate_mfu
+from rlhf_core.trainer.mfu import actor_mfu, load_hf_config
+from rlhf_core.trainer.ppo_checkpoint import load_ppo_checkpoint, save_ppo_checkpoint
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
@@ -375,19 +374,9 @@ class RayPPOTrainer:
     def _actor_mfu(self, batch: Batch, seconds: float) -> float:
         """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
         if not hasattr(self, "_hf_config"):
-            try:
-                model = self.config.actor_rollout_ref.model
-                self._hf_config = AutoConfig.from_pretrained(local_path(str(model.path)),
-                                                             trust_remote_code=bool(model.trust_remote_code))
-            except Exception as exc:  # a remote-code model the driver cannot load: MFU unknown
-                logger.warning("perf/mfu/actor unavailable: %s", exc)
-                self._hf_config = None
-        if self._hf_config is None:
-            return 0.0
-        name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        passes = int(self.config.actor_rollout_ref.actor.ppo_epochs)
-        seqlens = batch["attention_mask"].sum(-1).tolist()
-        return estimate_mfu(self._hf_config, seqlens, seconds, self.actor_wg.world_size, passes, name)
+            self._hf_config = load_hf_config(self.config.actor_rollout_ref.model)
+        return actor_mfu(self._hf_config, batch["attention_mask"].sum(-1).tolist(), seconds,
+                         self.actor_wg.world_size, int(self.config.actor_rollout_ref.actor.ppo_epochs))
 
     # ---- testing and checkpoints -----------------------------------------------------------------
     def _should_test(self, is_last: bool) -> bool:
@@ -401,44 +390,12 @@ class RayPPOTrainer:
         return at_stop or (freq > 0 and (is_last or self.global_steps % freq == 0))
 
     def save_checkpoint(self) -> str:
-        """[save_checkpoint] ``global_step_N/{actor,critic,data.pt}`` then the tracker; applies retention."""
-        step = self.global_steps
-        fns = {"actor": lambda p: self.actor_wg.execute_all("save_checkpoint", p, None, step)}
-        if self.use_critic:
-            fns["critic"] = lambda p: self.wgs["critic"].execute_all("save_checkpoint", p, None, step)
-        trainer_state = {"kl_ctrl_value": self.kl_ctrl.value} if self.kl_ctrl is not None else None
-        waits = None
-        if self._async_save():  # checkpoint.async_save: the tracker follows once every worker's files are written
-            waits = [lambda wg=wg: wg.execute_all("wait_checkpoint")
-                     for wg in [self.actor_wg] + ([self.wgs["critic"]] if self.use_critic else [])]
-        self.last_checkpoint_dir = self.checkpoints.save(step, fns, self.train_dataloader.state_dict(), trainer_state,
-                                                         wait_fns=waits)
-        return self.last_checkpoint_dir
-
-    def _async_save(self) -> bool:
-        async_save = bool(self.config.actor_rollout_ref.actor.checkpoint.async_save)
-        return async_save or (self.use_critic and bool(self.config.critic.checkpoint.async_save))
+        """[save_checkpoint] see :func:`rlhf_core.trainer.ppo_checkpoint.save_ppo_checkpoint`."""
+        return save_ppo_checkpoint(self)
 
     def _load_checkpoint(self) -> None:
-        """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``."""
-        t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
-        if path is None:
-            logger.info("training from scratch")
-            return
-        self.global_steps = parse_global_step(path)
-        logger.info("resuming from %s (global step %d)", path, self.global_steps)
-        self.actor_wg.execute_all("load_checkpoint", f"{path}/actor")
-        if self.use_critic:
-            self.wgs["critic"].execute_all("load_checkpoint", f"{path}/critic")
-        state = self.checkpoints.load_dataloader_state(path)
-        if state is not None:
-            self.train_dataloader.load_state_dict(state)
-        trainer_state = self.checkpoints.load_trainer_state(path) or {}
-        if self.kl_ctrl is not None and "kl_ctrl_value" in trainer_state:
-            self.kl_ctrl.value = float(trainer_state["kl_ctrl_value"])
-        self.last_checkpoint_dir = path
-        self.checkpoints.after_load(path)
+        """Resume per ``trainer.resume_mode`` (:func:`rlhf_core.trainer.ppo_checkpoint.load_ppo_checkpoint`)."""
+        load_ppo_checkpoint(self)
 
     def shutdown(self) -> None:
         if self.wgs:
