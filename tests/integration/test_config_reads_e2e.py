@@ -52,7 +52,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "max_num_batched_tokens", "max_num_seqs", "engine_kwargs.vllm")},
         **{_A + f"actor.rollout_is_{k}": _IS_ACTOR for k in ("threshold", "threshold_lower", "level", "mode",
                                                              "veto_threshold")},
-        **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold", "_threshold_lower", "_level", "_mode",
+        **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold_lower", "_level", "_mode",
                                                      "_veto_threshold")},
         # the runs give total_training_steps; without it, steps = batches per epoch x total_epochs
         "trainer.total_epochs": "tests/unit/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
