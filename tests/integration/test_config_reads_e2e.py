@@ -92,7 +92,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,
                     "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
-    "evaluation": {"custom_reward_function.name":
+    "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
+                   "custom_reward_function.name":
                    "tests/unit/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
 }
 
