@@ -55,3 +55,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_session_leaks_between_modules():
+    """Each module starts without a Ray session and leaves none behind.
+
+    A test that starts Ray in-process (``init_ray``, a trainer run) and fails or forgets to shut it down would
+    otherwise hand its session to the next module: a fixture that builds its own cluster then connects to the
+    stale one, and a check that a code path starts no Ray sees it running.
+    """
+    import sys
+
+    def shutdown() -> None:
+        ray = sys.modules.get("ray")  # never import Ray just to find it is not running
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+    shutdown()
+    yield
+    shutdown()

@@ -48,7 +48,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "critic.forward_micro_batch_size": _DEPRECATED,
         # vLLM engine arguments (the e2e runs use the hf rollout)
         **{_A + f"rollout.{k}": _VLLM for k in (
-            "prompt_length", "dtype", "gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size",
+            "prompt_length", "dtype", "enforce_eager", "tensor_model_parallel_size",
             "max_num_batched_tokens", "max_num_seqs", "engine_kwargs.vllm")},
         **{_A + f"actor.rollout_is_{k}": _IS_ACTOR for k in ("threshold", "threshold_lower", "level", "mode",
                                                              "veto_threshold")},
