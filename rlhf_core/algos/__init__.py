@@ -34,10 +34,12 @@ from rlhf_core.algos.kl_controller import (
 )
 from rlhf_core.algos.loss_agg import LOSS_AGG_MODES, agg_loss, global_token_and_seq_counts
 from rlhf_core.algos.policy_loss import (
+    PolicyLossConfig,
+    PolicyLossInputs,
+    VerlPolicyLoss,
     compute_policy_loss,
     compute_value_loss,
     get_policy_loss_fn,
-    policy_loss_scalars,
     register_policy_loss,
 )
 from rlhf_core.algos.policy_loss_cov import (  # registers clip_cov, kl_cov
@@ -64,7 +66,7 @@ __all__ = [
     "PF_PPO_REWEIGHT_METHODS", "compute_gpg_outcome_advantage", "compute_grpo_passk_outcome_advantage",
     "compute_opo_outcome_advantage", "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg", "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "pf_ppo_resample_indices",
-    "pf_ppo_weights", "policy_loss_scalars",
+    "pf_ppo_weights", "PolicyLossConfig", "PolicyLossInputs", "VerlPolicyLoss",
     "AdaptiveKLController", "FixedKLController", "KL_KINDS", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",
     "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
     "compute_policy_loss", "compute_reinforce_plus_plus_baseline_outcome_advantage",

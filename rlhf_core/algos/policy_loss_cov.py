@@ -6,15 +6,19 @@ valid tokens of the batch given, ``log_prob`` detached) and treat the tokens wit
 ``clip_cov`` drops a random few of the tokens whose covariance lies in (``clip_cov_lb``, ``clip_cov_ub``) from the
 gradient; ``kl_cov`` adds ``ppo_kl_coef``·|logπ − logπ_old| to the tokens with the largest covariance. As in verl
 the selection is made on the tensors given (with micro-batches, per micro-batch). Contract: see
-``rlhf_core.algos.policy_loss_seq``.
+``rlhf_core.algos.policy_loss`` (``loss_fn(inputs: PolicyLossInputs, config: PolicyLossConfig)``).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from rlhf_core.algos.policy_loss import clipped_surrogate, pg_metrics, register_policy_loss, weighted_agg
+from rlhf_core.algos.policy_loss import (
+    PolicyLossConfig,
+    PolicyLossInputs,
+    clipped_surrogate,
+    pg_metrics,
+    register_policy_loss,
+)
 from rlhf_core.algos.utils import masked_mean
 
 
@@ -51,51 +55,37 @@ def clip_cov_selection(
 
 
 @register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_cov_ratio: float,
-    clip_cov_lb: float,
-    clip_cov_ub: float,
-    generator: torch.Generator | None = None,
-    **agg_kwargs: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compute_policy_loss_clip_cov(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[torch.Tensor, dict]:
     """Clip-Cov (arXiv:2505.22617, eq. 13); verl ``compute_policy_loss_clip_cov``.
 
     r = exp(logπ − logπ_old) (not clamped, as verl); L_t = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)) (no dual
     clip), multiplied by 0 on the tokens :func:`clip_cov_selection` picks (their gradient is cut; verl zeroes the
-    loss there too), × ``rollout_is_weights`` when given, aggregated by ``loss_agg_mode``.
+    loss there too; the draw uses the global RNG, as verl), × ``rollout_is_weights`` when given, aggregated by
+    ``config.loss_agg_mode``. Reads ``config.clip_cov_ratio`` (fraction of valid tokens to detach, > 0) and
+    ``config.clip_cov_lb`` / ``clip_cov_ub`` (the open covariance interval of candidates).
 
-    Args:
-        clip_cov_ratio: fraction of valid tokens to detach (``policy_loss.clip_cov_ratio``), > 0.
-        clip_cov_lb, clip_cov_ub: the open covariance interval of candidates (``policy_loss.clip_cov_lb/ub``).
-        generator: RNG for the random draw among candidates (``None``: the global one).
     Returns:
         ``(pg_loss, metrics)``: ``pg_clipfrac`` = fraction of valid tokens detached, ``ppo_kl`` = masked mean of
         logπ_old − logπ, ``pg_clipfrac_lower`` = 0.
     Raises:
         ValueError: when ``clip_cov_ratio <= 0``.
     """
-    if clip_cov_ratio <= 0:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    log_ratio = log_prob - old_log_prob
+    if config.clip_cov_ratio <= 0:
+        raise ValueError("actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, "
+                         f"got {config.clip_cov_ratio}")
+    log_prob, advantages, mask = inputs.log_prob, inputs.advantages, inputs.response_mask
+    log_ratio = log_prob - inputs.old_log_prob
     ratio = torch.exp(log_ratio)
-    loss_unclipped, loss_clipped = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
-    clipped_by_ratio = (loss_clipped > loss_unclipped) & (response_mask != 0)
-    detached = clip_cov_selection(log_prob, advantages, response_mask, clipped_by_ratio, clip_cov_ratio,
-                                  clip_cov_lb, clip_cov_ub, generator)
+    loss_unclipped, loss_clipped = clipped_surrogate(advantages, ratio, config.clip_ratio_low, config.clip_ratio_high)
+    clipped_by_ratio = (loss_clipped > loss_unclipped) & (mask != 0)
+    detached = clip_cov_selection(log_prob, advantages, mask, clipped_by_ratio, config.clip_cov_ratio,
+                                  config.clip_cov_lb, config.clip_cov_ub)
     keep = (~detached).to(log_prob.dtype)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = inputs.aggregate(pg_losses, config.loss_agg_mode)
     with torch.no_grad():
-        metrics = pg_metrics(masked_mean(detached.float(), response_mask), masked_mean(-log_ratio, response_mask),
-                           torch.zeros((), device=pg_loss.device))
+        metrics = pg_metrics(masked_mean(detached.float(), mask), masked_mean(-log_ratio, mask),
+                             torch.zeros((), device=pg_loss.device))
     return pg_loss, metrics
 
 
@@ -120,40 +110,29 @@ def kl_cov_selection(log_prob: torch.Tensor, advantages: torch.Tensor, response_
 
 
 @register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    *,
-    kl_cov_ratio: float,
-    ppo_kl_coef: float,
-    **agg_kwargs: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compute_policy_loss_kl_cov(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[torch.Tensor, dict]:
     """KL-Cov (arXiv:2505.22617, eq. 14); verl ``compute_policy_loss_kl_cov``.
 
-    r = exp(logπ − logπ_old) (no clipping at all); L_t = −A·r, plus ``ppo_kl_coef``·|logπ − logπ_old| on the tokens
-    :func:`kl_cov_selection` picks; × ``rollout_is_weights`` when given; aggregated by ``loss_agg_mode``.
+    r = exp(logπ − logπ_old) (no clipping at all); L_t = −A·r, plus ``config.ppo_kl_coef``·|logπ − logπ_old| on
+    the tokens :func:`kl_cov_selection` picks (a fraction ``config.kl_cov_ratio`` > 0 of the valid tokens);
+    × ``rollout_is_weights`` when given; aggregated by ``config.loss_agg_mode``.
 
-    Args:
-        kl_cov_ratio: fraction of valid tokens penalised (``policy_loss.kl_cov_ratio``), > 0.
-        ppo_kl_coef: the penalty's coefficient (``policy_loss.ppo_kl_coef``).
     Returns:
         ``(pg_loss, metrics)``: ``ppo_kl`` = masked mean of |logπ − logπ_old| (the absolute value, as verl logs
         for this loss), ``pg_clipfrac`` = ``pg_clipfrac_lower`` = 0.
     Raises:
         ValueError: when ``kl_cov_ratio <= 0``.
     """
-    if kl_cov_ratio <= 0:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-    log_ratio = log_prob - old_log_prob
+    if config.kl_cov_ratio <= 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio must be > 0, got {config.kl_cov_ratio}")
+    log_prob, advantages, mask = inputs.log_prob, inputs.advantages, inputs.response_mask
+    log_ratio = log_prob - inputs.old_log_prob
     abs_kl = log_ratio.abs()
     loss_pg = -advantages * torch.exp(log_ratio)
-    selected = kl_cov_selection(log_prob, advantages, response_mask, kl_cov_ratio)
-    pg_losses = torch.where(selected, loss_pg + ppo_kl_coef * abs_kl, loss_pg)
-    pg_loss = weighted_agg(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    selected = kl_cov_selection(log_prob, advantages, mask, config.kl_cov_ratio)
+    pg_losses = torch.where(selected, loss_pg + config.ppo_kl_coef * abs_kl, loss_pg)
+    pg_loss = inputs.aggregate(pg_losses, config.loss_agg_mode)
     zero = torch.zeros((), device=pg_loss.device)
     with torch.no_grad():
-        metrics = pg_metrics(zero, masked_mean(abs_kl, response_mask), zero)
+        metrics = pg_metrics(zero, masked_mean(abs_kl, mask), zero)
     return pg_loss, metrics

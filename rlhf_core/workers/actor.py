@@ -19,7 +19,7 @@ from torch import nn
 
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import get_policy_loss_fn, policy_loss_scalars
+from rlhf_core.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
@@ -219,10 +219,11 @@ class DataParallelPPOActor:
                                                           return_logits=full_kl)
         old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
         is_w = self._is_weights(mb)
-        pg_loss, pg_metrics = get_policy_loss_fn(cfg.policy_loss.loss_mode)(
-            old_log_prob, log_prob, mb["advantages"].to(dev), mask, loss_agg_mode=mode,
-            rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok, global_seqs=n_seq,
-            **policy_loss_scalars(cfg))
+        inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
+                                  rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok,
+                                  global_seqs=n_seq)
+        loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        pg_loss, pg_metrics = loss_fn(inputs, PolicyLossConfig.from_actor_config(cfg))
         loss = pg_loss
         if entropy_coeff:
             loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)

@@ -8,6 +8,8 @@ import torch
 
 from rlhf_core.algos import (
     LOSS_AGG_MODES,
+    PolicyLossConfig,
+    PolicyLossInputs,
     agg_loss,
     compute_policy_loss,
     compute_value_loss,
@@ -63,8 +65,16 @@ def _random_batch(seed=0, b=8, t_len=6):
     return old, new, adv, mask
 
 
+def _vanilla(old, new, adv, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c, mode, **inputs):
+    """``compute_policy_loss`` with these clip settings; ``inputs``: rollout_is_weights, global_tokens, global_seqs
+    (vanilla reads no covariance setting: they are 0 here)."""
+    config = PolicyLossConfig(mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, clip_cov_ratio=0.0, clip_cov_lb=0.0,
+                              clip_cov_ub=0.0, kl_cov_ratio=0.0, ppo_kl_coef=0.0)
+    return compute_policy_loss(PolicyLossInputs(old, new, adv, mask, **inputs), config)
+
+
 def _policy(old, new, adv, mask, mode, **kw):
-    return compute_policy_loss(old, new, adv, mask, 0.2, 0.28, 3.0, mode, **kw)[0]
+    return _vanilla(old, new, adv, mask, 0.2, 0.28, 3.0, mode, **kw)[0]
 
 
 def _value(old, new, adv, mask, mode, **kw):
@@ -114,7 +124,7 @@ def test_ppo_clip_and_dual_clip_hand_example():
     old = torch.zeros(1, 4)
     new = torch.tensor([[0.5, 2.0, -0.5, 0.0]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0, -1.0, 2.0]])
-    loss, metrics = compute_policy_loss(old, new, adv, torch.ones(1, 4), 0.1, 0.2, 3.0, "token-mean")
+    loss, metrics = _vanilla(old, new, adv, torch.ones(1, 4), 0.1, 0.2, 3.0, "token-mean")
     assert loss.item() == pytest.approx(0.175, abs=1e-6)
     loss.backward()
     torch.testing.assert_close(new.grad, torch.tensor([[0.0, 0.0, 0.0, -0.5]]), atol=1e-7, rtol=0)
@@ -130,17 +140,17 @@ def test_asymmetric_clip_low_differs_from_high():
     old = torch.zeros(1, 2)
     new = torch.tensor([[0.2, -0.2]])
     adv = torch.tensor([[1.0, -1.0]])
-    loss, m = compute_policy_loss(old, new, adv, torch.ones(1, 2), 0.1, 0.28, 3.0, "token-sum")
+    loss, m = _vanilla(old, new, adv, torch.ones(1, 2), 0.1, 0.28, 3.0, "token-sum")
     assert loss.item() == pytest.approx(-math.exp(0.2) + 0.9, abs=1e-6)
     assert m["pg_clipfrac"].item() == pytest.approx(0.5)
-    sym, _ = compute_policy_loss(old, new, adv, torch.ones(1, 2), 0.2, 0.2, 3.0, "token-sum")
+    sym, _ = _vanilla(old, new, adv, torch.ones(1, 2), 0.2, 0.2, 3.0, "token-sum")
     assert sym.item() == pytest.approx(-1.2 + math.exp(-0.2), abs=1e-6)
 
 
 def test_rollout_is_weights_multiply_per_token_loss():
     # Δ=0 so r=1 and L = −A = [−1, −2]; weights [0.5, 2] → token-sum −0.5 − 4 = −4.5.
     old = torch.zeros(1, 2)
-    loss, _ = compute_policy_loss(old, old.clone(), torch.tensor([[1.0, 2.0]]), torch.ones(1, 2), 0.2, 0.2, 3.0,
+    loss, _ = _vanilla(old, old.clone(), torch.tensor([[1.0, 2.0]]), torch.ones(1, 2), 0.2, 0.2, 3.0,
                                   "token-sum", rollout_is_weights=torch.tensor([[0.5, 2.0]]))
     assert loss.item() == pytest.approx(-4.5)
 
@@ -149,7 +159,7 @@ def test_ratio_is_clamped_and_masked_tokens_have_no_gradient():
     # A masked token with Δ = 1000 would overflow exp without the ±20 clamp; it must add neither value nor gradient.
     old = torch.zeros(1, 2)
     new = torch.tensor([[0.0, 1000.0]], requires_grad=True)
-    loss, _ = compute_policy_loss(old, new, torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, 0.0]]), 0.2, 0.2, 3.0,
+    loss, _ = _vanilla(old, new, torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, 0.0]]), 0.2, 0.2, 3.0,
                                   "token-mean")
     loss.backward()
     assert loss.item() == pytest.approx(-1.0)
@@ -163,7 +173,7 @@ def test_policy_loss_registry_and_dual_clip_guard():
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(lambda *a, **k: None)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        compute_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, 1.0,
+        _vanilla(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, 1.0,
                             "token-mean")
 
 

@@ -7,18 +7,27 @@ import math
 import pytest
 import torch
 
-from rlhf_core.algos import get_policy_loss_fn, policy_loss_scalars
+from rlhf_core.algos import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
 from rlhf_core.algos.policy_loss_cov import clip_cov_selection, kl_cov_selection
 from omegaconf import OmegaConf
 
 SCALARS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "clip_cov_ratio": 0.0002,
            "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1}
+INPUT_KEYS = ("rollout_is_weights", "global_tokens", "global_seqs")
+
+
+def call_loss(mode, old, lp, adv, mask, agg="token-mean", **over):
+    """The registered loss ``mode`` on these tensors with ``SCALARS`` updated by ``over`` (its ``INPUT_KEYS`` go into
+    the :class:`PolicyLossInputs`): ``(pg_loss, metrics)``."""
+    inputs = PolicyLossInputs(old, lp, adv, mask, **{k: v for k, v in over.items() if k in INPUT_KEYS})
+    scalars = {**SCALARS, **{k: v for k, v in over.items() if k not in INPUT_KEYS}}
+    return get_policy_loss_fn(mode)(inputs, PolicyLossConfig(loss_agg_mode=agg, **scalars))
 
 
 def run(mode, old, lp, adv, mask, agg="token-mean", **over):
     """(loss, metrics as floats, d loss / d log_prob)."""
     lp = lp.clone().requires_grad_(True)
-    loss, m = get_policy_loss_fn(mode)(old, lp, adv, mask, loss_agg_mode=agg, **{**SCALARS, **over})
+    loss, m = call_loss(mode, old, lp, adv, mask, agg, **over)
     loss.backward()
     return loss.item(), {k: float(v) for k, v in m.items()}, lp.grad
 
@@ -27,11 +36,15 @@ def test_registry_and_scalars_from_the_actor_config():
     for mode in ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean"):
         assert callable(get_policy_loss_fn(mode))
     actor = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
+                              "loss_agg_mode": "seq-mean-token-sum",
                               "policy_loss": {"loss_mode": "kl_cov", "clip_cov_ratio": 0.001, "clip_cov_lb": 0.5,
                                               "clip_cov_ub": 4.0, "kl_cov_ratio": 0.01, "ppo_kl_coef": 0.3}})
-    assert policy_loss_scalars(actor) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
-                                          "clip_cov_ratio": 0.001, "clip_cov_lb": 0.5, "clip_cov_ub": 4.0,
-                                          "kl_cov_ratio": 0.01, "ppo_kl_coef": 0.3}
+    config = PolicyLossConfig.from_actor_config(actor)
+    # clip_ratio_low is null → clip_ratio (0.2), as verl
+    assert config == PolicyLossConfig(loss_agg_mode="seq-mean-token-sum", clip_ratio_low=0.2, clip_ratio_high=0.28,
+                                      clip_ratio_c=3.0, clip_cov_ratio=0.001, clip_cov_lb=0.5, clip_cov_ub=4.0,
+                                      kl_cov_ratio=0.01, ppo_kl_coef=0.3)
+    assert config.actor_config is actor
 
 
 # ---- gspo ------------------------------------------------------------------------------------------------------
@@ -190,9 +203,8 @@ def test_micro_batch_contributions_sum_to_the_batch_loss(mode):
     adv = torch.randn(4, 1, generator=g).expand(4, 5).contiguous()
     over = {"clip_cov_lb": 10.0, "kl_cov_ratio": 1.0}
     agg = "seq-mean-token-mean"
-    fn = get_policy_loss_fn(mode)
-    whole, _ = fn(old, lp, adv, mask, loss_agg_mode=agg, **{**SCALARS, **over})
+    whole, _ = call_loss(mode, old, lp, adv, mask, agg, **over)
     n_tok, n_seq = float(mask.sum()), 4.0
-    parts = [fn(old[s], lp[s], adv[s], mask[s], loss_agg_mode=agg, global_tokens=n_tok, global_seqs=n_seq,
-                **{**SCALARS, **over})[0] for s in (slice(0, 2), slice(2, 4))]
+    parts = [call_loss(mode, old[s], lp[s], adv[s], mask[s], agg, global_tokens=n_tok, global_seqs=n_seq, **over)[0]
+             for s in (slice(0, 2), slice(2, 4))]
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), abs=1e-6)

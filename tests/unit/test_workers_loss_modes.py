@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_core.algos import get_policy_loss_fn
 from rlhf_core.distributed import LocalWorkerGroup
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
+from test_algos_policy_loss_modes import call_loss
 from test_workers_fsdp import _update_with, ppo_config, training_batch
 
 PL = "actor_rollout_ref.actor.policy_loss."
@@ -32,10 +32,9 @@ def shifted_batch(tiny_model_dir):
 
 
 def expected_loss(batch, lp, mode, **over):
-    scalars = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "clip_cov_ratio": 0.0002,
-               "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1, **over}
-    loss, _ = get_policy_loss_fn(mode)(batch["old_log_probs"], lp, batch["advantages"], batch["response_mask"].float(),
-                                       loss_agg_mode="token-mean", **scalars)
+    # call_loss's SCALARS are the shipped defaults of ppo_config (clip 0.2, c 3.0, the policy_loss block's values)
+    loss, _ = call_loss(mode, batch["old_log_probs"], lp, batch["advantages"], batch["response_mask"].float(),
+                        "token-mean", **over)
     return loss.item()
 
 
