@@ -5,11 +5,17 @@ Kept apart from schema.py's tables so the two merge easily; schema.py folds thes
 (Megatron, sglang, Ascend NPU, NVIDIA Nsight Systems, multimodal) is "default only" and its message names
 that backend; every other unread key is "accepted, no effect yet" with what happens instead.
 
-Keys marked ``_PENDING`` get their effect from work merged at the same time (the "algos" and "effects"
-branches): they are "accepted, no effect yet" until that work flips them to supported.
+The accepted keys without effect (``EFFECT06``) are data, one line per key, in ``status06_effects.yaml`` next to this
+module: status -> what happens instead -> keys. A reason starting "no code reads it yet" marks keys that get their
+effect from work merged at the same time: they are "accepted, no effect yet" until that work flips them to
+supported.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
 
 NO_EFFECT_ON_CPU = "no effect on CPU"
 NO_EFFECT_YET = "accepted, no effect yet"
@@ -72,81 +78,33 @@ BACKEND_VALUES: dict[str, dict[object, str]] = {
 for _r in _ROLES:
     BACKEND_VALUES[f"{_r}.profiler.tool"] = BACKEND_VALUES["global_profiler.tool"]
 
-_PENDING = "no code reads it yet"  # prefix of the reasons of keys given effect by parallel work
-_PROF = _PENDING + ": no profiler traces are written"
-_NEW_ENGINE = "a copy read by verl's new engine workers; this trainer reads the legacy-worker key"
-_MT = "not built yet in the multi-turn agent loop (rlhf_core/agent/)"
-_AGENT = "one agent loop per rollout rank; nothing reads it yet"
-_VLLM_DEFAULT = "not passed to vLLM; the engine's default is used"
-_SANDBOX = "read only with reward_model.sandbox_fusion.url, which is not supported"
-_HOST_OFFLOAD = "CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory"
-_FSDP_PREFETCH = "FSDP2's default prefetching is used; performance only"
+EFFECTS06_FILE = Path(__file__).with_name("status06_effects.yaml")
+
+
+def load_effects(path: Path = EFFECTS06_FILE) -> dict[str, tuple[str, str]]:
+    """The accepted keys without effect, path -> (status, what happens instead), from the data file ``path``
+    (``status -> what happens instead -> [keys]``; see the file's header).
+
+    Raises:
+        ValueError: naming the file and the entry, for a status other than ``NO_EFFECT_YET`` / ``NO_EFFECT_ON_CPU``,
+            a reason without a list of keys, or a key listed twice.
+    """
+    table: dict[str, tuple[str, str]] = {}
+    for status, reasons in yaml.safe_load(path.read_text()).items():
+        if status not in (NO_EFFECT_YET, NO_EFFECT_ON_CPU):
+            raise ValueError(f"{path}: status {status!r} is not {NO_EFFECT_YET!r} or {NO_EFFECT_ON_CPU!r}")
+        for why, keys in reasons.items():
+            if not isinstance(keys, list) or not keys:
+                raise ValueError(f"{path}: {status} / {why!r} needs a list of keys, got {keys!r}")
+            for key in keys:
+                if key in table:
+                    raise ValueError(f"{path}: {key} is listed twice ({table[key][1]!r} and {why!r})")
+                table[key] = (status, why)
+    return table
+
+
 # path -> (status, what happens instead)
-EFFECT06: dict[str, tuple[str, str]] = {
-    # ours for good: options we do not have
-    _A + "nccl_timeout": (NO_EFFECT_YET, "the process group uses torch's default timeout"),
-    _A + "model.hf_config_path": (NO_EFFECT_YET, "the HF config is read from model.path"),
-    _A + "model.tokenizer_path": (NO_EFFECT_YET, "the tokenizer is read from model.path"),
-    _A + "model.exclude_modules": (NO_EFFECT_YET, "every target_modules match gets a LoRA adapter"),
-    _A + "model.use_liger": (NO_EFFECT_YET, "Liger kernels are not applied; same loss"),
-    _A + "actor.use_remove_padding": (NO_EFFECT_YET, "the workers read actor_rollout_ref.model.use_remove_padding, "
-                                                      "which this copy follows by default"),
-    _A + "ref.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),
-    _A + "ref.entropy_checkpointing": (NO_EFFECT_YET, "the reference computes no gradients"),
-    _A + "ref.fsdp_config.optimizer_offload": (NO_EFFECT_ON_CPU, "like param_offload for the reference (it has no "
-                                                                 "optimizer): " + _HOST_OFFLOAD),
-    _A + "ref.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, _HOST_OFFLOAD),
-    "critic.model.fsdp_config.offload_policy": (NO_EFFECT_ON_CPU, _HOST_OFFLOAD),
-    "critic.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _FSDP_PREFETCH),
-    _A + "rollout.gpu_memory_utilization": (NO_EFFECT_ON_CPU, "vLLM on CUDA only: vLLM's CPU backend sizes its KV "
-                                                              "cache by VLLM_CPU_KVCACHE_SPACE"),
-    _A + "rollout.cudagraph_capture_sizes": (NO_EFFECT_YET, _VLLM_DEFAULT),
-    _A + "rollout.max_model_len": (NO_EFFECT_YET, "the engine's max length is prompt_length + response_length"),
-    _A + "rollout.enable_chunked_prefill": (NO_EFFECT_YET, _VLLM_DEFAULT + " (off on CPU)"),
-    _A + "rollout.enable_prefix_caching": (NO_EFFECT_YET, _VLLM_DEFAULT),
-    _A + "rollout.disable_log_stats": (NO_EFFECT_YET, _VLLM_DEFAULT),
-    _A + "rollout.multi_stage_wake_up": (NO_EFFECT_YET, "the engine is never put to sleep (see free_cache_engine)"),
-    _A + "rollout.update_weights_bucket_megabytes": (NO_EFFECT_YET, "weights are sent to the engine in one pass"),
-    _A + "rollout.trace.backend": (NO_EFFECT_YET, "rollout tracing (weave / mlflow) belongs to agent-loop rollout, "
-                                                  "which is not supported yet"),
-    _A + "rollout.trace.token2text": (NO_EFFECT_YET, "read only with rollout.trace.backend"),
-    _A + "rollout.skip_tokenizer_init": (NO_EFFECT_YET, "the engine loads its tokenizer; same outputs"),
-    _A + "rollout.layered_summon": (NO_EFFECT_YET, "FSDP weights are gathered whole for the engine update"),
-    _A + "rollout.agent.num_workers": (NO_EFFECT_YET, _AGENT),
-    **{_A + f"rollout.multi_turn.{k}": (NO_EFFECT_YET, _MT)
-       for k in ("interaction_config_path", "use_inference_chat_template", "tokenization_sanity_check_mode",
-                 "num_repeat_rollouts")},
-    "reward_model.n_gpus_per_node": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
-    "reward_model.nnodes": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
-    "reward_model.model.fsdp_config.wrap_policy.min_num_params": (
-        NO_EFFECT_YET, "the reward model reads reward_model.model.fsdp_config.min_num_params"),
-    "reward_model.model.fsdp_config.reshard_after_forward": (NO_EFFECT_YET, "the reward model always reshards"),
-    "reward_model.model.fsdp_config.fsdp_size": (NO_EFFECT_YET, "the reward model shards over all workers"),
-    "reward_model.model.fsdp_config.forward_prefetch": (NO_EFFECT_YET, _FSDP_PREFETCH),
-    "reward_model.sandbox_fusion.max_concurrent": (NO_EFFECT_YET, _SANDBOX),
-    "reward_model.sandbox_fusion.memory_limit_mb": (NO_EFFECT_YET, _SANDBOX),
-    "trainer.esi_redundant_time": (NO_EFFECT_YET, "no cloud-instance expiry watch; save with trainer.save_freq"),
-    "trainer.use_legacy_worker_impl": (NO_EFFECT_YET, "one worker implementation here"),
-    "ray_kwargs.timeline_json_file": (NO_EFFECT_YET, "no Ray timeline is written"),
-    **{"global_profiler.global_tool_config.torch_memory." + k: (NO_EFFECT_YET, _PROF)
-       for k in ("trace_alloc_max_entries", "stack_depth", "context", "stacks", "kw_args")},
-}
-for _r in (_A + "actor", _A + "ref", "critic.model"):
-    _f = f"{_r}.fsdp_config."
-    EFFECT06.update({
-        _f + "use_orig_params": (NO_EFFECT_YET, "an FSDP1 option; FSDP2 has no flat parameters"),
-        _f + "entropy_from_logits_with_chunking": (NO_EFFECT_YET, _NEW_ENGINE),
-        _f + "use_torch_compile": (NO_EFFECT_YET, _NEW_ENGINE),
-        _f + "entropy_checkpointing": (NO_EFFECT_YET, _NEW_ENGINE),
-        _f + "forward_only": (NO_EFFECT_YET, "set by verl's new engine itself; the reference never builds an "
-                                             "optimizer here"),
-    })
-for _r in _ROLES:
-    _p = f"{_r}.profiler."
-    EFFECT06.update({_p + k: (NO_EFFECT_YET, _PROF) for k in ("tool_config.torch.step_start",
-                                                                 "tool_config.torch.step_end",
-                                                                 "tool_config.torch_memory.trace_alloc_max_entries",
-                                                                 "tool_config.torch_memory.stack_depth")})
+EFFECT06: dict[str, tuple[str, str]] = load_effects()
 
 # Per config file, where a path means something else than in ppo_trainer.yaml: name -> {path: (status, why)}.
 EFFECT_IN: dict[str, dict[str, tuple[str, str]]] = {
