@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ppo_step_peers import run_hf, run_trl, step_summary, sync_device  # bench/ is on sys.path: run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 PEERS = ("ours", "ours_ray", "trl", "hf")
 # --size: model sizes of the cost curve (build_tiny_model arguments; parameter counts with vocab 2000)
@@ -86,30 +88,6 @@ def _write_rows(src: str, dst: Path, n: int) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pq.read_table(src).slice(0, n), dst)
-
-
-def _rows(spec: dict) -> list[dict]:
-    from rlhf_core.data.readers import read_parquet_rows
-
-    return read_parquet_rows(spec["train_file"])
-
-
-def _gsm8k_score(text: str, ground_truth) -> float:
-    from rlhf_core.reward.scorers import default_compute_score
-
-    return float(default_compute_score("openai/gsm8k", text, ground_truth))
-
-
-def _summary(step_ends: list[float], tokens: list[float], response_tokens: list[float], warmup: int) -> dict:
-    """Mean s/step over the steps after ``warmup`` (end-to-end deltas) and the matching token rates."""
-    deltas = [b - a for a, b in zip(step_ends[warmup - 1:], step_ends[warmup:])] if warmup else \
-        [step_ends[0]] + [b - a for a, b in zip(step_ends, step_ends[1:])]
-    n = len(deltas)
-    s = sum(deltas)
-    tok, rtok = sum(tokens[-n:]), sum(response_tokens[-n:])
-    return {"s_per_step": s / n, "tokens_per_s": tok / s, "response_tokens_per_s": rtok / s,
-            "tokens_per_step": tok / n, "response_tokens_per_step": rtok / n, "steps": n,
-            "step_s": [round(d, 4) for d in deltas]}
 
 
 # ---- peer: ours ------------------------------------------------------------------------------------------------
@@ -193,7 +171,7 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
         for batch in trainer.train_dataloader:
             trainer.global_steps += 1
             metrics = trainer.train_step(batch, 0)
-            _sync(args.device)
+            sync_device(args.device)
             ends.append(time.perf_counter() - t0)
             tokens.append(metrics["perf/total_num_tokens"])
             rtokens.append(metrics["response_length/mean"] * len(batch) * args.n)
@@ -208,132 +186,8 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
             worker_rss = [round(r / 1024, 1) for r in
                           trainer.actor_wg.execute_all("peak_rss_kib")] if hasattr(trainer.actor_wg, "_actors") else None
         trainer.shutdown()
-    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()},
+    return {**step_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()},
             "peak_rss_mb": round(_peak_rss_mb(), 1), "worker_peak_rss_mb": worker_rss}
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
-# ---- peer: TRL GRPOTrainer -------------------------------------------------------------------------------------
-def run_trl(spec: dict, args) -> dict:
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    rows = _rows(spec)
-    data = Dataset.from_list([{"prompt": [dict(m) for m in r["prompt"]],
-                               "ground_truth": str(r["reward_model"]["ground_truth"])} for r in rows])
-
-    def gsm8k_reward(prompts, completions, ground_truth, **_):
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return [_gsm8k_score(t, g) for t, g in zip(texts, ground_truth)]
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t0, self.ends, self.num_tokens = time.perf_counter(), [], []
-
-        def on_step_end(self, a, state, control, **kw):
-            _sync(args.device)
-            self.ends.append(time.perf_counter() - self.t0)
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "num_tokens" in logs:
-                self.num_tokens.append((float(logs["num_tokens"]), float(logs.get("completions/mean_length", 0.0))))
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = GRPOConfig(
-            output_dir=tmp, use_cpu=args.device == "cpu", per_device_train_batch_size=args.prompts * args.n,
-            gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.new_tokens,
-            learning_rate=args.lr, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
-            temperature=1.0, bf16=args.bf16, fp16=False, gradient_checkpointing=False, logging_steps=1,
-            report_to="none", save_strategy="no", max_steps=args.warmup + args.steps, disable_tqdm=True,
-            dataloader_num_workers=0, shuffle_dataset=False, seed=0)
-        tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-        model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
-        gen_s: list[float] = []
-        generate = model.generate
-
-        def timed_generate(*a, **kw):  # TRL's profiling goes to wandb/mlflow only: time generation here
-            t = time.perf_counter()
-            out = generate(*a, **kw)
-            _sync(args.device)
-            gen_s.append(time.perf_counter() - t)
-            return out
-
-        model.generate = timed_generate
-        clock = Clock()
-        trainer = GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=cfg, train_dataset=data,
-                              processing_class=tokenizer, callbacks=[clock])
-        clock.t0 = time.perf_counter()
-        trainer.train()
-    cumulative = [t for t, _ in clock.num_tokens]
-    tokens = [b - a for a, b in zip([0.0] + cumulative, cumulative)]
-    rtokens = [m * args.prompts * args.n for _, m in clock.num_tokens]
-    measured = gen_s[args.warmup:]
-    stages = {"gen": round(sum(measured) / len(measured), 4)} if measured else {}
-    return {**_summary(clock.ends, tokens, rtokens, args.warmup), "stages_s": stages}
-
-
-# ---- peer: plain single-process HF reference -------------------------------------------------------------------
-def run_hf(spec: dict, args) -> dict:
-    """generate → reward → GRPO advantages → one log-prob forward with grad → token-mean clipped loss → AdamW."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dev = torch.device(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    rows = _rows(spec)
-    torch.manual_seed(0)
-    ends, tokens, rtokens, gen_s = [], [], [], []
-    t0 = time.perf_counter()
-    for step in range(args.warmup + args.steps):
-        chunk = rows[step * args.prompts:(step + 1) * args.prompts]
-        texts = [tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False)
-                 for r in chunk for _ in range(args.n)]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
-        P = enc["input_ids"].shape[1]
-        model.eval()
-        t_gen = time.perf_counter()
-        with torch.no_grad():
-            seq = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id)
-        _sync(args.device)
-        gen_s.append(time.perf_counter() - t_gen)
-        resp = seq[:, P:]
-        is_eos = resp == tokenizer.eos_token_id
-        after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0  # tokens after the first EOS
-        resp_mask = (~after_eos).long()
-        decoded = tokenizer.batch_decode(resp * resp_mask + tokenizer.pad_token_id * (1 - resp_mask),
-                                         skip_special_tokens=True)
-        gts = [str(r["reward_model"]["ground_truth"]) for r in chunk for _ in range(args.n)]
-        scores = torch.tensor([_gsm8k_score(t, g) for t, g in zip(decoded, gts)], device=dev).view(-1, args.n)
-        adv = ((scores - scores.mean(-1, keepdim=True)) / (scores.std(-1, keepdim=True) + 1e-6)).view(-1, 1)
-        attn = torch.cat([enc["attention_mask"], resp_mask], 1)
-        model.train()
-        logits = model(input_ids=seq, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
-        logp = torch.log_softmax(logits[:, P - 1:-1].float(), -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
-        ratio = torch.exp(logp - logp.detach())
-        pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
-        loss = (pg * resp_mask).sum() / resp_mask.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        _sync(args.device)
-        ends.append(time.perf_counter() - t0)
-        tokens.append(float(attn.sum()))
-        rtokens.append(float(resp_mask.sum()))
-    measured = gen_s[args.warmup:]
-    return {**_summary(ends, tokens, rtokens, args.warmup), "stages_s": {"gen": round(sum(measured) / len(measured), 4)}}
 
 
 # ---- driver ----------------------------------------------------------------------------------------------------
