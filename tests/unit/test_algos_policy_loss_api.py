@@ -47,16 +47,18 @@ def verl_signature_vanilla(old_log_prob, log_prob, advantages, response_mask, lo
     pg_losses = torch.where(advantages < 0, torch.minimum(ppo_term, dual), ppo_term)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    return (agg_loss(pg_losses, response_mask, loss_agg_mode), masked_mean((clipped > unclipped).float(), response_mask),
-            masked_mean(-neg_kl, response_mask),
-            masked_mean(((ppo_term > dual) & (advantages < 0)).float(), response_mask))
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), response_mask)
+    pg_clipfrac_lower = masked_mean(((ppo_term > dual) & (advantages < 0)).float(), response_mask)
+    return agg_loss(pg_losses, response_mask, loss_agg_mode), pg_clipfrac, masked_mean(-neg_kl, response_mask), \
+        pg_clipfrac_lower
 
 
 # A custom loss in later verl's style: (pg_loss, metrics dict with "actor/" names and float values).
 @register_policy_loss("test_verl_signature_dict")
 def verl_signature_dict(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                         rollout_is_weights=None):
-    return agg_loss(-advantages * log_prob, response_mask, loss_agg_mode), {"actor/ppo_kl": 0.1, "actor/pg_clipfrac": 0.0}
+    metrics = {"actor/ppo_kl": 0.1, "actor/pg_clipfrac": 0.0}
+    return agg_loss(-advantages * log_prob, response_mask, loss_agg_mode), metrics
 
 
 def _batch():
