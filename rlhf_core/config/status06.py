@@ -114,7 +114,7 @@ EFFECT06: dict[str, tuple[str, str]] = {
     _A + "rollout.layered_summon": (NO_EFFECT_YET, "FSDP weights are gathered whole for the engine update"),
     _A + "rollout.agent.num_workers": (NO_EFFECT_YET, _AGENT),
     **{_A + f"rollout.multi_turn.{k}": (NO_EFFECT_YET, _MT)
-       for k in ("interaction_config_path", "use_inference_chat_template", "tokenization_sanity_check_mode",
+       for k in ("use_inference_chat_template", "tokenization_sanity_check_mode",
                  "num_repeat_rollouts")},
     "reward_model.n_gpus_per_node": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
     "reward_model.nnodes": (NO_EFFECT_YET, "read only with reward_model.enable_resource_pool"),
