@@ -98,7 +98,8 @@ class ToolAgentLoop(AgentLoopBase):
         tools_kwargs = ((row.get("extra_info") or {}).get("tools_kwargs")) or {}
         tools_kwargs = {name: value for name, value in tools_kwargs.items() if value is not None}  # parquet nulls
         parse = TOOL_PARSERS.get(s.format)
-        messages = [dict(m) for m in (row.get("raw_prompt") or [])]  # the conversation the interaction reads
+        raw = row.get("raw_prompt")  # a list, or an object array when read from parquet
+        messages = [] if raw is None else [dict(m) for m in raw]  # the conversation the interaction reads
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = []
