@@ -125,7 +125,7 @@ def _pick(param: Any, default: Any) -> Any:
 def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> PipelineSettings:
     """Combine flow parameters (None = unset) with ``pipeline.yaml`` and the preset.
 
-    A preset may hold ``task`` (``gsm8k`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
+    A preset may hold ``task`` (``gsm8k``, ``gsm8k_tools`` or ``countdown``, default ``gsm8k``) and a ``pipeline`` mapping of
     pipeline.yaml values (``train_prompts``, ``val_prompts``, ``sft_epochs``, ``ppo_steps``, ``segment_steps``)
     that sit between pipeline.yaml and the flow parameters. ``gsm8k_dir`` falls back to ``$GSM8K_DIR``, then to
     the folder an earlier flow run in this ``$RLHF_HOME`` recorded (``infra.home.remembered``), when neither

@@ -7,7 +7,8 @@ file and a dying writer loses nothing already registered). The DuckDB file
 
 - ``samples``: ``run_id, stage, step, data_source, uid, sample_idx, prompt, response,
   ground_truth, score, prompt_id, question, checkpoint`` plus any extra columns the core wrote
-  (``acc``, ``pred``, ...). ``prompt_id`` (:func:`prompt_id`) is a hash of the rendered prompt
+  (``acc``, ``pred``, ...; ``num_turns``, ``tool_calls``, ``tool_failures`` for multi-turn tool rollouts,
+  ``rlhf_core.metrics.samples.trajectory_columns``). ``prompt_id`` (:func:`prompt_id`) is a hash of the rendered prompt
   and ``data_source``, the same for the same prompt in every run;
 - ``metrics``: ``run_id, stage, step, key, value``;
 - ``runs``: ``run_id, flow_run_id, stage, status, started_at, ended_at, params_json, name, kind``:

@@ -24,7 +24,7 @@ def _plain(result: Any) -> Any:
 
 
 def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> str:
-    """Build the tiny model from the prompts and answers of a verl-schema GSM8K parquet."""
+    """Build the tiny model from the prompts and answers (and SFT ``messages``, when present) of a verl-schema parquet."""
     import pandas as pd
 
     from rlhf_core.models.tiny import build_tiny_model
@@ -35,6 +35,9 @@ def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> 
         texts.extend([str(extra.get("question", "")), str(extra.get("answer", ""))])
     for prompt in df["prompt"]:
         texts.extend(str(m["content"]) for m in prompt)
+    if "messages" in df:  # gsm8k_tools: the SFT traces' tool calls and responses
+        for messages in df["messages"]:
+            texts.extend(str(m["content"]) for m in messages)
     return build_tiny_model(texts, out_dir, **sizes)
 
 

@@ -41,6 +41,9 @@ def retry_unless_bad_input(_task: Any, _task_run: Any, state: Any) -> bool:
     return plan.is_retriable(exc if isinstance(exc, BaseException) else None)
 
 
+PIPELINE_TASKS = ("gsm8k", "gsm8k_tools", "countdown")
+
+
 def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:
     if not gsm8k_dir:
         return []
@@ -54,8 +57,9 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
     files = _gsm8k_files(p.get("gsm8k_dir"))
     if not files:  # hub download: no stable digest to key on
         return None
+    task = {} if p.get("task", "gsm8k") == "gsm8k" else {"task": p["task"]}  # gsm8k keeps its earlier keys
     return plan.inputs_key("prepare_data", files, train=p["train_prompts"], val=p["val_prompts"],
-                           home=p["ctx"]["home"])
+                           home=p["ctx"]["home"], **task)
 
 
 @task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
@@ -68,7 +72,9 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
         gsm8k_dir: folder with ``train.jsonl``/``test.jsonl`` (or verl parquet); None → the hub.
         train_prompts, val_prompts: rows kept from each split (first N; <=0 keeps all). For ``countdown`` they
             are the generated sizes (seed 0; <=0 → 20000 train, 500 test).
-        task: ``gsm8k`` or ``countdown`` (``rlhf_core.data.countdown``).
+        task: ``gsm8k``, ``gsm8k_tools`` (verl's multi-turn tool schema, plus a ``messages`` column of
+            synthetic tool-use traces for SFT: ``rlhf_core.data.gsm8k_multiturn``) or ``countdown``
+            (``rlhf_core.data.countdown``).
 
     Returns:
         ``{"train": path, "val": path, "train_sha256": hex, "val_sha256": hex, "run_id": str}``
@@ -76,9 +82,10 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
     """
     from rlhf_core.data.countdown import generate_countdown
     from rlhf_core.data.gsm8k import preprocess_gsm8k
+    from rlhf_core.data.gsm8k_multiturn import add_tool_traces
 
-    if task not in ("gsm8k", "countdown"):
-        raise ValueError(f"unknown pipeline task {task!r}; known: ['gsm8k', 'countdown']")
+    if task not in PIPELINE_TASKS:
+        raise ValueError(f"unknown pipeline task {task!r}; known: {list(PIPELINE_TASKS)}")
     out = Path(ctx["home"]) / "data" / task
     params = {"task": task, "gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts}
     with stage("prepare_data", params, ctx) as run_id:
@@ -86,9 +93,11 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
             n_train, n_val = (train_prompts if train_prompts > 0 else 20000), (val_prompts if val_prompts > 0 else 500)
             splits = generate_countdown(str(out / f"full_{n_train}_{n_val}"), n_train, n_val, seed=0)
         else:
-            splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"))
+            splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"), multiturn=task == "gsm8k_tools")
         train = plan.take_rows(splits["train"], str(out / f"train_{train_prompts}.parquet"), train_prompts)
         val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}.parquet"), val_prompts)
+        if task == "gsm8k_tools":  # the SFT stage reads the traces; PPO ignores the extra column
+            train, val = add_tool_traces(train, train), add_tool_traces(val, val)
         result = {"train": train, "val": val, "run_id": run_id}
         result["train_sha256"] = lineage.log_dataset(run_id, train, f"{task}_train", "training")
         result["val_sha256"] = lineage.log_dataset(run_id, val, f"{task}_val", "validation")

@@ -46,6 +46,7 @@ class AgentLoopOutput:
         num_turns: verl's count: 1 (the prompt) + assistant turns + tool/user turns.
         tool_stats: the trajectory's tool calls and failures.
         tool_rewards: the step rewards the tools returned, in call order.
+        turn_scores: the turn scores the interaction returned, one per user turn it generated.
         extra: anything else the loop wants in the batch's non-tensor columns.
     """
 
@@ -56,6 +57,7 @@ class AgentLoopOutput:
     num_turns: int = 2
     tool_stats: ToolCallStats = field(default_factory=ToolCallStats)
     tool_rewards: list[float] = field(default_factory=list)
+    turn_scores: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,7 +81,13 @@ class AgentLoopBase:
     Args:
         policy: the engine. tokenizer: a HF tokenizer with a chat template. settings: the limits.
         tools: name → tool (empty without ``multi_turn.tool_config_path``).
+
+    Attributes:
+        interactions: name → interaction (``multi_turn.interaction_config_path``; empty without it), set by the
+            manager after construction so that user loops keep the constructor above.
     """
+
+    interactions: dict[str, Any] = {}
 
     def __init__(self, policy: Policy, tokenizer: Any, settings: MultiTurnSettings, tools: dict | None = None) -> None:
         self.policy = policy

@@ -31,7 +31,7 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
         prompt (tool schemas lengthen it); ``responses``/``response_mask (B, T)`` right-padded;
         ``input_ids``/``attention_mask``/``position_ids (B, P+T)``; ``rollout_log_probs (B, T)`` float32 when
         every trajectory has log-probs. Non-tensor columns of ``prompt_batch`` plus ``num_turns`` (int),
-        ``tool_rewards`` (list per row) and ``tool_calls`` (per row ``{tool: [calls, failures]}``); ``meta["metrics"]``: :func:`trajectory_metrics`.
+        ``tool_rewards`` and ``turn_scores`` (lists per row) and ``tool_calls`` (per row ``{tool: [calls, failures]}``); ``meta["metrics"]``: :func:`trajectory_metrics`.
 
     Raises:
         ValueError: when the counts differ or a trajectory is longer than ``response_length`` or its mask and
@@ -73,6 +73,7 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
     non_tensors = dict(prompt_batch.non_tensors)
     non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
     non_tensors["tool_rewards"] = [list(o.tool_rewards) for o in outputs]
+    non_tensors["turn_scores"] = [list(o.turn_scores) for o in outputs]
     non_tensors["tool_calls"] = [{name: [o.tool_stats.calls[name], o.tool_stats.failures.get(name, 0)]
                                   for name in o.tool_stats.calls} for o in outputs]
     meta = dict(prompt_batch.meta)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
+from rlhf_core.agent.interactions import finalize
 from rlhf_core.data.prompts import encode
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import ToolCallStats, run_tool_calls
@@ -62,24 +63,47 @@ class ToolAgentLoop(AgentLoopBase):
     """Assistant turns interleaved with tool turns until the policy calls no tool or a limit is reached.
 
     Stops after an assistant turn when: the trajectory reached ``response_length``; ``max_assistant_turns``
-    or ``max_user_turns`` (tool turns count as user turns, as in verl) is reached; the turn has no tool call;
-    or the tool turn would not fit in ``response_length`` (it is then dropped, as verl does). Each assistant
-    turn gets ``response_length - len(trajectory so far)`` new tokens at most. Row inputs: ``raw_prompt``
-    (messages; rendered with the tool schemas), ``extra_info.tools_kwargs`` (per tool ``create_kwargs``,
-    ``execute_kwargs``, ``release_kwargs``).
+    or ``max_user_turns`` (tool turns count as user turns, as in verl) is reached; the turn has no tool call
+    (and no interaction is configured); or the tool turn would not fit in ``response_length`` (it is then
+    dropped, as verl does). Each assistant turn gets ``response_length - len(trajectory so far)`` new tokens at
+    most. Row inputs: ``raw_prompt`` (messages; rendered with the tool schemas), ``extra_info.tools_kwargs``
+    (per tool ``create_kwargs``, ``execute_kwargs``, ``release_kwargs``).
+
+    With interactions (``multi_turn.interaction_config_path``), an assistant turn without a tool call gets a
+    user turn from the interaction named by ``extra_info.interaction_kwargs.name`` (see
+    :mod:`rlhf_core.agent.interactions`); its turn score is recorded, and the loop stops when the interaction
+    ends the sequence (after its user turn) or the user turn would not fit in ``response_length``: it is then
+    dropped, like a tool turn (verl appends it and cuts the trajectory at ``response_length``, keeping its head).
     """
 
     async def run(self, row: dict[str, Any], request_id: str) -> AgentLoopOutput:
+        extra_info = row.get("extra_info") or {}
+        interaction = None
+        if self.interactions:
+            interaction_kwargs = dict(extra_info.get("interaction_kwargs") or {})
+            interaction = self.interactions[interaction_kwargs["name"]]  # names checked by check_rows
+            instance_id = await interaction.start_interaction(request_id, **interaction_kwargs)
+        try:
+            return await self._run(row, request_id, interaction,
+                                   (instance_id, interaction_kwargs) if interaction else None)
+        finally:
+            if interaction is not None:
+                await finalize(interaction, instance_id)
+
+    async def _run(self, row: dict[str, Any], request_id: str, interaction: Any,
+                   state: tuple[str, dict] | None) -> AgentLoopOutput:
         s = self.settings
         schemas = [t.get_openai_tool_schema().model_dump(exclude_none=True) for t in self.tools.values()] or None
         prompt_ids = _render_prompt(self.tokenizer, row, schemas)
         tools_kwargs = ((row.get("extra_info") or {}).get("tools_kwargs")) or {}
         tools_kwargs = {name: value for name, value in tools_kwargs.items() if value is not None}  # parquet nulls
         parse = TOOL_PARSERS.get(s.format)
+        raw = row.get("raw_prompt")  # a list, or an object array when read from parquet
+        messages = [] if raw is None else [dict(m) for m in raw]  # the conversation the interaction reads
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = []
-        stats, rewards = ToolCallStats(), []
+        stats, rewards, turn_scores = ToolCallStats(), [], []
         assistant_turns = user_turns = 0
         while len(ids) < s.response_length:
             out = await self.policy.generate(prompt_ids + ids, s.response_length - len(ids),
@@ -93,17 +117,29 @@ class ToolAgentLoop(AgentLoopBase):
                     or (s.max_user_turns and user_turns >= s.max_user_turns)):
                 break
             _, calls = parse(self.tokenizer.decode(turn, skip_special_tokens=False))
-            if not calls:
+            messages.append({"role": "assistant", "content": self.tokenizer.decode(turn, skip_special_tokens=True)})
+            if calls:
+                results = await run_tool_calls(calls, self.tools, tools_kwargs, s.max_parallel_calls,
+                                               s.max_tool_response_length, s.tool_response_truncate_side, stats)
+                rewards += [r.reward for r in results]
+                new_messages, stop = [{"role": "tool", "content": r.text} for r in results], False
+            elif interaction is not None:
+                instance_id, interaction_kwargs = state
+                stop, text, score, _ = await interaction.generate_response(instance_id, messages, **interaction_kwargs)
+                if score is not None:
+                    turn_scores.append(float(score))
+                new_messages = [{"role": "user", "content": text}]
+            else:
                 break
-            results = await run_tool_calls(calls, self.tools, tools_kwargs, s.max_parallel_calls,
-                                           s.max_tool_response_length, s.tool_response_truncate_side, stats)
-            rewards += [r.reward for r in results]
-            tool_ids = render_turn(self.tokenizer, [{"role": "tool", "content": r.text} for r in results])
-            if len(ids) + len(tool_ids) >= s.response_length:
+            new_ids = render_turn(self.tokenizer, new_messages)
+            if len(ids) + len(new_ids) >= s.response_length:
                 break
-            ids += tool_ids
-            mask += [0] * len(tool_ids)
-            logprobs = None if logprobs is None else logprobs + [0.0] * len(tool_ids)
+            ids += new_ids
+            mask += [0] * len(new_ids)
+            logprobs = None if logprobs is None else logprobs + [0.0] * len(new_ids)
+            messages += new_messages
             user_turns += 1
+            if stop:  # the interaction ended the sequence after its (kept) user turn, as verl does
+                break
         return AgentLoopOutput(prompt_ids, ids, mask, logprobs, num_turns=1 + assistant_turns + user_turns,
-                               tool_stats=stats, tool_rewards=rewards)
+                               tool_stats=stats, tool_rewards=rewards, turn_scores=turn_scores)

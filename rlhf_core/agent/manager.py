@@ -23,20 +23,23 @@ class AgentLoopManager:
         tokenizer: HF tokenizer with the chat template. settings: the multi-turn limits.
         tools: name → tool. specs: name → (loop class, extra kwargs) from ``load_agent_loop_specs``.
         default_agent_loop: ``rollout.agent.default_agent_loop``. pad_token_id: padding of the packed batch.
+        interactions: name → interaction (:func:`rlhf_core.agent.interactions.load_interactions`).
     """
 
     def __init__(self, policy, tokenizer, settings: MultiTurnSettings, tools: dict, specs: dict,
-                 default_agent_loop: str, pad_token_id: int) -> None:
+                 default_agent_loop: str, pad_token_id: int, interactions: dict | None = None) -> None:
         self.policy, self.tokenizer, self.settings, self.tools = policy, tokenizer, settings, tools
+        self.interactions = dict(interactions or {})
         self.specs, self.default_agent_loop, self.pad_token_id = specs, default_agent_loop, int(pad_token_id)
         self.calls = 0
         self._loops: dict[str, AgentLoopBase] = {}
-        check_rows([], [], specs, default_agent_loop, tools)
+        check_rows([], [], specs, default_agent_loop, tools, self.interactions)
 
     def _loop(self, name: str) -> AgentLoopBase:
         if name not in self._loops:
             cls, kwargs = self.specs[name]
             self._loops[name] = cls(self.policy, self.tokenizer, self.settings, self.tools, **kwargs)
+            self._loops[name].interactions = self.interactions
         return self._loops[name]
 
     @staticmethod
@@ -48,11 +51,11 @@ class AgentLoopManager:
         """One trajectory per row of ``batch`` (its ``input_ids`` width is the minimum prompt width).
 
         Raises:
-            AgentConfigError: a row naming an unknown agent loop or tool (before any generation).
+            AgentConfigError: a row naming an unknown agent loop, tool or interaction (before any generation).
         """
         rows = self.rows_of(batch)
         check_rows(rows, [f"batch row {i}" for i in range(len(rows))], self.specs, self.default_agent_loop,
-                   self.tools)
+                   self.tools, self.interactions)
         call = self.calls
         self.calls += 1
 

@@ -16,6 +16,7 @@ import yaml
 
 from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
+from rlhf_core.agent.interactions import load_interactions
 from rlhf_core.tools.config import load_tools
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import TRUNCATE_SIDES
@@ -84,17 +85,19 @@ def load_agent_loop_specs(path: str | Path | None) -> dict[str, tuple[type[Agent
 
 
 def check_rows(rows: Iterable[dict[str, Any]], where: Iterable[str], agent_names: Iterable[str],
-               default_agent_loop: str, tool_names: Iterable[str]) -> None:
-    """Fail before any generation on a row whose ``agent_name`` is unknown or whose
-    ``extra_info.tools_kwargs`` names a tool the tool config does not declare.
+               default_agent_loop: str, tool_names: Iterable[str], interaction_names: Iterable[str] = ()) -> None:
+    """Fail before any generation on a row whose ``agent_name`` is unknown, whose ``extra_info.tools_kwargs``
+    names a tool the tool config does not declare, or (with interactions configured) whose
+    ``extra_info.interaction_kwargs`` has no ``name`` of a configured interaction (verl requires it too).
 
     Args:
         where: one label per row (file and row number) used in the message.
+        interaction_names: the interactions of ``multi_turn.interaction_config_path``; empty = none configured.
 
     Raises:
         AgentConfigError: naming the row, the bad name and the known names.
     """
-    agent_names, tool_names = set(agent_names), set(tool_names)
+    agent_names, tool_names, interaction_names = set(agent_names), set(tool_names), set(interaction_names)
     if default_agent_loop not in agent_names:
         raise AgentConfigError(f"rollout.agent.default_agent_loop={default_agent_loop!r} is not an agent loop; "
                                f"known: {sorted(agent_names)}")
@@ -108,6 +111,11 @@ def check_rows(rows: Iterable[dict[str, Any]], where: Iterable[str], agent_names
         if unknown:
             raise AgentConfigError(f"{label}: extra_info.tools_kwargs names unknown tools {unknown}; "
                                    f"multi_turn.tool_config_path declares {sorted(tool_names)}")
+        if interaction_names:
+            kwargs = (row.get("extra_info") or {}).get("interaction_kwargs") or {}
+            if kwargs.get("name") not in interaction_names:
+                raise AgentConfigError(f"{label}: extra_info.interaction_kwargs.name is {kwargs.get('name')!r}; "
+                                       f"multi_turn.interaction_config_path declares {sorted(interaction_names)}")
 
 
 def uses_agent_loop(rollout_cfg: Any) -> bool:
@@ -121,13 +129,20 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
     keeps ``rows`` and ``sources`` (``RLHFDataset``; a custom dataset without them is checked per batch).
 
     Raises:
-        ToolConfigError, AgentConfigError: as above, naming the file and row.
+        ToolConfigError, InteractionConfigError, AgentConfigError: as above, naming the file and row.
+        ValueError: ``multi_turn.interaction_config_path`` set while agent loops are off (it would do nothing).
     """
+    interaction_path = rollout_cfg.multi_turn.interaction_config_path
     if not uses_agent_loop(rollout_cfg):
+        if interaction_path:
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interaction_path!r} "
+                             "needs agent-loop rollouts: set rollout.mode=async or rollout.multi_turn.enable=True")
         return
     path = rollout_cfg.multi_turn.tool_config_path
     tools = load_tools(path) if path else {}
+    interactions = load_interactions(interaction_path) if interaction_path else {}
     specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
     for ds in datasets:
         if ds is not None and hasattr(ds, "rows") and hasattr(ds, "sources"):
-            check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools)
+            check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools,
+                       interactions)

@@ -11,6 +11,7 @@ Schema (``docs/ARCHITECTURE.md``, "Results and lineage"), always in this order a
 | ``prompt``, ``response`` | string | text (a chat message list is rendered by :func:`render_prompt`) |
 | ``ground_truth`` | string | a non-string ground truth is JSON-encoded |
 | ``score`` | float64 | |
+| ``num_turns``, ``tool_calls``, ``tool_failures`` | int64 | multi-turn rollouts only (:func:`trajectory_columns`) |
 | extras (``acc``, ``pred``, ...) | float64 when every non-null value is a number or bool, else string | |
 
 Files are written atomically: to a hidden temporary file in the same folder, then ``os.replace``, so a reader
@@ -39,6 +40,27 @@ CORE_COLUMNS: dict[str, pa.DataType] = {
     "ground_truth": pa.string(),
     "score": pa.float64(),
 }
+
+# per-trajectory counts of agent-loop rollouts (rlhf_core.agent.layout.pack_trajectories' non-tensor columns)
+TRAJECTORY_COLUMNS: tuple[str, ...] = ("num_turns", "tool_calls", "tool_failures")
+
+
+def trajectory_columns(non_tensors: dict[str, Any]) -> dict[str, list[int]]:
+    """Sample columns from a multi-turn rollout batch's non-tensor data; ``{}`` for a single-turn batch.
+
+    Args:
+        non_tensors: the batch's ``non_tensors`` with ``num_turns`` (verl's count: 1 + assistant turns +
+            tool/user turns) and ``tool_calls`` (per row ``{tool name: [calls, failures]}``).
+
+    Returns:
+        ``{"num_turns": [...], "tool_calls": [calls summed over tools], "tool_failures": [...]}``, one int per row.
+    """
+    if "num_turns" not in non_tensors:
+        return {}
+    calls = list(non_tensors["tool_calls"])
+    return {"num_turns": [int(n) for n in non_tensors["num_turns"]],
+            "tool_calls": [sum(int(c[0]) for c in per_row.values()) for per_row in calls],
+            "tool_failures": [sum(int(c[1]) for c in per_row.values()) for per_row in calls]}
 
 
 def _to_text(v: Any) -> str | None:
@@ -75,6 +97,8 @@ def _column(name: str, values: list) -> pa.Array:
         if typ == pa.int64():
             return pa.array([None if v is None else int(v) for v in values], type=pa.int64())
         return pa.array([None if v is None else float(v) for v in values], type=pa.float64())
+    if name in TRAJECTORY_COLUMNS:
+        return pa.array([None if v is None else int(v) for v in values], type=pa.int64())
     present = [v for v in values if v is not None and not (isinstance(v, float) and np.isnan(v))]
     if present and all(_is_number(v) for v in present):
         return pa.array([None if v is None else float(v) for v in values], type=pa.float64())

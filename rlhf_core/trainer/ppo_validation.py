@@ -6,7 +6,8 @@ default), add the reward model's ``rm_scores`` when an ``rm_wg`` is given, score
 collect one row per sample. Metrics come from
 ``rlhf_core.metrics.validation`` (``val-core/<data_source>/<var>/mean@N`` ...). Every sample is written to
 ``<trainer.validation_data_dir>/val_step_<N>.parquet`` (columns ``step, data_source, uid, sample_idx, prompt,
-response, ground_truth, score`` + the reward manager's extra columns) when that key is set, and the first
+response, ground_truth, score`` + ``num_turns, tool_calls, tool_failures`` for agent-loop rollouts + the reward
+manager's extra columns) when that key is set, and the first
 ``trainer.log_val_generations`` samples (seeded shuffle, like verl) are printed.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlhf_core.metrics.samples import write_samples_parquet
+from rlhf_core.metrics.samples import trajectory_columns, write_samples_parquet
 from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.reward_stage import score_batch
@@ -66,6 +67,7 @@ class Validator:
         extras = result.get("reward_extra_info") or {}
         prompts = self._decode_prompts(batch)
         responses = self._decode_responses(batch)
+        turns = trajectory_columns(batch.non_tensors)  # multi-turn: num_turns, tool_calls, tool_failures
         rows = []
         for i in range(len(batch)):
             reward_model = batch["reward_model"][i] if "reward_model" in batch else None
@@ -79,8 +81,9 @@ class Validator:
                 "ground_truth": None if not isinstance(reward_model, dict) else _to_str(reward_model.get("ground_truth")),
                 "score": float(scores[i]),
             }
+            row.update({key: values[i] for key, values in turns.items()})
             for key, values in extras.items():
-                if key not in BASE_COLUMNS and len(values) == len(batch):
+                if key not in BASE_COLUMNS and key not in turns and len(values) == len(batch):
                     row[key] = _plain(values[i])
             rows.append(row)
         return rows

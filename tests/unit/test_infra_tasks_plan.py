@@ -330,6 +330,23 @@ def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
     assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
 
 
+def test_tools_preset_is_valid_and_its_tool_config_loads_from_the_checkout():
+    from pathlib import Path
+
+    from flows.settings import validate_overrides
+    from rlhf_core.config import load_config
+    from rlhf_core.tools import load_tools
+
+    s = resolve_settings({"preset": "tiny_cpu_tools"})
+    assert s.task == "gsm8k_tools"
+    validate_overrides(s)  # every stage's list is valid, the multi-turn SFT and async tool-agent PPO included
+    rollout = load_config("ppo_trainer", s.preset_ppo).actor_rollout_ref.rollout
+    assert (rollout.mode, rollout.multi_turn.enable) == ("async", True)
+    # the path is relative to the checkout, which Ray ships as every stage's working directory
+    repo = Path(__file__).resolve().parents[2]
+    assert list(load_tools(repo / rollout.multi_turn.tool_config_path)) == ["calc_gsm8k_reward"]
+
+
 def test_preset_with_unknown_pipeline_key_is_refused(tmp_path):
     (tmp_path / "presets").mkdir()
     (tmp_path / "pipeline.yaml").write_text("preset: bad\n")

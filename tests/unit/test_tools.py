@@ -221,3 +221,38 @@ def test_gsm8k_multiturn_data(tmp_path):
     assert row["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]["ground_truth"] == "72"
     assert row["extra_info"]["need_tools_kwargs"] is True and row["reward_model"]["ground_truth"] == "72"
     check_rows([row], ["train.parquet row 0"], ["tool_agent"], "tool_agent", ["calc_gsm8k_reward"])
+
+
+def test_tool_sft_traces_teach_the_call_format(tmp_path):
+    """The gsm8k_tools pipeline task's SFT traces: question → tool call (reference answer) → the tool's own
+    response → final answer; the SFT dataset trains on exactly the two assistant turns; the call parses."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rlhf_core.data.cli import main
+    from rlhf_core.data.gsm8k_multiturn import add_tool_traces
+    from rlhf_core.data.sft_dataset import SFTDataset
+    from tests.unit.agent_fixtures import make_tokenizer
+    from tests.unit.data_fixtures import sft_data_cfg
+
+    src = tmp_path / "raw"
+    src.mkdir()
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text(json.dumps({"question": "What is 6 times 12?",
+                                                        "answer": "6*12=72\n#### 72"}) + "\n")
+    assert main(["gsm8k", "--local-dir", str(src), "--out", str(tmp_path / "out"), "--multiturn"]) == 0
+    path = add_tool_traces(str(tmp_path / "out" / "train.parquet"), str(tmp_path / "sft.parquet"))
+    row = pq.read_table(path).to_pylist()[0]
+    call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "72"}}</tool_call>'
+    assert row["messages"][2:] == [{"role": "assistant", "content": call},
+                                   {"role": "tool", "content": "Current parsed answer='72' reward=1.0"},
+                                   {"role": "assistant", "content": "#### 72"}]
+    assert row["messages"][:2] == row["prompt"] and row["agent_name"] == "tool_agent"  # the RL columns are kept
+    assert parse_hermes(call)[1][0].arguments == {"answer": "72"}
+    tok = make_tokenizer()
+    item = SFTDataset(path, tok, sft_data_cfg(multiturn={"enable": True, "messages_key": "messages"},
+                                              max_length=512))[0]
+    ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
+    trained = [ids[i + 1] for i in range(len(ids) - 1) if mask[i]]  # the tokens the loss is taken on
+    assert tok.decode(trained) == f"{call}<|im_end|>\n#### 72<|im_end|>\n"

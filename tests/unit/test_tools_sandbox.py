@@ -67,3 +67,22 @@ def test_python_tool_reports_limits(tmp_path):
     assert spin[0].text == "[killed: CPU time over 1s]"
     failed = asyncio.run(tool.execute("i", {"code": "raise SystemExit(3)"}))
     assert failed[0].text == "[exit code 3]"
+
+
+def test_verl_sandbox_fusion_tool_is_never_the_local_sandbox(tmp_path):
+    """A config asking for verl's remote executor must not silently run model code on this machine."""
+    import importlib.util
+
+    import pytest
+
+    from rlhf_core.tools.config import VERL_CLASS_ALIASES, ToolConfigError, load_tools
+
+    path = tmp_path / "tools.yaml"
+    path.write_text(json.dumps({"tools": [{
+        "class_name": "verl.tools.sandbox_fusion_tools.SandboxFusionTool",
+        "config": {"type": "native", "sandbox_fusion_url": "http://127.0.0.1:1/run_code"},
+        "tool_schema": SCHEMA.model_dump()}]}))
+    assert not any("SandboxFusion" in k or "sandbox" in v for k, v in VERL_CLASS_ALIASES.items())
+    if importlib.util.find_spec("verl") is None:  # the project never installs verl; then it fails at start
+        with pytest.raises(ToolConfigError, match=r"tools.yaml, tool #0 \('code_interpreter'\).*cannot be imported"):
+            load_tools(path)

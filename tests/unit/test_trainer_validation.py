@@ -66,3 +66,49 @@ def test_validation_infos_converts_bools_and_keeps_strings():
     assert infos["n"] == [2.0, 3.5]
     assert infos["pred"] == ["5", "6"] and infos["note"] == [None, "x"]  # passed through, not summarised
     assert validation_infos([]) == {"reward": []}
+
+
+class _CalcThenAnswer:
+    """Scripted policy: the first turn of every trajectory calls the calculator, the second answers."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    async def generate(self, prompt_ids, max_new_tokens, request_id):
+        from rlhf_core.agent.base import TokenOutput
+        from rlhf_core.data.prompts import encode
+
+        text = ('<tool_call>{"name": "calculator", "arguments": {"expression": "6*12"}}</tool_call>'
+                if request_id.endswith("/turn0") else "#### 72")
+        ids = (encode(self.tok, text) + [self.tok.eos_token_id])[:max_new_tokens]
+        return TokenOutput(ids, [-0.5] * len(ids))
+
+
+def test_multiturn_validation_samples_record_turns_and_tool_calls(tmp_path):
+    """Validation of agent-loop rollouts: each sample row carries the trajectory's num_turns, tool_calls and
+    tool_failures (int64), and their means reach the validation metrics."""
+    from rlhf_core.agent.base import MultiTurnSettings
+    from rlhf_core.agent.manager import AgentLoopManager
+    from rlhf_core.agent.registry import load_agent_loop_specs
+    from tests.unit.agent_fixtures import make_tokenizer, tool
+
+    tok = make_tokenizer()
+    calculator = tool("rlhf_core.tools.builtin.CalculatorTool", "calculator")
+    manager = AgentLoopManager(_CalcThenAnswer(tok), tok, MultiTurnSettings(response_length=120),
+                               {"calculator": calculator}, load_agent_loop_specs(None), "tool_agent", tok.pad_token_id)
+
+    class AgentActor:
+        def generate_sequences(self, batch):
+            return manager.generate_sequences(batch)
+
+    cfg = make_config(tmp_path)
+    cfg.actor_rollout_ref.rollout.val_kwargs.n = 2
+    batch = collate_fn(make_dataset(2))
+    batch.non_tensors["raw_prompt"] = [[{"role": "user", "content": f"What is 6 times {k}?"}] for k in (12, 13)]
+    metrics = Validator(cfg, tok, FakeGroup(AgentActor()), pred_reward_fn, [batch]).validate(global_step=1)
+    samples = pd.read_parquet(os.path.join(cfg.trainer.validation_data_dir, "val_step_1.parquet"))
+    # prompt + assistant (call) + tool ("72") + assistant ("#### 72") = 4 turns, one successful call each
+    assert samples["num_turns"].tolist() == [4] * 4 and samples["num_turns"].dtype == np.int64
+    assert samples["tool_calls"].tolist() == [1] * 4 and samples["tool_failures"].tolist() == [0] * 4
+    assert metrics["val-aux/toy/num_turns/mean@2"] == pytest.approx(4.0)
+    assert metrics["val-aux/toy/tool_calls/mean@2"] == pytest.approx(1.0)

@@ -8,6 +8,7 @@ generator, so for the same seeds they give the same trajectories.
 from __future__ import annotations
 
 from rlhf_core.agent.engine import SamplingParams, StepEngine
+from rlhf_core.agent.interactions import load_interactions
 from rlhf_core.agent.manager import AgentLoopManager
 from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config, uses_agent_loop  # noqa: F401
 from rlhf_core.protocol import Batch
@@ -19,11 +20,12 @@ from rlhf_core.workers.rollout.postprocess import sampling_params
 class AgentRollout:
     """Wraps an :class:`HFRollout` (``rollout.name: hf``; with ``vllm`` the worker keeps vLLM's own rollout) (its model copy, weight sync, EOS and pad ids) and generates with agent loops.
 
-    Tools (``multi_turn.tool_config_path``) and loop classes (``agent.agent_loop_config_path``) load here, at
-    worker start, so a bad tool or loop config fails before any step.
+    Tools (``multi_turn.tool_config_path``), interactions (``multi_turn.interaction_config_path``) and loop
+    classes (``agent.agent_loop_config_path``) load here, at worker start, so a bad config fails before any step.
 
     Raises:
-        ToolConfigError, AgentConfigError: see :func:`load_tools`, :func:`load_agent_loop_specs`.
+        ToolConfigError, InteractionConfigError, AgentConfigError: see :func:`load_tools`,
+            :func:`load_interactions`, :func:`load_agent_loop_specs`.
     """
 
     def __init__(self, hf_rollout: HFRollout, tokenizer, rollout_cfg) -> None:
@@ -34,6 +36,8 @@ class AgentRollout:
         self.settings = settings_from_config(rollout_cfg)
         path = rollout_cfg.multi_turn.tool_config_path
         self.tools = load_tools(path) if path else {}
+        interaction_path = rollout_cfg.multi_turn.interaction_config_path
+        self.interactions = load_interactions(interaction_path) if interaction_path else {}
         self.specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
         self.default_agent_loop = str(rollout_cfg.agent.default_agent_loop)
         self.max_num_seqs = int(rollout_cfg.max_num_seqs)
@@ -54,7 +58,7 @@ class AgentRollout:
                             seed=self.hf.seed + 7919 * self.hf.rank + self.calls, max_num_seqs=self.max_num_seqs,
                             schedule=self.schedule)
         manager = AgentLoopManager(engine, self.tokenizer, self.settings, self.tools, self.specs,
-                                   self.default_agent_loop, self.hf.pad_token_id)
+                                   self.default_agent_loop, self.hf.pad_token_id, self.interactions)
         was_training = self.hf.module.training
         self.hf.module.eval()
         try:
