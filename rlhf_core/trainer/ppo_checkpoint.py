@@ -12,6 +12,8 @@ state in ``data.pt``; without that file it is derived from the global step.
 from __future__ import annotations
 
 import logging
+import os
+import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -19,6 +21,7 @@ from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.checkpoint import rng_state, seed_all, set_rng_state
 
 logger = logging.getLogger(__name__)
+_EXTRA_RANK0 = re.compile(r"^extra_state_world_size_(\d+)_rank_0\.pt$")
 
 
 @contextmanager
@@ -59,6 +62,28 @@ def save_ppo_checkpoint(trainer: Any) -> str:
     return trainer.last_checkpoint_dir
 
 
+def saved_world_size(component_dir: str) -> int | None:
+    """The world size a worker checkpoint (``global_step_N/actor``) was saved with, from its
+    ``extra_state_world_size_<W>_rank_0.pt``; ``None`` without extra state."""
+    for name in sorted(os.listdir(component_dir)) if os.path.isdir(component_dir) else []:
+        match = _EXTRA_RANK0.match(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def note_elastic_resume(component_dir: str, world_size: int) -> bool:
+    """Log (warning) and return True when ``component_dir`` was saved with another world size than ``world_size``."""
+    saved = saved_world_size(component_dir)
+    if saved is None or saved == world_size:
+        return False
+    logger.warning("elastic resume: %s was saved with %d ranks and resumes with %d: model and optimizer are resharded "
+                   "by DCP, the data position continues from the checkpoint, each rank's RNG is re-derived from the "
+                   "seed and the global step; the run is not bit-identical to one that kept %d ranks",
+                   component_dir, saved, world_size, saved)
+    return True
+
+
 def load_ppo_checkpoint(trainer: Any) -> None:
     """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``, KL coefficient."""
     t = trainer.config.trainer
@@ -70,6 +95,7 @@ def load_ppo_checkpoint(trainer: Any) -> None:
         return
     trainer.global_steps = parse_global_step(path)
     logger.info("resuming from %s (global step %d)", path, trainer.global_steps)
+    note_elastic_resume(f"{path}/actor", int(trainer.actor_wg.world_size))
     trainer.actor_wg.execute_all("load_checkpoint", f"{path}/actor")
     if trainer.use_critic:
         trainer.wgs["critic"].execute_all("load_checkpoint", f"{path}/critic")

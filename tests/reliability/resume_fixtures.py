@@ -66,6 +66,7 @@ def resume_config(model: str, files: tuple[Path, Path], out_dir: Path, *extra: s
         "algorithm.adv_estimator=grpo", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
         "trainer.total_epochs=2", "trainer.val_before_train=true", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.logger=[file]", f"trainer.default_local_dir={out_dir}", "trainer.resume_mode=auto",
+        f"trainer.rollout_data_dir={out_dir}/rollouts",
         "trainer.project_name=resume", "trainer.experiment_name=e",
         f"custom_reward_function.path={Path(train).parent / 'driver_rng_reward.py'}", "ray_init.num_cpus=2",
         *extra])
@@ -83,6 +84,14 @@ def assert_params_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert sorted(a) == sorted(b)
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"{len(differ)} of {len(a)} tensors differ, e.g. {differ[:3]}"
+
+
+def step_prompts(out_dir: str | Path, step: int) -> list[str]:
+    """The prompts (decoded, one per sample) a step trained on, from its ``trainer.rollout_data_dir`` dump, sorted."""
+    import json
+
+    with open(os.path.join(str(out_dir), "rollouts", f"{step}.jsonl"), encoding="utf-8") as fh:
+        return sorted(json.loads(line)["input"] for line in fh if line.strip())
 
 
 def run_metrics(out_dir: str | Path) -> dict[int, dict[str, float]]:
