@@ -77,7 +77,7 @@ def tokenizer_without_pad_and_eos(model_dir: str, out: Path) -> str:
         if path.exists():
             cfg = json.loads(path.read_text())
             for key in ("pad_token", "eos_token"):
-                cfg.pop(key, None)
+                cfg[key] = None  # explicit: a missing key gets Qwen2Tokenizer's default <|endoftext|>
             path.write_text(json.dumps(cfg))
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
