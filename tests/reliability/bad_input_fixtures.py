@@ -40,8 +40,10 @@ def write_jsonl(path: Path, lines: list[str]) -> str:
 
 
 def ppo_overrides(model_dir: str, train_file: str, *extra: str) -> list[str]:
-    """A world-size-1 GRPO config for the tiny model on ``train_file`` (4-prompt batches, 2 samples each)."""
+    """A world-size-1 GRPO config for the tiny model on ``train_file`` (4-prompt batches, 2 samples each);
+    checkpoints would go to ``ckpt/`` next to the data file."""
     return [f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}",
+            f"trainer.default_local_dir={Path(train_file).parent / 'ckpt'}",
             f"data.train_files={train_file}", "data.val_files=null", "trainer.n_gpus_per_node=1",
             "data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=8",
             "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf",
@@ -54,7 +56,7 @@ def ppo_overrides(model_dir: str, train_file: str, *extra: str) -> list[str]:
 
 def ppo_error(overrides: list[str], expected: type[BaseException] = Exception) -> str:
     """Run ``run_ppo`` on the config and return its error message; asserts that it failed before Ray started
-    (so before any worker, and so any model, was loaded)."""
+    (so before any worker, and so any model, was loaded) and that no checkpoint folder was created."""
     import pytest
     import ray
 
@@ -64,6 +66,8 @@ def ppo_error(overrides: list[str], expected: type[BaseException] = Exception) -
     with pytest.raises(expected) as info:
         run_ppo(load_config("ppo_trainer", overrides))
     assert not ray.is_initialized(), "the error came after Ray had started"
+    ckpt = [o.partition("=")[2] for o in overrides if o.startswith("trainer.default_local_dir=")]
+    assert ckpt and not os.path.exists(ckpt[-1]), "a checkpoint folder was created"
     return str(info.value)
 
 

@@ -69,8 +69,9 @@ def test_eval_with_even_prompts_reports_nothing(tmp_path):
 
 def test_rlhf_eval_prints_the_short_prompts(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.run([sys.executable, "-m", "rlhf_core.trainer.main_eval", f"data.path={_responses_file(tmp_path)}",
-                           "ray_init.num_cpus=1"], capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-m", "rlhf_core.trainer.main_eval", f"data.path={_responses_file(tmp_path)}",
+           "ray_init.num_cpus=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert SHORT_LINE in proc.stderr
     printed = json.loads(proc.stdout)
