@@ -30,6 +30,8 @@ def mlflow_run_url(run_id: str) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     try:
+        if lineage.degraded() is not None:
+            raise ConnectionError(lineage.degraded())
         exp = lineage.client().get_run(run_id).info.experiment_id
     except Exception:  # noqa: BLE001 - a link without the experiment still finds nothing worse
         exp = "0"

@@ -148,8 +148,11 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text)
         if failure:
             raise report.RegressionError(failure)
+    if lineage.degraded() is not None:
+        print(f"lineage degraded: {lineage.degraded()}; results are in {home} (DuckDB store), not in MLflow")
     return {"parent_run_id": parent_run_id, "flow_run_id": fr_id, "model_path": base_model,
-            "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home)}
+            "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home),
+            "lineage_degraded": lineage.degraded()}
 
 
 class _Recorder:
@@ -245,7 +248,8 @@ def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_
                         "AND (key = 'critic/score/mean' OR key LIKE 'val-core/%')")
     if rows:
         png = model_registry.reward_chart(rows, Path(ctx["run_dir"]) / "reward_over_steps.png")
-        lineage.client().log_artifact(ppo_run_id, png, "charts")
+        if lineage.degraded() is None:  # the chart stays in run_dir either way
+            lineage.client().log_artifact(ppo_run_id, png, "charts")
     actor = Path(ckpt or "") / "actor"
     if not ckpt or not actor.is_dir():
         return

@@ -4,15 +4,27 @@ Everything goes through an explicit ``MlflowClient`` and explicit run ids — ne
 mlflow's process-global active run — because Prefect runs tasks in threads and the core
 runs in other (Ray) processes. A core process logs into a stage run when it is given
 ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` (see ``stage_env``).
+
+Degraded lineage: when ``$MLFLOW_TRACKING_URI`` is an ``http(s)://`` server that does not answer its ``/health``
+probe within :data:`PROBE_TIMEOUT_S` (checked once per process and URI), one warning says lineage is degraded and
+every function here stops talking to MLflow: :func:`start_run` returns a local ``offline-<hex>`` id (unique, so the
+results store still keys runs by it), logging calls do nothing, :func:`log_dataset` still returns the file's
+sha256, :func:`stage_env` hands the core no MLflow run. Training and the DuckDB results go on; :func:`degraded`
+says why lineage is missing. (MLflow's own client would instead retry each call for minutes.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import logging
 import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -36,9 +48,46 @@ FLOW_RUN_URL_TAG = "prefect.flow_run_url"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 ARTIFACT_LIMIT_BYTES = 50 * 2**20
+OFFLINE_PREFIX = "offline-"
+PROBE_TIMEOUT_S = 3.0
+"""Seconds the tracking server gets to answer ``GET <uri>/health`` before lineage is degraded."""
 
+logger = logging.getLogger(__name__)
 
 _READY_STORES: set[str] = set()
+_PROBED: dict[str, str | None] = {}  # tracking URI -> why it is unreachable (None: it answered)
+
+
+def degraded() -> str | None:
+    """Why lineage is degraded for ``$MLFLOW_TRACKING_URI`` — the ``http(s)://`` tracking server did not answer
+    ``GET /health`` within :data:`PROBE_TIMEOUT_S` — or None (a server that answered, a local store). Probed once
+    per process and URI; the first failed probe logs one warning."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return None
+    if uri not in _PROBED:
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S).close()
+            _PROBED[uri] = None
+        except urllib.error.HTTPError:  # it answered (with an error status): the server is there
+            _PROBED[uri] = None
+        except (urllib.error.URLError, OSError) as exc:
+            _PROBED[uri] = f"MLflow tracking server {uri} is unreachable ({getattr(exc, 'reason', exc)})"
+            logger.warning("%s: lineage is degraded — training goes on and results still reach the DuckDB store, "
+                           "but no runs, params, metrics or artifacts are recorded in MLflow", _PROBED[uri])
+    return _PROBED[uri]
+
+
+def _unless_degraded(default: Any):
+    """Decorator: when :func:`degraded`, return ``default`` (called when callable) instead of calling MLflow."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if degraded() is not None:
+                return default() if callable(default) else default
+            return fn(*args, **kwargs)
+        return inner
+    return wrap
 
 
 def client() -> MlflowClient:
@@ -58,6 +107,7 @@ def client() -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+@_unless_degraded("0")
 def get_or_create_experiment(name: str) -> str:
     """Return the id of experiment ``name``, creating it (artifacts under the home) if missing."""
     c = client()
@@ -133,6 +183,7 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return flat
 
 
+@_unless_degraded(0)
 def log_params(run_id: str, params: Mapping[str, Any]) -> int:
     """Log flattened ``params`` in batches of 100; returns how many were logged."""
     flat = flatten_params(params)
@@ -143,6 +194,7 @@ def log_params(run_id: str, params: Mapping[str, Any]) -> int:
     return len(items)
 
 
+@_unless_degraded(None)
 def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     """Log numeric ``metrics`` at ``step`` (non-numeric values are skipped)."""
     now = int(time.time() * 1000)
@@ -152,16 +204,19 @@ def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> Non
         client().log_batch(run_id, metrics=ms[i: i + 1000])
 
 
+@_unless_degraded(None)
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     """Set string tags on a run."""
     client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+@_unless_degraded(None)
 def log_dict_artifact(run_id: str, data: Mapping[str, Any], artifact_file: str) -> None:
     """Save ``data`` as a JSON artifact ``artifact_file`` (e.g. ``config/ppo.json``) of ``run_id``."""
     client().log_dict(run_id, dict(data), artifact_file)
 
 
+@_unless_degraded(lambda: OFFLINE_PREFIX + uuid.uuid4().hex)
 def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
               parent_run_id: str | None = None) -> str:
     """Create a RUNNING run (nested under ``parent_run_id`` when given) and return its id."""
@@ -172,6 +227,7 @@ def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = N
     return run.info.run_id
 
 
+@_unless_degraded(None)
 def end_run(run_id: str, status: str = "FINISHED") -> None:
     """Mark a run FINISHED / FAILED / KILLED."""
     client().set_terminated(run_id, status=status)
@@ -222,7 +278,7 @@ def stage_run(stage_name: str, params: Mapping[str, Any], parent_run_id: str | N
         parent_run_id: the flow's parent run; when None, the run is top-level.
         experiment: experiment name used when there is no parent.
     """
-    if parent_run_id:
+    if parent_run_id and degraded() is None:
         experiment_id = client().get_run(parent_run_id).info.experiment_id
         experiment = client().get_experiment(experiment_id).name
     tags = {STAGE_TAG: stage_name}
@@ -233,7 +289,9 @@ def stage_run(stage_name: str, params: Mapping[str, Any], parent_run_id: str | N
 
 
 def stage_env(run_id: str) -> dict[str, str]:
-    """Environment that makes the core's MLflow sink log into ``run_id`` from any process."""
+    """Environment that makes the core's MLflow sink log into ``run_id`` from any process ({} when degraded)."""
+    if degraded() is not None:
+        return {}
     env = {"MLFLOW_RUN_ID": run_id}
     if os.environ.get("MLFLOW_TRACKING_URI"):
         env["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
@@ -267,6 +325,8 @@ def log_dataset(run_id: str, path: str | Path, name: str, context: str) -> str:
 
     path = Path(path).resolve()
     digest = file_digest(path)
+    if degraded() is not None:
+        return digest
     df = pd.read_parquet(path)
     with warnings.catch_warnings():  # "source can be interpreted in multiple ways": both are local files
         warnings.simplefilter("ignore", UserWarning)
@@ -283,6 +343,7 @@ def dir_size(path: str | Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
+@_unless_degraded(False)
 def log_dir_artifact(run_id: str, local_dir: str | Path, artifact_path: str,
                      max_bytes: int = ARTIFACT_LIMIT_BYTES) -> bool:
     """Log a model/checkpoint folder as artifacts when it is at most ``max_bytes``.

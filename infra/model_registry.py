@@ -33,7 +33,11 @@ def register_policy(run_id: str, hf_dir: str | Path, model_name: str,
     Args:
         lineage_tags: e.g. ``{"sft_model": path, "ppo_checkpoint": path, "dataset.gsm8k_train.sha256":
             hex}``; set on the model version as tags.
+
+    Returns ``"none"`` (nothing registered) when lineage is degraded (:func:`infra.lineage.degraded`).
     """
+    if lineage.degraded() is not None:
+        return "none"
     c = lineage.client()
     copied = lineage.log_dir_artifact(run_id, hf_dir, "hf_model")
     source = f"{c.get_run(run_id).info.artifact_uri}/hf_model" if copied else Path(hf_dir).resolve().as_uri()

@@ -27,13 +27,17 @@ DuckDB lets one process write a database file, or several read it, never both: e
 store opens is taken under one ``filelock`` (``<home>/results.duckdb.lock``), so the flow's processes and the
 ``rlhf results`` CLI wait their turn instead of failing. A client outside this store (an interactive
 ``duckdb results.duckdb``) does not take that lock: while it holds the file, view refreshes are deferred
-(the parquet files are already safe) and queries fail with DuckDB's error.
+(the parquet files are already safe) and queries fail with DuckDB's error, which names the file and the process
+holding it. A database file DuckDB cannot read (corrupt) is moved aside and rebuilt on the next refresh: it holds
+only views.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -162,7 +166,7 @@ class ResultsStore:
         state = {t: self._has_files(t) for t in TABLES}
         try:
             with self._db_lock():
-                con = duckdb.connect(str(self.db_path))
+                con = self._connect_rebuilding_corrupt()
                 try:
                     for table, globbed in state.items():
                         con.execute(self._view_sql(table, globbed))
@@ -180,6 +184,27 @@ class ResultsStore:
             return False
         self._globbed = state
         return True
+
+    def _connect_rebuilding_corrupt(self) -> duckdb.DuckDBPyConnection:
+        """A write connection to ``db_path``. A file DuckDB cannot read ("not a valid DuckDB database file":
+        truncated, overwritten) holds only views, so it is moved aside to ``<db>.corrupt-<unix time>`` with a
+        warning naming both files, and a fresh database is created (the caller rebuilds the views from the parquet
+        files; nothing is lost). Called under :meth:`_db_lock`.
+
+        Raises:
+            duckdb.IOException: any other I/O error, e.g. a client outside this store holds the file.
+        """
+        try:
+            return duckdb.connect(str(self.db_path))
+        except duckdb.IOException as exc:
+            if "not a valid DuckDB database file" not in str(exc):
+                raise
+            aside = self.db_path.with_name(f"{self.db_path.name}.corrupt-{int(time.time())}")
+            os.replace(self.db_path, aside)
+            logger.warning("results: %s is not a valid DuckDB database (%s); moved it to %s and rebuilt its views "
+                           "from the parquet files under %s (nothing lost: the file holds only views)",
+                           self.db_path, exc, aside, self.root)
+            return duckdb.connect(str(self.db_path))
 
     def _after_write(self, table: str) -> None:
         if not self._globbed.get(table):

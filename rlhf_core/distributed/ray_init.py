@@ -6,8 +6,37 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import ray
+
+from rlhf_core.data import RemoteUnavailableError
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long :func:`check_ray_address` waits for a TCP connection to the cluster's head."""
+
+
+def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast on a cluster address nothing listens at: ``ray.init(address=...)`` would retry for minutes.
+
+    ``"auto"`` is left to Ray (it finds the local cluster's address itself and fails at once when there is none).
+
+    Raises:
+        RemoteUnavailableError: (a ``ConnectionError``) no TCP connection to ``host:port`` within ``timeout_s``
+            seconds, naming ``ray_init.address``.
+        ValueError: an address that is not ``auto``, ``host:port`` or ``ray://host:port``.
+    """
+    if address == "auto":
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray_init.address={address!r}: expected auto, host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RemoteUnavailableError(
+            f"ray_init.address={address!r} is unreachable ({exc}); start the cluster there (ray start --head) or "
+            "set ray_init.address=null to start a local Ray instance") from exc
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -21,6 +50,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     For the embedded case ``RAY_AUTH_MODE`` defaults to ``disabled`` (Ray 2.60 enables token
     authentication by default, which a private local instance does not need); an explicit value in
     the environment is kept.
+
+    Raises:
+        RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.
     """
     if ray.is_initialized():
         return
@@ -31,4 +63,5 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
     else:
+        check_ray_address(str(address))
         ray.init(address=address, runtime_env=runtime_env)

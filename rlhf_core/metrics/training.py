@@ -39,7 +39,8 @@ def compute_data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     ``critic/returns/*`` (valid tokens), with a critic ``critic/values/*`` and
     ``critic/vf_explained_var = 1 − Var(returns − values) / (Var(returns) + 1e-5)`` (unbiased variances over
     valid tokens, as ``torch.var``), ``response_length/{mean,max,min,clip_ratio}`` and
-    ``prompt_length/{mean,max,min,clip_ratio}`` (clip ratio = share of rows whose length equals ``T`` / ``P``).
+    ``prompt_length/{mean,max,min,clip_ratio}`` (clip ratio = share of rows whose length equals ``T`` / ``P``),
+    and :func:`reward_failure_metrics`.
 
     Raises:
         KeyError: when a needed tensor is missing (``values`` only when ``use_critic``).
@@ -61,7 +62,18 @@ def compute_data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     metrics["response_length/clip_ratio"] = torch.eq(response_length, t).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = torch.eq(prompt_length, p).float().mean().item()
+    metrics.update(reward_failure_metrics(batch))
     return metrics
+
+
+def reward_failure_metrics(batch: Batch) -> dict[str, float]:
+    """``reward/num_errors``: samples of this step whose score could not be computed and were scored 0 (the reward
+    manager's per-sample ``reward_error`` column; 0 when absent); ``reward/num_timeouts`` likewise from
+    ``reward_timeout`` when the manager reports timeouts (``prime``)."""
+    out = {"reward/num_errors": float(sum(int(v) for v in batch["reward_error"])) if "reward_error" in batch else 0.0}
+    if "reward_timeout" in batch:
+        out["reward/num_timeouts"] = float(sum(int(v) for v in batch["reward_timeout"]))
+    return out
 
 
 def compute_timing_metrics(batch: Batch, timing_raw: Mapping[str, float]) -> dict[str, float]:

@@ -15,7 +15,10 @@ scorer's extras; string variables such as ``pred`` are skipped as variables) and
   ``k`` in ``1, 2, 4, …`` up to ``N`` and ``N`` itself, where ``c`` counts samples whose value is ``> 0.5``
   (a 0/1 accuracy or a 0/1 reward counts as correct when 1; a fractional reward counts above one half).
 
-Each metric is then averaged over the groups of a data source.
+Each metric is then averaged over the groups of a data source. A group of ``N`` samples has no ``pass@k`` for
+``k > N``, so ``pass@k`` averages only the groups with at least ``k`` samples; ``pass@k/num_prompts`` (next to it,
+for the core variable) says how many groups that is — never a silent drop (``pass@1/num_prompts`` counts every
+group of the data source).
 
 Majority vote tie rule (deterministic): among predictions with the highest count, the one that appears first
 in the (bootstrap) sample wins, and its value is that of its first occurrence (verl's ``calc_maj_val``).
@@ -154,6 +157,9 @@ def process_validation_metrics(
                 for m, v in group_metrics(vals, preds, seed, with_pass_at_k=(var == core)).items():
                     per_var[var][m].append(v)
         out[ds] = {var: {m: float(np.mean(v)) for m, v in ms.items()} for var, ms in per_var.items()}
+        if core in per_var:  # how many prompts each pass@k covers (groups with >= k samples)
+            out[ds][core].update({f"{m}/num_prompts": float(len(v)) for m, v in per_var[core].items()
+                                  if m.startswith("pass@")})
     return out
 
 

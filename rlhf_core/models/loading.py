@@ -12,6 +12,8 @@ from typing import Any, Mapping
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from rlhf_core.config.errors import ConfigError
+
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -63,10 +65,18 @@ def import_external_libs(external_lib: str | list[str] | None) -> None:
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """``AutoTokenizer`` for ``path``; sets ``pad_token = eos_token`` when the tokenizer has no pad (as verl)."""
+    """``AutoTokenizer`` for ``path``; sets ``pad_token = eos_token`` when the tokenizer has no pad (as verl).
+
+    Raises:
+        ConfigError: (a ``ValueError``) the tokenizer has neither a pad nor an eos token (naming ``path``): prompts
+            could not be padded nor responses ended, so this stops before any data is read or worker started.
+    """
     tok = AutoTokenizer.from_pretrained(local_path(path), trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
+    if tok.pad_token_id is None:
+        raise ConfigError(f"tokenizer at {path!r} has neither a pad token nor an eos token; set eos_token (and "
+                         "pad_token) in its tokenizer_config.json or special_tokens_map.json")
     return tok
 
 

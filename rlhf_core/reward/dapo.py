@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
 from rlhf_core.protocol import Batch
-from rlhf_core.reward.managers import NaiveRewardManager, assemble_rewards, decode_batch, register
+from rlhf_core.reward.managers import NaiveRewardManager, assemble_rewards, decode_batch, register, score_value
 
 _KEY = "reward_model.reward_kwargs"
 
@@ -113,7 +113,7 @@ class DAPORewardManager(NaiveRewardManager):
         results = self.score_samples(samples)
         reward, extra = assemble_rewards(samples, results, batch["responses"].shape[-1])
         if not any(isinstance(r, dict) for r in results):
-            extra["acc"] = [float(r) for r in results]
+            extra["acc"] = [score_value(r)[0] for r in results]  # a failed sample: 0
         buf = self.overlong_buffer
         if buf.enable:
             penalties = [overlong_penalty(s.valid_response_length, self.max_resp_len, buf.len, buf.penalty_factor)

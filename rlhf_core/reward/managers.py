@@ -15,10 +15,18 @@ positions are 0. A response with ``L == 0`` gets its score on position 0 (verl w
 A scorer may return a float or a dict with key ``score``; every key of such a dict (``score`` included, as
 verl) becomes a per-sample list in ``reward_extra_info``; samples that lack a key get ``None`` there.
 If the batch already holds ``rm_scores`` (a reward model ran), they are returned unchanged (as verl).
+
+A sample whose score cannot be computed — the scorer raised (``naive``/``dapo``; ``prime`` also on a timeout), or
+returned ``None``, NaN, ±inf or something that is not a number — scores 0 (never a crashed or NaN step): one
+warning per batch names the samples and the causes, and ``reward_extra_info["reward_error"]`` (per-sample 0/1) is
+present whenever a sample failed; the trainer sums it into the ``reward/num_errors`` metric. A scorer that raises
+:class:`~rlhf_core.reward.scorers.UnknownDataSourceError` (a configuration error) still stops the step.
 """
 from __future__ import annotations
 
 import abc
+import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,7 +35,9 @@ import torch
 
 from rlhf_core.protocol import Batch
 from rlhf_core.registry import Registry
-from rlhf_core.reward.scorers import default_compute_score
+from rlhf_core.reward.scorers import UnknownDataSourceError, default_compute_score
+
+logger = logging.getLogger(__name__)
 
 REWARD_MANAGERS: Registry[type] = Registry("reward_model.reward_manager")
 
@@ -93,10 +103,51 @@ def decode_batch(batch: Batch, tokenizer: Any, reward_fn_key: str = "data_source
     return samples
 
 
+class ScoreFailure:
+    """Stands in for the result of a sample whose scorer failed; :func:`assemble_rewards` scores it 0.
+
+    Attributes:
+        reason: what went wrong, e.g. ``"ValueError: bad answer"`` or ``"timed out after 300 s"``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"ScoreFailure({self.reason!r})"
+
+
+def score_value(result: Any) -> tuple[float, str | None]:
+    """``(score, None)`` for a usable result (a finite number, or a dict whose ``score`` is one), else
+    ``(0.0, reason)``: a :class:`ScoreFailure`, ``None``, NaN, ±inf or a value that is not a number.
+
+    Raises:
+        KeyError: when a dict result has no ``score``.
+    """
+    if isinstance(result, ScoreFailure):
+        return 0.0, result.reason
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise KeyError(f"a reward function returned a dict without 'score': keys {sorted(result)}")
+        result = result["score"]
+    if result is None or isinstance(result, (str, bytes)):
+        return 0.0, f"the reward function returned {result!r}, not a number"
+    try:
+        score = float(result)
+    except (TypeError, ValueError):
+        return 0.0, f"the reward function returned {type(result).__name__} {result!r:.80}, not a number"
+    if not math.isfinite(score):
+        return 0.0, f"the reward function returned {score}"
+    return score, None
+
+
 def assemble_rewards(
     samples: list[DecodedSample], results: list[Any], response_len: int
 ) -> tuple[torch.Tensor, dict[str, list]]:
     """Scores (float or dict with ``score``) → ``(B, T)`` float32 reward tensor and per-sample extra lists.
+
+    A failed sample (see :func:`score_value`) scores 0; then ``reward_error`` (0/1 per sample) joins the extras, its
+    ``score`` extra is 0, and one warning names the failed samples (index, data source, cause).
 
     Raises:
         KeyError: when a dict result has no ``score``.
@@ -107,16 +158,22 @@ def assemble_rewards(
         if isinstance(r, dict):
             keys += [k for k in r if k not in keys]
     extra: dict[str, list] = defaultdict(list)
+    failures: list[tuple[int, str]] = []
     for i, (sample, r) in enumerate(zip(samples, results)):
-        if isinstance(r, dict):
-            if "score" not in r:
-                raise KeyError(f"a reward function returned a dict without 'score': keys {sorted(r)}")
-            score = r["score"]
-        else:
-            score = r
+        score, reason = score_value(r)
+        if reason is not None:
+            failures.append((i, reason))
         for k in keys:
-            extra[k].append(r.get(k) if isinstance(r, dict) else None)
-        reward[i, max(sample.valid_response_length - 1, 0)] = float(score)
+            value = r.get(k) if isinstance(r, dict) else None
+            extra[k].append(0.0 if k == "score" and reason is not None else value)
+        reward[i, max(sample.valid_response_length - 1, 0)] = score
+    if failures:
+        extra["reward_error"] = [0] * len(samples)
+        for i, _ in failures:
+            extra["reward_error"][i] = 1
+        shown = "; ".join(f"sample {i} (data_source {samples[i].data_source!r}): {why}" for i, why in failures[:5])
+        logger.warning("reward: %d of %d samples scored 0 because their score could not be computed: %s%s",
+                       len(failures), len(samples), shown, " ..." if len(failures) > 5 else "")
     return reward, dict(extra)
 
 
@@ -168,18 +225,25 @@ class RewardManagerBase(abc.ABC):
 @register("naive")
 class NaiveRewardManager(RewardManagerBase):
     """Scores one sample at a time in this process: ``compute_score(data_source, solution_str, ground_truth,
-    extra_info)``. An exception from the scorer propagates (use ``prime`` to contain crashing scorers)."""
+    extra_info)``. A scorer that raises scores that sample 0 (a :class:`ScoreFailure`, counted in ``reward_error``),
+    except :class:`~rlhf_core.reward.scorers.UnknownDataSourceError`, which propagates. A scorer that hangs hangs the
+    step: use ``prime`` (per-sample timeout) for scorers that may not return."""
 
     def score_samples(self, samples: list[DecodedSample]) -> list[Any]:
-        return [
-            self.compute_score(
+        return [self._score_one(s) for s in samples]
+
+    def _score_one(self, s: DecodedSample) -> Any:
+        try:
+            return self.compute_score(
                 data_source=s.data_source,
                 solution_str=s.response_str,
                 ground_truth=s.ground_truth,
                 extra_info=s.extra_info,
             )
-            for s in samples
-        ]
+        except UnknownDataSourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a scorer's failure scores 0 and is counted, never fails the step
+            return ScoreFailure(f"{self.compute_score!r} raised {type(exc).__name__}: {exc}")
 
 
 @register("batch")
@@ -201,5 +265,6 @@ class BatchRewardManager(RewardManagerBase):
             )
         )
         if len(results) != len(samples):
-            raise ValueError(f"batch reward function returned {len(results)} scores for {len(samples)} samples")
+            raise ValueError(f"batch reward function {self.compute_score!r} returned {len(results)} scores for "
+                             f"{len(samples)} samples (one per sample, in order)")
         return results

@@ -70,7 +70,8 @@ class PrimeRewardManager(RewardManagerBase):
             if "score" in extra:  # a failed sample has no dict: keep the 'score' list consistent
                 extra["score"] = [0.0 if s in (TIMEOUT, ERROR) else v for v, s in zip(extra["score"], statuses)]
             extra["reward_timeout"] = [int(s == TIMEOUT) for s in statuses]
-            extra["reward_error"] = [int(s == ERROR) for s in statuses]
+            invalid = extra.get("reward_error") or [0] * len(statuses)  # a returned None / NaN / inf
+            extra["reward_error"] = [int(s == ERROR or bool(bad)) for s, bad in zip(statuses, invalid)]
         return out if return_dict else out["reward_tensor"]
 
     def __getstate__(self) -> dict:

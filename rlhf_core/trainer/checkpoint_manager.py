@@ -161,20 +161,37 @@ class CheckpointManager:
 
         Returns:
             the local ``global_step_N`` directory.
+
+        Raises:
+            OSError: a component failed to write (e.g. ``ENOSPC``, a full disk), same ``errno``, naming the step
+                folder, the component and the last complete checkpoint; the partial step folder is removed first
+                and the tracker is untouched.
         """
         self.finish_pending()
         path = step_dir(self.root, global_step)
         os.makedirs(path, exist_ok=True)
-        for name, save in save_fns.items():
-            save(os.path.join(path, name))
-        for name, state in (("data.pt", dataloader_state), ("trainer_state.pt", trainer_state)):
-            if state is not None:
-                with atomic_write(os.path.join(path, name)) as fh:
-                    torch.save(state, fh)
+        part = "?"
+        try:
+            for part, save in save_fns.items():
+                save(os.path.join(path, part))
+            for part, state in (("data.pt", dataloader_state), ("trainer_state.pt", trainer_state)):
+                if state is not None:
+                    with atomic_write(os.path.join(path, part)) as fh:
+                        torch.save(state, fh)
+        except OSError as exc:  # e.g. ENOSPC: drop the partial step folder (never the one the tracker names)
+            self._discard_partial(path)
+            raise OSError(exc.errno, f"checkpoint {path}: writing {part!r} failed ({exc.strerror or exc}); the partial "
+                                     f"checkpoint was removed, the last complete one is still "
+                                     f"{find_latest_checkpoint(self.root)}") from exc
         self._pending = (global_step, path, list(wait_fns or []))
         if wait_fns is None:
             self.finish_pending()
         return path
+
+    def _discard_partial(self, path: str) -> None:
+        """Remove the step folder ``path`` whose write failed, unless the tracker names it (a re-save of that step)."""
+        if find_latest_checkpoint(self.root) != path:
+            shutil.rmtree(path, ignore_errors=True)
 
     def finish_pending(self) -> str | None:
         """Complete the last save: wait for its components, then tracker, upload, prune; returns its directory."""

@@ -9,14 +9,21 @@ Every response is scored in Ray tasks (:func:`score_rows_parallel`, sized by ``r
 ``custom_reward_function`` (or :func:`default_compute_score`),
 called as ``fn(data_source, solution_str, ground_truth[, extra_info=...])`` — positionally like verl's
 ``main_eval`` so verl custom functions with three parameters keep working; ``extra_info`` is passed only when
-the function accepts it. A scorer's exception propagates, naming the row.
+the function accepts it. A response whose scorer raises, or returns ``None``/NaN/±inf/a non-number, scores 0: one
+warning names the rows, the ``reward_error`` column marks it (0/1) and ``reward/num_errors/<ds>`` counts them; an
+unknown data source with the default scorer stops the evaluation, naming the row.
 
 Metrics (per data source ``ds``):
 
 * ``test_score/<ds>``: mean over prompts of the mean score over that prompt's responses (verl's number);
+* ``reward/num_errors/<ds>``: responses scored 0 because their score could not be computed;
 * ``pass@<k>/<ds>``: the unbiased pass@k (see :func:`rlhf_core.metrics.validation.pass_at_k`) averaged over
   prompts that have at least ``k`` responses, for ``k`` in ``1, 2, 4, …`` and ``N``; a response counts as
-  correct when its ``acc`` (if the scorer reports one) else its ``score`` is ``> 0.5``.
+  correct when its ``acc`` (if the scorer reports one) else its ``score`` is ``> 0.5``;
+* ``pass@<k>/num_prompts/<ds>``: how many prompts that average covers (``pass@1/num_prompts/<ds>``: all of them).
+  A prompt with fewer responses than the data source's largest ``N`` is left out of the larger ``k``:
+  :func:`run_evaluation` logs one warning per data source naming how many and which rows
+  (:func:`short_prompts`).
 
 When ``output.samples_dir`` is set, every response is written atomically to
 ``<output.samples_dir>/eval_samples.parquet`` (columns of :mod:`rlhf_core.metrics.samples`; ``step`` 0,
@@ -25,6 +32,7 @@ When ``output.samples_dir`` is set, every response is written atomically to
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections import defaultdict
 from typing import Any, Callable
@@ -36,8 +44,12 @@ from rlhf_core.data import DataError
 from rlhf_core.metrics.samples import CORE_COLUMNS, render_prompt, write_samples_parquet
 from rlhf_core.metrics.validation import pass_k_values, pass_at_k
 from rlhf_core.reward.custom import FileRewardFunction, reward_function_from_config
+from rlhf_core.reward.managers import ScoreFailure, score_value
+from rlhf_core.reward.scorers import UnknownDataSourceError
 
 SAMPLES_FILE = "eval_samples"
+
+logger = logging.getLogger(__name__)
 
 
 def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
@@ -92,6 +104,7 @@ def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], sta
     ds_key, rm_key = data.data_source_key, data.reward_model_key
     pass_extra = _accepts_extra_info(scorer)
     rows = []
+    failures: list[str] = []
     for i, rec in enumerate(records, start=start):
         reward_data = rec[rm_key]
         ground_truth = reward_data.get("ground_truth") if isinstance(reward_data, dict) else reward_data
@@ -100,18 +113,25 @@ def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], sta
         for j, response in enumerate(_as_list(rec[response_key])):
             try:
                 result = scorer(data_source, response, ground_truth, **kwargs)
-            except Exception as exc:
+            except UnknownDataSourceError as exc:  # a configuration error: every row of that source would fail
                 raise RuntimeError(f"reward function failed on row {i}, response {j}: {exc}") from exc
-            extras = dict(result) if isinstance(result, dict) else {}
-            if isinstance(result, dict) and "score" not in extras:
-                raise KeyError(f"reward function returned a dict without 'score' on row {i}: keys {sorted(extras)}")
-            score = float(extras.pop("score")) if isinstance(result, dict) else float(result)
+            except Exception as exc:  # noqa: BLE001 - a scorer failure scores 0, logged and counted
+                result = ScoreFailure(f"{type(exc).__name__}: {exc}")
+            if isinstance(result, dict) and "score" not in result:
+                raise KeyError(f"reward function returned a dict without 'score' on row {i}: keys {sorted(result)}")
+            score, reason = score_value(result)
+            extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
             extras = {k: v for k, v in extras.items() if k not in CORE_COLUMNS}  # never overwrite uid, step...
+            if reason is not None:
+                failures.append(f"row {i} response {j}: {reason}")
             rows.append({
                 "step": 0, "data_source": data_source, "uid": str(i), "sample_idx": j,
                 "prompt": render_prompt(rec.get(prompt_key)), "response": response,
-                "ground_truth": ground_truth, "score": score, **extras,
+                "ground_truth": ground_truth, "score": score, **extras, "reward_error": int(reason is not None),
             })
+    if failures:
+        logger.warning("reward function: %d responses scored 0 because their score could not be computed: %s%s",
+                       len(failures), "; ".join(failures[:5]), " ..." if len(failures) > 5 else "")
     return rows
 
 
@@ -157,6 +177,8 @@ def evaluation_metrics(rows: list[dict]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for ds, prompts in by_prompt.items():
         metrics[f"test_score/{ds}"] = float(np.mean([np.mean([r["score"] for r in rs]) for rs in prompts.values()]))
+        metrics[f"reward/num_errors/{ds}"] = float(sum(int(r.get("reward_error") or 0) for rs in prompts.values()
+                                                       for r in rs))
         per_k: dict[int, list[float]] = defaultdict(list)
         for rs in prompts.values():
             correct = sum(1 for r in rs if float(r["acc"] if r.get("acc") is not None else r["score"]) > 0.5)
@@ -164,7 +186,38 @@ def evaluation_metrics(rows: list[dict]) -> dict[str, float]:
                 per_k[k].append(pass_at_k(len(rs), correct, k))
         for k in sorted(per_k):
             metrics[f"pass@{k}/{ds}"] = float(np.mean(per_k[k]))
+            metrics[f"pass@{k}/num_prompts/{ds}"] = float(len(per_k[k]))
     return metrics
+
+
+def short_prompts(rows: list[dict]) -> dict[str, tuple[int, dict[str, int]]]:
+    """Per data source with uneven prompts: ``(N, {uid: responses})`` for every prompt with fewer responses than
+    the largest count ``N`` of that data source (those prompts are missing from ``pass@N`` and maybe smaller k)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        counts[r["data_source"]][r["uid"]] += 1
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for ds, per_uid in counts.items():
+        n_max = max(per_uid.values())
+        short = {uid: n for uid, n in per_uid.items() if n < n_max}
+        if short:
+            out[ds] = (n_max, short)
+    return out
+
+
+def report_short_prompts(rows: list[dict]) -> list[str]:
+    """One warning line per data source with prompts that have too few responses for its largest pass@k (logged,
+    and returned): how many of its prompts, and which rows with how many responses each."""
+    n_prompts = defaultdict(set)
+    for r in rows:
+        n_prompts[r["data_source"]].add(r["uid"])
+    lines = []
+    for ds, (n_max, short) in short_prompts(rows).items():
+        listed = ", ".join(f"row {uid} ({n})" for uid, n in sorted(short.items(), key=lambda kv: int(kv[0])))
+        lines.append(f"{len(short)} of {len(n_prompts[ds])} prompts of data_source {ds!r} have fewer than {n_max} "
+                     f"responses and are left out of pass@{n_max} (see pass@<k>/num_prompts/{ds}): {listed}")
+        logger.warning("%s", lines[-1])
+    return lines
 
 
 def run_evaluation(config: Any) -> dict[str, float]:
@@ -177,6 +230,7 @@ def run_evaluation(config: Any) -> dict[str, float]:
     """
     reward_function_from_config(config)  # a bad custom_reward_function fails here, before Ray starts
     rows = score_rows_parallel(load_eval_rows(config), config)
+    report_short_prompts(rows)
     samples_dir = config.output.samples_dir
     if samples_dir and rows:
         write_samples_parquet(rows, str(samples_dir), SAMPLES_FILE)

@@ -109,9 +109,19 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
 
 
 def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """The training and validation datasets, checked before Ray starts.
+
+    Raises:
+        DataError: a bad file or row (see :class:`~rlhf_core.data.rl_dataset.RLHFDataset`), fewer training rows
+            than ``data.train_batch_size``, or a row without the ground truth the default scorer needs.
+    """
     data = config.data
     train = create_rl_dataset(list(_as_list(data.train_files)), tokenizer, data,
                               max_samples=int(data.train_max_samples))
+    if len(train) < int(data.train_batch_size):  # the loader drops the last partial batch: no step at all
+        raise DataError(f"data.train_batch_size={int(data.train_batch_size)} is larger than the {len(train)} training "
+                        f"rows of data.train_files={_as_list(data.train_files)} (after train_max_samples and "
+                        "filter_overlong_prompts): not one full batch")
     val = None
     if data.val_files:
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,

@@ -41,7 +41,8 @@ class Validator:
         self.val_dataloader = val_dataloader
 
     def validate(self, global_step: int) -> dict[str, float]:
-        """Generate, score and summarise the whole validation set; returns ``{metric name: value}``."""
+        """Generate, score and summarise the whole validation set; returns ``{metric name: value}``, with
+        ``val-aux/reward/num_errors``: the samples scored 0 because their score could not be computed."""
         if self.val_reward_fn is None or self.val_dataloader is None:
             return {}
         rows: list[dict[str, Any]] = []
@@ -55,7 +56,9 @@ class Validator:
                                          validation_infos(rows), seed=42)
         self._log_generations(rows)
         self._write_samples(rows, global_step)
-        return val_metrics_to_names(raw)
+        # samples whose score could not be computed (scored 0 by the reward manager), over the whole validation set
+        n_errors = sum(int(r.get("reward_error") or 0) for r in rows)
+        return {**val_metrics_to_names(raw), "val-aux/reward/num_errors": float(n_errors)}
 
     def _validate_batch(self, batch: Batch, global_step: int, index: int = 0) -> list[dict[str, Any]]:
         kw = self.config.actor_rollout_ref.rollout.val_kwargs

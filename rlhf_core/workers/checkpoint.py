@@ -164,14 +164,18 @@ class FSDPCheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         _barrier(pg)
-        if model_sd is not None:
-            dcp.save(model_sd, checkpoint_id=os.path.join(tmp, "model"), process_group=pg)
-        if optim_sd is not None:
-            dcp.save(optim_sd, checkpoint_id=os.path.join(tmp, "optim"), process_group=pg)
-        if extra is not None:
-            torch.save(extra, self._extra_path(tmp))
-        if rank() == 0:
-            self._save_hf(os.path.join(tmp, "huggingface"), full)
+        try:
+            if model_sd is not None:
+                dcp.save(model_sd, checkpoint_id=os.path.join(tmp, "model"), process_group=pg)
+            if optim_sd is not None:
+                dcp.save(optim_sd, checkpoint_id=os.path.join(tmp, "optim"), process_group=pg)
+            if extra is not None:
+                torch.save(extra, self._extra_path(tmp))
+            if rank() == 0:
+                self._save_hf(os.path.join(tmp, "huggingface"), full)
+        except BaseException:  # e.g. ENOSPC: leave no half-written <path>.tmp behind; <path> itself is untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         _barrier(pg)
         if rank() == 0:
             replace_directory(tmp, local_path)

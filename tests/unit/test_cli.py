@@ -82,14 +82,17 @@ def test_input_errors_are_one_line_without_traceback(tmp_path):
 
 
 def test_internal_errors_show_the_traceback(tmp_path):
-    # a user reward function with a bug (KeyError) is not an input error: the traceback must reach the user
+    # a user reward file with a bug (KeyError when it is imported) is not an input error: the traceback must reach
+    # the user. (A scorer that raises while scoring is a per-sample failure: scored 0 and counted, see
+    # tests/reliability/test_bad_reward.py.)
     data = tmp_path / "resp.parquet"
     pd.DataFrame({"data_source": ["openai/gsm8k"], "prompt": [[{"role": "user", "content": "q"}]],
                   "responses": [["#### 1"]], "reward_model": [{"style": "rule", "ground_truth": "1"}],
                   "extra_info": [{"index": 0}]}).to_parquet(data)
     fn = tmp_path / "score.py"
-    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    return {'acc': 1.0}['score']\n")
+    fn.write_text("BONUS = {'acc': 1.0}['score']\n"
+                  "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 1.0\n")
     r = rlhf("eval", f"data.path={data}", f"custom_reward_function.path={fn}")
     assert r.returncode == 1
     assert "Traceback (most recent call last)" in r.stderr and "KeyError: 'score'" in r.stderr

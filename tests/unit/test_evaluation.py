@@ -46,10 +46,15 @@ def test_default_scorer_metrics_and_samples(tmp_path):
     # gsm8k: prompt means 2/4 = 0.5 and 1/4 = 0.25 → test_score = 0.375 (mean over prompts of response means)
     # pass@1 = (0.5 + 0.25)/2; pass@2 = (1 − C(2,2)/C(4,2) + 1 − C(3,2)/C(4,2))/2 = (5/6 + 1/2)/2 = 2/3
     # MATH: one prompt, scores 1 and 0 → test_score 0.5, pass@1 0.5, pass@2 1
+    # every prompt has all of its data source's responses: each pass@k covers all prompts (2 gsm8k, 1 MATH)
     assert metrics == pytest.approx({
         "test_score/openai/gsm8k": 0.375, "pass@1/openai/gsm8k": 0.375, "pass@2/openai/gsm8k": 2 / 3,
-        "pass@4/openai/gsm8k": 1.0,
+        "pass@4/openai/gsm8k": 1.0, "reward/num_errors/openai/gsm8k": 0.0,
+        "pass@1/num_prompts/openai/gsm8k": 2, "pass@2/num_prompts/openai/gsm8k": 2,
+        "pass@4/num_prompts/openai/gsm8k": 2,
         "test_score/lighteval/MATH": 0.5, "pass@1/lighteval/MATH": 0.5, "pass@2/lighteval/MATH": 1.0,
+        "reward/num_errors/lighteval/MATH": 0.0,
+        "pass@1/num_prompts/lighteval/MATH": 1, "pass@2/num_prompts/lighteval/MATH": 1,
     })
     table = pq.read_table(tmp_path / "samples" / "eval_samples.parquet").to_pandas()
     assert len(table) == 10  # 4 + 4 + 2 responses
@@ -92,8 +97,10 @@ def test_extra_info_passed_when_accepted_and_errors(tmp_path):
     metrics = run_evaluation(_config(data, custom_path=str(custom)))
     assert metrics["test_score/openai/gsm8k"] == 0.5 and metrics["test_score/lighteval/MATH"] == 2.0  # (0+1)/2, 2
     assert not list(tmp_path.glob("**/eval_samples.parquet"))  # no samples_dir → nothing written
-    with pytest.raises(RuntimeError, match="row 0, response 0: oops"):
-        run_evaluation(_config(data, custom_path=str(custom), name="broken"))
+    # a scorer that raises scores each response 0, counted per data source (4 + 4 gsm8k responses, 2 MATH)
+    broken = run_evaluation(_config(data, custom_path=str(custom), name="broken"))
+    assert broken["test_score/openai/gsm8k"] == 0.0 and broken["reward/num_errors/openai/gsm8k"] == 8.0
+    assert broken["reward/num_errors/lighteval/MATH"] == 2.0
     with pytest.raises(DataError, match="resp.parquet: data.response_key='answers' is not a column"):
         cfg = _config(data)
         cfg.data.response_key = "answers"

@@ -80,7 +80,7 @@ def test_data_sources_are_separate_and_seed_is_deterministic():
 
 def test_single_sample_and_length_mismatch():
     m = process_validation_metrics(["ds"], ["u"], {"reward": [0.0]})["ds"]["reward"]
-    assert m == {"mean@1": 0.0, "pass@1": 0.0}
+    assert m == {"mean@1": 0.0, "pass@1": 0.0, "pass@1/num_prompts": 1.0}  # one prompt, covered by pass@1
     with pytest.raises(ValueError, match="reward"):
         process_validation_metrics(["ds", "ds"], ["u", "u"], {"reward": [1.0]})
 

@@ -14,6 +14,11 @@ COUNTDOWN_SOURCES = (countdown.DATA_SOURCE,)
 KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES + COUNTDOWN_SOURCES
 
 
+class UnknownDataSourceError(ValueError):
+    """No default scorer for a ``data_source``: a configuration error (every sample of that source would fail), so
+    reward managers let it propagate instead of scoring the sample 0."""
+
+
 def default_compute_score(
     data_source: str,
     solution_str: str,
@@ -32,7 +37,7 @@ def default_compute_score(
     go to the GSM8K scorer: ``format_score`` (a number extracted but wrong; verl's default 0.0) and ``score``.
 
     Raises:
-        ValueError: for an unknown ``data_source``, naming the known ones.
+        UnknownDataSourceError: (a ``ValueError``) for an unknown ``data_source``, naming the known ones.
     """
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method, **scorer_kwargs)
@@ -40,7 +45,7 @@ def default_compute_score(
         return math_boxed.compute_score(solution_str, str(ground_truth))
     if data_source in COUNTDOWN_SOURCES:
         return countdown.compute_score(solution_str, ground_truth, **scorer_kwargs)
-    raise ValueError(
+    raise UnknownDataSourceError(
         f"no default reward function for data_source={data_source!r}; known data sources: "
         f"{list(KNOWN_DATA_SOURCES)}. Set custom_reward_function.path to score other data."
     )
