@@ -72,8 +72,20 @@ def _cases():
             yield pytest.param(config, prefix + path[len(key):], value, id=f"{config}:{prefix + path[len(key):]}")
 
 
+# Where the shipped default deliberately differs from the reference: (config, path) -> (reference's, ours).
+# Both values are checked, so the list cannot go stale.
+SECURITY_DEFAULTS = {
+    # issue #12: trust_remote_code defaults to False everywhere (the reference's data default is True)
+    ("ppo_trainer", "data.trust_remote_code"): (True, False),
+}
+
+
 @pytest.mark.parametrize("config,path,expected", list(_cases()))
 def test_reference_key_has_reference_default(config, path, expected):
+    if (config, path) in SECURITY_DEFAULTS:
+        reference, ours = SECURITY_DEFAULTS[(config, path)]
+        assert expected == reference, f"the reference's {path} is now {expected!r}: update SECURITY_DEFAULTS"
+        expected = ours
     shipped = flatten(OmegaConf.load(Path(config_dir()) / f"{config}.yaml"), resolve=False)
     assert path in shipped, f"{path} missing from {config}.yaml"
     # same value and same YAML type (a bool False must not be shipped as 0, 1e-6 must be a float)

@@ -36,7 +36,6 @@ EXCEPTIONS: dict[tuple[str, str], tuple[object, object, str]] = {
     ("ppo_trainer", A + "model.override_config"): (
         {}, {"model_config": {}, "moe_config": {"freeze_moe_router": False}},
         "reference nests the HF overrides under model_config and adds moe_config"),
-    ("ppo_trainer", "data.trust_remote_code"): (False, True, "reference"),
     ("ppo_trainer", "reward_model.model.path"): ("~/models/FsfairX-LLaMA3-RM-v0.1", "~/models/Anomy-RM-v0.1",
                                                  "reference"),
     ("ppo_trainer", "reward_model.micro_batch_size_per_gpu"): (None, 16, "reference"),
