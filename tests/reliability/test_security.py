@@ -230,7 +230,8 @@ def test_trust_remote_code_is_honoured_for_model_and_tokenizer(remote_code_model
     arm = cfg.actor_rollout_ref
     model = build_engine_copy(arm.model, arm.actor.fsdp_config)
     assert type(model).__name__ == "ProbeForCausalLM"
-    assert marker.read_text() == "tokenizer code ran\nconfig code ran\n"
+    lines = marker.read_text().splitlines()  # transformers imports the config module once or twice
+    assert lines[0] == "tokenizer code ran" and set(lines[1:]) == {"config code ran"}
 
 
 # --------------------------------------------------------------------------------------------------------------
