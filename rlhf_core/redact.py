@@ -170,19 +170,16 @@ def redact_json(text: str) -> str:
     return json.dumps(redact(data), sort_keys=True, default=str)
 
 
-_FACTORY_INSTALLED = False
-
-
 def install_log_redaction() -> None:
     """Scrub every log record this process creates (any logger, any handler, Prefect's API log handler
-    included) with :func:`redact_text`: wraps ``logging``'s record factory; idempotent.
+    included) with :func:`redact_text`: wraps ``logging``'s record factory. Idempotent: a no-op while the
+    current factory is ours; wraps again if something replaced it since.
 
     A record whose message changed gets the scrubbed text as ``msg`` and no ``args``.
     """
-    global _FACTORY_INSTALLED
-    if _FACTORY_INSTALLED:
-        return
     previous = logging.getLogRecordFactory()
+    if getattr(previous, "rlhf_redacting", False):
+        return
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
@@ -195,8 +192,8 @@ def install_log_redaction() -> None:
             record.msg, record.args = clean, ()
         return record
 
+    factory.rlhf_redacting = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(factory)
-    _FACTORY_INSTALLED = True
 
 
 __all__ = ["SECRET", "install_log_redaction", "is_secret_name", "redact", "redact_json", "redact_text",
