@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from infra import lineage
 from infra.results import ResultsStore
+from rlhf_core.redact import redact, redact_text
 
 HEADLINE_KEYS = {
     "sft": ("val/loss", "train/loss"),
@@ -82,7 +83,8 @@ def evaluation_table(evaluation: dict[str, float]) -> list[dict[str, Any]]:
 
 def publish(store: ResultsStore, flow_run_id: str, parent_run_id: str, cached: dict[str, str],
             ppo_result: dict[str, Any], evaluation: dict[str, float], gate: str | None = None) -> None:
-    """Create the summary markdown and the evaluation table artifacts of this flow run."""
+    """Create the summary markdown and the evaluation table artifacts of this flow run (secrets redacted:
+    :mod:`rlhf_core.redact`)."""
     lines = ["# rlhf flow run summary", "",
              f"Parent MLflow run: [{parent_run_id}]({mlflow_run_url(parent_run_id)})", "",
              "| stage | status | duration (s) | MLflow run |", "| --- | --- | --- | --- |"]
@@ -99,8 +101,9 @@ def publish(store: ResultsStore, flow_run_id: str, parent_run_id: str, cached: d
     lines += [f"| {k} | {float(v):.4f} |" for k, v in sorted(evaluation.items())] or ["| (none) | |"]
     if gate:
         lines += ["", "## Regression gate", "", "```", gate, "```"]
-    create_markdown_artifact("\n".join(lines), key="rlhf-summary",
+    # the gate text and any value may quote a config or environment value: scrubbed of secrets
+    create_markdown_artifact(redact_text("\n".join(lines)), key="rlhf-summary",
                              description=f"stages, final metrics and MLflow runs of flow run {flow_run_id}")
     if evaluation:
-        create_table_artifact(evaluation_table(evaluation), key="rlhf-evaluation",
+        create_table_artifact(redact(evaluation_table(evaluation)), key="rlhf-evaluation",
                               description="evaluation per data_source (mean score over prompts, pass@k)")

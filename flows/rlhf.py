@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.home import configure_environment
+from rlhf_core.redact import install_log_redaction
 
 configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults; user settings kept)
+install_log_redaction()  # every record of this process, Prefect's run logs included, is scrubbed of secrets
 
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import yaml
 
 from infra.home import remembered
+from rlhf_core.redact import redact
 from tasks import plan
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -237,8 +238,9 @@ def validate_overrides(s: PipelineSettings) -> None:
             [], s.eval_list(), responses_path=p + "/responses.parquet", samples_dir=p + "/samples")))
     for stage, config_name, overrides in checks:
         try:
-            load_config(config_name, overrides)
+            cfg = load_config(config_name, overrides)
         except ConfigError as exc:
             raise ConfigError(f"{stage} stage ({config_name}): invalid overrides (preset "
                               f"{s.preset!r} + --{stage}-overrides), checked before any stage ran: "
                               f"{exc}") from exc
+        redact(cfg)  # remember its secret values: this process's logs and artifacts scrub them from now on

@@ -37,6 +37,8 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
+from rlhf_core.redact import redact, redact_text
+
 PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
 STAGE_TAG = "rlhf.stage"
@@ -160,16 +162,13 @@ def config_hash(params: Mapping[str, Any]) -> str:
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Flatten a nested mapping (an OmegaConf DictConfig works) to ``{"a.b.c": "value"}``.
 
+    Values under secret names (``api_key``, ``*_token``, ``password``... : :func:`rlhf_core.redact.redact`)
+    are ``***`` and known secret values are scrubbed from the others, so MLflow params, the DuckDB
+    ``params_json`` and the config artifact built from this never hold a secret.
     Keys longer than MLflow's limit (250 chars) are cut from the left; values longer than
     6000 chars are cut and end with ``...``. Lists become their ``str``.
     """
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(params, DictConfig):
-            params = OmegaConf.to_container(params, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    params = redact(params, prefix.rstrip("."))
     flat: dict[str, str] = {}
     for key, value in params.items():
         full = f"{prefix}{key}"
@@ -207,20 +206,20 @@ def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> Non
 @_unless_degraded(None)
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     """Set string tags on a run."""
-    client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    client().log_batch(run_id, tags=[RunTag(k, redact_text(str(v))) for k, v in tags.items()])
 
 
 @_unless_degraded(None)
 def log_dict_artifact(run_id: str, data: Mapping[str, Any], artifact_file: str) -> None:
     """Save ``data`` as a JSON artifact ``artifact_file`` (e.g. ``config/ppo.json``) of ``run_id``."""
-    client().log_dict(run_id, dict(data), artifact_file)
+    client().log_dict(run_id, redact(dict(data)), artifact_file)
 
 
 @_unless_degraded(lambda: OFFLINE_PREFIX + uuid.uuid4().hex)
 def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
               parent_run_id: str | None = None) -> str:
     """Create a RUNNING run (nested under ``parent_run_id`` when given) and return its id."""
-    all_tags = {k: str(v) for k, v in (tags or {}).items()}
+    all_tags = {k: redact_text(str(v)) for k, v in (tags or {}).items()}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
     run = client().create_run(get_or_create_experiment(experiment), tags=all_tags, run_name=run_name)

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import ray
 
+from rlhf_core.distributed.ray_init import local_ray_init_kwargs
+
 # Variables a remote driver needs to find the project home and the lineage run.
 FORWARDED_ENV = (
     "RLHF_HOME",
@@ -34,7 +36,8 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     """Connect to Ray once per process; a no-op when already connected.
 
     Args:
-        address: ``None`` → start an embedded local instance (token auth off, no dashboard);
+        address: ``None`` → start an embedded local instance (token auth off, no dashboard, its host
+            127.0.0.1: ``local_ray_init_kwargs``);
             ``"auto"`` → the cluster on this machine; ``"ray://host:port"`` → Ray Client.
             ``$RAY_ADDRESS`` is used when ``address`` is None and it is set.
         num_cpus: CPU slots for an embedded instance (default: all cores).
@@ -53,12 +56,7 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
         check_reachable(address)
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=True,
-            configure_logging=False,
-        )
+        ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, configure_logging=False)
     else:
         # the job's runtime_env ships the code: cluster nodes need the dependencies only, not a checkout
         # (a local working_dir is only accepted here, at the job level, not per task)

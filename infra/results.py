@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf_core.atomic import atomic_write
+from rlhf_core.redact import redact_json
 
 TABLES: dict[str, dict[str, str]] = {
     "samples": {
@@ -317,7 +318,8 @@ class ResultsStore:
             stage: the stage name (``flow`` for a flow run).
             status: ``RUNNING``, ``FINISHED`` or ``FAILED``.
             started_at, ended_at: ``datetime`` (naive UTC) or ``None`` for a running run.
-            params_json: the run's whole resolved config (a stage) or parameters (a flow) as JSON.
+            params_json: the run's whole resolved config (a stage) or parameters (a flow) as JSON; stored
+                with secret values redacted (:func:`rlhf_core.redact.redact_json`).
             name: a readable name (the Prefect flow-run name, the MLflow run name).
             kind: ``flow`` or ``stage``.
 
@@ -335,7 +337,7 @@ class ResultsStore:
             "status": pa.array([status], pa.string()),
             "started_at": pa.array([started_at], pa.timestamp("us")),
             "ended_at": pa.array([ended_at], pa.timestamp("us")),
-            "params_json": pa.array([params_json], pa.string()),
+            "params_json": pa.array([redact_json(params_json)], pa.string()),
             "name": pa.array([name], pa.string()),
             "kind": pa.array([kind], pa.string()),
         })

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.loader import load_config
 from rlhf_core.data import DataError, RemoteUnavailableError
+from rlhf_core.redact import install_log_redaction
 
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError)
 """Errors caused by the user's input: shown as one line, without a traceback."""
@@ -58,7 +59,9 @@ def overrides_parser(prog: str, config_name: str, description: str, example: str
 
 
 def setup_logging() -> None:
-    """INFO logging to stderr with timestamps, for the long-running commands (ppo, sft, eval)."""
+    """INFO logging to stderr with timestamps, for the long-running commands (ppo, sft, eval); secrets are
+    scrubbed from every record (:func:`rlhf_core.redact.install_log_redaction`)."""
+    install_log_redaction()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 

@@ -2,12 +2,11 @@
 ``load_extern_type``."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from typing import Any
 
 from torch.utils.data import Dataset
+
+from rlhf_core.user_code import exec_user_file, resolve_user_file
 
 
 def load_custom_cls(custom_cls: Any) -> type[Dataset] | None:
@@ -27,6 +26,8 @@ def load_extern_class(path: Any, name: Any, key: str, base: type, path_key: str 
                       name_key: str = "name") -> type | None:
     """The class ``name`` defined in the python file ``path`` (verl's ``load_extern_type``); None when ``path``
     is unset. ``key`` (e.g. ``data.sampler``) and ``path_key``/``name_key`` name the config keys in errors.
+    Only that file is executed (a relative path against the cwd; no module-name lookup), and the load is
+    logged with the absolute path and sha256 (:func:`rlhf_core.user_code.exec_user_file`).
 
     Raises:
         FileNotFoundError / ValueError / ImportError / AttributeError: as :func:`load_custom_cls`.
@@ -36,17 +37,11 @@ def load_extern_class(path: Any, name: Any, key: str, base: type, path_key: str 
         return None
     if not name:
         raise ValueError(f"{key}.{path_key} is {path!r} but {key}.{name_key} is not set")
-    path = os.path.expanduser(str(path))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{key}.{path_key}: no such file {path!r}")
-    module_name = f"rlhf_extern_{abs(hash(os.path.abspath(path)))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
+    path = resolve_user_file(str(path), f"{key}.{path_key}")  # absolute; never a module-name lookup
+    module_name = f"rlhf_extern_{abs(hash(path))}"
     try:
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        module = exec_user_file(path, f"{key}.{path_key}", module_name)  # logs the path and its sha256
     except Exception as exc:
-        sys.modules.pop(module_name, None)
         raise ImportError(f"{key}.{path_key} {path!r} failed to import: {exc!r}") from exc
     if not hasattr(module, name):
         raise AttributeError(f"{key}.{name_key}: {path!r} defines no {name!r}")

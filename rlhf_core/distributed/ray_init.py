@@ -10,6 +10,7 @@ import socket
 
 import ray
 
+from rlhf_core.bind_host import bind_host
 from rlhf_core.data import RemoteUnavailableError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -37,6 +38,12 @@ def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
         raise RemoteUnavailableError(
             f"ray_init.address={address!r} is unreachable ({exc}); start the cluster there (ray start --head) or "
             "set ray_init.address=null to start a local Ray instance") from exc
+def local_ray_init_kwargs(num_cpus: int | None = None) -> dict:
+    """``ray.init`` keyword arguments of an embedded (single-machine) instance: no dashboard, and its host
+    pinned to :func:`rlhf_core.bind_host.bind_host` (``127.0.0.1`` unless ``$RLHF_BIND_HOST``) should one be
+    turned on. Ray 2.60 gives no setting for its own gRPC ports (GCS, raylet, workers, dashboard agent):
+    they listen on all interfaces whatever is passed here."""
+    return {"num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": bind_host()}
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -61,7 +68,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     runtime_env = {"env_vars": {"RLHF_CONFIG_READS": reads}} if reads else None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+        ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, runtime_env=runtime_env)
     else:
         check_ray_address(str(address))
         ray.init(address=address, runtime_env=runtime_env)

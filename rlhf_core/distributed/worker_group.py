@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.protocol import Batch
+from rlhf_core.redact import install_log_redaction
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class _WorkerHost:
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        install_log_redaction()  # a worker's log lines reach the driver's output: no secrets in them
         self.worker: Any = None
 
     def node_ip_and_port(self) -> tuple[str, int]:

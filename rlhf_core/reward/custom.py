@@ -7,28 +7,23 @@ a module loaded by path cannot be pickled by reference).
 from __future__ import annotations
 
 import functools
-
 import hashlib
-import importlib.util
-import os
 import sys
 from typing import Any, Callable
 
 from rlhf_core.reward.scorers import default_compute_score
+from rlhf_core.user_code import exec_user_file, resolve_user_file
+
+KEY = "custom_reward_function.path"
 
 
 def _load_function(path: str, name: str) -> Callable[..., Any]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"custom_reward_function.path: reward function file {path!r} does not exist")
-    module_name = "rlhf_custom_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    path = resolve_user_file(path, KEY)  # absolute; a file path only, never a module-name lookup
+    module_name = "rlhf_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     module = sys.modules.get(module_name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"custom_reward_function.path: cannot import {path!r} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # errors in the user's file propagate with their own traceback
-        sys.modules[module_name] = module
+        # logs the absolute path and sha256; errors in the user's file propagate with their own traceback
+        module = exec_user_file(path, KEY, module_name)
     fn = getattr(module, name, None)
     if fn is None:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
@@ -47,7 +42,7 @@ class FileRewardFunction:
     """
 
     def __init__(self, path: str, name: str = "compute_score", reward_kwargs: dict | None = None) -> None:
-        self.path = os.path.abspath(os.path.expanduser(path))
+        self.path = resolve_user_file(path, KEY)  # relative → against this process's cwd, once
         self.name = name
         self.reward_kwargs = dict(reward_kwargs or {})
         self._fn: Callable[..., Any] | None = _load_function(self.path, name)

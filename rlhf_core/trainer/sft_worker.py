@@ -110,7 +110,8 @@ class SFTWorker:
         if getattr(self, "_ckpt_mgr", None) is None:
             ck = self.config.trainer.checkpoint
             save, load = list(ck.save_contents), ck.load_contents
-            tok = AutoTokenizer.from_pretrained(local_path(str(self.config.model.partial_pretrain)))
+            tok = AutoTokenizer.from_pretrained(local_path(str(self.config.model.partial_pretrain)),
+                                                trust_remote_code=bool(self.config.model.trust_remote_code))
             hf_config = getattr(getattr(self.model, "base_model", self.model), "config", None)
             self._ckpt_mgr = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler, tok, hf_config,
                                                    save_contents=save, load_contents=list(load) if load else None)
@@ -135,7 +136,8 @@ class SFTWorker:
         model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=True)
         model = merge_lora(model)
         model.save_pretrained(out_dir)
-        AutoTokenizer.from_pretrained(local_path(str(mcfg.partial_pretrain))).save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(local_path(str(mcfg.partial_pretrain)),
+                                      trust_remote_code=bool(mcfg.trust_remote_code)).save_pretrained(out_dir)
         return out_dir
 
 

@@ -37,7 +37,7 @@ import re
 import time
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from rlhf_core.redact import install_log_redaction, redact
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +62,9 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
 
 
 def flatten_config(config: Any) -> dict[str, str]:
-    """A nested config (DictConfig or dict) as ``{"a.b.c": "value"}`` strings (for MLflow params)."""
-    if isinstance(config, DictConfig):
-        try:
-            config = OmegaConf.to_container(config, resolve=True)
-        except Exception:  # an unresolvable interpolation: log the raw values
-            config = OmegaConf.to_container(config, resolve=False)
+    """A nested config (DictConfig or dict) as ``{"a.b.c": "value"}`` strings (for MLflow params and the
+    wandb/swanlab config), with secret values redacted (:func:`rlhf_core.redact.redact`)."""
+    config = redact(config)  # resolves a DictConfig (raw values where an interpolation fails)
     out: dict[str, str] = {}
 
     def walk(prefix: str, node: Any) -> None:
@@ -206,6 +203,9 @@ class Tracking:
 
     def __init__(self, project_name: str, experiment_name: str, default_backend: list[str] | str = "console",
                  config: Any = None, metrics_file: str | None = None):
+        install_log_redaction()  # the trainer's own log lines: no secret from its config or environment
+        if config is not None:
+            redact(config)  # remembers the config's secret values, so log lines quoting them are scrubbed
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend or [])
         unknown = [b for b in backends if b not in SUPPORTED_BACKENDS]
         if unknown:

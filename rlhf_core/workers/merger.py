@@ -57,24 +57,26 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], alpha: float) -> dict[
     return out
 
 
-def merge_checkpoint(local_dir: str, target_dir: str) -> str:
+def merge_checkpoint(local_dir: str, target_dir: str, trust_remote_code: bool = False) -> str:
     """Write a ``from_pretrained``-loadable directory for the checkpoint at ``local_dir``; returns ``target_dir``.
 
     ``local_dir`` is ours (DCP ``model/``, or full ``huggingface`` weights) or verl 0.6's FSDP layout
     (``model_world_size_W_rank_R.pt`` + ``fsdp_config.json``); weights keep their saved dtype.
 
     Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or any weights, or a verl
-    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model."""
+    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model.
+    ``trust_remote_code`` (verl model_merger's ``--trust-remote-code``; off by default) lets the checkpoint's
+    config run its own Python code (``auto_map``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     hf_dir = os.path.join(local_dir, "huggingface")
     if not os.path.exists(os.path.join(hf_dir, "config.json")):
         raise FileNotFoundError(f"{hf_dir}/config.json not found: is {local_dir} an actor/critic checkpoint folder?")
-    config = AutoConfig.from_pretrained(hf_dir)
+    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
     model_dir = os.path.join(local_dir, "model")
     if is_verl_checkpoint(local_dir):
         with torch.device("meta"):
-            shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+            shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code).state_dict().items()}
         state = load_verl_fsdp_state_dict(local_dir, shapes)
     elif os.path.isdir(model_dir):
         state = _load_dcp_full(model_dir)
@@ -94,7 +96,7 @@ def merge_checkpoint(local_dir: str, target_dir: str) -> str:
         config.num_labels = 1
         config.architectures = [type(config).__name__.replace("Config", "ForTokenClassification")]
     with torch.device("meta"):
-        model = cls.from_config(config)
+        model = cls.from_config(config, trust_remote_code=trust_remote_code)
     model.load_state_dict(state, strict=False, assign=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
@@ -124,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-dir", "--target_dir", dest="target_dir", required=True,
                         help="output Hugging Face directory")
     parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (verl compatible flag)")
+    parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                        help="let the checkpoint's config run its own Python code (auto_map); off by default")
 
     def command(args: list[str]) -> int:
         ns = parser.parse_args(args)
-        print(f"merged {ns.local_dir} -> {merge_checkpoint(ns.local_dir, ns.target_dir)}")
+        print(f"merged {ns.local_dir} -> {merge_checkpoint(ns.local_dir, ns.target_dir, ns.trust_remote_code)}")
         return 0
 
     return run_command("rlhf merge", command, sys.argv[1:] if argv is None else argv)

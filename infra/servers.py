@@ -1,0 +1,39 @@
+"""Command lines of the servers this project starts or documents, bound to ``127.0.0.1`` by default.
+
+Every builder takes ``host``; ``None`` means :func:`rlhf_core.bind_host.bind_host` (``$RLHF_BIND_HOST``, else
+``127.0.0.1``). A server reachable from other machines is an explicit choice (``RLHF_BIND_HOST=0.0.0.0`` or
+``host=...``): the Prefect server, the MLflow server and the Ray dashboard authenticate nobody by default.
+Prefect's ephemeral API server (no ``PREFECT_API_URL``) binds 127.0.0.1 by itself.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rlhf_core.bind_host import bind_host
+
+
+def prefect_server_command(port: int = 4200, host: str | None = None) -> list[str]:
+    """``prefect server start --host HOST --port PORT`` (the UI and API at ``http://HOST:PORT``)."""
+    return [sys.executable, "-m", "prefect", "server", "start", "--host", host or bind_host(), "--port", str(port)]
+
+
+def mlflow_server_command(backend_store_uri: str, port: int = 5000, host: str | None = None,
+                          artifacts_destination: str | None = None) -> list[str]:
+    """``mlflow server`` (tracking server and UI) on ``backend_store_uri`` (e.g. ``$MLFLOW_TRACKING_URI``)."""
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host or bind_host(), "--port", str(port),
+           "--backend-store-uri", backend_store_uri, "--workers", "1"]
+    if artifacts_destination:
+        cmd += ["--artifacts-destination", artifacts_destination]
+    return cmd
+
+
+def ray_head_command(port: int = 6379, host: str | None = None) -> list[str]:
+    """``ray start --head``: its dashboard (when Ray has one) and client server on ``host``. Other nodes join
+    a head only through an address they can reach: a multi-node head needs ``host`` set to that address."""
+    host = host or bind_host()
+    return ["ray", "start", "--head", "--port", str(port), "--node-ip-address", host,
+            "--dashboard-host", host, "--ray-client-server-port", "10001"]
+
+
+__all__ = ["mlflow_server_command", "prefect_server_command", "ray_head_command"]
