@@ -244,6 +244,9 @@ def release_owned(owner: str) -> dict[str, list[str]]:
         if name.startswith(prefix) and info.get("state") != "REMOVED":
             remove_placement_group(get_placement_group(name))
             released["placement_groups"].append(name)
+    if released["actors"] or released["placement_groups"]:
+        logger.warning("released what a dead driver (%s) left on Ray: actors %s, placement groups %s", owner,
+                       released["actors"], released["placement_groups"])
     return released
 
 

@@ -16,6 +16,7 @@ attempt left alive (the dead attempt's are released, the retry built new ones).
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,7 +260,11 @@ def test_worker_killed_during_checkpoint_write(world, reference):
     assert "global_step_2/actor" not in seen, seen
 
 
-def test_driver_killed_between_steps(world, reference):
+def test_driver_killed_between_steps(world, reference, caplog):
+    caplog.set_level(logging.WARNING, logger="infra.ray_cluster")
     out = _run_stage(world, "driver", "driver:2")
     _check_recovered(out, reference, "driver")
+    # the killed driver could not shut its worker group down: the dispatcher removed its placement group
+    released = [r.getMessage() for r in caplog.records if "released what a dead driver" in r.getMessage()]
+    assert len(released) == 1 and "placement groups ['ppo_remote-" in released[0], released
     assert not any(p.startswith(f"global_step_{STEPS}") for p in out.at_retry[0]["tree"])  # step 2 never began
