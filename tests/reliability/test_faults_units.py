@@ -11,12 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
+import ray.cloudpickle
 
+from conftest_services import ray_local  # noqa: F401 - an embedded Ray (session fixture)
+from infra.ray_cluster import OWNER_ENV, release_owned, run_on_ray
 from rlhf_core.faults import fault_point, parse_fault
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, find_latest_checkpoint, write_tracker
 from tasks.common import keep_steps_through, last_per_step_and_key, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test modules are not importable on Ray workers
 
 
 def _hook_in_child(env: dict[str, str], call: str) -> subprocess.CompletedProcess:
@@ -113,3 +118,35 @@ def test_a_half_written_step_is_rewritten_whole_and_never_tracked(tmp_path):
     (partial / "extra").mkdir()
     mgr.save(2, {"actor": lambda p: None}, None)
     assert (partial / "extra").is_dir()
+
+
+def _place_and_die(name: str) -> None:
+    """A driver that places a group named like a worker group's (``$RLHF_RAY_OWNER.<name>``), then is SIGKILLed."""
+    from ray.util.placement_group import placement_group
+
+    from rlhf_core.distributed.worker_group import owner_prefix
+
+    pg = placement_group([{"CPU": 0.01}], name=f"{owner_prefix()}{name}")
+    ray.get(pg.ready())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _states(suffix: str) -> list[str]:
+    from ray.util.placement_group import placement_group_table
+
+    return [info["state"] for info in placement_group_table().values() if info["name"].endswith(suffix)]
+
+
+def test_a_killed_driver_leaves_no_placement_group(ray_local):  # noqa: F811 - the fixture imported above
+    # Ray itself keeps the placement group of a task that died (it lives until the job ends) ...
+    bare = ray.remote(num_cpus=0, max_retries=0)(_place_and_die).options(
+        runtime_env={"env_vars": {OWNER_ENV: "bare-owner"}})
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(bare.remote("bare_group"), timeout=120)
+    assert _states("bare_group") == ["CREATED"]
+    assert release_owned("bare-owner") == {"actors": [], "placement_groups": ["bare-owner.bare_group"]}
+    assert _states("bare_group") == ["REMOVED"]
+    # ... so the dispatcher releases what its dead driver left before the stage fails (and Prefect retries it)
+    with pytest.raises(ray.exceptions.RayError):
+        run_on_ray(_place_and_die, "dispatched_group")
+    assert _states("dispatched_group") == ["REMOVED"]
