@@ -8,15 +8,22 @@ machine, all CPU slots stay free for the training workers.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import ray
 
 from rlhf_core.distributed.ray_init import local_ray_init_kwargs
+
+logger = logging.getLogger(__name__)
+
+# rlhf_core.distributed.worker_group.OWNER_ENV (not imported: that module loads torch, this one is on the CLI's path)
+OWNER_ENV = "RLHF_RAY_OWNER"
 
 # Variables a remote driver needs to find the project home and the lineage run.
 FORWARDED_ENV = (
@@ -29,6 +36,8 @@ FORWARDED_ENV = (
     "TOKENIZERS_PARALLELISM",
     "HF_HUB_OFFLINE",
     "GSM8K_DIR",
+    "RLHF_FAULT",  # the test-only fault hook (rlhf_core.faults) and its marker file
+    "RLHF_FAULT_MARKER",
 )
 
 
@@ -168,10 +177,12 @@ def run_on_ray(
             the task is cancelled.
     """
     connect_ray()
+    owner = f"{fn.__name__}-{uuid.uuid4().hex[:12]}"  # names every actor / placement group the driver creates
     renv = dict(runtime_env or {})
     renv["env_vars"] = {**forwarded_env(env), **renv.get("env_vars", {})}
-    remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(runtime_env=renv)
-    ref = remote_fn.remote(*args, **kwargs)
+    remote_fn = ray.remote(num_cpus=num_cpus, max_retries=0)(_owned_call).options(runtime_env=renv,
+                                                                                 name=fn.__name__)
+    ref = remote_fn.remote(owner, fn, *args, **kwargs)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while on_poll is not None and not ray.wait([ref], timeout=poll_s)[0]:
@@ -183,6 +194,58 @@ def run_on_ray(
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         raise
+    finally:
+        try:
+            release_owned(owner)
+        except Exception as exc:  # noqa: BLE001 - never hide the stage's own error behind a clean-up failure
+            logger.warning("could not release the Ray resources of %s: %s", owner, exc)
+
+
+def _owned_call(owner: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with ``$RLHF_RAY_OWNER=owner`` for its duration (the worker process may be reused;
+    the owner is not part of the runtime environment, so it does not force a new worker process per call)."""
+    before = os.environ.get(OWNER_ENV)
+    os.environ[OWNER_ENV] = owner
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = before
+
+
+def release_owned(owner: str) -> dict[str, list[str]]:
+    """Kill the named actors and remove the placement groups that a driver dispatched with owner tag ``owner`` left.
+
+    A driver that ends normally (or raises) has already shut its worker groups down and this finds nothing. A
+    driver killed outright (SIGKILL, OOM, a lost node) cannot: Ray kills the actors it owned, but a placement group
+    created inside a task lives until the job ends, holding its CPUs/GPUs — a retry would place its workers next to
+    it, or not at all. Names are matched by the prefix ``"<owner>."`` (``rlhf_core.distributed.worker_group``).
+
+    Returns:
+        ``{"actors": names killed, "placement_groups": names removed}``.
+    """
+    from ray.util.placement_group import get_placement_group, placement_group_table, remove_placement_group
+
+    prefix = f"{owner}."
+    released: dict[str, list[str]] = {"actors": [], "placement_groups": []}
+    for name in ray.util.list_named_actors():
+        if name.startswith(prefix):
+            try:
+                ray.kill(ray.get_actor(name))
+            except ValueError:  # died in the meantime
+                continue
+            released["actors"].append(name)
+    for info in placement_group_table().values():
+        name = info.get("name") or ""
+        if name.startswith(prefix) and info.get("state") != "REMOVED":
+            remove_placement_group(get_placement_group(name))
+            released["placement_groups"].append(name)
+    if released["actors"] or released["placement_groups"]:
+        logger.warning("released what a dead driver (%s) left on Ray: actors %s, placement groups %s", owner,
+                       released["actors"], released["placement_groups"])
+    return released
 
 
 def shutdown_ray() -> None:

@@ -70,3 +70,33 @@ def parquet_files(folder: str | Path) -> list[str]:
     """Parquet files under ``folder`` (recursively), sorted; [] when it does not exist."""
     p = Path(folder)
     return sorted(str(f) for f in p.rglob("*.parquet")) if p.exists() else []
+
+
+def keep_steps_through(path: str | Path, last_step: int | None) -> int:
+    """Cut a metrics jsonl file (one ``{"step", ...}`` row per line) to its rows with ``step <= last_step``.
+
+    A retried PPO segment resumes from its last complete checkpoint (step ``last_step``): the rows its dead
+    attempt logged up to there stay (they are not logged again), the rows after it go (the retry logs them
+    again). ``None`` (no checkpoint: the retry starts from scratch) removes the file. Rewritten atomically.
+
+    Returns:
+        The number of rows kept.
+    """
+    from rlhf_core.atomic import atomic_write_text  # lazy: rlhf_core pulls in torch
+
+    if last_step is None or not os.path.exists(path):
+        Path(path).unlink(missing_ok=True)
+        return 0
+    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(kept)
+
+
+def last_per_step_and_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Long metric rows (``step`` + ``name``/``key``) with only the last row of each (step, name): a retry that
+    resumed at step K logs its validation at K again (``val_before_train``), the same number as before."""
+    last: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        name = row.get("name", row.get("key"))
+        last[(row.get("step"), name) if name is not None else (row.get("step"), id(row))] = row
+    return list(last.values())

@@ -20,7 +20,7 @@ from infra.home import remember
 from infra.ray_cluster import run_on_ray
 from infra.results import ResultsStore
 from tasks import plan, remote
-from tasks.common import parquet_files, read_jsonl, stage
+from tasks.common import keep_steps_through, last_per_step_and_key, parquet_files, read_jsonl, stage
 from tasks.progress import StepProgress
 
 HOUR = 3600
@@ -188,18 +188,29 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     config = load_config("ppo_trainer", overrides)
     run_dir = Path(config.trainer.default_local_dir).parent
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
-    metrics_file.unlink(missing_ok=True)
+    keep_steps_through(metrics_file, resume_step(config))  # a retry keeps what its dead attempt logged up to there
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
     progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id)
     result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR,
                         on_poll=progress.poll)
     progress.finish()
     store = ResultsStore(ctx["home"])
-    store.register_metrics(read_jsonl(metrics_file), ppo_run_id, "ppo", name=f"segment_{segment}")
+    store.register_metrics(last_per_step_and_key(read_jsonl(metrics_file)), ppo_run_id, "ppo",
+                           name=f"segment_{segment}")
     register_validation_samples(store, config, ppo_run_id)
     lineage.set_tags(ppo_run_id, {f"segment.{segment}.global_step": result.get("global_step"),
                                   f"segment.{segment}.worker_nodes": ",".join(result.get("worker_nodes") or [])})
     return result
+
+
+def resume_step(config: Any) -> int | None:
+    """The global step a PPO run with ``config`` resumes from (``trainer.resume_mode``: the tracker's last complete
+    checkpoint for ``auto``), or None when it starts from scratch."""
+    from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+
+    t = config.trainer
+    path = CheckpointManager.from_config(t).resolve_resume(t.resume_mode, t.resume_from_path)
+    return None if path is None else parse_global_step(path)
 
 
 def register_validation_samples(store: ResultsStore, config: Any, run_id: str) -> int:

@@ -29,6 +29,17 @@ from rlhf_core.redact import install_log_redaction
 logger = logging.getLogger(__name__)
 
 
+OWNER_ENV = "RLHF_RAY_OWNER"
+
+
+def owner_prefix() -> str:
+    """``"<$RLHF_RAY_OWNER>."`` (or ``""`` when unset): the prefix of every actor and placement-group name this
+    process creates, so whoever dispatched this driver (``infra.ray_cluster.run_on_ray``) can find and remove what a
+    driver that died without cleaning up (SIGKILL, a lost node) left behind."""
+    owner = os.environ.get(OWNER_ENV)
+    return f"{owner}." if owner else ""
+
+
 def free_port() -> int:
     """An unused TCP port on this host (bound then released; a tiny race is accepted, as in verl)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -107,7 +118,8 @@ class RayWorkerGroup:
             from the reservation (see :mod:`rlhf_core.distributed.threads`); ``None`` →
             ``max(1, int(num_cpus_per_worker))``.
         num_gpus_per_worker: Ray GPUs per actor (``> 0`` → nccl; Ray sets ``CUDA_VISIBLE_DEVICES``).
-        name_prefix: prefix of the actor names (a random suffix keeps groups distinct).
+        name_prefix: prefix of the actor and placement-group names, after :func:`owner_prefix` (a random suffix
+            keeps groups distinct).
         env: extra environment variables exported in every actor before the worker is built.
         pg_timeout_s: seconds to wait for the placement group, per placement strategy (STRICT_PACK, then PACK).
         ready_timeout_s: seconds to wait for the actors to start and join the process group; ``None`` = no limit.
@@ -133,15 +145,17 @@ class RayWorkerGroup:
         if not ray.is_initialized():
             init_ray()
         self.world_size = world_size
-        self.name_prefix = f"{name_prefix}_{uuid.uuid4().hex[:6]}"
+        self.name_prefix = f"{owner_prefix()}{name_prefix}_{uuid.uuid4().hex[:6]}"
         bundle: dict[str, float] = {"CPU": num_cpus_per_worker}
         if num_gpus_per_worker:
             bundle["GPU"] = num_gpus_per_worker
         per_node = world_size // nnodes
         if nnodes == 1:
-            self._pgs = [self._placement_group([dict(bundle) for _ in range(world_size)], pg_timeout_s)]
+            self._pgs = [self._placement_group([dict(bundle) for _ in range(world_size)], pg_timeout_s,
+                                               self.name_prefix)]
         else:
-            self._pgs = _node_placement_groups(nnodes, [dict(bundle) for _ in range(per_node)], pg_timeout_s)
+            self._pgs = _node_placement_groups(nnodes, [dict(bundle) for _ in range(per_node)], pg_timeout_s,
+                                               self.name_prefix)
         omp = int(num_threads) if num_threads else max(1, int(num_cpus_per_worker))
         actor_env = {"OMP_NUM_THREADS": str(omp), **{k: str(v) for k, v in (env or {}).items()}}
         remote_cls = ray.remote(_WorkerHost)
@@ -168,9 +182,9 @@ class RayWorkerGroup:
         logger.info("worker group %s: %d ranks, backend %s", self.name_prefix, world_size, self.backend)
 
     @staticmethod
-    def _placement_group(bundles: list[dict], timeout_s: float):
+    def _placement_group(bundles: list[dict], timeout_s: float, name: str = ""):
         for strategy in ("STRICT_PACK", "PACK"):
-            pg = placement_group(bundles, strategy=strategy)
+            pg = placement_group(bundles, strategy=strategy, name=name)
             ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
             if ready:
                 return pg
@@ -206,7 +220,7 @@ class RayWorkerGroup:
         self._pgs = []
 
 
-def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float) -> list:
+def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float, name: str = "") -> list:
     """One ``STRICT_PACK`` placement group of ``bundles`` on each of ``nnodes`` different alive nodes.
 
     Nodes are chosen among those whose total resources can hold the bundles (most free CPUs first) and
@@ -225,8 +239,9 @@ def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float) -
     nodes.sort(key=lambda n: -n.get("Resources", {}).get("CPU", 0))
     pgs = []
     try:
-        for node in nodes[:nnodes]:
-            pg = placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=node["NodeID"])
+        for i, node in enumerate(nodes[:nnodes]):
+            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{name}_node{i}" if name else "",
+                                 _soft_target_node_id=node["NodeID"])
             if not ray.wait([pg.ready()], timeout=timeout_s)[0]:
                 pgs.append(pg)
                 raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on node {node['NodeID']} "

@@ -155,6 +155,9 @@ class CheckpointManager:
              wait_fns: list[Callable[[], Any]] | None = None) -> str:
         """Write ``global_step_N`` (components, data.pt, trainer_state.pt), then the tracker, then upload and prune.
 
+        An existing ``global_step_N`` that the tracker does not name (what a killed attempt left half-written) is
+        removed first; the tracker keeps naming the previous complete checkpoint until this one is complete.
+
         ``wait_fns`` (``checkpoint.async_save``): the components are still being written when ``save_fns`` return;
         the tracker, upload and pruning then wait for :meth:`finish_pending` (called before the next save and at
         the end of training), which first calls every ``wait_fn`` (they block until the files are complete).
@@ -169,6 +172,11 @@ class CheckpointManager:
         """
         self.finish_pending()
         path = step_dir(self.root, global_step)
+        if os.path.isdir(path) and find_latest_checkpoint(self.root) != path:
+            # never named by the tracker: a partial write of an attempt that died (or an abandoned run's); its
+            # leftovers (temporary folders, a missing component) must not mix with the new files
+            logger.info("removing %s before writing it again (the tracker does not name it)", path)
+            shutil.rmtree(path)
         os.makedirs(path, exist_ok=True)
         part = "?"
         try:

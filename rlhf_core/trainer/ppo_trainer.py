@@ -31,6 +31,7 @@ from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
+from rlhf_core.faults import fault_point
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
@@ -173,6 +174,7 @@ class RayPPOTrainer:
         for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
             for batch in self.train_dataloader:
                 self.global_steps += 1
+                fault_point("driver", self.global_steps)  # test-only (RLHF_FAULT): between steps; free when unset
                 profiler.begin(self.global_steps)
                 last_metrics = self.train_step(batch, epoch)
                 profiler.end(self.global_steps, last=self.global_steps >= stop_at)

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
 
 from rlhf_core.atomic import replace_directory
+from rlhf_core.faults import fault_point
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 
@@ -167,6 +168,7 @@ class FSDPCheckpointManager:
         try:
             if model_sd is not None:
                 dcp.save(model_sd, checkpoint_id=os.path.join(tmp, "model"), process_group=pg)
+            fault_point("checkpoint_write", checkpoint_path=local_path)  # test-only (RLHF_FAULT); free when unset
             if optim_sd is not None:
                 dcp.save(optim_sd, checkpoint_id=os.path.join(tmp, "optim"), process_group=pg)
             if extra is not None:

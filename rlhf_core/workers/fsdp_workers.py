@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.actor import DataParallelPPOActor
@@ -162,6 +163,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """Rollout on this rank's prompts (see ``HFRollout.generate_sequences``)."""
         if self.rollout is None:
             raise RuntimeError(f"role {self.role!r} has no rollout engine")
+        if not batch.meta.get("validate"):
+            fault_point("generate", batch.meta.get("global_steps"))  # test-only (RLHF_FAULT); free when unset
         return self.rollout.generate_sequences(batch)
 
     def _temperature(self, batch: Batch) -> Batch:
@@ -218,6 +221,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         ``timing_s/weight_sync`` (seconds of the rollout weight sync, inside ``timing_s/update_actor``)."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
+        fault_point("update_actor", batch.meta.get("global_steps"))  # test-only (RLHF_FAULT); free when unset
         batch = self._temperature(batch)
         if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
                 self.actor_module, len(batch), self.actor.mini_batch_size, int(self.arr.actor.ppo_epochs)):
