@@ -116,7 +116,8 @@ def test_custom_dataset_file_missing(tiny_model_dir, tmp_path):
     missing = tmp_path / "absent.py"
     msg = ppo_error(ppo_overrides(tiny_model_dir, data, f"data.custom_cls.path={missing}",
                                   "data.custom_cls.name=Prompts"), FileNotFoundError)
-    assert msg == f"data.custom_cls.path: no such file {str(missing)!r}"
+    assert msg == (f"data.custom_cls.path: no such file {str(missing)!r} (looked for {missing}; a file path is "
+                   "needed, module names are not looked up on sys.path)")
 
 
 def test_good_rows_pass_these_checks(tiny_model_dir, tmp_path):
