@@ -156,8 +156,9 @@ def test_two_concurrent_flow_runs_on_a_two_node_cluster(two_node_cluster, tmp_pa
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf")
-    ppo = {r.data.params["trainer.nnodes"]: r
-           for r in client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'ppo'")}
+    runs = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'ppo'")
+    ppo = {r.data.params["trainer.nnodes"]: r for r in runs}
+    assert len(runs) == 2 and set(ppo) == {"1", "2"}, [r.data.params.get("trainer.nnodes") for r in runs]
     multi, single = ppo["2"], ppo["1"]
     multi_nodes = multi.data.tags["segment.1.worker_nodes"].split(",")
     single_nodes = single.data.tags["segment.1.worker_nodes"].split(",")
