@@ -112,7 +112,7 @@ def _assert_registered_policy(home: Path, flow_run_id: str) -> None:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     [version] = client.search_model_versions("name = 'rlhf'")
-    assert version.version == "1" and version.tags["flow_run_id"] == flow_run_id
+    assert str(version.version) == "1" and version.tags["flow_run_id"] == flow_run_id
     ppo = client.get_run(version.run_id)
     assert ppo.info.run_name == "ppo" and ppo.data.tags["registered_model"] == "rlhf/1"
     # TINY runs one PPO step in one segment: the policy is merged from the step-1 checkpoint

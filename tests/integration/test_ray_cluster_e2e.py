@@ -197,5 +197,5 @@ def test_two_concurrent_flow_runs_on_a_two_node_cluster(two_node_cluster, tmp_pa
     # checkpoints per flow run; one registered model version per run
     assert len(list(home.glob("runs/*/checkpoints/global_step_1/actor"))) == 2
     versions = client.search_model_versions("name = 'rlhf'")
-    assert sorted(v.version for v in versions) == ["1", "2"]
+    assert sorted(str(v.version) for v in versions) == ["1", "2"]
     assert {v.run_id for v in versions} == {multi.info.run_id, single.info.run_id}
