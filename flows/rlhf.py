@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from infra.home import configure_environment
 from rlhf_core.redact import install_log_redaction
 
@@ -31,6 +33,7 @@ install_log_redaction()  # every record of this process, Prefect's run logs incl
 
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
+from prefect.settings import get_current_settings  # noqa: E402
 
 from flows import artifacts, report  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
@@ -314,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if error:  # before Prefect starts its server: one line naming the parameter, exit 2 (a usage error)
             print(f"rlhf pipeline: error: {error}", file=sys.stderr)
             return 2
+        start_ephemeral_prefect()
         out = rlhf(**params)
         home = Path(out["home"])
         print(f"\nResults under {home}")
@@ -324,6 +328,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
+
+
+def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
+    """Without a Prefect server (no ``PREFECT_API_URL``): start this process's ephemeral API server under
+    a file lock on ``$PREFECT_HOME`` (``prefect.db.lock``), so flow runs starting at once on a fresh home
+    do not run Prefect's SQLite schema migrations at the same time (the loser fails "database is locked"
+    or "table already exists"). The flow run then uses this server (one per process, Prefect's own).
+
+    Raises:
+        filelock.Timeout: another process kept the lock ``timeout_s`` seconds.
+        RuntimeError: the server did not start (Prefect's message).
+    """
+    from prefect.server.api.server import SubprocessASGIServer  # lazy: the server app's imports are heavy
+
+    if get_current_settings().api.url:
+        return
+    with filelock.FileLock(str(Path(os.environ["PREFECT_HOME"]).expanduser() / "prefect.db.lock"), timeout=timeout_s):
+        SubprocessASGIServer().start()
 
 
 def check_parameters(params: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import filelock
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -115,6 +116,11 @@ def _build_key(_ctx: Any, p: dict[str, Any]) -> str:
 def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> dict[str, str]:
     """Build the tiny Qwen2-style model + BPE tokenizer from the training text (on Ray).
 
+    The folder is a pure function of the inputs (its name is their key). Flow runs started at once
+    on one home all miss Prefect's cache: the build runs under a file lock (``<folder>.lock``) and
+    a folder that is already there (written atomically, so complete) is used as it is. Rebuilding
+    it would swap the folder under a run that is loading it.
+
     Returns:
         ``{"model_path": HF folder $RLHF_HOME/models/tiny-<key>, "run_id": MLflow run}``.
     """
@@ -122,8 +128,12 @@ def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> 
     out_dir = str(Path(ctx["home"]) / "models" / f"tiny-{key}")
     with stage("build_model", {"sizes": sizes, "train_file": train_file}, ctx) as run_id:
         lineage.log_dataset(run_id, train_file, "gsm8k_train", "training")
-        path = run_on_ray(remote.build_model_remote, train_file, out_dir, dict(sizes),
-                          timeout_s=HOUR)
+        with filelock.FileLock(f"{out_dir}.lock", timeout=HOUR):
+            if Path(out_dir, "config.json").is_file():
+                path = out_dir  # built by a concurrent flow run with the same inputs
+            else:
+                path = run_on_ray(remote.build_model_remote, train_file, out_dir, dict(sizes),
+                                  timeout_s=HOUR)
         lineage.log_dir_artifact(run_id, path, "model")
     return {"model_path": path, "run_id": run_id}
 

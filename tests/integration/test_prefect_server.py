@@ -102,6 +102,24 @@ def test_deployment_runs_on_a_process_worker(prefect_server, tmp_path, gsm8k_dir
     assert (tmp_path / "home" / "results.duckdb").exists()
     assert (tmp_path / "home" / "mlflow.db").exists()
     _assert_artifacts_and_graph(api, started[0]["id"])
+    _assert_registered_policy(tmp_path / "home", started[0]["id"])
+
+
+def _assert_registered_policy(home: Path, flow_run_id: str) -> None:
+    """The final policy is version 1 of the model named after the experiment, made by this flow run's ppo run,
+    with its lineage tags and a loadable (merged) Hugging Face folder as its source."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    [version] = client.search_model_versions("name = 'rlhf'")
+    assert str(version.version) == "1" and version.tags["flow_run_id"] == flow_run_id
+    ppo = client.get_run(version.run_id)
+    assert ppo.info.run_name == "ppo" and ppo.data.tags["registered_model"] == "rlhf/1"
+    # TINY runs one PPO step in one segment: the policy is merged from the step-1 checkpoint
+    assert Path(version.tags["ppo_checkpoint"]).name == "global_step_1"
+    assert {"sft_model", "dataset.gsm8k_train.sha256", "dataset.gsm8k_val.sha256"} <= set(version.tags)
+    assert version.source.endswith("/hf_model")
+    assert "hf_model/config.json" in {a.path for a in client.list_artifacts(ppo.info.run_id, "hf_model")}
 
 
 def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:

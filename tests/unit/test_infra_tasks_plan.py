@@ -242,9 +242,11 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
         return {"home": "/h", "parent_run_id": "p", "flow_run_id": "f-1"}
 
     monkeypatch.setattr(flow_mod, "rlhf", fake_flow)
+    started = []  # the ephemeral Prefect server the real flow would use
+    monkeypatch.setattr(flow_mod, "start_ephemeral_prefect", lambda: started.append(True))
     monkeypatch.setattr(flow_mod.shutil, "which", lambda name: None)
     assert flow_mod.main(["--skip-sft", "--skip-evaluate", "--ppo-steps", "2"]) == 0
-    assert seen == {"skip_sft": True, "skip_evaluate": True, "ppo_steps": 2}
+    assert seen == {"skip_sft": True, "skip_evaluate": True, "ppo_steps": 2} and started == [True]
     out = capsys.readouterr().out
     assert "Try:    rlhf results" not in out and "bin/rlhf results sql" in out
     assert "flow_run_id = 'f-1'" in out  # the example query is about the run that just finished
@@ -255,6 +257,27 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     assert flow_mod.main(["--help"]) == 0  # every rlhf subcommand's main returns its exit code
     help_text = capsys.readouterr().out
     assert "--skip-sft" in help_text and "--skip-evaluate" in help_text
+
+
+def test_ephemeral_prefect_starts_under_the_home_lock(monkeypatch, tmp_path):
+    """Flow runs starting at once on a fresh home take turns migrating Prefect's SQLite database: while
+    another process holds ``$PREFECT_HOME/prefect.db.lock`` no server starts; with a Prefect server
+    configured nothing starts at all."""
+    import filelock
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from infra.home import embedded_defaults
+
+    for key, value in embedded_defaults(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    import flows.rlhf as flow_mod
+
+    (tmp_path / "prefect").mkdir(exist_ok=True)
+    with filelock.FileLock(str(tmp_path / "prefect" / "prefect.db.lock")):
+        with pytest.raises(filelock.Timeout):  # waits for the other process, starts nothing meanwhile
+            flow_mod.start_ephemeral_prefect(timeout_s=0.5)
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+            flow_mod.start_ephemeral_prefect(timeout_s=0.5)  # a real server is configured: no lock, no start
 
 
 def test_cli_checks_parameters_before_any_service(monkeypatch, capsys, tmp_path):

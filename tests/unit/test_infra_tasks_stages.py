@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from pathlib import Path
 
+import filelock
 import pandas as pd
 import pytest
 
 from conftest_services import *  # noqa: F401,F403
 from infra import lineage
 from infra.results import ResultsStore
+from tasks import plan
 from tasks.common import make_context
-from tasks.stages import evaluate, prepare_data
+from tasks.stages import build_model, evaluate, prepare_data
 
 
 @pytest.fixture
@@ -66,3 +70,25 @@ def test_evaluate_scores_the_last_validation_step(ctx, ray_local, tmp_path, mlfl
     _, [(params,)] = store.sql("SELECT params_json FROM runs WHERE stage = 'evaluate'")
     assert "custom_reward_function.name" in params
     assert {a.path for a in mlflow_client.list_artifacts(run.info.run_id)} >= {"config", "samples"}
+
+
+def test_build_model_waits_for_a_concurrent_build_and_reuses_its_folder(ctx, gsm8k_dir):
+    """Two flow runs starting at once both miss Prefect's cache: the second build waits on the folder's
+    lock and takes the finished folder as it is (no Ray job, no folder swapped under the first run)."""
+    data = prepare_data.fn(str(gsm8k_dir), 16, 4, ctx)
+    sizes = {"vocab_size": 300, "hidden_size": 16}
+    out_dir = Path(ctx["home"]) / "models" / f"tiny-{plan.inputs_key('build_model', [data['train']], sizes=sizes)[:16]}"
+    result: dict = {}
+    with filelock.FileLock(f"{out_dir}.lock"):  # "the other flow run" is building
+        worker = threading.Thread(target=lambda: result.update(build_model.fn(data["train"], sizes, ctx)))
+        worker.start()
+        worker.join(timeout=3)
+        assert worker.is_alive() and not result  # waits for the lock
+        out_dir.mkdir(parents=True)  # the other run's folder appears (atomically, complete)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / "marker").write_text("built by the other run")
+        inode = out_dir.stat().st_ino
+    worker.join(timeout=120)
+    assert result["model_path"] == str(out_dir)
+    # not rebuilt: a build would have swapped in a new folder (another inode, no marker)
+    assert out_dir.stat().st_ino == inode and (out_dir / "marker").read_text() == "built by the other run"
