@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from rlhf_core.reward.scorers import gsm8k
+from rlhf_core.tools.builtin import score_gsm8k_state
+from rlhf_core.tools.config import read_entry_list
 
 VERL_CLASS_ALIASES = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlhf_core.agent.interactions.Gsm8kInteraction",
@@ -97,11 +97,8 @@ class Gsm8kInteraction(BaseInteraction):
         return False, self.INCORRECT, score, {}
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
-        state = self._instances[instance_id]
-        if state["ground_truth"] is None:
-            raise ValueError("the gsm8k interaction has no ground_truth: give extra_info.interaction_kwargs.ground_truth")
-        return gsm8k.compute_score(state["response"], str(state["ground_truth"]), method="strict",
-                                   format_score=0.0, score=1.0)
+        return score_gsm8k_state(self._instances[instance_id], "strict", "the gsm8k interaction has no "
+                                 "ground_truth: give extra_info.interaction_kwargs.ground_truth")
 
     async def finalize_interaction(self, instance_id: str | None = None, **kwargs: Any) -> None:
         self._instances.pop(instance_id, None)
@@ -121,14 +118,8 @@ def load_interactions(path: str | Path) -> dict[str, BaseInteraction]:
             or two entries with the same name.
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise InteractionConfigError(f"interaction config {path}: cannot be read: {exc}") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("interaction"), list):
-        raise InteractionConfigError(f"interaction config {path}: needs a top-level 'interaction:' list")
     out: dict[str, BaseInteraction] = {}
-    for index, entry in enumerate(raw["interaction"]):
+    for index, entry in enumerate(read_entry_list(path, "interaction", "interaction config", InteractionConfigError)):
         where = f"interaction config {path}, entry #{index}"
         if not isinstance(entry, dict) or "class_name" not in entry:
             raise InteractionConfigError(f"{where}: needs class_name (and optional name, config); got {entry!r}")

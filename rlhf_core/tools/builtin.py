@@ -14,6 +14,19 @@ from rlhf_core.tools.schemas import ToolResponse
 NON_IMPROVING_SUBMISSION_PENALTY = -0.05
 
 
+
+def score_gsm8k_state(state: dict[str, Any], method: str, missing_ground_truth: str) -> float:
+    """GSM8K score (1.0 or 0.0, no format credit) of ``state["response"]`` against ``state["ground_truth"]``, as
+    verl's gsm8k tool (``method="flexible"``) and gsm8k interaction (``method="strict"``) score a turn.
+
+    Raises:
+        ValueError: ``missing_ground_truth`` when the instance was created without a ground truth.
+    """
+    if state["ground_truth"] is None:
+        raise ValueError(missing_ground_truth)
+    return gsm8k.compute_score(state["response"], str(state["ground_truth"]), method=method,
+                               format_score=0.0, score=1.0)
+
 class Gsm8kTool(BaseTool):
     """``calc_gsm8k_reward``: scores a submitted answer against the row's ground truth.
 
@@ -44,11 +57,9 @@ class Gsm8kTool(BaseTool):
         return ToolResponse(text=f"Current parsed {answer=} {reward=}"), step_reward, {}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        state = self._instances[instance_id]
-        if state["ground_truth"] is None:
-            raise ValueError("calc_gsm8k_reward has no ground_truth: give tools_kwargs.calc_gsm8k_reward.create_kwargs")
-        return gsm8k.compute_score(state["response"], str(state["ground_truth"]), method="flexible",
-                                   format_score=0.0, score=1.0)
+        return score_gsm8k_state(self._instances[instance_id], "flexible",
+                                 "calc_gsm8k_reward has no ground_truth: give "
+                                 "tools_kwargs.calc_gsm8k_reward.create_kwargs")
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._instances.pop(instance_id, None)

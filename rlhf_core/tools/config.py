@@ -78,6 +78,21 @@ def build_tool(entry: dict, where: str) -> BaseTool:
     return cls(config=config, tool_schema=schema)
 
 
+def read_entry_list(path: Path, key: str, what: str, error: type[Exception]) -> list:
+    """The list under top-level ``key`` of the YAML file ``path`` (verl's tool and interaction config files).
+
+    Raises:
+        error: naming ``what`` and ``path`` when the file cannot be read or parsed, or has no ``key:`` list.
+    """
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise error(f"{what} {path}: cannot be read: {exc}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get(key), list):
+        raise error(f"{what} {path}: needs a top-level '{key}:' list")
+    return raw[key]
+
+
 def load_tools(path: str | Path) -> dict[str, BaseTool]:
     """Name → tool for every entry of a tool config file.
 
@@ -86,14 +101,8 @@ def load_tools(path: str | Path) -> dict[str, BaseTool]:
             :func:`build_tool`) or two tools with the same name; the message names the file and the tool.
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ToolConfigError(f"tool config {path}: cannot be read: {exc}") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("tools"), list):
-        raise ToolConfigError(f"tool config {path}: needs a top-level 'tools:' list")
     tools: dict[str, BaseTool] = {}
-    for index, entry in enumerate(raw["tools"]):
+    for index, entry in enumerate(read_entry_list(path, "tools", "tool config", ToolConfigError)):
         where = f"tool config {path}, {_tool_label(index, entry)}"
         tool = build_tool(entry, where)
         if tool.name in tools:
