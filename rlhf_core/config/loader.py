@@ -11,6 +11,8 @@ from typing import Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from rlhf_core.redact import redact
+
 from .errors import ConfigError
 from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
 from .overrides import apply_overrides
@@ -159,8 +161,9 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
 
 
 def resolved_yaml(cfg: DictConfig) -> str:
-    """The config as resolved YAML text (what `rlhf config show` prints)."""
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    """The config as resolved YAML text (what `rlhf config show` prints), with every value under a secret name
+    (:func:`rlhf_core.redact.is_secret_name`) shown as ``***``: the output lands in terminals and logs."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
 
 
 __all__ = ["CONFIG_NAMES", "config_dir", "load_base", "load_config", "resolved_yaml"]

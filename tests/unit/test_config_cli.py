@@ -84,3 +84,13 @@ def test_show_reports_deprecation_on_stderr(capsys):
 
 def test_bad_command_line_returns_2():
     assert main(["frobnicate"]) == 2
+
+
+def test_show_redacts_secret_values(capsys):
+    # a secret under a free-form dict: its name (api_key) marks it; the column name prompt_key is kept
+    assert main(["show", "+custom_reward_function.reward_kwargs.api_key=sk-live-123", "data.prompt_key=question"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-live-123" not in out
+    shown = OmegaConf.create(out)
+    assert shown.custom_reward_function.reward_kwargs.api_key == "***"
+    assert shown.data.prompt_key == "question"
