@@ -80,8 +80,6 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
             "multi_turn.tool_response_truncate_side", "multi_turn.format", "agent.default_agent_loop",
             "agent.agent_loop_config_path")},
-        _A + "rollout.multi_turn.interaction_config_path":
-            "tests/unit/test_agent_interaction.py::test_agent_rollout_loads_the_interaction_config_key",
         "critic.enable": "tests/unit/test_trainer_algo_keys.py::test_critic_enable_builds_the_critic_worker_group",
         "algorithm.pf_ppo.reweight_method":
             "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",
