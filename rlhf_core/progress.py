@@ -35,17 +35,18 @@ def bars_enabled(stream: IO[str] | None = None) -> bool:
 
 
 def progress(iterable: Iterable[T], desc: str, total: int | None = None, unit: str = "it",
-             stream: IO[str] | None = None) -> Iterator[T]:
+             stream: IO[str] | None = None, leave: bool = True) -> Iterator[T]:
     """Yield the items of ``iterable`` unchanged, drawing a ``tqdm`` bar on ``stream`` (default ``sys.stderr``)
     when :func:`bars_enabled` says so.
 
     ``desc`` labels the bar, ``unit`` names one item (``"prompt"``, ``"step"``), ``total`` is the number of items
-    (default ``len(iterable)`` where it has one; otherwise the bar shows a count without a percentage). A
-    disabled bar writes nothing. The bar is closed when the loop ends, breaks, or raises.
+    (default ``len(iterable)`` where it has one; otherwise the bar shows a count without a percentage);
+    ``leave=False`` erases the bar when done (for loops run once per training step). A disabled bar writes
+    nothing. The bar is closed when the loop ends, breaks, or raises.
     """
     stream = sys.stderr if stream is None else stream
     bar = tqdm(iterable, desc=desc, total=total, unit=unit, file=stream, disable=not bars_enabled(stream),
-               dynamic_ncols=True)
+               dynamic_ncols=True, leave=leave)
     try:
         yield from bar
     finally:

@@ -97,3 +97,13 @@ def test_total_defaults_to_len_and_break_closes_the_bar(monkeypatch, pty_stream)
     # (as in the SFT loop, which breaks before working on the batch) leaves 1 of 4 done, never 2/4.
     assert "1/4" in text and "2/4" not in text
     assert text.endswith("\r\n")  # close() ended the bar's line
+
+
+def test_leave_false_erases_the_bar(monkeypatch, pty_stream):
+    stream, master = pty_stream
+    monkeypatch.delenv("CI", raising=False)
+    assert list(progress([1, 2, 3], "rollout", unit="micro-batch", stream=stream, leave=False)) == [1, 2, 3]
+    stream.flush()
+    text = _read_all(master)
+    assert "rollout" in text  # drawn while running
+    assert not text.endswith("\r\n")  # ... and cleared on close instead of ending its line (the default leave=True)

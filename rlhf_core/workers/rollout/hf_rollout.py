@@ -101,7 +101,7 @@ class HFRollout:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed + 7919 * self.rank + call)
             parts = [self._generate_chunk(mb, params, T, calc_lp, ignore_eos)
-                     for mb in progress(batch.split(size), "rollout", unit="micro-batch")]
+                     for mb in progress(batch.split(size), "rollout", unit="micro-batch", leave=False)]
         self.calls += int(counted)
         self.module.train(was_training)
         responses = torch.cat([p[0] for p in parts])
