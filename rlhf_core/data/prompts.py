@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from rlhf_core.data import DataError
+from rlhf_core.progress import progress
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -115,7 +116,8 @@ def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers:
     if workers <= 1 or len(prompts) < 2:
         _init_worker(tokenizer, prompts, template_kwargs)
         try:
-            return _lengths((0, len(prompts)))
+            spans = progress([(i, i + 1) for i in range(len(prompts))], "measuring prompt lengths", unit="prompt")
+            return [n for span in spans for n in _lengths(span)]
         finally:
             _WORKER.clear()
     workers = min(workers, len(prompts))
@@ -129,7 +131,8 @@ def prompt_lengths(tokenizer: Any, prompts: list[list[dict[str, Any]]], workers:
         initargs = (tokenizer, prompts, template_kwargs)
     try:
         with mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
-            parts = pool.map(_lengths, spans)
+            parts = list(progress(pool.imap(_lengths, spans), "measuring prompt lengths", total=len(spans),
+                                  unit="chunk"))
     finally:
         _WORKER.clear()
     return [n for part in parts for n in part]

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from rlhf_core.data import DataError
 from rlhf_core.metrics.samples import CORE_COLUMNS, render_prompt, write_samples_parquet
 from rlhf_core.metrics.validation import pass_k_values, pass_at_k
+from rlhf_core.progress import progress
 from rlhf_core.reward.custom import FileRewardFunction, reward_function_from_config
 from rlhf_core.reward.managers import ScoreFailure, score_value
 from rlhf_core.reward.scorers import UnknownDataSourceError
@@ -105,7 +106,7 @@ def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], sta
     pass_extra = _accepts_extra_info(scorer)
     rows = []
     failures: list[str] = []
-    for i, rec in enumerate(records, start=start):
+    for i, rec in enumerate(progress(records, "scoring responses", unit="prompt"), start=start):
         reward_data = rec[rm_key]
         ground_truth = reward_data.get("ground_truth") if isinstance(reward_data, dict) else reward_data
         data_source = str(rec[ds_key])

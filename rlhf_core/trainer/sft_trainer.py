@@ -28,6 +28,7 @@ from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import mean_rank_metrics
@@ -99,7 +100,7 @@ class SFTTrainer:
         n_epochs = -(-self.total_steps // steps_per_epoch)
         start_epoch = self.global_step // steps_per_epoch
         for epoch in range(start_epoch, n_epochs):
-            for batch in self.train_loader:
+            for batch in progress(self.train_loader, f"SFT epoch {epoch + 1}/{n_epochs}", unit="step"):
                 if self.global_step >= self.total_steps:
                     break
                 self.global_step += 1

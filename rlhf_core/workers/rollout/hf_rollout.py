@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
                                                    sampling_params)
@@ -99,7 +100,8 @@ class HFRollout:
         call, counted = sampling_call_index(self.calls, batch.meta)
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed + 7919 * self.rank + call)
-            parts = [self._generate_chunk(mb, params, T, calc_lp, ignore_eos) for mb in batch.split(size)]
+            parts = [self._generate_chunk(mb, params, T, calc_lp, ignore_eos)
+                     for mb in progress(batch.split(size), "rollout", unit="micro-batch", leave=False)]
         self.calls += int(counted)
         self.module.train(was_training)
         responses = torch.cat([p[0] for p in parts])
