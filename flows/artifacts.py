@@ -72,12 +72,15 @@ def log_stage(store: ResultsStore, stage: str, run_id: str, cached: bool = False
 
 
 def evaluation_table(evaluation: dict[str, float]) -> list[dict[str, Any]]:
-    """``{"test_score/ds": x, "pass@1/ds": y}`` → one row per data source."""
+    """``{"test_score/ds": x, "pass@1/ds": y, "pass@1/num_prompts/ds": n, "reward/num_errors/ds": e}`` → one
+    row per data source (``ds`` may hold slashes, as ``openai/gsm8k``; every source has a ``test_score``)."""
+    sources = sorted((k[len("test_score/"):] for k in evaluation if k.startswith("test_score/")), key=len,
+                     reverse=True)  # longest first: a source that ends another one's name matches first
     rows: dict[str, dict[str, Any]] = {}
     for key, value in evaluation.items():
-        name, _, source = key.partition("/")
-        if source:
-            rows.setdefault(source, {"data_source": source})[name] = round(float(value), 6)
+        source = next((s for s in sources if key.endswith("/" + s)), None)
+        if source is not None:
+            rows.setdefault(source, {"data_source": source})[key[:-len(source) - 1]] = round(float(value), 6)
     return [rows[k] for k in sorted(rows)]
 
 

@@ -35,10 +35,13 @@ def test_step_progress_prints_each_finished_step_once(tmp_path, capsys):
 
 
 def test_evaluation_table_one_row_per_data_source():
+    # metric names with slashes (reward/num_errors, pass@k/num_prompts) and sources with slashes (openai/gsm8k)
     rows = artifacts.evaluation_table({"test_score/openai/gsm8k": 0.25, "pass@1/openai/gsm8k": 0.2,
-                                       "test_score/math": 0.5})
+                                       "pass@1/num_prompts/openai/gsm8k": 8.0,
+                                       "reward/num_errors/openai/gsm8k": 1.0, "test_score/math": 0.5})
     assert rows == [{"data_source": "math", "test_score": 0.5},
-                    {"data_source": "openai/gsm8k", "test_score": 0.25, "pass@1": 0.2}]
+                    {"data_source": "openai/gsm8k", "test_score": 0.25, "pass@1": 0.2, "pass@1/num_prompts": 8.0,
+                     "reward/num_errors": 1.0}]
 
 
 def test_log_stage_names_duration_and_headline(results_store, capsys):
