@@ -273,9 +273,10 @@ def test_ephemeral_prefect_starts_under_the_home_lock(monkeypatch, tmp_path):
     import flows.rlhf as flow_mod
 
     (tmp_path / "prefect").mkdir(exist_ok=True)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # an earlier test's server must not count as configured
     with filelock.FileLock(str(tmp_path / "prefect" / "prefect.db.lock")):
-        with pytest.raises(filelock.Timeout):  # waits for the other process, starts nothing meanwhile
-            flow_mod.start_ephemeral_prefect(timeout_s=0.5)
+        with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(filelock.Timeout):
+            flow_mod.start_ephemeral_prefect(timeout_s=0.5)  # waits for the other process, starts nothing
         with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
             flow_mod.start_ephemeral_prefect(timeout_s=0.5)  # a real server is configured: no lock, no start
 
