@@ -38,6 +38,17 @@ class ScriptedPolicy:
         return TokenOutput(ids, [-(j + 1) / 10 for j in range(len(ids))])
 
 
+def make_model(tok):
+    """A 2-layer Qwen2 (hidden 32, seed 0, eval mode) over ``tok``'s vocabulary: the agent tests' policy."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=512, tie_word_embeddings=True)).eval()
+
+
 def tool(class_name, name, config=None):
     entry = {"class_name": class_name, "config": {"type": "native", **(config or {})},
              "tool_schema": {"type": "function", "function": {

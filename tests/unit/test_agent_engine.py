@@ -12,7 +12,7 @@ from rlhf_core.agent.engine import SamplingParams, StepEngine, sample_token
 from rlhf_core.agent.manager import AgentLoopManager
 from rlhf_core.agent.registry import load_agent_loop_specs
 from rlhf_core.protocol import Batch
-from tests.unit.agent_fixtures import make_tokenizer, tool
+from tests.unit.agent_fixtures import make_model, make_tokenizer, tool
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    return Qwen2ForCausalLM(cfg).eval()
+    return make_model(tok)
 
 
 async def _gather(engine, budgets, prompts):

@@ -13,7 +13,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.tools.config import ToolConfigError
 from rlhf_core.workers.rollout.agent_rollout import AgentRollout, uses_agent_loop
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
-from tests.unit.agent_fixtures import make_tokenizer
+from tests.unit.agent_fixtures import make_model, make_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL_YAML = """tools:
@@ -35,12 +35,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    return make_model(tok)
 
 
 def _rollout_cfg(tmp_path, **overrides):
