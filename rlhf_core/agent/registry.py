@@ -17,6 +17,7 @@ import yaml
 from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
 from rlhf_core.agent.interactions import load_interactions
+from rlhf_core.agent.sanity import SANITY_CHECK_MODES
 from rlhf_core.tools.config import load_tools
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import TRUNCATE_SIDES
@@ -30,8 +31,9 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     """Unpack ``actor_rollout_ref.rollout`` (``response_length`` and ``multi_turn.*``) once.
 
     Raises:
-        ValueError: ``multi_turn.format`` without a parser, or ``tool_response_truncate_side`` not
-            ``left | middle | right`` (at worker start, not at the first tool call).
+        ValueError: ``multi_turn.format`` without a parser, ``tool_response_truncate_side`` not
+            ``left | middle | right`` or ``tokenization_sanity_check_mode`` not ``strict | ignore_strippable |
+            disable`` (at worker start, not at the first tool call).
     """
     mt = rollout_cfg.multi_turn
     if str(mt.format) not in TOOL_PARSERS:
@@ -39,6 +41,9 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     if str(mt.tool_response_truncate_side) not in TRUNCATE_SIDES:
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side="
                          f"{mt.tool_response_truncate_side!r}: use one of {TRUNCATE_SIDES}")
+    if str(mt.tokenization_sanity_check_mode) not in SANITY_CHECK_MODES:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode="
+                         f"{mt.tokenization_sanity_check_mode!r}: use one of {SANITY_CHECK_MODES}")
     return MultiTurnSettings(
         response_length=int(rollout_cfg.response_length),
         max_assistant_turns=None if mt.max_assistant_turns is None else int(mt.max_assistant_turns),
@@ -46,7 +51,9 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
         max_parallel_calls=int(mt.max_parallel_calls),
         max_tool_response_length=int(mt.max_tool_response_length),
         tool_response_truncate_side=str(mt.tool_response_truncate_side),
-        format=str(mt.format))
+        format=str(mt.format),
+        use_inference_chat_template=bool(mt.use_inference_chat_template),
+        tokenization_sanity_check_mode=str(mt.tokenization_sanity_check_mode))
 
 
 def _import(target: str) -> type:
