@@ -67,7 +67,8 @@ class MultiTurnSettings:
     :func:`rlhf_core.agent.registry.settings_from_config`; the defaults there come from ``configs/ppo_trainer.yaml``,
     these are for direct construction in tests). ``None`` turn limits mean no limit.
     ``use_inference_chat_template``: see :class:`rlhf_core.agent.loops.ToolAgentLoop`;
-    ``tokenization_sanity_check_mode``: see :mod:`rlhf_core.agent.sanity`."""
+    ``tokenization_sanity_check_mode``: see :mod:`rlhf_core.agent.sanity`; ``num_repeat_rollouts``: see
+    :mod:`rlhf_core.agent.repeat` (read by the ``collabllm_agent`` loop only, as in verl)."""
 
     response_length: int
     max_assistant_turns: int | None = None
@@ -78,6 +79,7 @@ class MultiTurnSettings:
     format: str = "hermes"
     use_inference_chat_template: bool = False
     tokenization_sanity_check_mode: str = "strict"
+    num_repeat_rollouts: int | None = None
 
 
 class AgentLoopBase:

@@ -1,7 +1,7 @@
 """Choosing and building agent loops from the config (verl ``agent_loop.py`` registry semantics).
 
 * ``rollout.agent.default_agent_loop``: the loop of rows without an ``agent_name`` column
-  (``single_turn_agent`` or ``tool_agent`` built in);
+  (``single_turn_agent``, ``tool_agent`` and ``collabllm_agent`` built in);
 * ``rollout.agent.agent_loop_config_path``: a YAML list of ``{name: ..., _target_: pkg.module.Class, ...}``;
   each registers (or replaces) ``name``; the other keys go to the class as keyword arguments;
 * a row's ``agent_name`` picks its loop.
@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
+from rlhf_core.agent import loops, repeat  # noqa: F401 - registers single_turn_agent, tool_agent, collabllm_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
 from rlhf_core.agent.interactions import load_interactions
 from rlhf_core.agent.sanity import SANITY_CHECK_MODES
@@ -33,7 +33,7 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     Raises:
         ValueError: ``multi_turn.format`` without a parser, ``tool_response_truncate_side`` not
             ``left | middle | right`` or ``tokenization_sanity_check_mode`` not ``strict | ignore_strippable |
-            disable`` (at worker start, not at the first tool call).
+            disable`` or ``num_repeat_rollouts`` negative (at worker start, not at the first tool call).
     """
     mt = rollout_cfg.multi_turn
     if str(mt.format) not in TOOL_PARSERS:
@@ -44,6 +44,9 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     if str(mt.tokenization_sanity_check_mode) not in SANITY_CHECK_MODES:
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode="
                          f"{mt.tokenization_sanity_check_mode!r}: use one of {SANITY_CHECK_MODES}")
+    if mt.num_repeat_rollouts is not None and int(mt.num_repeat_rollouts) < 0:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts={mt.num_repeat_rollouts}: "
+                         "use null or an int >= 0")
     return MultiTurnSettings(
         response_length=int(rollout_cfg.response_length),
         max_assistant_turns=None if mt.max_assistant_turns is None else int(mt.max_assistant_turns),
@@ -53,11 +56,17 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
         tool_response_truncate_side=str(mt.tool_response_truncate_side),
         format=str(mt.format),
         use_inference_chat_template=bool(mt.use_inference_chat_template),
-        tokenization_sanity_check_mode=str(mt.tokenization_sanity_check_mode))
+        tokenization_sanity_check_mode=str(mt.tokenization_sanity_check_mode),
+        num_repeat_rollouts=None if mt.num_repeat_rollouts is None else int(mt.num_repeat_rollouts))
+
+
+# verl loop classes named by path in an agent loop config, and ours that behave the same
+VERL_LOOP_ALIASES = {"recipe.collabllm.collabllm_agent_loop.CollabLLMAgentLoop":
+                     "rlhf_core.agent.repeat.RepeatInteractionAgentLoop"}
 
 
 def _import(target: str) -> type:
-    module_name, _, attr = target.rpartition(".")
+    module_name, _, attr = VERL_LOOP_ALIASES.get(target, target).rpartition(".")
     return getattr(importlib.import_module(module_name), attr)
 
 
