@@ -145,7 +145,8 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
     keeps ``rows`` and ``sources`` (``RLHFDataset``; a custom dataset without them is checked per batch).
 
     Raises:
-        ToolConfigError, InteractionConfigError, AgentConfigError: as above, naming the file and row.
+        ToolConfigError, InteractionConfigError, AgentConfigError: as above, naming the file and row (also a
+            ``collabllm_agent`` row without ``num_repeat_rollouts`` or an interaction config).
         ValueError: ``multi_turn.interaction_config_path`` set while agent loops are off (it would do nothing).
     """
     interaction_path = rollout_cfg.multi_turn.interaction_config_path
@@ -162,3 +163,18 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
         if ds is not None and hasattr(ds, "rows") and hasattr(ds, "sources"):
             check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools,
                        interactions)
+            _check_repeat_loop_rows(rollout_cfg, ds.rows, ds.sources, specs, interactions)
+
+
+def _check_repeat_loop_rows(rollout_cfg: Any, rows: Iterable[dict[str, Any]], where: Iterable[Any], specs: dict,
+                            interactions: dict) -> None:
+    """A row whose loop is a ``collabllm_agent`` (:mod:`rlhf_core.agent.repeat`) needs
+    ``multi_turn.num_repeat_rollouts`` and an interaction config; fail at dataset build naming the row."""
+    repeat_loops = {name for name, (cls, _) in specs.items() if issubclass(cls, repeat.RepeatInteractionAgentLoop)}
+    mt = rollout_cfg.multi_turn
+    for row, label in zip(rows, where):
+        name = row.get("agent_name") or str(rollout_cfg.agent.default_agent_loop)
+        if name in repeat_loops and (mt.num_repeat_rollouts is None or not interactions):
+            raise AgentConfigError(f"{label}: agent loop {name!r} needs actor_rollout_ref.rollout.multi_turn."
+                                   f"num_repeat_rollouts (got {mt.num_repeat_rollouts}) and "
+                                   f"multi_turn.interaction_config_path (got {mt.interaction_config_path!r})")

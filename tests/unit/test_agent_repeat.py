@@ -85,3 +85,28 @@ def test_verl_recipe_path_and_the_messages_column(tok, tmp_path):
     # only the first turn is in the trained response: every response token is an assistant token
     assert out["response_mask"].sum(-1).tolist() == out["attention_mask"][:, -300:].sum(-1).tolist()
     assert (out["response_mask"].sum(-1) > 0).all()
+
+
+def test_a_collabllm_row_without_its_keys_fails_at_dataset_build(tok, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+
+    from rlhf_core.agent.registry import AgentConfigError, check_datasets
+    from rlhf_core.data.rl_dataset import RLHFDataset
+    from tests.unit.test_agent_rollout import REPO
+
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "agent_name": name,
+             "extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "1"}}}
+            for name in ("tool_agent", "collabllm_agent")]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data_cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").data
+    data_cfg.max_prompt_length = 64
+    ds = RLHFDataset(str(path), tok, data_cfg)
+    cfg = _rollout_cfg(tmp_path, mode="async", **{"multi_turn.interaction_config_path": str(SHIPPED)})
+    with pytest.raises(AgentConfigError, match=r"train.parquet.*row 1.*'collabllm_agent' needs .*num_repeat_rollouts "
+                                               r"\(got None\)"):
+        check_datasets(cfg, [ds])
+    cfg.multi_turn.num_repeat_rollouts = 2
+    check_datasets(cfg, [ds])  # both keys set: accepted
