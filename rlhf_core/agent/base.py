@@ -64,7 +64,11 @@ class AgentLoopOutput:
 @dataclass(frozen=True)
 class MultiTurnSettings:
     """The scalars an agent loop needs, unpacked once from ``actor_rollout_ref.rollout`` (see
-    :func:`rlhf_core.agent.registry.settings_from_config`). ``None`` turn limits mean no limit."""
+    :func:`rlhf_core.agent.registry.settings_from_config`; the defaults there come from ``configs/ppo_trainer.yaml``,
+    these are for direct construction in tests). ``None`` turn limits mean no limit.
+    ``use_inference_chat_template``: see :class:`rlhf_core.agent.loops.ToolAgentLoop`;
+    ``tokenization_sanity_check_mode``: see :mod:`rlhf_core.agent.sanity`; ``num_repeat_rollouts``: see
+    :mod:`rlhf_core.agent.repeat` (read by the ``collabllm_agent`` loop only, as in verl)."""
 
     response_length: int
     max_assistant_turns: int | None = None
@@ -73,6 +77,9 @@ class MultiTurnSettings:
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
     format: str = "hermes"
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+    num_repeat_rollouts: int | None = None
 
 
 class AgentLoopBase:

@@ -31,7 +31,9 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
         prompt (tool schemas lengthen it); ``responses``/``response_mask (B, T)`` right-padded;
         ``input_ids``/``attention_mask``/``position_ids (B, P+T)``; ``rollout_log_probs (B, T)`` float32 when
         every trajectory has log-probs. Non-tensor columns of ``prompt_batch`` plus ``num_turns`` (int),
-        ``tool_rewards`` and ``turn_scores`` (lists per row) and ``tool_calls`` (per row ``{tool: [calls, failures]}``); ``meta["metrics"]``: :func:`trajectory_metrics`.
+        ``tool_rewards`` and ``turn_scores`` (lists per row) and ``tool_calls`` (per row ``{tool: [calls, failures]}``),
+        and ``messages`` (per row ``{"messages": [conversation, ...]}`` or ``None``) when a loop returns them
+        (``collabllm_agent``); ``meta["metrics"]``: :func:`trajectory_metrics`.
 
     Raises:
         ValueError: when the counts differ or a trajectory is longer than ``response_length`` or its mask and
@@ -76,6 +78,8 @@ def pack_trajectories(outputs: Sequence[AgentLoopOutput], prompt_batch: Batch, r
     non_tensors["turn_scores"] = [list(o.turn_scores) for o in outputs]
     non_tensors["tool_calls"] = [{name: [o.tool_stats.calls[name], o.tool_stats.failures.get(name, 0)]
                                   for name in o.tool_stats.calls} for o in outputs]
+    if any("messages" in o.extra for o in outputs):  # the collabllm_agent loop's repeated rollouts (verl's column)
+        non_tensors["messages"] = [o.extra.get("messages") for o in outputs]
     meta = dict(prompt_batch.meta)
     meta["metrics"] = trajectory_metrics(outputs)
     return Batch(tensors, non_tensors, meta)

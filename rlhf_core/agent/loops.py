@@ -6,6 +6,7 @@ from typing import Any
 
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
 from rlhf_core.agent.interactions import finalize
+from rlhf_core.agent.sanity import check_trajectory
 from rlhf_core.data.prompts import encode
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import ToolCallStats, run_tool_calls
@@ -34,14 +35,18 @@ def render_turn(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     return encode(tokenizer, full[len(base):])
 
 
+def _render_messages(tokenizer: Any, messages: list[dict[str, Any]], tool_schemas: list[dict] | None) -> list[int]:
+    text = tokenizer.apply_chat_template(list(messages), tools=tool_schemas, add_generation_prompt=True, tokenize=False)
+    return encode(tokenizer, text)
+
+
 def _render_prompt(tokenizer: Any, row: dict[str, Any], tool_schemas: list[dict] | None) -> list[int]:
     messages = row.get("raw_prompt")
     if messages is None:
         if tool_schemas:
             raise ValueError("tool_agent needs the chat messages: set data.return_raw_chat=True")
         return list(row["raw_prompt_ids"])
-    text = tokenizer.apply_chat_template(list(messages), tools=tool_schemas, add_generation_prompt=True, tokenize=False)
-    return encode(tokenizer, text)
+    return _render_messages(tokenizer, messages, tool_schemas)
 
 
 @AGENT_LOOPS.register("single_turn_agent")
@@ -74,6 +79,23 @@ class ToolAgentLoop(AgentLoopBase):
     :mod:`rlhf_core.agent.interactions`); its turn score is recorded, and the loop stops when the interaction
     ends the sequence (after its user turn) or the user turn would not fit in ``response_length``: it is then
     dropped, like a tool turn (verl appends it and cuts the trajectory at ``response_length``, keeping its head).
+
+    ``multi_turn.use_inference_chat_template`` (verl ``AsyncRolloutRequest.get_generation_prompt_ids``) chooses
+    what the engine is asked to continue at assistant turns 2, 3, ...; the layout (``prompt_ids``,
+    ``response_ids``, ``response_mask``: what training sees) is built the same way in both cases:
+
+    * ``False`` (default): the trajectory's own ids, ``prompt_ids + response_ids so far``: the policy is trained
+      on exactly the context it generated from; earlier turns keep everything the model emitted (e.g. Qwen3's
+      ``<think>`` content);
+    * ``True``: the chat template applied to the conversation so far (``raw_prompt`` + each assistant turn's
+      decoded text + the tool/user turns, ``tools=`` the schemas, with the generation prompt), as an inference
+      server renders it: a template that drops earlier turns' reasoning (Qwen3, QwQ) gives the engine a shorter
+      context than the training sequence, and ``rollout_log_probs`` are then those of that context, not of the
+      training sequence (the actor's recomputed log-probs are). Rows without ``raw_prompt`` keep the ids.
+
+    ``multi_turn.tokenization_sanity_check_mode``: at the end, :func:`rlhf_core.agent.sanity.check_trajectory`
+    compares the ids with the whole conversation re-tokenized; a mismatch's message goes to
+    ``extra["tokenization_mismatch"]`` (the manager logs it). Rows without ``raw_prompt`` are not checked.
     """
 
     async def run(self, row: dict[str, Any], request_id: str) -> AgentLoopOutput:
@@ -105,19 +127,23 @@ class ToolAgentLoop(AgentLoopBase):
         logprobs: list[float] | None = []
         stats, rewards, turn_scores = ToolCallStats(), [], []
         assistant_turns = user_turns = 0
+        last_turn_start = 0
         while len(ids) < s.response_length:
-            out = await self.policy.generate(prompt_ids + ids, s.response_length - len(ids),
+            inference_render = s.use_inference_chat_template and raw is not None and assistant_turns > 0
+            context = _render_messages(self.tokenizer, messages, schemas) if inference_render else prompt_ids + ids
+            out = await self.policy.generate(context, s.response_length - len(ids),
                                              f"{request_id}/turn{assistant_turns}")
             turn = out.token_ids[: s.response_length - len(ids)]
+            last_turn_start = len(ids)
             ids += turn
             mask += [1] * len(turn)
             logprobs = None if logprobs is None or out.log_probs is None else logprobs + list(out.log_probs[: len(turn)])
             assistant_turns += 1
+            messages.append({"role": "assistant", "content": self.tokenizer.decode(turn, skip_special_tokens=True)})
             if (len(ids) >= s.response_length or (s.max_assistant_turns and assistant_turns >= s.max_assistant_turns)
                     or (s.max_user_turns and user_turns >= s.max_user_turns)):
                 break
             _, calls = parse(self.tokenizer.decode(turn, skip_special_tokens=False))
-            messages.append({"role": "assistant", "content": self.tokenizer.decode(turn, skip_special_tokens=True)})
             if calls:
                 results = await run_tool_calls(calls, self.tools, tools_kwargs, s.max_parallel_calls,
                                                s.max_tool_response_length, s.tool_response_truncate_side, stats)
@@ -141,5 +167,10 @@ class ToolAgentLoop(AgentLoopBase):
             user_turns += 1
             if stop:  # the interaction ended the sequence after its (kept) user turn, as verl does
                 break
+        extra = {}
+        if raw is not None and s.tokenization_sanity_check_mode != "disable":
+            extra["tokenization_mismatch"] = check_trajectory(
+                self.tokenizer, messages, schemas, prompt_ids, ids, last_turn_start, {self.tokenizer.eos_token_id},
+                s.tokenization_sanity_check_mode, f"trajectory {request_id} (<call>/<row>)")
         return AgentLoopOutput(prompt_ids, ids, mask, logprobs, num_turns=1 + assistant_turns + user_turns,
-                               tool_stats=stats, tool_rewards=rewards, turn_scores=turn_scores)
+                               tool_stats=stats, tool_rewards=rewards, turn_scores=turn_scores, extra=extra)

@@ -1,7 +1,7 @@
 """Choosing and building agent loops from the config (verl ``agent_loop.py`` registry semantics).
 
 * ``rollout.agent.default_agent_loop``: the loop of rows without an ``agent_name`` column
-  (``single_turn_agent`` or ``tool_agent`` built in);
+  (``single_turn_agent``, ``tool_agent`` and ``collabllm_agent`` built in);
 * ``rollout.agent.agent_loop_config_path``: a YAML list of ``{name: ..., _target_: pkg.module.Class, ...}``;
   each registers (or replaces) ``name``; the other keys go to the class as keyword arguments;
 * a row's ``agent_name`` picks its loop.
@@ -14,9 +14,10 @@ from typing import Any, Iterable
 
 import yaml
 
-from rlhf_core.agent import loops  # noqa: F401 - registers single_turn_agent and tool_agent
+from rlhf_core.agent import loops, repeat  # noqa: F401 - registers single_turn_agent, tool_agent, collabllm_agent
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
 from rlhf_core.agent.interactions import load_interactions
+from rlhf_core.agent.sanity import SANITY_CHECK_MODES
 from rlhf_core.tools.config import load_tools
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import TRUNCATE_SIDES
@@ -30,8 +31,9 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     """Unpack ``actor_rollout_ref.rollout`` (``response_length`` and ``multi_turn.*``) once.
 
     Raises:
-        ValueError: ``multi_turn.format`` without a parser, or ``tool_response_truncate_side`` not
-            ``left | middle | right`` (at worker start, not at the first tool call).
+        ValueError: ``multi_turn.format`` without a parser, ``tool_response_truncate_side`` not
+            ``left | middle | right`` or ``tokenization_sanity_check_mode`` not ``strict | ignore_strippable |
+            disable`` or ``num_repeat_rollouts`` negative (at worker start, not at the first tool call).
     """
     mt = rollout_cfg.multi_turn
     if str(mt.format) not in TOOL_PARSERS:
@@ -39,6 +41,12 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
     if str(mt.tool_response_truncate_side) not in TRUNCATE_SIDES:
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side="
                          f"{mt.tool_response_truncate_side!r}: use one of {TRUNCATE_SIDES}")
+    if str(mt.tokenization_sanity_check_mode) not in SANITY_CHECK_MODES:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode="
+                         f"{mt.tokenization_sanity_check_mode!r}: use one of {SANITY_CHECK_MODES}")
+    if mt.num_repeat_rollouts is not None and int(mt.num_repeat_rollouts) < 0:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts={mt.num_repeat_rollouts}: "
+                         "use null or an int >= 0")
     return MultiTurnSettings(
         response_length=int(rollout_cfg.response_length),
         max_assistant_turns=None if mt.max_assistant_turns is None else int(mt.max_assistant_turns),
@@ -46,11 +54,19 @@ def settings_from_config(rollout_cfg: Any) -> MultiTurnSettings:
         max_parallel_calls=int(mt.max_parallel_calls),
         max_tool_response_length=int(mt.max_tool_response_length),
         tool_response_truncate_side=str(mt.tool_response_truncate_side),
-        format=str(mt.format))
+        format=str(mt.format),
+        use_inference_chat_template=bool(mt.use_inference_chat_template),
+        tokenization_sanity_check_mode=str(mt.tokenization_sanity_check_mode),
+        num_repeat_rollouts=None if mt.num_repeat_rollouts is None else int(mt.num_repeat_rollouts))
+
+
+# verl loop classes named by path in an agent loop config, and ours that behave the same
+VERL_LOOP_ALIASES = {"recipe.collabllm.collabllm_agent_loop.CollabLLMAgentLoop":
+                     "rlhf_core.agent.repeat.RepeatInteractionAgentLoop"}
 
 
 def _import(target: str) -> type:
-    module_name, _, attr = target.rpartition(".")
+    module_name, _, attr = VERL_LOOP_ALIASES.get(target, target).rpartition(".")
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -129,7 +145,8 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
     keeps ``rows`` and ``sources`` (``RLHFDataset``; a custom dataset without them is checked per batch).
 
     Raises:
-        ToolConfigError, InteractionConfigError, AgentConfigError: as above, naming the file and row.
+        ToolConfigError, InteractionConfigError, AgentConfigError: as above, naming the file and row (also a
+            ``collabllm_agent`` row without ``num_repeat_rollouts`` or an interaction config).
         ValueError: ``multi_turn.interaction_config_path`` set while agent loops are off (it would do nothing).
     """
     interaction_path = rollout_cfg.multi_turn.interaction_config_path
@@ -146,3 +163,18 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
         if ds is not None and hasattr(ds, "rows") and hasattr(ds, "sources"):
             check_rows(ds.rows, [str(s) for s in ds.sources], specs, str(rollout_cfg.agent.default_agent_loop), tools,
                        interactions)
+            _check_repeat_loop_rows(rollout_cfg, ds.rows, ds.sources, specs, interactions)
+
+
+def _check_repeat_loop_rows(rollout_cfg: Any, rows: Iterable[dict[str, Any]], where: Iterable[Any], specs: dict,
+                            interactions: dict) -> None:
+    """A row whose loop is a ``collabllm_agent`` (:mod:`rlhf_core.agent.repeat`) needs
+    ``multi_turn.num_repeat_rollouts`` and an interaction config; fail at dataset build naming the row."""
+    repeat_loops = {name for name, (cls, _) in specs.items() if issubclass(cls, repeat.RepeatInteractionAgentLoop)}
+    mt = rollout_cfg.multi_turn
+    for row, label in zip(rows, where):
+        name = row.get("agent_name") or str(rollout_cfg.agent.default_agent_loop)
+        if name in repeat_loops and (mt.num_repeat_rollouts is None or not interactions):
+            raise AgentConfigError(f"{label}: agent loop {name!r} needs actor_rollout_ref.rollout.multi_turn."
+                                   f"num_repeat_rollouts (got {mt.num_repeat_rollouts}) and "
+                                   f"multi_turn.interaction_config_path (got {mt.interaction_config_path!r})")

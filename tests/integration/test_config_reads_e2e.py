@@ -80,6 +80,14 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
             "multi_turn.tool_response_truncate_side", "multi_turn.format", "agent.default_agent_loop",
             "agent.agent_loop_config_path")},
+        _A + "rollout.agent.num_workers":
+            "tests/unit/test_agent_keys.py::test_num_workers_cuts_contiguous_chunks_each_with_its_own_loops",
+        _A + "rollout.multi_turn.use_inference_chat_template":
+            "tests/unit/test_agent_keys.py::test_inference_chat_template_changes_the_engine_context_not_the_layout",
+        _A + "rollout.multi_turn.tokenization_sanity_check_mode":
+            "tests/unit/test_agent_keys.py::test_sanity_check_in_the_tool_loop_and_the_manager_warning",
+        _A + "rollout.multi_turn.num_repeat_rollouts":
+            "tests/unit/test_agent_repeat.py::test_one_trained_turn_and_num_repeat_rollouts_continuations",
         "critic.enable": "tests/unit/test_trainer_algo_keys.py::test_critic_enable_builds_the_critic_worker_group",
         "algorithm.pf_ppo.reweight_method":
             "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",

@@ -41,6 +41,9 @@ class AgentRollout:
         self.specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
         self.default_agent_loop = str(rollout_cfg.agent.default_agent_loop)
         self.max_num_seqs = int(rollout_cfg.max_num_seqs)
+        self.num_workers = int(rollout_cfg.agent.num_workers)
+        if self.num_workers < 1:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.num_workers must be >= 1, got {self.num_workers}")
         self.calls = 0
 
     @property
@@ -59,7 +62,8 @@ class AgentRollout:
                             seed=self.hf.seed + 7919 * self.hf.rank + call, max_num_seqs=self.max_num_seqs,
                             schedule=self.schedule)
         manager = AgentLoopManager(engine, self.tokenizer, self.settings, self.tools, self.specs,
-                                   self.default_agent_loop, self.hf.pad_token_id, self.interactions)
+                                   self.default_agent_loop, self.hf.pad_token_id, self.interactions,
+                                   num_workers=self.num_workers)
         was_training = self.hf.module.training
         self.hf.module.eval()
         try:
