@@ -200,13 +200,11 @@ def test_parallel_calls_run_concurrently_and_are_capped(test_tools):
     assert loop_time["elapsed"] < 0.8  # three 0.4 s calls in series would take 1.2 s
 
 
-def test_gsm8k_multiturn_data(tmp_path):
-    """`rlhf data gsm8k --multiturn` writes verl's multi-turn schema, and its rows pass the tool-name check."""
+def _write_multiturn_gsm8k(tmp_path) -> None:
+    """One GSM8K question ("6 times 12", answer 72) in both raw splits, through `rlhf data gsm8k --multiturn` into
+    ``tmp_path/out/{train,test}.parquet``."""
     import json
 
-    import pyarrow.parquet as pq
-
-    from rlhf_core.agent.registry import check_rows
     from rlhf_core.data.cli import main
 
     src = tmp_path / "raw"
@@ -215,6 +213,15 @@ def test_gsm8k_multiturn_data(tmp_path):
         (src / f"{split}.jsonl").write_text(json.dumps({"question": "What is 6 times 12?",
                                                         "answer": "6*12=72\n#### 72"}) + "\n")
     assert main(["gsm8k", "--local-dir", str(src), "--out", str(tmp_path / "out"), "--multiturn"]) == 0
+
+
+def test_gsm8k_multiturn_data(tmp_path):
+    """`rlhf data gsm8k --multiturn` writes verl's multi-turn schema, and its rows pass the tool-name check."""
+    import pyarrow.parquet as pq
+
+    from rlhf_core.agent.registry import check_rows
+
+    _write_multiturn_gsm8k(tmp_path)
     row = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()[0]
     assert row["agent_name"] == "tool_agent"
     assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "calc_gsm8k_reward" in row["prompt"][0]["content"]
@@ -226,22 +233,14 @@ def test_gsm8k_multiturn_data(tmp_path):
 def test_tool_sft_traces_teach_the_call_format(tmp_path):
     """The gsm8k_tools pipeline task's SFT traces: question → tool call (reference answer) → the tool's own
     response → final answer; the SFT dataset trains on exactly the two assistant turns; the call parses."""
-    import json
-
     import pyarrow.parquet as pq
 
-    from rlhf_core.data.cli import main
     from rlhf_core.data.gsm8k_multiturn import add_tool_traces
     from rlhf_core.data.sft_dataset import SFTDataset
     from tests.unit.agent_fixtures import make_tokenizer
     from tests.unit.data_fixtures import sft_data_cfg
 
-    src = tmp_path / "raw"
-    src.mkdir()
-    for split in ("train", "test"):
-        (src / f"{split}.jsonl").write_text(json.dumps({"question": "What is 6 times 12?",
-                                                        "answer": "6*12=72\n#### 72"}) + "\n")
-    assert main(["gsm8k", "--local-dir", str(src), "--out", str(tmp_path / "out"), "--multiturn"]) == 0
+    _write_multiturn_gsm8k(tmp_path)
     path = add_tool_traces(str(tmp_path / "out" / "train.parquet"), str(tmp_path / "sft.parquet"))
     row = pq.read_table(path).to_pylist()[0]
     call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "72"}}</tool_call>'
