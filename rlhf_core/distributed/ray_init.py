@@ -39,19 +39,22 @@ def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
             f"ray_init.address={address!r} is unreachable ({exc}); start the cluster there (ray start --head) or "
             "set ray_init.address=null to start a local Ray instance") from exc
 def local_ray_init_kwargs(num_cpus: int | None = None) -> dict:
-    """``ray.init`` keyword arguments of an embedded (single-machine) instance: no dashboard, and its host
+    """``ray.init`` keyword arguments of an embedded (single-machine) instance: a new instance of its own
+    (``address="local"``: ``ray.init()`` without an address would attach to whatever cluster ``ray start`` last
+    started on this machine, found through ``/tmp/ray/ray_current_cluster``), no dashboard, and its host
     pinned to :func:`rlhf_core.bind_host.bind_host` (``127.0.0.1`` unless ``$RLHF_BIND_HOST``) should one be
     turned on. Ray 2.60 gives no setting for its own gRPC ports (GCS, raylet, workers, dashboard agent):
     they listen on all interfaces whatever is passed here."""
-    return {"num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": bind_host()}
+    return {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": bind_host()}
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
 
     Args:
-        address: ``None`` → embedded local instance; ``"auto"`` / ``"ray://..."`` / ``"host:port"`` →
-            connect to an existing cluster (``num_cpus`` is then ignored: a cluster's size is its own).
+        address: ``None`` → ``$RAY_ADDRESS`` when set (as a ``ray job submit`` driver has it), else a new
+            embedded local instance; ``"auto"`` / ``"ray://..."`` / ``"host:port"`` → connect to an existing
+            cluster (``num_cpus`` is then ignored: a cluster's size is its own).
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
 
     For the embedded case ``RAY_AUTH_MODE`` defaults to ``disabled`` (Ray 2.60 enables token
@@ -66,6 +69,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     # config-read recording (rlhf_core/config/reads.py) must reach every worker process too
     reads = os.environ.get("RLHF_CONFIG_READS")
     runtime_env = {"env_vars": {"RLHF_CONFIG_READS": reads}} if reads else None
+    if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
+        address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, runtime_env=runtime_env)

@@ -48,6 +48,7 @@ def test_server_command_lines_and_ray_kwargs_bind_loopback(monkeypatch):
     assert host_of(head, "--dashboard-host") == host_of(head, "--node-ip-address") == "127.0.0.1"
     kwargs = local_ray_init_kwargs(2)
     assert kwargs["include_dashboard"] is False and kwargs["dashboard_host"] == "127.0.0.1"
+    assert kwargs["address"] == "local"  # a new instance, never a `ray start` cluster found in /tmp/ray
     # told otherwise: the setting reaches every builder
     monkeypatch.setenv("RLHF_BIND_HOST", "0.0.0.0")
     assert host_of(prefect_server_command(), "--host") == "0.0.0.0"

@@ -52,3 +52,26 @@ def test_more_nodes_than_the_cluster_has_names_what_is_missing(two_nodes):
         RayWorkerGroup(_Rank, 3, {}, num_cpus_per_worker=1, nnodes=3, pg_timeout_s=5)
     with pytest.raises(ValueError, match="must divide the world size 3"):
         RayWorkerGroup(_Rank, 3, {}, num_cpus_per_worker=1, nnodes=2)
+
+
+def test_embedded_ray_never_attaches_to_a_cluster_started_on_this_machine(two_nodes):
+    """While ``two_nodes`` runs, ``/tmp/ray/ray_current_cluster`` names its head (Ray's ``Cluster`` writes it, as
+    ``ray start`` does); a bare ``ray.init()`` would attach to it and then refuse ``num_cpus``. ``init_ray(None)``
+    and ``connect_ray(None)`` start instances of their own: another GCS address and the 1 CPU asked for."""
+    import subprocess
+
+    code = ("import sys, ray; from rlhf_core.distributed.ray_init import init_ray; from infra.ray_cluster import "
+            "connect_ray\n"
+            "for start in (lambda: init_ray(None, 1), lambda: connect_ray(None, num_cpus=1)):\n"
+            "    start(); print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU']); "
+            "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.count(" ") == 1 and ":" in line]
+    assert len(lines) == 2, proc.stdout
+    for address, cpus in lines:
+        assert address != two_nodes.address and float(cpus) == 1.0
