@@ -18,26 +18,17 @@ from rlhf_core.models.tiny import CHAT_TEMPLATE
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.agent_rollout import AgentRollout
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
-from tests.unit.agent_fixtures import ScriptedPolicy, make_model, make_tokenizer, tool
-from tests.unit.test_agent_layout import CALL, ROW
+from tests.unit.agent_fixtures import ScriptedPolicy, make_model, make_tokenizer
+from tests.unit.test_agent_layout import CALL, ROW, _gsm8k_tools, tok  # noqa: F401 - tok: the tokenizer fixture
 from tests.unit.test_agent_rollout import _batch, _rollout_cfg
 
 PROMPT_TEXT = "<|im_start|>user\nWhat is 6 times 12?<|im_end|>\n<|im_start|>assistant\n"
 TOOL_TEXT = "<|im_start|>tool\nCurrent parsed answer='72' reward=1.0<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-def _tools():
-    return {"calc_gsm8k_reward": tool("verl.tools.gsm8k_tool.Gsm8kTool", "calc_gsm8k_reward")}
-
-
 def _tool_loop(tok, turns, **settings):
     policy = ScriptedPolicy(tok, turns)
-    return policy, ToolAgentLoop(policy, tok, MultiTurnSettings(**{"response_length": 200, **settings}), _tools())
+    return policy, ToolAgentLoop(policy, tok, MultiTurnSettings(**{"response_length": 200, **settings}), _gsm8k_tools())
 
 
 # --- rollout.agent.num_workers ---------------------------------------------------------------------------------
@@ -173,7 +164,7 @@ def test_sanity_check_in_the_tool_loop_and_the_manager_warning(tok, caplog):
     out = asyncio.run(_tool_loop(tok, turns, tokenization_sanity_check_mode="disable")[1].run(ROW, "0/4"))
     assert "tokenization_mismatch" not in out.extra
     # the manager logs one warning per batch naming how many trajectories and the first one
-    manager = AgentLoopManager(ScriptedPolicy(tok, turns), tok, MultiTurnSettings(response_length=200), _tools(),
+    manager = AgentLoopManager(ScriptedPolicy(tok, turns), tok, MultiTurnSettings(response_length=200), _gsm8k_tools(),
                                load_agent_loop_specs(None), "tool_agent", tok.pad_token_id)
     rows = {k: [v, v] for k, v in ROW.items()}
     with caplog.at_level(logging.WARNING, logger="rlhf_core.agent.manager"):
