@@ -118,12 +118,20 @@ def greedy_accuracy(model_dir: Path, rows: list[dict], state_dict_file: Path | N
     return correct / len(rows)
 
 
-def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dict:
-    """GRPO with our trainer for ``seconds`` of training; returns ``{"steps", "weights"}``."""
+def ppo_overrides(extra: list[str], threads: int) -> list[str]:
+    """The preset's ``ppo`` overrides, then ``ray_init.num_cpus=threads``, then ``extra`` (later wins)."""
+    return [*_preset()["ppo"], f"ray_init.num_cpus={threads}", *extra]
+
+
+def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra: list[str] | None = None,
+             threads: int = 2) -> dict:
+    """GRPO with our trainer for ``seconds`` of training; returns ``{"steps", "weights", "wall_s"}``.
+
+    ``extra`` overrides come after the preset's (e.g. ``actor_rollout_ref.actor.ppo_mini_batch_size=8``);
+    ``threads`` is the CPUs Ray may use (one actor rank: its intra-op threads)."""
     out = work / f"ours_lr{lr}_s{seed}"
-    preset = _preset()
     t0 = time.perf_counter()
-    _rlhf(["ppo", *preset["ppo"], f"actor_rollout_ref.model.path={warm}",
+    _rlhf(["ppo", *ppo_overrides(list(extra or []), threads), f"actor_rollout_ref.model.path={warm}",
            f"data.train_files={work / 'data' / 'train.parquet'}", f"data.val_files={work / 'data' / 'test.parquet'}",
            "algorithm.adv_estimator=grpo", f"actor_rollout_ref.actor.optim.lr={lr}", f"data.seed={seed}",
            f"trainer.total_training_seconds={seconds}",
@@ -136,8 +144,13 @@ def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> di
     return {"steps": step, "weights": weights, "wall_s": time.perf_counter() - t0}
 
 
-def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dict:
-    """GRPO with TRL's GRPOTrainer for ``seconds`` of training; returns ``{"steps", "model_dir"}``."""
+def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra: list[str] | None = None,
+            threads: int = 2) -> dict:
+    """GRPO with TRL's GRPOTrainer for ``seconds`` of training; returns ``{"steps", "model_dir", "wall_s"}``.
+
+    Mirrors our settings after ``extra``: ``rollout.n`` → ``num_generations``; ``actor.ppo_mini_batch_size``
+    prompts per optimizer step → ``per_device_train_batch_size`` (× n) and ``steps_per_generation`` (train batch ÷
+    mini-batch); ``threads`` → ``torch.set_num_threads``. ``steps`` counts TRL's optimizer steps."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -146,9 +159,10 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dic
     from rlhf_core.data.readers import read_parquet_rows
     from rlhf_core.reward.scorers import countdown
 
-    preset = _preset()
-    ppo = dict(o.split("=", 1) for o in preset["ppo"])
+    torch.set_num_threads(threads)
+    ppo = dict(o.split("=", 1) for o in ppo_overrides(list(extra or []), threads))
     n, prompts = int(ppo["actor_rollout_ref.rollout.n"]), int(ppo["data.train_batch_size"])
+    mini = int(ppo["actor_rollout_ref.actor.ppo_mini_batch_size"])
     rows = read_parquet_rows(str(work / "data" / "train.parquet"))
     data = Dataset.from_list([{"prompt": [dict(m) for m in r["prompt"]],
                                "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
@@ -167,8 +181,9 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int) -> dic
 
     out = work / f"trl_lr{lr}_s{seed}"
     cfg = GRPOConfig(
-        output_dir=str(out), use_cpu=True, per_device_train_batch_size=prompts * n, gradient_accumulation_steps=1,
-        num_generations=n, max_completion_length=MAX_NEW_TOKENS, learning_rate=lr, beta=0.0, num_iterations=1,
+        output_dir=str(out), use_cpu=True, per_device_train_batch_size=mini * n, gradient_accumulation_steps=1,
+        steps_per_generation=prompts // mini, num_generations=n, max_completion_length=MAX_NEW_TOKENS,
+        learning_rate=lr, beta=0.0, num_iterations=1,
         scale_rewards="group", temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
         logging_steps=10, report_to="none", save_strategy="no", max_steps=100000, disable_tqdm=True,
         dataloader_num_workers=0, seed=seed, lr_scheduler_type="constant", warmup_steps=0,
@@ -191,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-lr", type=float, default=None, help="TRL's learning rate (default: --lr)")
     p.add_argument("--peers", default="ours,trl")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for ours after the preset's (repeatable); TRL mirrors n, batch and mini-batch")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for each peer (ours: ray_init.num_cpus)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -200,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {"before": base, "seconds": args.seconds, "n_test": len(rows), "load": os.getloadavg()}
     peers = args.peers.split(",")
     if "ours" in peers:
-        r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed)
+        r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed, args.set, args.threads)
         result["ours"] = {"lr": args.lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),
                           "after": greedy_accuracy(warm, rows, state_dict_file=r["weights"])}
     if "trl" in peers:
         lr = args.trl_lr if args.trl_lr is not None else args.lr
-        r = run_trl(args.workdir, warm, args.seconds, lr, args.seed)
+        r = run_trl(args.workdir, warm, args.seconds, lr, args.seed, args.set, args.threads)
         result["trl"] = {"lr": lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),
                          "after": greedy_accuracy(r["model_dir"], rows)}
     result["load_end"] = os.getloadavg()

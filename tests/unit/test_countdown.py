@@ -49,6 +49,28 @@ def test_countdown_scorer_format_score_and_dict_truth():
         countdown.compute_score("1+2", '{"target": 3}')
 
 
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        ("3*4+2", 1.0),  # a hit scores `score`, whatever the shaping
+        ("3+4+2", 0.1 + 0.5 * (1 - 5 / 14)),  # 9 misses 14 by 5: format 0.1 + 0.5 x closeness (1 - 5/14)
+        ("3*4*2", 0.1 + 0.5 * (1 - 10 / 14)),  # 24 misses 14 by 10
+        ("3+4", 0.0),  # a number missing: neither format nor distance credit
+    ],
+)
+def test_countdown_distance_score_pays_a_miss_by_closeness(response, score):
+    truth = {"target": 14, "numbers": [3, 4, 2]}
+    out = countdown.compute_score(response, truth, format_score=0.1, distance_score=0.5)
+    assert out["score"] == pytest.approx(score, abs=1e-12)
+    assert out["acc"] is (response == "3*4+2")
+
+
+def test_countdown_distance_score_clips_at_zero_and_is_off_by_default():
+    far = {"target": 4, "numbers": [3, 4]}  # 3*4 = 12 misses 4 by 8 > 4: closeness 1 - 8/4 < 0, clipped to 0
+    assert countdown.compute_score("3*4", far, distance_score=0.5)["score"] == 0.0
+    assert countdown.compute_score("3+4+2", {"target": 14, "numbers": [3, 4, 2]})["score"] == 0.0  # default: 0
+
+
 def test_flat_expressions_values():
     table = flat_expressions([2, 3])
     # orders (2,3),(3,2) × ops: 2+3=5, 2-3=-1, 2*3=6, 3+2=5, 3-2=1, 3*2=6

@@ -12,7 +12,9 @@ Python's precedence over exact integers (an ``ast`` walk, never ``eval``). The l
 the given numbers.
 
 Scores: correct → ``score`` (1.0); a well-formed expression over exactly the given numbers that misses the target →
-``format_score`` (0.0 by default); anything else → 0.0.
+``format_score + distance_score * max(0, 1 - |value - target| / target)`` (both 0.0 by default: a miss scores 0; a
+positive ``distance_score`` is reward shaping that pays a miss by its closeness, never as much as a hit when
+``format_score + distance_score < score``); anything else → 0.0. ``acc`` is True only for a hit.
 """
 from __future__ import annotations
 
@@ -76,8 +78,9 @@ def evaluate_expression(expr: str) -> tuple[int, list[int]] | None:
     return None if value is None else (value, literals)
 
 
-def compute_score(solution_str: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0) -> dict:
-    """Score one Countdown response.
+def compute_score(solution_str: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0,
+                  distance_score: float = 0.0) -> dict:
+    """Score one Countdown response (module doc: the scores of a hit, a well-formed miss and anything else).
 
     Returns:
         ``{"score", "acc": bool, "pred": the extracted expression ("" when none)}``.
@@ -90,5 +93,7 @@ def compute_score(solution_str: str, ground_truth: Any, format_score: float = 0.
     result = evaluate_expression(answer) if answer is not None else None
     if result is None or Counter(result[1]) != Counter(numbers):
         return {"score": 0.0, "acc": False, "pred": answer or ""}
-    ok = result[0] == target
-    return {"score": float(score) if ok else float(format_score), "acc": ok, "pred": answer}
+    if result[0] == target:
+        return {"score": float(score), "acc": True, "pred": answer}
+    closeness = max(0.0, 1.0 - abs(result[0] - target) / target)  # target > 0: generated problems only
+    return {"score": float(format_score) + float(distance_score) * closeness, "acc": False, "pred": answer}
