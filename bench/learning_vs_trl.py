@@ -67,7 +67,8 @@ def prepare(work: Path) -> Path:
         return warm
     preset = _preset()
     pipe = preset["pipeline"]
-    files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0)
+    files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0,
+                               **(preset.get("countdown") or {}))
     texts = []
     for extra in pd.read_parquet(files["train"])["extra_info"]:
         texts += [extra["question"], extra["answer"]]

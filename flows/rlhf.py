@@ -117,7 +117,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id)
-        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task)
+        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task,
+                                               countdown=s.countdown)
         data = rec("prepare_data", upstream.result())
         base_model = s.model_path
         if not base_model:

@@ -35,6 +35,7 @@ class PipelineSettings:
     adv_estimator: str
     evaluate_enabled: bool
     model_sizes: dict[str, int]
+    countdown: dict[str, int]          # generate_countdown arguments (a preset's ``countdown:``), {} = its defaults
     preset_sft: list[str]
     preset_ppo: list[str]
     preset_eval: list[str]
@@ -97,6 +98,7 @@ def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, An
 
 
 PRESET_PIPELINE_KEYS = ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps")
+COUNTDOWN_KEYS = ("min_numbers", "max_numbers", "max_number")  # a preset's countdown: (generate_countdown's)
 TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
 TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
 
@@ -117,6 +119,21 @@ def _task_options(raw: Mapping[str, Any]) -> dict[str, dict[str, float]]:
                              f"known: {list(TASK_OPTION_KEYS)}")
         out[name] = dict(opts or {})
     return out
+
+
+def _countdown_args(preset_name: str | None, raw: Mapping[str, Any]) -> dict[str, int]:
+    """A preset's ``countdown:`` mapping (``min_numbers``, ``max_numbers``, ``max_number``) as ints.
+
+    Raises:
+        ValueError: an unknown key or a value that is not an integer (names the preset, key and value).
+    """
+    bad = set(raw) - set(COUNTDOWN_KEYS)
+    if bad:
+        raise ValueError(f"preset {preset_name!r}: unknown countdown keys {sorted(bad)}; known: {list(COUNTDOWN_KEYS)}")
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"preset {preset_name!r}: countdown.{key} must be an integer, got {value!r}")
+    return dict(raw)
 
 
 def _pick(param: Any, default: Any) -> Any:
@@ -182,6 +199,7 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         adv_estimator=str(_pick(params.get("adv_estimator"), setting("ppo.adv_estimator"))),
         evaluate_enabled=not skip_eval if skip_eval is not None else bool(setting("evaluate.enabled")),
         model_sizes=dict(preset.get("model") or {}),
+        countdown=_countdown_args(preset_name, preset.get("countdown") or {}),
         preset_sft=list(preset.get("sft") or []),
         # a preset's reward_kwargs are for the default scorer: dropped when the user brings
         # their own custom_reward_function.path (plan.drop_preset_reward_kwargs)

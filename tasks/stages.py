@@ -53,8 +53,9 @@ def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:
 
 def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
     if p.get("task") == "countdown":  # generated from a fixed seed: the parameters are the whole input
+        args = p.get("countdown") or {}  # {} keeps the key earlier runs cached under
         return plan.inputs_key("prepare_data", [], task="countdown", train=p["train_prompts"],
-                               val=p["val_prompts"], home=p["ctx"]["home"])
+                               val=p["val_prompts"], home=p["ctx"]["home"], **({"countdown": args} if args else {}))
     files = _gsm8k_files(p.get("gsm8k_dir"))
     if not files:  # hub download: no stable digest to key on
         return None
@@ -66,7 +67,7 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
 @task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_prepare_key, persist_result=True)
 def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
-                 ctx: dict[str, Any], task: str = "gsm8k") -> dict[str, str]:
+                 ctx: dict[str, Any], task: str = "gsm8k", countdown: dict[str, int] | None = None) -> dict[str, str]:
     """Preprocess GSM8K to the verl schema (or generate Countdown) and cut the train/val subsets.
 
     Args:
@@ -76,6 +77,8 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
         task: ``gsm8k``, ``gsm8k_tools`` (verl's multi-turn tool schema, plus a ``messages`` column of
             synthetic tool-use traces for SFT: ``rlhf_core.data.gsm8k_multiturn``) or ``countdown``
             (``rlhf_core.data.countdown``).
+        countdown: ``generate_countdown`` keyword arguments (``min_numbers``, ``max_numbers``, ``max_number``;
+            a preset's ``countdown:``); None or {} = its defaults. Ignored for the GSM8K tasks.
 
     Returns:
         ``{"train": path, "val": path, "train_sha256": hex, "val_sha256": hex, "run_id": str}``
@@ -88,15 +91,19 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
     if task not in PIPELINE_TASKS:
         raise ValueError(f"unknown pipeline task {task!r}; known: {list(PIPELINE_TASKS)}")
     out = Path(ctx["home"]) / "data" / task
-    params = {"task": task, "gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts}
+    params = {"task": task, "gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts,
+              **({"countdown": countdown} if task == "countdown" and countdown else {})}
     with stage("prepare_data", params, ctx) as run_id:
+        tag = ""
         if task == "countdown":
             n_train, n_val = (train_prompts if train_prompts > 0 else 20000), (val_prompts if val_prompts > 0 else 500)
-            splits = generate_countdown(str(out / f"full_{n_train}_{n_val}"), n_train, n_val, seed=0)
+            args = dict(countdown or {})
+            tag = "".join(f"_{k}{v}" for k, v in sorted(args.items()))  # each generation its own folder
+            splits = generate_countdown(str(out / f"full_{n_train}_{n_val}{tag}"), n_train, n_val, seed=0, **args)
         else:
             splits = preprocess_gsm8k(gsm8k_dir, str(out / "full"), multiturn=task == "gsm8k_tools")
-        train = plan.take_rows(splits["train"], str(out / f"train_{train_prompts}.parquet"), train_prompts)
-        val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}.parquet"), val_prompts)
+        train = plan.take_rows(splits["train"], str(out / f"train_{train_prompts}{tag}.parquet"), train_prompts)
+        val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}{tag}.parquet"), val_prompts)
         if task == "gsm8k_tools":  # the SFT stage reads the traces; PPO ignores the extra column
             train, val = add_tool_traces(train, train), add_tool_traces(val, val)
         result = {"train": train, "val": val, "run_id": run_id}

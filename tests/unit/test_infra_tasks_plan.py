@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -355,7 +356,6 @@ def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
 
 
 def test_tools_preset_is_valid_and_its_tool_config_loads_from_the_checkout():
-    from pathlib import Path
 
     from flows.settings import validate_overrides
     from rlhf_core.config import load_config
@@ -377,6 +377,18 @@ def test_preset_with_unknown_pipeline_key_is_refused(tmp_path):
     (tmp_path / "presets" / "bad.yaml").write_text("pipeline: {val_promts: 5}\n")
     with pytest.raises(ValueError, match="val_promts"):
         resolve_settings({}, config_dir=tmp_path)
+
+
+def test_preset_countdown_arguments_are_checked_and_reach_the_settings(tmp_path):
+    assert resolve_settings({"preset": "countdown"}).countdown == load_preset("countdown")["countdown"]
+    assert resolve_settings({}).countdown == {}  # tiny_cpu has none: generate_countdown's defaults
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "pipeline.yaml").write_text(Path(__file__).resolve().parents[2].joinpath(
+        "configs", "pipeline.yaml").read_text().replace("preset: tiny_cpu", "preset: bad"))
+    for body, match in (("countdown: {max_numbr: 5}\n", "max_numbr"), ("countdown: {max_number: '20'}\n", "'20'")):
+        (tmp_path / "presets" / "bad.yaml").write_text(body)
+        with pytest.raises(ValueError, match=match):
+            resolve_settings({}, config_dir=tmp_path)
 
 
 def test_validation_before_after_prefers_acc_and_spans_segments():
