@@ -31,7 +31,9 @@ def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
 
 
 class HFRollout:
-    """Batched ``model.generate`` with KV cache.
+    """Batched decoding with KV cache: :func:`~rlhf_core.workers.rollout.hf_decode.decode` (the tokens of
+    ``model.generate``, without its per-token overhead) when :func:`supports_lean_decode` holds for ``module``
+    (``self.lean_decode``), else ``model.generate``.
 
     Args:
         module: the rollout's own (unsharded) causal LM, already on the device.
