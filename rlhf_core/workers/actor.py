@@ -11,6 +11,7 @@ micro-batch without gradients, both logits divided by the same temperature as th
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Mapping
 
@@ -32,6 +33,7 @@ from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 logger = logging.getLogger(__name__)
 _COMPILED: dict[str, "_CompiledOrEager"] = {}
 _CPU_EAGER_NOTED = False
+_KEEPS_LOGITS: dict[type, bool] = {}
 
 
 class _CompiledOrEager:
@@ -72,17 +74,30 @@ def hot_functions(use_torch_compile: bool):
     return _COMPILED[logprobs_from_logits.__name__], _COMPILED[entropy_from_logits.__name__]
 
 
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (transformers causal LMs: the LM head then runs on the kept
+    positions only); a token-classification value model does not (its head is ``hidden → 1``, cheap anyway)."""
+    cls = type(model)
+    if cls not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return _KEEPS_LOGITS[cls]
+
+
 def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
                             use_remove_padding: bool = False) -> torch.Tensor:
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
 
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
-    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads)."""
+    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). When the model takes
+    ``logits_to_keep`` the LM head runs on the last ``T + 1`` positions of each row only (the prompt's logits are
+    never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward)."""
     dev = device()
     ids, mask, pos = mb["input_ids"].to(dev), mb["attention_mask"].to(dev), mb["position_ids"].to(dev)
+    keep = response_length + 1 if accepts_logits_to_keep(model) else None
     if use_remove_padding:
-        return packed_logits(model, ids, mask, pos)[:, -response_length - 1:-1]
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
+    extra = {} if keep is None else {"logits_to_keep": keep}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra)
     return out.logits[:, -response_length - 1:-1]
 
 

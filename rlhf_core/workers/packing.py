@@ -44,9 +44,21 @@ def unpack_output(packed: torch.Tensor, index: torch.Tensor, shape: tuple[int, i
 
 
 def packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  position_ids: torch.Tensor) -> torch.Tensor:
+                  position_ids: torch.Tensor, keep_last: int | None = None) -> torch.Tensor:
     """``model(...).logits`` of a padded micro-batch computed packed: ``(b, L, V)`` (``V`` = 1 for a value head),
-    equal to the padded forward at every valid position (to float tolerance), 0 at pads."""
+    equal to the padded forward at every valid position (to float tolerance), 0 at pads.
+
+    ``keep_last``: only the last ``keep_last`` columns are wanted; the model (it must accept ``logits_to_keep``)
+    runs its head on the packed positions of those columns only and the result is ``(b, keep_last, V)``."""
     ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
-    out = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
-    return unpack_output(out.logits, index, tuple(input_ids.shape))
+    if keep_last is None:
+        out = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
+        return unpack_output(out.logits, index, tuple(input_ids.shape))
+    b, L = input_ids.shape
+    start = L - keep_last
+    kept = (index % L >= start).nonzero(as_tuple=True)[0]  # packed positions in the kept columns
+    out = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False, logits_to_keep=kept)
+    flat = index[kept]
+    logits = out.logits.new_zeros((b * keep_last, out.logits.shape[-1]))
+    logits[(flat // L) * keep_last + flat % L - start] = out.logits[0]
+    return logits.view(b, keep_last, -1)

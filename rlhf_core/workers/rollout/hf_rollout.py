@@ -14,6 +14,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rlhf_core.progress import progress
+from rlhf_core.workers.rollout.hf_decode import decode, supports_lean_decode
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
                                                    sampling_params)
@@ -30,7 +31,9 @@ def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
 
 
 class HFRollout:
-    """Batched ``model.generate`` with KV cache.
+    """Batched decoding with KV cache: :func:`~rlhf_core.workers.rollout.hf_decode.decode` (the tokens of
+    ``model.generate``, without its per-token overhead) when :func:`supports_lean_decode` holds for ``module``
+    (``self.lean_decode``), else ``model.generate``.
 
     Args:
         module: the rollout's own (unsharded) causal LM, already on the device.
@@ -49,6 +52,7 @@ class HFRollout:
         self.calls = 0
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = eos_ids_of(module, tokenizer)
+        self.lean_decode = supports_lean_decode(module)
 
     @torch.no_grad()
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -62,22 +66,29 @@ class HFRollout:
     def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
         dev = next(self.module.parameters()).device
         ids = mb["input_ids"].to(dev)
-        gen_cfg = GenerationConfig(
-            do_sample=params["do_sample"], temperature=params["temperature"] if params["do_sample"] else None,
-            top_k=params["top_k"] if params["do_sample"] else None, top_p=params["top_p"] if params["do_sample"] else None,
-            max_new_tokens=T, num_beams=1, pad_token_id=self.pad_token_id,
-            eos_token_id=[] if ignore_eos else self.eos_ids, use_cache=True,
-            return_dict_in_generate=True, output_logits=calc_lp)
-        out = self.module.generate(input_ids=ids, attention_mask=mb["attention_mask"].to(dev), generation_config=gen_cfg)
-        P = ids.shape[-1]
-        gen = out.sequences[:, P:]
+        eos = [] if ignore_eos else self.eos_ids
+        if self.lean_decode:  # same tokens as generate (hf_decode.py), without its per-token overhead
+            gen, raw_logits = decode(self.module, ids, mb["attention_mask"].to(dev), T, eos, self.pad_token_id,
+                                     params["do_sample"], params["temperature"], params["top_k"], params["top_p"],
+                                     output_logits=calc_lp)
+        else:
+            gen_cfg = GenerationConfig(
+                do_sample=params["do_sample"], temperature=params["temperature"] if params["do_sample"] else None,
+                top_k=params["top_k"] if params["do_sample"] else None,
+                top_p=params["top_p"] if params["do_sample"] else None, max_new_tokens=T, num_beams=1,
+                pad_token_id=self.pad_token_id, eos_token_id=eos, use_cache=True, return_dict_in_generate=True,
+                output_logits=calc_lp)
+            out = self.module.generate(input_ids=ids, attention_mask=mb["attention_mask"].to(dev),
+                                       generation_config=gen_cfg)
+            gen = out.sequences[:, ids.shape[-1]:]
+            raw_logits = torch.stack(out.logits, dim=1) if calc_lp else None
         n = gen.shape[-1]
         responses = torch.full((ids.shape[0], T), self.pad_token_id, dtype=torch.long, device=dev)
         responses[:, :n] = gen
         lengths = torch.full((ids.shape[0],), n, dtype=torch.long, device=dev)
         log_probs = None
         if calc_lp:
-            logits = torch.stack(out.logits, dim=1).float() / params["temperature"]  # raw logits (b, n, V)
+            logits = raw_logits.float() / params["temperature"]  # raw logits (b, n, V)
             log_probs = torch.zeros((ids.shape[0], T), dtype=torch.float32, device=dev)
             log_probs[:, :n] = torch.log_softmax(logits, dim=-1).gather(-1, gen[..., None]).squeeze(-1)
         return responses.cpu(), lengths.cpu(), None if log_probs is None else log_probs.cpu()

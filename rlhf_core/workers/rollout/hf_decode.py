@@ -1,0 +1,162 @@
+"""A lean decode loop for the HF rollout: the token choices of ``model.generate`` without its per-token overhead.
+
+``generate`` spends, per token, Python time on its logits-processor and stopping-criteria lists, the deferred stop
+check, ``prepare_inputs_for_generation`` (input slicing and clones, kwarg filtering) and model-kwarg bookkeeping;
+for the small models this project trains on CPU that time is a large share of a decode step. :func:`decode`
+runs the same computation directly: one prefill forward per *distinct* prompt (``rollout.n`` repeats each prompt;
+its rows get copies of that prompt's KV cache), then one forward per token with a ``DynamicCache`` whose layers
+write into buffers sized for the whole response (``DynamicLayer`` re-concatenates the whole cache every token),
+sampling with the same warpers in the same order as ``generate`` (``TemperatureLogitsWarper`` →
+``TopKLogitsWarper`` → ``TopPLogitsWarper``, then ``softmax`` + ``torch.multinomial``, or ``argmax`` when greedy),
+so with the same RNG state it draws the same tokens (tests/unit/test_hf_decode.py checks token and logit identity
+against ``generate``, greedy and sampled, with rows stopping at EOS mid-batch). Source: transformers
+``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads, then the
+last position + 1 per step; the 2-D mask grown by a column of ones; the mask dropped when it has no padding) this
+loop reproduces. Measured with ``bench/bench_hf_decode.py``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+
+# generation_config.json entries that add no logits processor beyond the ones this loop applies (the rollout sets
+# do_sample/temperature/top_k/top_p/eos/pad/max_new_tokens itself), with the neutral values of a few others
+_NO_PROCESSOR_KEYS = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "do_sample",
+                      "temperature", "top_k", "top_p", "max_length", "max_new_tokens", "use_cache",
+                      "transformers_version", "_from_model_config"}
+_NEUTRAL_VALUES = {"repetition_penalty": 1.0, "num_beams": 1, "num_return_sequences": 1, "length_penalty": 1.0,
+                   "typical_p": 1.0, "output_attentions": False, "output_hidden_states": False,
+                   "output_scores": False, "output_logits": False, "return_dict_in_generate": False}
+
+
+def supports_lean_decode(model: nn.Module) -> bool:
+    """Whether :func:`decode` gives what ``generate`` gives for this model: a decoder-only LM whose ``forward`` takes
+    ``cache`` and ``logits_to_keep`` (transformers 5.x), and whose ``generation_config`` adds no logits processor
+    that ``generate`` would merge in (``repetition_penalty ≠ 1``, ``min_new_tokens``, ``no_repeat_ngram_size``, a
+    static ``cache_implementation``, ...). Otherwise the rollout keeps calling ``generate``."""
+    params = inspect.signature(model.forward).parameters
+    if getattr(model.config, "is_encoder_decoder", False) or not {"cache", "logits_to_keep"} <= set(params):
+        return False
+    gen_cfg = getattr(model, "generation_config", None)
+    extra = {} if gen_cfg is None else gen_cfg.to_diff_dict()
+    return all(k in _NO_PROCESSOR_KEYS or _NEUTRAL_VALUES.get(k, object()) == v for k, v in extra.items())
+
+
+def sampling_warpers(do_sample: bool, temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
+    """The warpers ``generate`` builds for these settings, in its order (``_get_logits_processor``, ``num_beams=1``):
+    temperature when ≠ 1, top-k when > 0, top-p when < 1; none when greedy."""
+    warpers = LogitsProcessorList()
+    if not do_sample:
+        return warpers
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    return warpers
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys/values are views into buffers sized for the whole decode: ``update`` writes the
+    new step in place instead of concatenating (``DynamicLayer`` copies the whole cache every token)."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n, q = self.keys.shape[-2], key_states.shape[-2]
+        self._k_buf[:, :, n:n + q] = key_states
+        self._v_buf[:, :, n:n + q] = value_states
+        self.keys, self.values = self._k_buf[:, :, :n + q], self._v_buf[:, :, :n + q]
+        return self.keys, self.values
+
+
+def _expand_cache(cache: DynamicCache, index: torch.Tensor, extra: int) -> None:
+    """Rows ``index`` of every layer (prefill of the unique prompts → one row per sample), stored in buffers with room
+    for ``extra`` more positions; layers of another kind (e.g. sliding windows) are only re-indexed."""
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer or not layer.is_initialized:
+            layer.reorder_cache(index)
+            continue
+        k, v = layer.keys, layer.values
+        b, h, n, d = k.shape
+        layer._k_buf = k.new_empty((index.numel(), h, n + extra, d))
+        layer._v_buf = v.new_empty((index.numel(), v.shape[1], n + extra, v.shape[-1]))
+        layer._k_buf[:, :, :n] = k.index_select(0, index)
+        layer._v_buf[:, :, :n] = v.index_select(0, index)
+        layer.keys, layer.values = layer._k_buf[:, :, :n], layer._v_buf[:, :, :n]
+        layer.__class__ = _PreallocatedLayer
+
+
+def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
+    """``softmax`` of the warped float32 logits ``(b, V)``: the distribution a sampling step draws from."""
+    return torch.softmax(warpers(None, logits.float()), dim=-1)
+
+
+@torch.no_grad()
+def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+           eos_ids: Sequence[int], pad_token_id: int, do_sample: bool, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, output_logits: bool = False):
+    """Generate up to ``max_new_tokens`` tokens after left-padded prompts, as ``model.generate`` would.
+
+    Args:
+        model: a causal LM accepting ``cache``/``use_cache``/``logits_to_keep`` (transformers 5.x), in eval mode.
+        input_ids, attention_mask: ``(b, P)`` int64, left-padded prompts (mask 1 at tokens, 0 at pads).
+        eos_ids: a row stops after emitting any of these (empty: never stops early); later tokens are
+            ``pad_token_id`` (like ``generate``).
+        do_sample: sample (temperature/top-k/top-p, draws from the global torch RNG) or greedy (argmax).
+        output_logits: also return the raw float32 logits of every step.
+
+    Returns:
+        ``(tokens (b, n) int64, logits (b, n, V) float32 or None)`` where ``n ≤ max_new_tokens`` is the number of
+        steps run: the loop stops when every row has emitted an EOS, like ``generate``.
+    """
+    b, _ = input_ids.shape
+    dev = input_ids.device
+    warpers = sampling_warpers(do_sample, temperature, top_k, top_p)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
+    has_eos = eos.numel() > 0
+    position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    mask = None if bool(attention_mask.all()) else attention_mask.long()  # generate drops an all-ones mask
+    # prefill each distinct prompt once (rollout.n repeats every prompt), then give every row its copy of the cache
+    uniq, inverse = torch.unique(torch.cat([input_ids, attention_mask.long()], -1), dim=0, return_inverse=True)
+    first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=dev).scatter_reduce(
+        0, inverse, torch.arange(b, device=dev), "amin")
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=input_ids[first], attention_mask=None if mask is None else mask[first],
+                position_ids=position_ids[first], cache=cache, use_cache=True, logits_to_keep=1)
+    _expand_cache(cache, inverse, max_new_tokens)
+    out_logits = out.logits[inverse]
+    tokens = torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
+    raw = [] if output_logits else None
+    unfinished = torch.ones(b, dtype=torch.bool, device=dev)
+    ones = torch.ones((b, 1), dtype=torch.long, device=dev)
+    position = position_ids[:, -1:]
+    n = 0
+    while n < max_new_tokens:
+        logits = out_logits[:, -1].to(dtype=torch.float32, copy=True)
+        if raw is not None:
+            raw.append(logits)
+        if do_sample:
+            nxt = torch.multinomial(next_token_probs(logits, warpers), num_samples=1).squeeze(1)
+        else:
+            nxt = torch.argmax(logits, dim=-1)
+        if has_eos:
+            nxt = torch.where(unfinished, nxt, pad_token_id)
+            unfinished &= ~torch.isin(nxt, eos)
+        tokens[:, n] = nxt
+        n += 1
+        if n == max_new_tokens or (has_eos and not bool(unfinished.any())):
+            break
+        if mask is not None:
+            mask = torch.cat([mask, ones], dim=-1)
+        position = position + 1
+        out_logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, cache=cache,
+                           use_cache=True, logits_to_keep=1).logits
+    return tokens[:, :n], (torch.stack(raw, dim=1) if raw is not None else None)
