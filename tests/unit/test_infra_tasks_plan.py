@@ -349,7 +349,7 @@ def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
     s = resolve_settings({"preset": "countdown"})
     assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
         "countdown", 20000, 500, 100000, 100000)
-    assert "trainer.total_training_seconds=300" in s.preset_ppo
+    assert "trainer.total_training_seconds=600" in s.preset_ppo
     validate_overrides(s)  # the shipped countdown preset is valid for every stage
     assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
     assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
@@ -406,3 +406,13 @@ def test_validation_before_after_prefers_acc_and_spans_segments():
     only_reward = [{"step": 2, "name": "val-core/openai/gsm8k/reward/mean@2", "value": 0.5}]
     assert plan.validation_before_after(only_reward)["gain"] == 0.0
     assert plan.validation_before_after([{"step": 1, "name": "actor/lr", "value": 1.0}]) is None
+
+
+def test_countdown_cache_key_follows_the_generator_arguments():
+    from tasks.stages import _prepare_key
+
+    base = {"task": "countdown", "train_prompts": 100, "val_prompts": 10, "ctx": {"home": "/h"}}
+    plain = _prepare_key(None, base)
+    assert _prepare_key(None, {**base, "countdown": {}}) == plain  # {} = the defaults: earlier runs' cache stays valid
+    two = _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 2}})
+    assert two != plain and two != _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 3}})
