@@ -58,8 +58,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
 
     For the embedded case ``RAY_AUTH_MODE`` defaults to ``disabled`` (Ray 2.60 enables token
-    authentication by default, which a private local instance does not need); an explicit value in
-    the environment is kept.
+    authentication by default, which a private local instance does not need) and ``RAY_worker_niceness`` to
+    ``0``: Ray starts worker processes at nice 15, so the training ranks lost the CPU to anything else runnable
+    on the machine (the driver, the reward pool, another program); embedded, they run at the driver's priority.
+    An explicit value of either in the environment is kept.
 
     Raises:
         RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.
@@ -73,6 +75,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves the ranks under any load
         ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, runtime_env=runtime_env)
     else:
         check_ray_address(str(address))

@@ -64,3 +64,17 @@ def test_ray_worker_threads_follow_the_node_not_the_reservation(ray_2cpu):
         assert wg.execute_all("threads") == [(1, "1")]
     finally:
         wg.shutdown()
+
+
+def test_embedded_ray_workers_run_at_the_drivers_priority(ray_2cpu):
+    """Ray starts workers at nice 15 (raylet ``worker_niceness``): under any other load on the machine the ranks
+    lost the CPU (a 4 s GRPO step took 39 s beside one other busy process). Embedded, they keep the driver's."""
+    class Nice:  # defined here so Ray pickles it by value
+        def niceness(self) -> int:
+            return os.nice(0)
+
+    wg = RayWorkerGroup(Nice, 1, {}, num_cpus_per_worker=1, name_prefix="nice", num_threads=1)
+    try:
+        assert wg.execute_all("niceness") == [os.nice(0)]
+    finally:
+        wg.shutdown()
