@@ -24,7 +24,7 @@ demo: install
 	$(BIN)/python -m flows.rlhf
 
 # Proof that the RL learns: Countdown (a task only a reward can teach), a tiny model warmed up on format-only
-# answers, GRPO for a 5-minute wall-clock budget; prints greedy accuracy on 500 held-out problems before and after.
+# answers, GRPO for a 10-minute wall-clock budget; prints greedy accuracy on 500 held-out problems before and after.
 learn: install
 	$(BIN)/python -m flows.rlhf --preset countdown --experiment learn
 
