@@ -1,22 +1,27 @@
 """Learning per wall-clock second, ours vs TRL's GRPOTrainer, from the same warmed-up checkpoint (issue 15).
 
-    python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 300] [--lr 1e-3] [--trl-lr 1e-3]
-                                    [--peers ours,trl] [--seed 0]
+    python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 600] [--lr 3e-4] [--trl-lr 3e-4]
+                                    [--peers ours,trl] [--seed 0] [--threads 2] [--set KEY=VALUE ...]
 
-Task: Countdown (``rlhf data countdown``, seed 0: 20000 train, 500 held-out test problems). Set-up, done once per
-``--workdir`` and shared by both peers: the tiny model (sizes of ``configs/presets/countdown.yaml``) built on the
-task text, then the preset's warm-up SFT (``rlhf sft`` with the preset's ``sft`` overrides) on format-only answers
-that are never solutions.
+Task: Countdown as the preset ``configs/presets/countdown.yaml`` sets it (``countdown:`` arguments of
+``rlhf_core.data.countdown.generate_countdown``, seed 0: 20000 train, 500 held-out test problems). Set-up, done once
+per ``--workdir`` and shared by both peers: the tiny model (the preset's ``model:`` sizes) built on the task text,
+then the preset's warm-up SFT (``rlhf sft`` with the preset's ``sft`` overrides) on format-only answers that are
+never solutions. ``--peers none`` only prepares (and prints the warm-up's accuracy): run it first when the peers
+are to be started side by side on one ``--workdir``, so they do not both prepare it.
 
-Peers, each from that warmed-up checkpoint, each in its own process, one after the other:
+Peers, each from that warmed-up checkpoint, each in its own process, one after the other (or side by side, as
+two invocations with ``--threads 1``):
 
-* ``ours``: ``rlhf ppo`` with the preset's ``ppo`` overrides (GRPO, 32 prompts × n=8, response ≤ 12 tokens, no KL,
-  HF rollout) and ``trainer.total_training_seconds=--seconds``.
+* ``ours``: ``rlhf ppo`` with the preset's ``ppo`` overrides (GRPO, 32 prompts × n=8 per batch in mini-batches of
+  8 prompts, response ≤ 12 tokens, no KL, HF rollout), then ``ray_init.num_cpus=--threads``, then ``--set``, and
+  ``trainer.total_training_seconds=--seconds``.
 * ``trl``: TRL ``GRPOTrainer`` with the same prompts (same shuffled order is not guaranteed), reward (the Countdown
-  scorer), group size (``num_generations=8``), batch (``per_device_train_batch_size=256`` completions = 32 prompts),
+  scorer), group size (``num_generations``), prompts per generation and per optimizer step (as ours after
+  ``--set``: ``per_device_train_batch_size`` = mini-batch × n, ``steps_per_generation`` = batch ÷ mini-batch),
   learning rate, weight decay (0.01) and gradient clip (1.0), ``max_completion_length=12``, temperature 1,
-  ``beta=0``, one update per batch
-  (``num_iterations=1``), fp32 on CPU, stopped by a callback when ``--seconds`` of training have passed.
+  ``beta=0``, ``num_iterations=1``, fp32 on CPU, ``--threads`` intra-op threads, stopped by a callback when
+  ``--seconds`` of training have passed.
 
 Both final models are scored by the same function here: greedy decoding (HF ``generate``, ``do_sample=False``,
 12 new tokens) on the 500 test problems, before (the warmed-up checkpoint) and after. Prints each gain and
@@ -202,10 +207,10 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", required=True, type=Path)
-    p.add_argument("--seconds", type=float, default=300.0, help="training wall-clock budget per peer")
-    p.add_argument("--lr", type=float, default=1e-3, help="our learning rate")
+    p.add_argument("--seconds", type=float, default=600.0, help="training wall-clock budget per peer")
+    p.add_argument("--lr", type=float, default=3e-4, help="our learning rate (the preset's)")
     p.add_argument("--trl-lr", type=float, default=None, help="TRL's learning rate (default: --lr)")
-    p.add_argument("--peers", default="ours,trl")
+    p.add_argument("--peers", default="ours,trl", help="ours,trl | ours | trl | none (prepare only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for ours after the preset's (repeatable); TRL mirrors n, batch and mini-batch")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -121,18 +122,31 @@ def _task_options(raw: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _countdown_args(preset_name: str | None, raw: Mapping[str, Any]) -> dict[str, int]:
-    """A preset's ``countdown:`` mapping (``min_numbers``, ``max_numbers``, ``max_number``) as ints.
+def _countdown_args(preset_name: str | None, raw: Any) -> dict[str, int]:
+    """A preset's ``countdown:`` mapping (``min_numbers``, ``max_numbers``, ``max_number``) as ints, checked against
+    ``generate_countdown``'s limits here, before any stage runs.
 
     Raises:
-        ValueError: an unknown key or a value that is not an integer (names the preset, key and value).
+        ValueError: not a mapping, an unknown key, a value that is not an integer, or a range outside the generator's
+            limits (names the preset, key and value).
     """
+    from rlhf_core.data.countdown import check_ranges, generate_countdown
+
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"preset {preset_name!r}: countdown must be a mapping of {list(COUNTDOWN_KEYS)}, got {raw!r}")
     bad = set(raw) - set(COUNTDOWN_KEYS)
     if bad:
-        raise ValueError(f"preset {preset_name!r}: unknown countdown keys {sorted(bad)}; known: {list(COUNTDOWN_KEYS)}")
+        raise ValueError(f"preset {preset_name!r}: unknown countdown keys {sorted(bad)}; "
+                         f"known: {list(COUNTDOWN_KEYS)}")
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"preset {preset_name!r}: countdown.{key} must be an integer, got {value!r}")
+    defaults = inspect.signature(generate_countdown).parameters
+    full = {k: raw.get(k, defaults[k].default) for k in COUNTDOWN_KEYS}
+    try:
+        check_ranges(**full)
+    except ValueError as exc:
+        raise ValueError(f"preset {preset_name!r}: countdown {dict(raw)}: {exc}") from exc
     return dict(raw)
 
 
@@ -199,7 +213,7 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         adv_estimator=str(_pick(params.get("adv_estimator"), setting("ppo.adv_estimator"))),
         evaluate_enabled=not skip_eval if skip_eval is not None else bool(setting("evaluate.enabled")),
         model_sizes=dict(preset.get("model") or {}),
-        countdown=_countdown_args(preset_name, preset.get("countdown") or {}),
+        countdown=_countdown_args(preset_name, preset["countdown"] if "countdown" in preset else {}),
         preset_sft=list(preset.get("sft") or []),
         # a preset's reward_kwargs are for the default scorer: dropped when the user brings
         # their own custom_reward_function.path (plan.drop_preset_reward_kwargs)

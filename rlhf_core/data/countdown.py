@@ -115,6 +115,15 @@ def countdown_row(problem: dict[str, Any], split: str, index: int) -> dict[str, 
     }
 
 
+def check_ranges(min_numbers: int, max_numbers: int, max_number: int) -> None:
+    """Raise ``ValueError`` (naming the values) unless ``2 <= min_numbers <= max_numbers <= 5`` and
+    ``max_number >= 2`` (the limits of :func:`generate_countdown`)."""
+    if not 2 <= min_numbers <= max_numbers <= 5:
+        raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 5, got {min_numbers}, {max_numbers}")
+    if max_number < 2:
+        raise ValueError(f"max_number must be >= 2, got {max_number}")
+
+
 def generate_countdown(out_dir: str, train_size: int = 20000, test_size: int = 500, seed: int = 0,
                        min_numbers: int = 3, max_numbers: int = 3, max_number: int = 9) -> dict[str, str]:
     """Write ``<out_dir>/{train,test}.parquet``; the same arguments always give the same files.
@@ -137,10 +146,7 @@ def generate_countdown(out_dir: str, train_size: int = 20000, test_size: int = 5
     """
     if train_size < 1 or test_size < 1:
         raise ValueError(f"train_size and test_size must be >= 1, got {train_size}, {test_size}")
-    if not 2 <= min_numbers <= max_numbers <= 5:
-        raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 5, got {min_numbers}, {max_numbers}")
-    if max_number < 2:
-        raise ValueError(f"max_number must be >= 2, got {max_number}")
+    check_ranges(min_numbers, max_numbers, max_number)
     rng = random.Random(seed)
     test: list[dict[str, Any]] = []
     seen: set[tuple] = set()

@@ -69,6 +69,13 @@ def test_countdown_distance_score_clips_at_zero_and_is_off_by_default():
     far = {"target": 4, "numbers": [3, 4]}  # 3*4 = 12 misses 4 by 8 > 4: closeness 1 - 8/4 < 0, clipped to 0
     assert countdown.compute_score("3*4", far, distance_score=0.5)["score"] == 0.0
     assert countdown.compute_score("3+4+2", {"target": 14, "numbers": [3, 4, 2]})["score"] == 0.0  # default: 0
+    # targets a user's data may hold: 0 and negative ones are scaled by max(1, |target|), never divided by 0
+    assert countdown.compute_score("3-3", {"target": 0, "numbers": [3, 3]}, distance_score=0.5)["score"] == 1.0
+    assert countdown.compute_score("3*3", {"target": 0, "numbers": [3, 3]}, distance_score=0.5)["score"] == 0.0
+    assert countdown.compute_score("3*3", {"target": 0, "numbers": [3, 3]})["score"] == 0.0  # no shaping: no division
+    # 3-4 = -1 misses -5 by 4: closeness 1 - 4/5 = 0.2 → 0.5 x 0.2; a miss never outscores a hit
+    assert countdown.compute_score("3-4", {"target": -5, "numbers": [3, 4]}, distance_score=0.5)["score"] == (
+        pytest.approx(0.1, abs=1e-12))
 
 
 def test_flat_expressions_values():

@@ -385,7 +385,10 @@ def test_preset_countdown_arguments_are_checked_and_reach_the_settings(tmp_path)
     (tmp_path / "presets").mkdir()
     (tmp_path / "pipeline.yaml").write_text(Path(__file__).resolve().parents[2].joinpath(
         "configs", "pipeline.yaml").read_text().replace("preset: tiny_cpu", "preset: bad"))
-    for body, match in (("countdown: {max_numbr: 5}\n", "max_numbr"), ("countdown: {max_number: '20'}\n", "'20'")):
+    for body, match in (("countdown: {max_numbr: 5}\n", "max_numbr"), ("countdown: {max_number: '20'}\n", "'20'"),
+                        ("countdown: 99\n", "must be a mapping"),  # not a block of keys
+                        ("countdown: {min_numbers: 3, max_numbers: 2}\n", "min_numbers <= max_numbers"),
+                        ("countdown: {max_number: 1}\n", "max_number must be >= 2")):  # generator limits, up front
         (tmp_path / "presets" / "bad.yaml").write_text(body)
         with pytest.raises(ValueError, match=match):
             resolve_settings({}, config_dir=tmp_path)

@@ -12,7 +12,7 @@ Python's precedence over exact integers (an ``ast`` walk, never ``eval``). The l
 the given numbers.
 
 Scores: correct → ``score`` (1.0); a well-formed expression over exactly the given numbers that misses the target →
-``format_score + distance_score * max(0, 1 - |value - target| / target)`` (both 0.0 by default: a miss scores 0; a
+``format_score + distance_score * max(0, 1 - |value - target| / max(1, |target|))`` (both 0.0 by default: a miss scores 0; a
 positive ``distance_score`` is reward shaping that pays a miss by its closeness, never as much as a hit when
 ``format_score + distance_score < score``); anything else → 0.0. ``acc`` is True only for a hit.
 """
@@ -95,5 +95,7 @@ def compute_score(solution_str: str, ground_truth: Any, format_score: float = 0.
         return {"score": 0.0, "acc": False, "pred": answer or ""}
     if result[0] == target:
         return {"score": float(score), "acc": True, "pred": answer}
-    closeness = max(0.0, 1.0 - abs(result[0] - target) / target)  # target > 0: generated problems only
+    if not distance_score:
+        return {"score": float(format_score), "acc": False, "pred": answer}
+    closeness = max(0.0, 1.0 - abs(result[0] - target) / max(1, abs(target)))  # in [0, 1), whatever the target
     return {"score": float(format_score) + float(distance_score) * closeness, "acc": False, "pred": answer}
