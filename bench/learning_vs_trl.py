@@ -65,7 +65,7 @@ def prepare(work: Path) -> Path:
     import pandas as pd
 
     from rlhf_core.data.countdown import generate_countdown
-    from rlhf_core.models.tiny import build_tiny_model
+    from rlhf_core.models.tiny import build_tiny_model, chat_texts
 
     warm = work / "sft" / "hf_model"
     if (warm / "config.json").exists():
@@ -75,8 +75,9 @@ def prepare(work: Path) -> Path:
     files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0,
                                **(preset.get("countdown") or {}))
     texts = []
-    for extra in pd.read_parquet(files["train"])["extra_info"]:
-        texts += [extra["question"], extra["answer"]]
+    train = pd.read_parquet(files["train"])
+    for extra, prompt in zip(train["extra_info"], train["prompt"]):  # as tasks.remote.build_model_remote
+        texts += [extra["question"], extra["answer"], *chat_texts(prompt)]
     model = build_tiny_model(texts, work / "model", **preset["model"])
     _rlhf(["sft", *preset["sft"], f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
            f"data.val_files={files['test']}", f"trainer.default_local_dir={work / 'sft'}",

@@ -24,20 +24,21 @@ def _plain(result: Any) -> Any:
 
 
 def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> str:
-    """Build the tiny model from the prompts and answers (and SFT ``messages``, when present) of a verl-schema parquet."""
+    """Build the tiny model from the prompts and answers (and SFT ``messages``, when present) of a verl-schema parquet,
+    role names included (:func:`rlhf_core.models.tiny.chat_texts`)."""
     import pandas as pd
 
-    from rlhf_core.models.tiny import build_tiny_model
+    from rlhf_core.models.tiny import build_tiny_model, chat_texts
 
     df = pd.read_parquet(train_file)
     texts: list[str] = []
     for extra in df["extra_info"]:
         texts.extend([str(extra.get("question", "")), str(extra.get("answer", ""))])
     for prompt in df["prompt"]:
-        texts.extend(str(m["content"]) for m in prompt)
+        texts.extend(chat_texts(prompt))
     if "messages" in df:  # gsm8k_tools: the SFT traces' tool calls and responses
         for messages in df["messages"]:
-            texts.extend(str(m["content"]) for m in messages)
+            texts.extend(chat_texts(messages))
     return build_tiny_model(texts, out_dir, **sizes)
 
 

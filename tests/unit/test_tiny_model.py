@@ -39,3 +39,18 @@ def test_model_loads_and_generates(tiny_model_dir):
     out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape == (1, ids.shape[1] + 5) or (out[0, -1] == tok.eos_token_id)
     assert torch.equal(out[0, : ids.shape[1]], ids[0])
+
+
+def test_chat_texts_teach_the_bpe_the_template_role_names():
+    from rlhf_core.models.tiny import chat_texts, train_tokenizer
+
+    chat = [{"role": "user", "content": "Numbers: 51 17. Target: 68."}]
+    assert chat_texts(chat) == ["user", "Numbers: 51 17. Target: 68.", "assistant"]
+    contents = [f"Numbers: {a} {b}. Target: {a + b}." for a in range(1, 30) for b in range(1, 30)]
+    plain = train_tokenizer(contents, vocab_size=300)
+    taught = train_tokenizer(contents + chat_texts(chat) * 50, vocab_size=300)
+    text = plain.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    # without them "user" is 4 tokens and "assistant" 9, a byte each; with them one each: 13 - 2 = 11 fewer tokens
+    n_plain = len(plain(text, add_special_tokens=False)["input_ids"])
+    n_taught = len(taught(text, add_special_tokens=False)["input_ids"])
+    assert n_plain - n_taught == 11
