@@ -133,3 +133,23 @@ def test_generate_countdown_rejects_bad_arguments(tmp_path, capsys):
     # a bad value is an input error under rlhf_core.cli.run_command: one line naming it, exit 1 (2 = usage)
     assert data_main(["countdown", "--out", str(tmp_path / "y"), "--max-number", "1"]) == 1
     assert "max_number must be >= 2, got 1" in capsys.readouterr().err
+
+
+def test_generate_countdown_warns_when_train_repeats_few_problems(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="rlhf_core.data.countdown")
+    # 2 numbers from 1..3: 6 multisets with at most 4 positive flat values each, so at most 24 distinct problems
+    # (2 of them held out): 200 rows repeat each more than 4 times
+    generate_countdown(str(tmp_path / "few"), train_size=200, test_size=2, min_numbers=2, max_numbers=2,
+                       max_number=3)
+    rows = pd.read_parquet(tmp_path / "few" / "train.parquet")
+    distinct = {(tuple(sorted(json.loads(t["ground_truth"])["numbers"])), json.loads(t["ground_truth"])["target"])
+                for t in rows["reward_model"]}
+    assert len(distinct) <= 22
+    assert f"only {len(distinct)} distinct problems in 200 rows" in caplog.text
+    caplog.clear()
+    # 2 numbers from 1..99: about 20000 distinct problems, so 40 rows hardly ever repeat one: no warning
+    generate_countdown(str(tmp_path / "many"), train_size=40, test_size=5, min_numbers=2, max_numbers=2,
+                       max_number=99)
+    assert "distinct problems" not in caplog.text
