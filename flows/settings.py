@@ -166,7 +166,7 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
     ``custom_reward_function.reward_kwargs`` entries are dropped (they are for the default scorer).
 
     Raises:
-        ValueError: a step count below 1.
+        ValueError: a step count below 1, an unknown task, a ``countdown:`` mapping on a task other than countdown.
         FileNotFoundError: unknown preset.
     """
     path = config_dir / "pipeline.yaml"
@@ -194,11 +194,16 @@ def resolve_settings(params: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -
         name = preset_key.get(key)
         return pp[name] if name in pp else setting(key)
 
+    task = str(preset["task"] if "task" in preset else setting("task"))
+    if task not in plan.PIPELINE_TASKS:
+        raise ValueError(f"preset {preset_name!r}: unknown task {task!r}; known: {list(plan.PIPELINE_TASKS)}")
+    if "countdown" in preset and task != "countdown":
+        raise ValueError(f"preset {preset_name!r}: a countdown: mapping needs task: countdown (task is {task!r})")
     skip_sft, skip_eval = params.get("skip_sft"), params.get("skip_evaluate")
     s = PipelineSettings(
         experiment=_pick(params.get("experiment"), setting("experiment")),
         preset=preset_name,
-        task=str(preset["task"] if "task" in preset else setting("task")),
+        task=task,
         model_path=_pick(params.get("model_path"), setting("model_path")),
         # then the folder an earlier run in this $RLHF_HOME used (e.g. `make demo`'s GSM8K_DIR)
         gsm8k_dir=(_pick(params.get("gsm8k_dir"), setting("gsm8k_dir")) or os.environ.get("GSM8K_DIR")

@@ -89,6 +89,7 @@ def merge_overrides(*lists: Iterable[str]) -> list[str]:
     return list(out.values())
 
 
+PIPELINE_TASKS = ("gsm8k", "gsm8k_tools", "countdown")  # a preset's task: what prepare_data makes
 REWARD_PATH_KEY = "custom_reward_function.path"
 REWARD_KWARGS_KEY = "custom_reward_function.reward_kwargs"
 _UNSET = {"", "null", "none", "~", "''", '""'}

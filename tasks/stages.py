@@ -42,7 +42,7 @@ def retry_unless_bad_input(_task: Any, _task_run: Any, state: Any) -> bool:
     return plan.is_retriable(exc if isinstance(exc, BaseException) else None)
 
 
-PIPELINE_TASKS = ("gsm8k", "gsm8k_tools", "countdown")
+PIPELINE_TASKS = plan.PIPELINE_TASKS
 
 
 def _gsm8k_files(gsm8k_dir: str | None) -> list[str]:

@@ -389,6 +389,12 @@ def test_preset_countdown_arguments_are_checked_and_reach_the_settings(tmp_path)
                         ("countdown: 99\n", "must be a mapping"),  # not a block of keys
                         ("countdown: {min_numbers: 3, max_numbers: 2}\n", "min_numbers <= max_numbers"),
                         ("countdown: {max_number: 1}\n", "max_number must be >= 2")):  # generator limits, up front
+        (tmp_path / "presets" / "bad.yaml").write_text("task: countdown\n" + body)
+        with pytest.raises(ValueError, match=match):
+            resolve_settings({}, config_dir=tmp_path)
+    # a misspelt task, and a countdown: block on a GSM8K preset, fail here too, not in prepare_data
+    for body, match in (("task: countdwn\n", "unknown task 'countdwn'"),
+                        ("countdown: {max_number: 20}\n", "needs task: countdown")):
         (tmp_path / "presets" / "bad.yaml").write_text(body)
         with pytest.raises(ValueError, match=match):
             resolve_settings({}, config_dir=tmp_path)
