@@ -76,7 +76,10 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
         return name, base, copy.deepcopy(base)
     path = Path(name).expanduser()
     if not path.is_file():
-        raise ConfigError(f"Unknown config '{name}': expected one of {list(CONFIG_NAMES)} or a path to a YAML file")
+        looks_like_path = "/" in name or name.endswith((".yaml", ".yml"))
+        found = f"no file {str(path.resolve())!r}" if looks_like_path else "not a shipped config"
+        raise ConfigError(f"Unknown config '{name}' ({found}): expected one of {list(CONFIG_NAMES)} or a path to a "
+                          "YAML file")
     try:
         user = OmegaConf.load(path)
     except (OmegaConfBaseException, OSError, ValueError) as exc:

@@ -57,7 +57,8 @@ def parse_override(text: str) -> Override:
     try:
         parsed = _parser().parse_override(text.strip())
     except HydraException as exc:  # OverrideParseException and the grammar errors under it
-        raise ConfigError(f"Cannot parse override '{text}': {exc}") from exc
+        hint = "" if "=" in text else " (an override is KEY=VALUE, e.g. trainer.total_epochs=2)"
+        raise ConfigError(f"Cannot parse override '{text}'{hint}: {exc}") from exc
     key = parsed.key_or_group
     if parsed.is_sweep_override():
         raise ConfigError(

@@ -144,6 +144,8 @@ def test_sweep_function_and_config_group_package_are_refused():
         parse_override("a@pkg=1")
     with pytest.raises(ConfigError, match="Cannot parse override 'a.b=\\[1,2'"):
         parse_override("a.b=[1,2")
+    with pytest.raises(ConfigError, match=r"Cannot parse override 'trainer.total_epochs' \(an override is KEY=VALUE"):
+        parse_override("trainer.total_epochs")  # a forgotten "=2": the hint says what an override looks like
 
 
 def test_hydra_rules_for_plus_plusplus_dicts_null_and_delete():

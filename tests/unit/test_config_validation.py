@@ -224,3 +224,11 @@ def test_sampling_parameters_must_be_in_range():
                                     "actor_rollout_ref.rollout.val_kwargs.top_p=0"])
     assert "actor_rollout_ref.rollout.temperature=-1 must be >= 0" in str(err.value)
     assert "actor_rollout_ref.rollout.val_kwargs.top_p=0 must be in (0, 1]" in str(err.value)
+
+
+def test_a_missing_config_file_is_named_with_its_resolved_path(tmp_path):
+    missing = tmp_path / "my_ppo.yaml"
+    with pytest.raises(ConfigError, match=f"Unknown config '{missing}' \\(no file '{missing}'\\)"):
+        load_config(str(missing), [])
+    with pytest.raises(ConfigError, match="Unknown config 'ppo_trainr' \\(not a shipped config\\)"):
+        load_config("ppo_trainr", [])  # a misspelt shipped name is not reported as a missing file
