@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import ray
 
-from rlhf_core.distributed.ray_init import local_ray_init_kwargs
+from rlhf_core.distributed.ray_init import local_ray_init_kwargs, set_embedded_ray_env
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     """Connect to Ray once per process; a no-op when already connected.
 
     Args:
-        address: ``None`` → start an embedded local instance (token auth off, no dashboard, its host
-            127.0.0.1: ``local_ray_init_kwargs``);
+        address: ``None`` → start an embedded local instance (token auth off, workers not niced, no dashboard,
+            its host 127.0.0.1: ``set_embedded_ray_env``, ``local_ray_init_kwargs``);
             ``"auto"`` → the cluster on this machine; ``"ray://host:port"`` → Ray Client.
             ``$RAY_ADDRESS`` is used when ``address`` is None and it is set.
         num_cpus: CPU slots for an embedded instance (default: all cores).
@@ -64,7 +64,7 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     if address is not None:
         check_reachable(address)
     if address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        set_embedded_ray_env()  # no token auth; workers at the driver's priority, not Ray's nice 15
         ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, configure_logging=False)
     else:
         # the job's runtime_env ships the code: cluster nodes need the dependencies only, not a checkout

@@ -48,6 +48,17 @@ def local_ray_init_kwargs(num_cpus: int | None = None) -> dict:
     return {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": bind_host()}
 
 
+def set_embedded_ray_env() -> None:
+    """Environment defaults for an embedded Ray instance, set before ``ray.init`` starts it (an explicit value in
+    the environment is kept): ``RAY_AUTH_MODE=disabled`` (Ray 2.60 enables token authentication by default,
+    which a private local instance does not need) and ``RAY_worker_niceness=0`` (Ray starts worker processes at
+    nice 15, so the training ranks lost the CPU to anything else runnable on the machine: the driver, the reward
+    pool, another program; a 4 s GRPO step took 39 s beside one other busy process). Used by :func:`init_ray`
+    and by the flow's ``infra.ray_cluster.connect_ray``."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_worker_niceness", "0")
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
 
@@ -57,11 +68,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             cluster (``num_cpus`` is then ignored: a cluster's size is its own).
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
 
-    For the embedded case ``RAY_AUTH_MODE`` defaults to ``disabled`` (Ray 2.60 enables token
-    authentication by default, which a private local instance does not need) and ``RAY_worker_niceness`` to
-    ``0``: Ray starts worker processes at nice 15, so the training ranks lost the CPU to anything else runnable
-    on the machine (the driver, the reward pool, another program); embedded, they run at the driver's priority.
-    An explicit value of either in the environment is kept.
+    For the embedded case the environment gets :func:`set_embedded_ray_env`'s defaults (no token authentication;
+    workers at the driver's priority, not nice 15).
 
     Raises:
         RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.
@@ -74,8 +82,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves the ranks under any load
+        set_embedded_ray_env()
         ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, runtime_env=runtime_env)
     else:
         check_ray_address(str(address))

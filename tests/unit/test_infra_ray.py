@@ -82,3 +82,26 @@ def test_unreachable_ray_address_fails_in_seconds_naming_it(free_port):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and f"Ray cluster at '127.0.0.1:{free_port}'" in proc.stderr
     assert time.monotonic() - t0 < 60  # python + ray import, then a 5 s connect timeout at most
+
+
+NICENESS_PROBE = """
+import os, ray
+from infra.ray_cluster import connect_ray
+connect_ray(None, num_cpus=1)
+print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()), flush=True)
+ray.shutdown()
+"""
+
+
+def test_the_flows_embedded_ray_runs_workers_at_the_drivers_priority():
+    """The flow starts Ray through ``connect_ray``, not ``init_ray``: its workers too must not get Ray's nice 15
+    (a ``make learn`` run's ranks were niced and lost the CPU to a concurrent job). A fresh process, the variable
+    unset, so only ``connect_ray`` can set it."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", NICENESS_PROBE], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    driver, worker = proc.stdout.split()[-2:]
+    assert worker == driver
