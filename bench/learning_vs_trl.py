@@ -1,6 +1,6 @@
 """Learning per wall-clock second, ours vs TRL's GRPOTrainer, from the same warmed-up checkpoint (issue 15).
 
-    python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 600] [--lr 3e-4] [--trl-lr 3e-4]
+    python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 480] [--lr 3e-4] [--trl-lr 3e-4]
                                     [--peers ours,trl] [--seed 0] [--threads 2] [--set KEY=VALUE ...]
 
 Task: Countdown as the preset ``configs/presets/countdown.yaml`` sets it (``countdown:`` arguments of
@@ -48,6 +48,12 @@ def _preset() -> dict:
     import yaml
 
     return yaml.safe_load(PRESET.read_text())
+
+
+def _preset_seconds() -> float:
+    """The preset's ``trainer.total_training_seconds`` (its ``ppo`` overrides)."""
+    key = "trainer.total_training_seconds="
+    return float(next(o for o in _preset()["ppo"] if o.startswith(key))[len(key):].split("#")[0])
 
 
 def _rlhf(argv: list[str], log: Path) -> None:
@@ -208,7 +214,8 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", required=True, type=Path)
-    p.add_argument("--seconds", type=float, default=600.0, help="training wall-clock budget per peer")
+    p.add_argument("--seconds", type=float, default=_preset_seconds(),
+                   help="training wall-clock budget per peer (default: the preset's trainer.total_training_seconds)")
     p.add_argument("--lr", type=float, default=3e-4, help="our learning rate (the preset's)")
     p.add_argument("--trl-lr", type=float, default=None, help="TRL's learning rate (default: --lr)")
     p.add_argument("--peers", default="ours,trl", help="ours,trl | ours | trl | none (prepare only)")
