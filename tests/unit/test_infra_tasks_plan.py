@@ -349,7 +349,7 @@ def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
     s = resolve_settings({"preset": "countdown"})
     assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
         "countdown", 20000, 500, 100000, 100000)
-    assert "trainer.total_training_seconds=600" in s.preset_ppo
+    assert "trainer.total_training_seconds=480" in s.preset_ppo
     validate_overrides(s)  # the shipped countdown preset is valid for every stage
     assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
     assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
