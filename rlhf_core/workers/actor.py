@@ -83,6 +83,26 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
     return _KEEPS_LOGITS[cls]
 
 
+def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row of a micro-batch.
+
+    Prompts arrive left-padded to ``data.max_prompt_length`` (verl's layout), so a micro-batch whose longest prompt
+    is shorter carries columns no row attends to. Their removal leaves every valid position's output unchanged:
+    positions come from ``position_ids``, and a masked key adds exactly 0 to the attention softmax. The response
+    columns are the last ones, so slices taken from the end (``[:, -T-1:-1]``) are unaffected.
+
+    Args:
+        input_ids, attention_mask, position_ids: ``(b, S)`` int64 (``attention_mask`` 1 on valid tokens).
+
+    Returns:
+        The three tensors as ``(b, S - k)`` views, ``k`` = the number of leading columns whose mask is 0 in every
+        row (0 when the first column holds a token, or when no row holds any).
+    """
+    k = int(attention_mask.any(dim=0).int().argmax()) if attention_mask.numel() else 0
+    return input_ids[:, k:], attention_mask[:, k:], position_ids[:, k:]
+
+
 def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
                             use_remove_padding: bool = False) -> torch.Tensor:
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
@@ -90,9 +110,11 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). When the model takes
     ``logits_to_keep`` the LM head runs on the last ``T + 1`` positions of each row only (the prompt's logits are
-    never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward)."""
+    never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns
+    that are padding in every row are dropped first (:func:`trim_left_padding`)."""
     dev = device()
-    ids, mask, pos = mb["input_ids"].to(dev), mb["attention_mask"].to(dev), mb["position_ids"].to(dev)
+    ids, mask, pos = trim_left_padding(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
     if use_remove_padding:
         return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]

@@ -103,3 +103,50 @@ def test_value_model_without_logits_to_keep_keeps_the_full_forward():
                       position_ids=mb["position_ids"]).logits[:, -T - 1:-1]
         got = forward_response_logits(critic, mb, T)
     torch.testing.assert_close(got, full, rtol=0, atol=0)
+
+
+def _left_padded(mb, extra):
+    """``mb`` with ``extra`` more all-padding columns in front (a longer ``data.max_prompt_length``)."""
+    def pad(t):
+        return torch.cat([torch.zeros((t.shape[0], extra), dtype=t.dtype), t], dim=1)
+
+    return Batch({"input_ids": pad(mb["input_ids"]), "attention_mask": pad(mb["attention_mask"]),
+                  "position_ids": pad(mb["position_ids"]), "responses": mb["responses"]}, {}, {})
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_all_padding_leading_columns_are_dropped_with_the_same_outputs_and_grads(model, packed):
+    """Prompts left-padded to a max_prompt_length longer than the micro-batch's longest prompt: the 5 extra columns
+    (and none of the 9-token prompt's) are cut before the model runs; log-probs, entropies and grads are those of
+    the tight batch."""
+    tight, wide = _batch(), _left_padded(_batch(), 5)
+    widths = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: widths.append(inp[0].shape[-1]))
+    try:
+        lp_ref, ent_ref, loss_ref = _terms(forward_response_logits(model, tight, T, use_remove_padding=packed), tight)
+        g_ref = _grads(model, loss_ref)
+        lp, ent, loss = _terms(forward_response_logits(model, wide, T, use_remove_padding=packed), wide)
+        g = _grads(model, loss)
+    finally:
+        hook.remove()
+    # padded: both forwards see 9 + 6 = 15 columns, not 20; packed: the same valid tokens either way,
+    # (9+6) + (4+3) + (7+1) + (2+5) = 37
+    assert widths == ([37, 37] if packed else [15, 15])
+    resp_mask = tight["attention_mask"][:, -T:].bool()
+    torch.testing.assert_close(lp[resp_mask], lp_ref[resp_mask], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent[resp_mask], ent_ref[resp_mask], rtol=0, atol=1e-6)
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_trim_left_padding_keeps_a_row_that_starts_at_column_0_and_an_empty_batch():
+    from rlhf_core.workers.actor import trim_left_padding
+
+    ids = torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]])
+    mask = (ids > 0).long()
+    out = trim_left_padding(ids, mask, mask.cumsum(-1))
+    assert [t.tolist() for t in out] == [[[0, 5, 6], [7, 8, 9]], [[0, 1, 1], [1, 1, 1]], [[0, 1, 2], [1, 2, 3]]]
+    full = torch.ones((2, 3), dtype=torch.long)
+    assert trim_left_padding(full, full, full)[0].shape == (2, 3)  # nothing to cut
+    empty = torch.zeros((2, 3), dtype=torch.long)
+    assert trim_left_padding(empty, empty, empty)[0].shape == (2, 3)  # no valid token: left as is
