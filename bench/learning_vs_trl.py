@@ -1,7 +1,7 @@
 """Learning per wall-clock second, ours vs TRL's GRPOTrainer, from the same warmed-up checkpoint (issue 15).
 
     python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 480] [--lr 3e-4] [--trl-lr 3e-4]
-                                    [--peers ours,trl] [--seed 0] [--threads 2] [--set KEY=VALUE ...]
+                                    [--peers ours,trl] [--seed 0] [--threads 2] [--set KEY=VALUE ...] [--steps N]
 
 Task: Countdown as the preset ``configs/presets/countdown.yaml`` sets it (``countdown:`` arguments of
 ``rlhf_core.data.countdown.generate_countdown``, seed 0: 20000 train, 500 held-out test problems). Set-up, done once
@@ -137,18 +137,19 @@ def ppo_overrides(extra: list[str], threads: int) -> list[str]:
 
 
 def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra: list[str] | None = None,
-             threads: int = 2) -> dict:
+             threads: int = 2, steps: int = 100000) -> dict:
     """GRPO with our trainer for ``seconds`` of training; returns ``{"steps", "weights", "wall_s"}``.
 
     ``extra`` overrides come after the preset's (e.g. ``actor_rollout_ref.actor.ppo_mini_batch_size=8``);
-    ``threads`` is the CPUs Ray may use (one actor rank: its intra-op threads)."""
+    ``threads`` is the CPUs Ray may use (one actor rank: its intra-op threads); ``steps`` ends the run earlier than
+    the budget (``trainer.total_training_steps``)."""
     out = work / f"ours_lr{lr}_s{seed}"
     t0 = time.perf_counter()
     _rlhf(["ppo", *ppo_overrides(list(extra or []), threads), f"actor_rollout_ref.model.path={warm}",
            f"data.train_files={work / 'data' / 'train.parquet'}", f"data.val_files={work / 'data' / 'test.parquet'}",
            "algorithm.adv_estimator=grpo", f"actor_rollout_ref.actor.optim.lr={lr}", f"data.seed={seed}",
            f"trainer.total_training_seconds={seconds}",
-           "trainer.total_training_steps=100000", "trainer.val_before_train=False", "trainer.test_freq=-1",
+           f"trainer.total_training_steps={steps}", "trainer.val_before_train=False", "trainer.test_freq=-1",
            "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
            "trainer.logger=[console,file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
            "trainer.project_name=learn", "trainer.experiment_name=ours"], work / f"ours_lr{lr}_s{seed}.log")
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for ours after the preset's (repeatable); TRL mirrors n, batch and mini-batch")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for each peer (ours: ray_init.num_cpus)")
+    p.add_argument("--steps", type=int, default=100000,
+                   help="ours only: stop after this many GRPO steps if the budget lasts longer (A/B of two checkouts)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"before": base, "seconds": args.seconds, "n_test": len(rows), "load": os.getloadavg()}
     peers = args.peers.split(",")
     if "ours" in peers:
-        r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed, args.set, args.threads)
+        r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed, args.set, args.threads, args.steps)
         result["ours"] = {"lr": args.lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),
                           "after": greedy_accuracy(warm, rows, state_dict_file=r["weights"])}
     if "trl" in peers:

@@ -93,14 +93,15 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     columns are the last ones, so slices taken from the end (``[:, -T-1:-1]``) are unaffected.
 
     Args:
-        input_ids, attention_mask, position_ids: ``(b, S)`` int64 (``attention_mask`` 1 on valid tokens).
+        input_ids, attention_mask: ``(b, S)`` int64 (``attention_mask`` 1 on valid tokens); position_ids: ``(b, S)``
+            (or ``(b, 3, S)``: the last dimension is cut).
 
     Returns:
         The three tensors as ``(b, S - k)`` views, ``k`` = the number of leading columns whose mask is 0 in every
         row (0 when the first column holds a token, or when no row holds any).
     """
     k = int(attention_mask.any(dim=0).int().argmax()) if attention_mask.numel() else 0
-    return input_ids[:, k:], attention_mask[:, k:], position_ids[:, k:]
+    return input_ids[:, k:], attention_mask[:, k:], position_ids[..., k:]  # (b, S) or mrope's (b, 3, S)
 
 
 def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
