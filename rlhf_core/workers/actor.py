@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from typing import Any, Mapping
 
 import torch
@@ -26,7 +27,7 @@ from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
-from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, has_active_dropout
 from rlhf_core.workers.packing import packed_logits
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
@@ -83,6 +84,16 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
     return _KEEPS_LOGITS[cls]
 
 
+_DROPOUT: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _has_dropout(model: nn.Module) -> bool:
+    """:func:`has_active_dropout`, computed once per model (its modules and config do not change during training)."""
+    if model not in _DROPOUT:
+        _DROPOUT[model] = has_active_dropout(model)
+    return _DROPOUT[model]
+
+
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drop the leading columns that are padding in every row of a micro-batch.
@@ -112,9 +123,13 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). When the model takes
     ``logits_to_keep`` the LM head runs on the last ``T + 1`` positions of each row only (the prompt's logits are
     never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns
-    that are padding in every row are dropped first (:func:`trim_left_padding`)."""
+    that are padding in every row are dropped first (:func:`trim_left_padding`), except while a model with active
+    dropout trains: its dropout masks are drawn per element, so a width that depends on the micro-batch would make
+    the update depend on the micro-batch split (a Hugging Face value head has ``classifier_dropout`` 0.1)."""
     dev = device()
-    ids, mask, pos = trim_left_padding(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
+    if not (model.training and _has_dropout(model)):
+        ids, mask, pos = trim_left_padding(ids, mask, pos)
     ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
     if use_remove_padding:

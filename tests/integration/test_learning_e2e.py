@@ -1,8 +1,9 @@
-"""Does the RL learn? A short version of ``make learn`` (issue 15), asserting a rise far outside seed noise.
+"""Does the RL learn? A short version of ``make learn`` (issue 15), asserting a rise well beyond seed noise.
 
 The task, model sizes, warm-up and GRPO settings are the ``countdown`` preset's (``configs/presets/countdown.yaml``)
 with fewer train problems, fewer held-out problems and a step budget instead of the preset's wall-clock budget, so
-the figure does not depend on the machine's load (:data:`SHORT`; about 4 minutes at one thread). The warm-up SFT
+the figure does not depend on the machine's load (:data:`SHORT`; about 6 minutes at one thread with another job
+beside it). The warm-up SFT
 sees only unsolvable prompts with non-solutions (format only): every rise comes from the reward. Accuracy is our
 own validation, greedy, on :data:`N_TEST` held-out problems (``val-core/countdown/acc/mean@1``) before the first
 step and after the last.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -25,7 +25,7 @@ PRESET = Path(__file__).resolve().parents[2] / "configs" / "presets" / "countdow
 N_TRAIN, N_TEST = 4000, 300
 SHORT = {"sft_steps": 300, "grpo_steps": 25}
 ACC = "val-core/countdown/acc/mean@1"
-MIN_GAIN = 0.10
+MIN_GAIN = 0.08  # seeds 0 and 1 gained +0.143 and +0.173; one accuracy on 300 problems has an SE of about 0.026
 
 
 def _sft(preset: dict, model: str, files: dict, out: Path) -> str:
@@ -58,24 +58,27 @@ def _grpo(preset: dict, model: str, files: dict, out: Path, seed: int) -> dict[i
 
 def learning_run(work: Path, seed: int) -> tuple[float, float, int]:
     """Data, tiny model, warm-up and GRPO under ``work``; returns ``(accuracy before, after, GRPO steps)``."""
+    import torch
+
     from rlhf_core.data.countdown import generate_countdown
-    from rlhf_core.models.tiny import build_tiny_model, chat_texts
+    from tasks.remote import build_model_remote
 
     preset = yaml.safe_load(PRESET.read_text())
     files = generate_countdown(str(work / "data"), N_TRAIN, N_TEST, seed=0, **preset["countdown"])
-    train = pd.read_parquet(files["train"])
-    texts = []
-    for extra, prompt in zip(train["extra_info"], train["prompt"]):  # as the flow's build_model stage
-        texts += [extra["question"], extra["answer"], *chat_texts(prompt)]
-    model = build_tiny_model(texts, work / "model", **preset["model"])
-    warm = _sft(preset, model, files, work / "sft")
+    model = build_model_remote(files["train"], str(work / "model"), preset["model"])  # the flow's build_model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the warm-up runs in this process: one thread, as `make test` has it
+    try:
+        warm = _sft(preset, model, files, work / "sft")
+    finally:
+        torch.set_num_threads(threads)
     metrics = _grpo(preset, warm, files, work / "grpo", seed)
     last = max(metrics)
     return metrics[0][ACC], metrics[last][ACC], last
 
 
 @pytest.mark.slow
-def test_grpo_raises_held_out_countdown_accuracy_far_outside_seed_noise(tmp_path, monkeypatch):
+def test_grpo_raises_held_out_countdown_accuracy_beyond_seed_noise(tmp_path, monkeypatch):
     monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
     before, after, steps = learning_run(tmp_path, seed=0)
     assert steps == SHORT["grpo_steps"]

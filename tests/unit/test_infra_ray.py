@@ -88,7 +88,7 @@ NICENESS_PROBE = """
 import os, ray
 from infra.ray_cluster import connect_ray
 connect_ray(None, num_cpus=1)
-print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()), flush=True)
+print("NICENESS", os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()), flush=True)
 ray.shutdown()
 """
 
@@ -103,5 +103,15 @@ def test_the_flows_embedded_ray_runs_workers_at_the_drivers_priority():
     proc = subprocess.run([sys.executable, "-c", NICENESS_PROBE], env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    driver, worker = proc.stdout.split()[-2:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("NICENESS "))
+    driver, worker = line.split()[1:]
     assert worker == driver
+
+
+def test_set_embedded_ray_env_sets_both_defaults_and_keeps_explicit_values(monkeypatch):
+    from rlhf_core.distributed.ray_init import set_embedded_ray_env
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # a user's explicit choice stays
+    set_embedded_ray_env()
+    assert (os.environ["RAY_worker_niceness"], os.environ["RAY_AUTH_MODE"]) == ("0", "token")

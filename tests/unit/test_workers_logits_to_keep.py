@@ -139,14 +139,16 @@ def test_all_padding_leading_columns_are_dropped_with_the_same_outputs_and_grads
         torch.testing.assert_close(g[name], g_ref[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_trim_left_padding_keeps_a_row_that_starts_at_column_0_and_an_empty_batch():
+def test_trim_left_padding_cuts_to_the_longest_row_keeps_full_and_empty_batches_and_3d_positions():
     from rlhf_core.workers.actor import trim_left_padding
 
-    ids = torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]])
+    ids = torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]])  # the longest row starts at column 1: one column goes
     mask = (ids > 0).long()
     out = trim_left_padding(ids, mask, mask.cumsum(-1))
     assert [t.tolist() for t in out] == [[[0, 5, 6], [7, 8, 9]], [[0, 1, 1], [1, 1, 1]], [[0, 1, 2], [1, 2, 3]]]
     full = torch.ones((2, 3), dtype=torch.long)
-    assert trim_left_padding(full, full, full)[0].shape == (2, 3)  # nothing to cut
+    assert trim_left_padding(full, full, full)[0].shape == (2, 3)  # a row starts at column 0: nothing to cut
     empty = torch.zeros((2, 3), dtype=torch.long)
     assert trim_left_padding(empty, empty, empty)[0].shape == (2, 3)  # no valid token: left as is
+    pos3 = torch.arange(24).reshape(2, 3, 4)  # mrope-style (b, 3, S) positions: the sequence dimension is cut
+    assert trim_left_padding(ids, mask, pos3)[2].tolist() == pos3[..., 1:].tolist()
