@@ -125,7 +125,7 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns
     that are padding in every row are dropped first (:func:`trim_left_padding`), except while a model with active
     dropout trains: its dropout masks are drawn per element, so a width that depends on the micro-batch would make
-    the update depend on the micro-batch split (a Hugging Face value head has ``classifier_dropout`` 0.1)."""
+    the update depend on the micro-batch split (our loaders turn dropout off; a user's model may not)."""
     dev = device()
     ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
     if not (model.training and _has_dropout(model)):
