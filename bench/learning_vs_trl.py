@@ -53,7 +53,7 @@ def _preset() -> dict:
 def _preset_seconds() -> float:
     """The preset's ``trainer.total_training_seconds`` (its ``ppo`` overrides)."""
     key = "trainer.total_training_seconds="
-    return float(next(o for o in _preset()["ppo"] if o.startswith(key))[len(key):].split("#")[0])
+    return float(next(o for o in _preset()["ppo"] if o.startswith(key))[len(key):])
 
 
 def _rlhf(argv: list[str], log: Path) -> None:
@@ -68,10 +68,8 @@ def _rlhf(argv: list[str], log: Path) -> None:
 
 def prepare(work: Path) -> Path:
     """Data, tiny model and warm-up SFT under ``work`` (reused when present); returns the warmed-up HF folder."""
-    import pandas as pd
-
     from rlhf_core.data.countdown import generate_countdown
-    from rlhf_core.models.tiny import build_tiny_model, chat_texts
+    from tasks.remote import build_model_remote
 
     warm = work / "sft" / "hf_model"
     if (warm / "config.json").exists():
@@ -80,11 +78,7 @@ def prepare(work: Path) -> Path:
     pipe = preset["pipeline"]
     files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0,
                                **(preset.get("countdown") or {}))
-    texts = []
-    train = pd.read_parquet(files["train"])
-    for extra, prompt in zip(train["extra_info"], train["prompt"]):  # as tasks.remote.build_model_remote
-        texts += [extra["question"], extra["answer"], *chat_texts(prompt)]
-    model = build_tiny_model(texts, work / "model", **preset["model"])
+    model = build_model_remote(files["train"], str(work / "model"), preset["model"])  # the flow's build_model
     _rlhf(["sft", *preset["sft"], f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
            f"data.val_files={files['test']}", f"trainer.default_local_dir={work / 'sft'}",
            f"trainer.total_epochs={pipe['sft_epochs']}", "trainer.logger=[console]",
