@@ -50,3 +50,27 @@ def test_bf16_compute_keeps_fp32_master_weights_and_tracks_fp32(tiny_model_dir):
     # a few 1e-2 but not by 1, and they are not bitwise equal (the cast did happen)
     assert 0 < diff.max() < 0.5
     assert m16["actor/grad_norm"] == pytest.approx(m32["actor/grad_norm"], rel=0.1)
+
+
+def test_rollout_engine_generates_in_the_actors_compute_dtype(tiny_model_dir):
+    # verl's HF rollout runs the FSDP module itself, so under param_dtype=bf16 it samples from bf16 numerics; our
+    # engine copy must do the same (and stay fp32 when the actor computes in fp32)
+    from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+
+    for dtype, want in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        arr = ppo_config(tiny_model_dir, f"{MP}param_dtype={dtype}").actor_rollout_ref
+        engine = build_engine_copy(arr.model, arr.actor.fsdp_config)
+        assert {p.dtype for p in engine.parameters()} == {want}
+        # floating buffers follow buffer_dtype (fp32 by default), as in the actor's FSDP forward
+        assert {b.dtype for b in engine.buffers() if b.is_floating_point()} == {torch.float32}
+    arr = ppo_config(tiny_model_dir, f"{MP}param_dtype=bf16", f"{MP}buffer_dtype=bf16").actor_rollout_ref
+    engine = build_engine_copy(arr.model, arr.actor.fsdp_config)
+    assert {b.dtype for b in engine.buffers() if b.is_floating_point()} == {torch.bfloat16}
+    # the weight sync casts the actor's fp32 state into the engine's dtype
+    wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": ppo_config(tiny_model_dir, f"{MP}param_dtype=bf16"),
+                                                  "role": "actor_rollout"})
+    wg.execute_all("init_model")
+    eng = wg.worker.rollout.module
+    sd = wg.worker.get_state_dict()
+    name, p = next(iter(eng.named_parameters()))
+    assert p.dtype == torch.bfloat16 and torch.equal(p, sd[name].to(torch.bfloat16))
