@@ -239,7 +239,8 @@ def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
         elif "error" in r:
             print(f"  {name:46s}: FAILED - {r['error']}")
         else:
-            print(f"  {name:46s}: {r['s_per_step']:6.3f} s/step  {r['tokens_per_s']:8.0f} tokens/s  "
+            print(f"  {name:46s}: {r['s_per_step']:6.3f} s/step (median {r['median_s_per_step']:.3f}, "
+                  f"{min(r['step_s']):.3f}-{max(r['step_s']):.3f})  {r['tokens_per_s']:8.0f} tokens/s  "
                   f"({r['response_tokens_per_s']:7.0f} response tokens/s; {r['tokens_per_step']:.0f} tokens/step, "
                   f"steps {r['step_s']}); peak RSS {r.get('peak_rss_mb', '-')} MB"
                   + (f", worker {r['worker_peak_rss_mb']} MB" if r.get("worker_peak_rss_mb") else ""))
@@ -248,12 +249,14 @@ def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
     print("  (tokens = valid prompt + response tokens of the step's sequences; s/step = wall time between step ends)")
     ours = results.get("ours", {})
     if "s_per_step" in ours and "s_per_step" in results.get("ours_ray", {}):
-        print(f"ratio ours_ray/ours s/step: {results['ours_ray']['s_per_step'] / ours['s_per_step']:.2f}x "
-              f"(target <= 1.10)")
+        ray = results["ours_ray"]
+        print(f"ratio ours_ray/ours s/step: {ray['s_per_step'] / ours['s_per_step']:.2f}x, medians "
+              f"{ray['median_s_per_step'] / ours['median_s_per_step']:.2f}x (target <= 1.10)")
     for peer in ("trl", "hf"):
         other = results.get(peer, {})
         if "s_per_step" in ours and "s_per_step" in other:
-            print(f"ratio {peer}/ours s/step: {other['s_per_step'] / ours['s_per_step']:.2f}x  "
+            print(f"ratio {peer}/ours s/step: {other['s_per_step'] / ours['s_per_step']:.2f}x, medians "
+                  f"{other['median_s_per_step'] / ours['median_s_per_step']:.2f}x  "
                   f"(> 1: ours is faster); tokens/s ours/{peer}: {ours['tokens_per_s'] / other['tokens_per_s']:.2f}x")
     print(f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
           f"(the ratios mean something only on an otherwise idle machine)")

@@ -4,6 +4,7 @@ step timing every peer shares; each ``run_*`` runs in its own subprocess started
 """
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 
@@ -22,14 +23,14 @@ def _gsm8k_score(text: str, ground_truth) -> float:
 
 
 def step_summary(step_ends: list[float], tokens: list[float], response_tokens: list[float], warmup: int) -> dict:
-    """Mean s/step over the steps after ``warmup`` (end-to-end deltas) and the matching token rates."""
+    """Mean and median s/step over the steps after ``warmup`` (end-to-end deltas) and the matching token rates."""
     deltas = [b - a for a, b in zip(step_ends[warmup - 1:], step_ends[warmup:])] if warmup else \
         [step_ends[0]] + [b - a for a, b in zip(step_ends, step_ends[1:])]
     n = len(deltas)
     s = sum(deltas)
     tok, rtok = sum(tokens[-n:]), sum(response_tokens[-n:])
-    return {"s_per_step": s / n, "tokens_per_s": tok / s, "response_tokens_per_s": rtok / s,
-            "tokens_per_step": tok / n, "response_tokens_per_step": rtok / n, "steps": n,
+    return {"s_per_step": s / n, "median_s_per_step": statistics.median(deltas), "tokens_per_s": tok / s,
+            "response_tokens_per_s": rtok / s, "tokens_per_step": tok / n, "response_tokens_per_step": rtok / n, "steps": n,
             "step_s": [round(d, 4) for d in deltas]}
 
 
