@@ -19,12 +19,12 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 
 install: $(STAMP)
 
-# The whole flow on GSM8K with a tiny model built on the spot (about 10 minutes on 2 cores).
+# The whole flow on GSM8K with a tiny model built on the spot (README: about 5 minutes on 2 cores).
 demo: install
 	$(BIN)/python -m flows.rlhf
 
 # Proof that the RL learns: Countdown (a task only a reward can teach), a tiny model warmed up on format-only
-# answers, GRPO for a 10-minute wall-clock budget; prints greedy accuracy on 500 held-out problems before and after.
+# answers, GRPO for a 480 s wall-clock budget (the preset's); prints greedy accuracy on 500 held-out problems before and after.
 learn: install
 	$(BIN)/python -m flows.rlhf --preset countdown --experiment learn
 

@@ -221,13 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100000,
                    help="ours only: stop after this many GRPO steps if the budget lasts longer (A/B of two checkouts)")
     args = p.parse_args(argv)
+    peers = args.peers.split(",")
+    if peers != ["none"] and not set(peers) <= {"ours", "trl"}:
+        p.error(f"--peers {args.peers!r}: use ours,trl | ours | trl | none")
     sys.path.insert(0, str(REPO))
+    from rlhf_core.config import ConfigError, load_config
+
+    try:  # a bad --set fails here, before the warm-up
+        load_config("ppo_trainer", ppo_overrides(args.set, args.threads))
+    except ConfigError as exc:
+        p.error(f"--set: {exc}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     warm = prepare(args.workdir)
     rows = test_rows(args.workdir)
     base = greedy_accuracy(warm, rows)
     result = {"before": base, "seconds": args.seconds, "n_test": len(rows), "load": os.getloadavg()}
-    peers = args.peers.split(",")
     if "ours" in peers:
         r = run_ours(args.workdir, warm, args.seconds, args.lr, args.seed, args.set, args.threads, args.steps)
         result["ours"] = {"lr": args.lr, "steps": r["steps"], "wall_s": round(r["wall_s"], 1),

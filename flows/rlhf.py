@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     def command(args: list[str]) -> int:
         params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
         error = check_parameters(params)
-        if error:  # before Prefect starts its server: one line naming the parameter, exit 2 (a usage error)
+        if error:  # before Prefect starts its server: the message naming the parameter, exit 2 (a usage error)
             print(f"rlhf pipeline: error: {error}", file=sys.stderr)
             return 2
         start_ephemeral_prefect()
@@ -350,7 +350,8 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
 
 
 def check_parameters(params: dict[str, Any]) -> str | None:
-    """What is wrong with the flow parameters, in one line (None when they are usable).
+    """What is wrong with the flow parameters (None when they are usable): the check's whole message, whose
+    first line names the stage or parameter and whose next lines, if any, each bad key and why.
 
     Runs the flow's own checks (settings, every stage's override list, the baseline run id)
     plus the existence of ``model_path`` and ``gsm8k_dir``, without starting any service.
@@ -365,7 +366,7 @@ def check_parameters(params: dict[str, Any]) -> str | None:
         if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
             report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
     except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:
-        return str(exc).splitlines()[0]
+        return str(exc)
     return None
 
 

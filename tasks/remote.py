@@ -24,8 +24,9 @@ def _plain(result: Any) -> Any:
 
 
 def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> str:
-    """Build the tiny model from the prompts and answers (and SFT ``messages``, when present) of a verl-schema parquet,
-    role names included (:func:`rlhf_core.models.tiny.chat_texts`)."""
+    """Build the tiny model from the warm-up pairs, the prompts (and SFT ``messages``, when present) of a verl-schema
+    parquet, role names included (:func:`rlhf_core.models.tiny.chat_texts`). A row's warm-up pair is its
+    ``extra_info`` ``warmup_question``/``warmup_answer`` (Countdown) or else ``question``/``answer`` (GSM8K)."""
     import pandas as pd
 
     from rlhf_core.models.tiny import build_tiny_model, chat_texts
@@ -33,7 +34,8 @@ def build_model_remote(train_file: str, out_dir: str, sizes: dict[str, int]) -> 
     df = pd.read_parquet(train_file)
     texts: list[str] = []
     for extra in df["extra_info"]:
-        texts.extend([str(extra.get("question", "")), str(extra.get("answer", ""))])
+        keys = ("warmup_question", "warmup_answer") if "warmup_question" in extra else ("question", "answer")
+        texts.extend(str(extra.get(k, "")) for k in keys)
     for prompt in df["prompt"]:
         texts.extend(chat_texts(prompt))
     if "messages" in df:  # gsm8k_tools: the SFT traces' tool calls and responses

@@ -9,12 +9,13 @@ precedence, no parentheses — redrawn until it is positive, so every problem ha
     prompt       [{"role": "user", "content": "Numbers: 3 4 2. Target: 14. Use each number once with + - *."}]
     ability      "arithmetic"
     reward_model {"style": "rule", "ground_truth": '{"target": 14, "numbers": [3, 4, 2]}'}
-    extra_info   {"split", "index", "question": the warm-up prompt, "answer": the warm-up answer,
+    extra_info   {"split", "index", "question": the prompt's text (as GSM8K rows carry theirs),
+                  "warmup_question": the warm-up prompt, "warmup_answer": the warm-up answer,
                   "warmup_target": its target, "chance_acc": the fraction of no-parenthesis expressions over the
                   numbers that hit the real target}
 
-The warm-up (SFT, ``data.prompt_key=extra_info``) pair is format only and never a solution: the warm-up prompt has
-the row's numbers but an *unreachable* target (a positive integer no expression over the numbers, with or without
+The warm-up (SFT: ``data.prompt_key=extra_info``, ``data.prompt_dict_keys=[warmup_question]``) pair is format only
+and never a solution: the warm-up prompt has the row's numbers but an *unreachable* target (a positive integer no expression over the numbers, with or without
 parentheses, reaches), and the answer is a uniformly random no-parenthesis expression over the numbers. So the
 warm-up never shows a solvable problem nor a solution, and its answers do not depend on the target (an earlier
 version paired the real prompt with a random *wrong* answer, which taught the model to avoid solutions: its greedy
@@ -115,8 +116,9 @@ def countdown_row(problem: dict[str, Any], split: str, index: int) -> dict[str, 
         "prompt": [{"role": "user", "content": q}],
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": split, "index": index, "question": warmup_q, "answer": problem["warmup_answer"],
-                       "warmup_target": problem["warmup_target"], "chance_acc": float(problem["chance_acc"])},
+        "extra_info": {"split": split, "index": index, "question": q, "warmup_question": warmup_q,
+                       "warmup_answer": problem["warmup_answer"], "warmup_target": problem["warmup_target"],
+                       "chance_acc": float(problem["chance_acc"])},
     }
 
 

@@ -102,3 +102,13 @@ def test_internal_errors_show_the_traceback(tmp_path):
 def test_unknown_command_names_the_nearest():
     r = rlhf("evl")
     assert r.returncode == 2 and "did you mean 'eval'?" in r.stderr
+
+
+def test_pipeline_bad_override_value_names_the_key_and_the_reason():
+    # the flow's up-front check used to keep only its message's first line ("... invalid overrides ...: Invalid
+    # config:"), dropping the line that says which key and why
+    from flows.rlhf import check_parameters
+
+    error = check_parameters({"preset": "countdown", "ppo_overrides": ["data.train_batch_size=abc"]})
+    assert "ppo stage" in error and "data.train_batch_size='abc': expected int, got str" in error
+    assert check_parameters({"preset": "countdown"}) is None

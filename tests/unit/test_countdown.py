@@ -105,9 +105,10 @@ def test_generate_countdown_fixed_seed_schema_and_warmup_answers(tmp_path):
             table = flat_expressions(truth["numbers"])
             assert truth["target"] in table.values()  # solvable
             # the warm-up pair: the same numbers, a target no expression reaches, a random well-formed answer
-            assert extra["question"] == question(truth["numbers"], extra["warmup_target"])
+            assert extra["question"] == prompt[0]["content"]  # the task's own text, for results' `question`
+            assert extra["warmup_question"] == question(truth["numbers"], extra["warmup_target"])
             assert extra["warmup_target"] not in reachable_values(truth["numbers"])
-            out = countdown.compute_score(extra["answer"], {"target": extra["warmup_target"],
+            out = countdown.compute_score(extra["warmup_answer"], {"target": extra["warmup_target"],
                                                             "numbers": truth["numbers"]}, format_score=0.5)
             assert out["score"] == 0.5 and not out["acc"]  # the format, never a solution
             hits = sum(v == truth["target"] for v in table.values())
