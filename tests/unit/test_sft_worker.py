@@ -84,7 +84,9 @@ def test_train_step_matches_the_pinned_numbers(sft_batch_and_config):
     assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
     assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
     assert metrics["train/lr"] == pytest.approx(SFT_PIN["train/lr"], rel=1e-9)
-    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-6)
+    # rel 1e-5: AdamW's normalised step on near-zero gradients differs in its last bits between CPU instruction
+    # sets (recorded on AVX2, checked on AVX512 too); a real change of the step moves the checksum far more
+    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
 
 
 SFT_PIN = {"train/loss": 6.917751789093018, "train/lr": 0.01, "train/grad_norm": 2.5845158100128174}

@@ -119,8 +119,15 @@ def test_update_matches_the_pinned_numbers(role, pinned_threads):
     metrics, cs = update(2)
     assert metrics.keys() == pin.keys()
     for k, v in pin.items():
-        assert metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert cs == pytest.approx(pin_checksum, rel=1e-6)
+        # a clip fraction counts tokens: one whose ratio (or value) sits on the clip boundary is clipped or not by
+        # the last bit of a CPU reduction, which differs between instruction sets (the pins were recorded on an
+        # AVX2 CPU; on an AVX512 one the critic's vf_clipfrac moves by one token of 13 in one of the 4 optimizer
+        # steps, 0.019, while every loss, which is continuous across the boundary, stays within 1e-5)
+        tol = {"abs": 0.025} if k.endswith(("clipfrac", "clipfrac_lower")) else {"rel": 1e-5, "abs": 1e-7}
+        assert metrics[k] == pytest.approx(v, **tol), k
+    # AdamW (lr 1e-2) normalises near-zero gradients, so the last bits of the weights differ between instruction
+    # sets (3e-6 relative on the checksum seen); a real change of the update moves it by orders of magnitude more
+    assert cs == pytest.approx(pin_checksum, rel=1e-5)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
