@@ -29,6 +29,7 @@ from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, has_active_dropout
 from rlhf_core.workers.packing import packed_logits
+from rlhf_core.workers.shared_prefix import shared_prefix_logits, supports_shared_prefix
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -123,9 +124,11 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). When the model takes
     ``logits_to_keep`` the LM head runs on the last ``T + 1`` positions of each row only (the prompt's logits are
     never used: ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns
-    that are padding in every row are dropped first (:func:`trim_left_padding`), except while a model with active
-    dropout trains: its dropout masks are drawn per element, so a width that depends on the micro-batch would make
-    the update depend on the micro-batch split (our loaders turn dropout off; a user's model may not)."""
+    that are padding in every row are dropped first (:func:`trim_left_padding`), and a prompt that repeats in the
+    micro-batch runs once (:func:`~rlhf_core.workers.shared_prefix.shared_prefix_logits`), both except while a model
+    with active dropout trains: its dropout masks are drawn per element, so a width or a prompt pass that depends on
+    the micro-batch would make the update depend on the micro-batch split (our loaders turn dropout off; a user's
+    model may not)."""
     dev = device()
     ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
     if not (model.training and _has_dropout(model)):
@@ -134,6 +137,11 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
     if use_remove_padding:
         return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
+    if not (model.training and _has_dropout(model)) and supports_shared_prefix(model):
+        # each distinct prompt once (rollout.n repeats it); None when none repeats
+        shared = shared_prefix_logits(model, ids, mask, pos, response_length)
+        if shared is not None:
+            return shared
     extra = {} if keep is None else {"logits_to_keep": keep}
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra)
     return out.logits[:, -response_length - 1:-1]

@@ -1,0 +1,120 @@
+"""Each distinct prompt of a micro-batch runs once (``rlhf_core/workers/shared_prefix.py``): the response logits,
+log-probs and gradients equal the plain forward's, directly and through the FSDP2 worker's update."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_workers_fsdp import ppo_config  # noqa: E402
+
+from rlhf_core.distributed import LocalWorkerGroup  # noqa: E402
+from rlhf_core.protocol import Batch  # noqa: E402
+from rlhf_core.workers import actor as actor_module  # noqa: E402
+from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
+from rlhf_core.workers.shared_prefix import shared_prefix_logits, supports_shared_prefix  # noqa: E402
+
+U, N, P, T, V = 3, 4, 7, 5, 64  # 3 distinct prompts × 4 samples, prompt ≤ 7 tokens, response ≤ 5
+
+
+def grouped_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """``U × N`` rows: each prompt repeated ``N`` times (left pads 0, 1, 2), responses right-padded to 5..2 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, V, (U, P), generator=g)
+    pmask = torch.ones(U, P, dtype=torch.long)
+    for i in range(U):
+        pmask[i, :i] = 0
+        prompts[i, :i] = 0
+    responses = torch.randint(3, V, (U * N, T), generator=g)
+    rmask = (torch.arange(T)[None, :] < (T - torch.arange(U * N) % 4)[:, None]).long()
+    ids = torch.cat([prompts.repeat_interleave(N, 0), responses * rmask], 1)
+    mask = torch.cat([pmask.repeat_interleave(N, 0), rmask], 1)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": responses * rmask, "response_mask": rmask}
+
+
+def tiny_lm() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def response_log_probs(model, b, shared: bool) -> torch.Tensor:
+    if shared:
+        logits = shared_prefix_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], T)
+    else:
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"], logits_to_keep=T + 1).logits[:, :-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def test_log_probs_and_gradients_equal_the_plain_forward():
+    model, b = tiny_lm(), grouped_batch()
+    assert supports_shared_prefix(model)
+    grads = []
+    for shared in (False, True):
+        model.zero_grad()
+        lp = response_log_probs(model, b, shared)
+        (lp * b["response_mask"]).sum().backward()
+        grads.append((lp.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (lp0, g0), (lp1, g1) = grads
+    valid = b["response_mask"].bool()
+    torch.testing.assert_close(lp1[valid], lp0[valid], rtol=0, atol=1e-5)
+    for k in g0:  # the prompt pass receives the gradients of all N responses through the gathered keys/values
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_no_repeated_prompt_means_the_plain_forward():
+    b = grouped_batch()
+    rows = torch.arange(0, U * N, N)  # one row per prompt
+    assert shared_prefix_logits(tiny_lm(), b["input_ids"][rows], b["attention_mask"][rows],
+                                b["position_ids"][rows], T) is None
+
+
+def test_worker_update_is_the_same_with_and_without_sharing(tiny_model_dir, monkeypatch):
+    # through the FSDP2 worker: old log-probs, the update's metrics and the weights after it agree with the plain
+    # forward's (rollout.n = 4: each of the 2 prompts appears 4 times in the micro-batch of 8)
+    from test_workers_fsdp import prompt_batch
+
+    results, used = [], []
+
+    def counting(*args):
+        out = shared_prefix_logits(*args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(actor_module, "shared_prefix_logits", counting)
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(actor_module, "supports_shared_prefix", lambda model: False)
+        wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": ppo_config(
+            tiny_model_dir, "actor_rollout_ref.rollout.n=4", "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "critic.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"), "role": "actor_rollout"})
+        wg.execute_all("init_model")
+        if shared:
+            prompts = prompt_batch(2, seed=3)  # the trainer repeats each prompt rollout.n times before the rollout
+            batch = wg.execute_dp("generate_sequences",
+                                  Batch({k: v.repeat_interleave(4, 0) for k, v in prompts.tensors.items()}))
+            assert batch["input_ids"].shape[0] == 8
+            batch.tensors["advantages"] = torch.randn(batch["responses"].shape,
+                                                      generator=torch.Generator().manual_seed(3))
+        lp = wg.execute_dp("compute_log_prob", batch)["old_log_probs"]
+        metrics = wg.execute_dp("update_actor", batch.merge(Batch({"old_log_probs": lp})))[0]
+        results.append((lp, metrics, wg.worker.get_state_dict()))
+        wg.shutdown()
+    assert used and all(used)  # the FSDP2-wrapped model took the shared path: compute_log_prob and the update
+    (lp_s, m_s, sd_s), (lp_p, m_p, sd_p) = results
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(lp_s[mask], lp_p[mask], rtol=0, atol=1e-5)
+    assert m_s["actor/grad_norm"] == pytest.approx(m_p["actor/grad_norm"], rel=1e-5)
+    for k in sd_p:
+        torch.testing.assert_close(sd_s[k], sd_p[k], rtol=1e-4, atol=1e-5, msg=k)
