@@ -17,10 +17,11 @@ precedence, no parentheses — redrawn until it is positive, so every problem ha
 The warm-up (SFT: ``data.prompt_key=extra_info``, ``data.prompt_dict_keys=[warmup_question]``) pair is format only
 and never a solution: the warm-up prompt has the row's numbers but an *unreachable* target (a positive integer no
 expression over the numbers, with or without parentheses, reaches), and the answer is a uniformly random
-no-parenthesis expression over the numbers. So the warm-up never shows a solvable problem nor a solution, and its answers do not depend on the target (an earlier
-version paired the real prompt with a random *wrong* answer, which taught the model to avoid solutions: its greedy
-accuracy started far below chance and any perturbation "gained"). Every gain in accuracy after warm-up comes from
-the reward. ``chance_acc`` is the accuracy of the policy that writes a uniformly random expression of the format,
+no-parenthesis expression over the numbers. So the warm-up never shows a solvable problem nor a solution, and its
+answers do not depend on the target (an earlier version paired the real prompt with a random *wrong* answer, which
+taught the model to avoid solutions: its greedy accuracy started far below chance and any perturbation "gained").
+Every gain in accuracy after warm-up comes from the reward. ``chance_acc`` is the accuracy of the policy that writes
+a uniformly random expression of the format,
 the level a format-only warm-up starts near.
 """
 from __future__ import annotations
