@@ -21,8 +21,7 @@ no-parenthesis expression over the numbers. So the warm-up never shows a solvabl
 answers do not depend on the target (an earlier version paired the real prompt with a random *wrong* answer, which
 taught the model to avoid solutions: its greedy accuracy started far below chance and any perturbation "gained").
 Every gain in accuracy after warm-up comes from the reward. ``chance_acc`` is the accuracy of the policy that writes
-a uniformly random expression of the format,
-the level a format-only warm-up starts near.
+a uniformly random expression of the format, the level a format-only warm-up starts near.
 """
 from __future__ import annotations
 
