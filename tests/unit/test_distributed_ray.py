@@ -124,3 +124,52 @@ def test_hsdp_mesh_and_size_based_wrap_match_one_rank(ray_session, tiny_model_di
             assert torch.allclose(sd2[k], sd1[k], atol=2e-7), k
     finally:
         group.shutdown()
+
+
+def test_shared_prefix_update_on_two_ray_ranks_matches_one_local_rank(ray_session, tiny_model_dir, monkeypatch):
+    # each prompt twice (rollout.n = 2), micro-batches of 2 rows: every micro-batch on both sides runs its prompt
+    # once (workers/shared_prefix.py), so FSDP2 sees two forwards of the model before one backward; the 2-rank
+    # update must still equal the single rank's (gradients of both passes reduced)
+    from test_workers_fsdp import prompt_batch
+
+    from rlhf_core.workers import actor as actor_module
+    from rlhf_core.workers.shared_prefix import shared_prefix_logits
+
+    used = []
+
+    def counting(*args):
+        out = shared_prefix_logits(*args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(actor_module, "shared_prefix_logits", counting)
+    overrides = [o for o in OVERRIDES if "micro_batch_size_per_gpu" not in o] + [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+    cfg = ppo_config(tiny_model_dir, *overrides)
+    local = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout_ref"})
+    local.execute_all("init_model")
+    prompts = prompt_batch(4, seed=5)
+    batch = local.execute_dp("generate_sequences",
+                             Batch({k: v.repeat_interleave(2, 0) for k, v in prompts.tensors.items()}))
+    batch = batch.merge(local.execute_dp("compute_log_prob", batch))
+    batch = batch.merge(local.execute_dp("compute_ref_log_prob", batch))  # use_kl_loss
+    batch.tensors["advantages"] = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(5))
+    assert used and all(used)  # counted in this process (the local rank); the Ray ranks run the same code
+    actor = RayWorkerGroup(ActorRolloutRefWorker, 2, {"config": cfg, "role": "actor_rollout_ref"},
+                           num_cpus_per_worker=0.5, name_prefix="actor_shared")
+    try:
+        actor.execute_all("init_model")
+        m1 = local.execute_dp("update_actor", _global_minibatch_order(batch))[0]
+        m2 = actor.execute_dp("update_actor", batch)
+        for k in ("actor/pg_loss", "actor/kl_loss"):
+            assert m2[0][k] == pytest.approx(m1[k], abs=1e-5), k
+        # a gradient reduced from two passes per rank: float noise of a few 1e-6 relative; one pass's gradient
+        # missing from the reduction would change it by tens of percent
+        assert m2[0]["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-5)
+        sd1 = local.worker.get_state_dict()  # after the update (eps=1: steps ~ lr × gradient)
+        sd2 = actor.execute_all("get_state_dict")[0]
+        for k in sd1:
+            assert torch.allclose(sd2[k], sd1[k], atol=2e-7), k
+    finally:
+        actor.shutdown()
