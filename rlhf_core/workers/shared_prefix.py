@@ -7,54 +7,98 @@ prompt pass), and runs the responses against them. The response logits equal the
 rounding (tests/unit/test_workers_shared_prefix.py: log-probs and gradients to 1e-5), and the update's arithmetic
 shrinks with the repeated prompt tokens (Countdown preset: 256 rows of 31 + ≤ 12 tokens become 32 prompts + 256
 responses). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).
+
+Whether the shared path runs is decided from the model alone, before any forward, never from a micro-batch's
+contents when ranks are several: FSDP2 issues its all-gathers and reduce-scatters per model call, so ranks that
+disagreed on one pass or two would deadlock. On one rank a micro-batch without a repeated prompt takes the plain
+forward.
 """
 from __future__ import annotations
 
 import inspect
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-_TAKES_CACHE: dict[type, bool] = {}
+# cache layers whose whole per-row state is ``keys``/``values`` (gathering both gives each row its prompt's cache);
+# hybrid linear-attention, KV-shared and indexed (DSA) layers carry more state and are not supported
+_PLAIN_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+_SUPPORTED: dict[type, bool] = {}
 
 
 def supports_shared_prefix(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``cache``, ``use_cache`` and ``logits_to_keep`` (transformers 5 causal LMs)."""
+    """Whether the shared path may run for ``model`` (the same answer on every rank: it reads only the model).
+
+    Needs a forward that takes ``cache``, ``use_cache`` and ``logits_to_keep`` (transformers 5 causal LMs; a peft
+    wrapper's does not), a config whose dynamic cache has only plain or sliding-window key/value layers (no hybrid
+    linear attention, indexed or KV-shared layers), and no activation checkpointing while gradients are on
+    (transformers then turns the cache off)."""
     cls = type(model)
-    if cls not in _TAKES_CACHE:
+    if cls not in _SUPPORTED:
         params = inspect.signature(model.forward).parameters
-        _TAKES_CACHE[cls] = all(k in params for k in ("cache", "use_cache", "logits_to_keep"))
-    return _TAKES_CACHE[cls]
+        config = getattr(model, "config", None)
+        _SUPPORTED[cls] = (all(k in params for k in ("cache", "use_cache", "logits_to_keep"))
+                           and hasattr(config, "get_text_config") and _plain_cache(config))
+    if not _SUPPORTED[cls]:
+        return False
+    checkpointing = getattr(model, "is_activation_checkpointing", False)
+    return not (checkpointing and model.training and torch.is_grad_enabled())
+
+
+def _plain_cache(config) -> bool:
+    """Whether the dynamic cache ``config`` builds has only plain or sliding-window key/value layers, and no layer
+    shares another's keys/values."""
+    text = config.get_text_config(decoder=True)
+    if getattr(text, "num_kv_shared_layers", 0):
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except (KeyError, ValueError, TypeError, AttributeError):  # a layer type the mapping does not know
+        return False
+    return bool(layers) and all(type(layer) in _PLAIN_LAYERS for layer in layers)
+
+
+def _single_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
 def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, response_length: int) -> torch.Tensor | None:
-    """Logits predicting the response tokens, ``(b, T, V)``, computing each distinct prompt once; ``None`` when no
-    prompt repeats in the micro-batch (the caller runs the plain forward) or the cache is not a per-layer
-    key/value cache.
+    """Logits predicting the response tokens, ``(b, T, V)``, computing each distinct prompt once; ``None`` (the
+    caller runs the plain forward) for shapes it does not handle, and, in a single process only, when no prompt
+    repeats in the micro-batch. With several ranks every supported micro-batch takes this path (two model calls),
+    repeats or not, so all ranks issue the same collectives. Call only when :func:`supports_shared_prefix` holds.
 
     Inputs ``(b, P+T)`` with prompts left-padded in ``[:, :P]`` and responses in ``[:, P:]``; 2-D ``position_ids``
     only. A prompt is a row's ``(input_ids, attention_mask, position_ids)`` over ``[:, :P]``: rows equal in all three
     share one prompt pass. Logit ``t`` predicts response token ``t``: ``t = 0`` comes from the prompt pass's last
     position, ``t ≥ 1`` from the response pass's position ``t - 1`` (as ``logits[:, P-1 : P+T-1]`` of the plain
     forward).
+
+    Raises:
+        RuntimeError: the model's cache holds a layer other than a plain or sliding-window key/value layer (a
+            model :func:`supports_shared_prefix` let through by mistake; falling back after the prompt pass could
+            desynchronise ranks).
     """
     T = int(response_length)
     P = input_ids.shape[1] - T
-    if P <= 0 or T <= 0 or position_ids.dim() != 2:
+    if P <= 0 or T <= 0 or position_ids.dim() != 2:  # shapes: the same on every rank (padded to the batch)
         return None
     key = torch.cat([input_ids[:, :P], attention_mask[:, :P], position_ids[:, :P]], 1)
     prompts, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if prompts.shape[0] == input_ids.shape[0]:
+    if prompts.shape[0] == input_ids.shape[0] and _single_process():
         return None
     head = model(input_ids=prompts[:, :P], attention_mask=prompts[:, P:2 * P], position_ids=prompts[:, 2 * P:],
                  use_cache=True, logits_to_keep=1)
-    cache = head.cache
-    layers = getattr(cache, "layers", None)
-    if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
-        return None
+    layers = head.cache.layers
+    if not all(type(layer) in _PLAIN_LAYERS for layer in layers):
+        raise RuntimeError(f"shared-prefix forward: {type(model).__name__}'s cache has layers "
+                           f"{sorted({type(layer).__name__ for layer in layers})}; only "
+                           f"{[c.__name__ for c in _PLAIN_LAYERS]} can be gathered per row")
     for layer in layers:  # each row's copy of its prompt's keys and values (differentiable gather)
         layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
     tail = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=position_ids[:, P:],
-                 cache=cache, use_cache=True, logits_to_keep=T)
+                 cache=head.cache, use_cache=True, logits_to_keep=T)
     return torch.cat([head.logits[inverse], tail.logits[:, :T - 1]], 1)

@@ -118,3 +118,48 @@ def test_worker_update_is_the_same_with_and_without_sharing(tiny_model_dir, monk
     assert m_s["actor/grad_norm"] == pytest.approx(m_p["actor/grad_norm"], rel=1e-5)
     for k in sd_p:
         torch.testing.assert_close(sd_s[k], sd_p[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def _family(model_type: str, **kw):
+    import transformers
+
+    torch.manual_seed(0)
+    base = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, head_dim=8, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2)
+    return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **{**base, **kw}))
+
+
+def test_sliding_window_caches_are_shared_exactly():
+    # Gemma3: every layer a sliding window of 3 (< the 7-token prompt: the cache keeps the window's tail)
+    model, b = _family("gemma3_text", sliding_window=3).eval(), grouped_batch()
+    assert supports_shared_prefix(model)
+    plain = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                  logits_to_keep=T + 1).logits[:, :-1]
+    shared = shared_prefix_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], T)
+    valid = b["response_mask"].bool()
+    torch.testing.assert_close(shared[valid], plain[valid], rtol=0, atol=1e-5)
+
+
+def test_caches_with_more_than_keys_and_values_are_refused_before_any_forward():
+    # hybrid linear attention (Qwen3-Next) and short convolutions (LFM2) keep per-row state a gather of keys and
+    # values would not carry: the decision must come from the model alone (ranks must agree), before any pass
+    qwen3_next = _family("qwen3_next", layer_types=["linear_attention", "full_attention"] * 2,
+                         linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=16)
+    lfm2 = _family("lfm2", layer_types=["conv", "full_attention"] * 2, num_heads=4)
+    assert not supports_shared_prefix(qwen3_next) and not supports_shared_prefix(lfm2)
+
+
+def test_activation_checkpointing_in_training_turns_it_off():
+    # transformers turns the cache off under activation checkpointing with gradients: the prompt pass would be
+    # wasted (and, with several ranks, one model call more than on a rank that did not try)
+    model = tiny_lm()
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert not supports_shared_prefix(model)
+    with torch.no_grad():
+        assert supports_shared_prefix(model)  # old log-probs and the reference: no gradients, the cache is on
+    model.eval()
+    assert supports_shared_prefix(model)
