@@ -22,7 +22,8 @@ Peers, each in its own subprocess (so one peer's process group or accelerate sta
 s/step is the wall time between the ends of consecutive steps after ``--warmup`` steps (mean over ``--steps``);
 tokens/s counts valid prompt + response tokens of the step's 32 sequences (``perf/total_num_tokens``), and
 response tokens alone. Ours skips the ``old_log_prob`` forward in this on-policy workload (one epoch, one
-mini-batch: ``rlhf_core/workers/on_policy.py``), like TRL and the HF reference. ``--remove-padding`` runs our
+mini-batch: ``rlhf_core/workers/on_policy.py``), like TRL and the HF reference, and runs each of a micro-batch's
+distinct prompts once in its forward (``rlhf_core/workers/shared_prefix.py``). ``--remove-padding`` runs our
 forwards packed (``use_remove_padding``); ``--size`` picks a model of the cost curve. ``peak_rss_mb`` is the peer
 process's peak resident memory (for ``ours_ray``: the driver's; the worker's is ``worker_peak_rss_mb``).
 """
