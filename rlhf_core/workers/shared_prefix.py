@@ -8,10 +8,10 @@ rounding (tests/unit/test_workers_shared_prefix.py: log-probs and gradients to 1
 shrinks with the repeated prompt tokens (Countdown preset: 256 rows of 31 + ≤ 12 tokens become 32 prompts + 256
 responses). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).
 
-Whether the shared path runs is decided from the model alone, before any forward, never from a micro-batch's
-contents when ranks are several: FSDP2 issues its all-gathers and reduce-scatters per model call, so ranks that
-disagreed on one pass or two would deadlock. On one rank a micro-batch without a repeated prompt takes the plain
-forward.
+Whether the shared path can run is decided from the model alone, before any forward; whether it runs for a
+micro-batch is the same on every rank: it runs when a prompt repeats in the micro-batch of *any* rank (a scalar
+all-reduce). FSDP2 issues its all-gathers and reduce-scatters per model call, so ranks that disagreed on one pass
+or two would deadlock.
 """
 from __future__ import annotations
 
@@ -60,16 +60,22 @@ def _plain_cache(config) -> bool:
     return bool(layers) and all(type(layer) in _PLAIN_LAYERS for layer in layers)
 
 
-def _single_process() -> bool:
-    return not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+def _any_rank_repeats(repeats: bool, device: torch.device) -> bool:
+    """``repeats`` of this rank, OR-ed over all ranks (one scalar all-reduce when there are several), so that every
+    rank takes the same path and FSDP2's per-call collectives stay matched."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return repeats
+    flag = torch.tensor([1.0 if repeats else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, response_length: int) -> torch.Tensor | None:
     """Logits predicting the response tokens, ``(b, T, V)``, computing each distinct prompt once; ``None`` (the
-    caller runs the plain forward) for shapes it does not handle, and, in a single process only, when no prompt
-    repeats in the micro-batch. With several ranks every supported micro-batch takes this path (two model calls),
-    repeats or not, so all ranks issue the same collectives. Call only when :func:`supports_shared_prefix` holds.
+    caller runs the plain forward) for shapes it does not handle and when no prompt repeats in this micro-batch on
+    any rank (so all ranks issue the same collectives; a rank without repeats then runs its rows as their own
+    prompts). Call only when :func:`supports_shared_prefix` holds.
 
     Inputs ``(b, P+T)`` with prompts left-padded in ``[:, :P]`` and responses in ``[:, P:]``; 2-D ``position_ids``
     only. A prompt is a row's ``(input_ids, attention_mask, position_ids)`` over ``[:, :P]``: rows equal in all three
@@ -88,7 +94,7 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
         return None
     key = torch.cat([input_ids[:, :P], attention_mask[:, :P], position_ids[:, :P]], 1)
     prompts, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if prompts.shape[0] == input_ids.shape[0] and _single_process():
+    if not _any_rank_repeats(prompts.shape[0] < input_ids.shape[0], input_ids.device):
         return None
     head = model(input_ids=prompts[:, :P], attention_mask=prompts[:, P:2 * P], position_ids=prompts[:, 2 * P:],
                  use_cache=True, logits_to_keep=1)
