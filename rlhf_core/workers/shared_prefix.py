@@ -16,6 +16,7 @@ or two would deadlock.
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingW
 # cache layers whose whole per-row state is ``keys``/``values`` (gathering both gives each row its prompt's cache);
 # hybrid linear-attention, KV-shared and indexed (DSA) layers carry more state and are not supported
 _PLAIN_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
-_SUPPORTED: dict[type, bool] = {}
+_SUPPORTED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()  # per model: configs differ
 
 
 def supports_shared_prefix(model: nn.Module) -> bool:
@@ -35,13 +36,12 @@ def supports_shared_prefix(model: nn.Module) -> bool:
     wrapper's does not), a config whose dynamic cache has only plain or sliding-window key/value layers (no hybrid
     linear attention, indexed or KV-shared layers), and no activation checkpointing while gradients are on
     (transformers then turns the cache off)."""
-    cls = type(model)
-    if cls not in _SUPPORTED:
+    if model not in _SUPPORTED:
         params = inspect.signature(model.forward).parameters
         config = getattr(model, "config", None)
-        _SUPPORTED[cls] = (all(k in params for k in ("cache", "use_cache", "logits_to_keep"))
-                           and hasattr(config, "get_text_config") and _plain_cache(config))
-    if not _SUPPORTED[cls]:
+        _SUPPORTED[model] = (all(k in params for k in ("cache", "use_cache", "logits_to_keep"))
+                             and hasattr(config, "get_text_config") and _plain_cache(config))
+    if not _SUPPORTED[model]:
         return False
     checkpointing = getattr(model, "is_activation_checkpointing", False)
     return not (checkpointing and model.training and torch.is_grad_enabled())
