@@ -131,13 +131,14 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     model may not)."""
     dev = device()
     ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
-    if not (model.training and _has_dropout(model)):
+    batch_free = not (model.training and _has_dropout(model))  # outputs may not depend on the micro-batch's shape
+    if batch_free:
         ids, mask, pos = trim_left_padding(ids, mask, pos)
     ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
     if use_remove_padding:
         return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
-    if not (model.training and _has_dropout(model)) and supports_shared_prefix(model):
+    if batch_free and supports_shared_prefix(model):
         # each distinct prompt once (rollout.n repeats it); None when none repeats
         shared = shared_prefix_logits(model, ids, mask, pos, response_length)
         if shared is not None:
