@@ -354,7 +354,8 @@ def check_parameters(params: dict[str, Any]) -> str | None:
     first line names the stage or parameter and whose next lines, if any, each bad key and why.
 
     Runs the flow's own checks (settings, every stage's override list, the baseline run id)
-    plus the existence of ``model_path`` and ``gsm8k_dir``, without starting any service.
+    plus the existence of ``model_path`` and ``gsm8k_dir`` (for the GSM8K tasks, of its ``train.jsonl`` and
+    ``test.jsonl``), without starting any service.
     """
     try:
         s = resolve_settings(params)
@@ -363,6 +364,11 @@ def check_parameters(params: dict[str, Any]) -> str | None:
             value = getattr(s, name)
             if value and "://" not in value and not Path(value).expanduser().exists():
                 return f"{name}: {value} does not exist"
+        if s.gsm8k_dir and "://" not in s.gsm8k_dir and s.task != "countdown":  # what preprocess_gsm8k reads
+            missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(s.gsm8k_dir).expanduser() / f).is_file()]
+            if missing:
+                return (f"gsm8k_dir: {s.gsm8k_dir} has no {' or '.join(missing)} (GSM8K's original question/answer "
+                        "jsonl files)")
         if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
             report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
     except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:

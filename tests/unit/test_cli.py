@@ -112,3 +112,16 @@ def test_pipeline_bad_override_value_names_the_key_and_the_reason():
     error = check_parameters({"preset": "countdown", "ppo_overrides": ["data.train_batch_size=abc"]})
     assert "ppo stage" in error and "data.train_batch_size='abc': expected int, got str" in error
     assert check_parameters({"preset": "countdown"}) is None
+
+
+def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path):
+    # a folder that exists but holds no GSM8K used to pass the check and fail in prepare_data, after the services
+    # had started; the countdown task generates its data and ignores gsm8k_dir
+    from flows.rlhf import check_parameters
+
+    (tmp_path / "train.jsonl").write_text("")
+    error = check_parameters({"gsm8k_dir": str(tmp_path)})
+    assert error == f"gsm8k_dir: {tmp_path} has no test.jsonl (GSM8K's original question/answer jsonl files)"
+    assert check_parameters({"preset": "countdown", "gsm8k_dir": str(tmp_path)}) is None
+    (tmp_path / "test.jsonl").write_text("")
+    assert check_parameters({"gsm8k_dir": str(tmp_path)}) is None
