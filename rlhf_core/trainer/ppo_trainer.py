@@ -103,6 +103,7 @@ class RayPPOTrainer:
         self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
         self.global_steps = 0
         self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
+        self._budget_stop = False  # the last train_step found the budget spent (it validated and checkpointed)
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
 
@@ -179,7 +180,7 @@ class RayPPOTrainer:
                 last_metrics = self.train_step(batch, epoch)
                 profiler.end(self.global_steps, last=self.global_steps >= stop_at)
                 self.tracker.log(last_metrics, step=self.global_steps)
-                if self.global_steps >= stop_at or self.budget_spent():
+                if self.global_steps >= stop_at or self._budget_stop:  # the step's own decision, not a new look
                     self.checkpoints.finish_pending()
                     return last_metrics
         self.checkpoints.finish_pending()
@@ -236,7 +237,11 @@ class RayPPOTrainer:
             if self.global_steps > int(self.config.trainer.critic_warmup):
                 with timer("update_actor", timing):
                     metrics.update(self.update_actor(batch))
-            is_last = is_last or self.budget_spent()  # the budget ran out during this step: it is the last
+            # the budget ran out during this step: it is the last. Decided once, here: fit stops on this decision, so a
+            # budget that runs out between this check and the end of the step gets one more step, which validates and
+            # checkpoints (a second look in fit stopped such a run with neither)
+            self._budget_stop = self.budget_spent()
+            is_last = is_last or self._budget_stop
             if self._should_test(is_last):
                 with timer("testing", timing):
                     metrics.update(self.validator.validate(self.global_steps))

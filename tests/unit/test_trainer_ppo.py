@@ -358,3 +358,17 @@ def test_wall_clock_budget_stops_validates_and_checkpoints(tmp_path):
     assert trainer2.global_steps == 8
     metrics = read_metrics_jsonl(os.path.join(cfg2.trainer.default_local_dir, "metrics.jsonl"))
     assert "timing_s/testing" not in metrics[1] and "timing_s/testing" in metrics[5]
+
+
+def test_budget_running_out_after_the_steps_check_still_ends_on_a_checkpoint(tmp_path, monkeypatch):
+    # The budget is looked at once per step, after the update. A run whose budget ran out just after that look (here:
+    # the first look says "not spent", every later one "spent") used to be stopped by a second look in fit, with
+    # neither validation nor checkpoint (a 480 s Countdown run ended at step 416 with "checkpoint: None"). Now the
+    # step's decision is the only one: step 1 is not last, step 2 is, and it validates and checkpoints.
+    looks = iter([False])
+    monkeypatch.setattr(RayPPOTrainer, "budget_spent", lambda self: next(looks, True))
+    cfg = make_config(tmp_path, total_training_seconds=60, test_freq=5, save_freq=5, val_before_train=False)
+    trainer, final, _, _ = run(cfg)
+    assert trainer.global_steps == 2
+    assert "val-core/toy/acc/mean@2" in final and "timing_s/save_checkpoint" in final
+    assert os.path.isdir(os.path.join(cfg.trainer.default_local_dir, "global_step_2"))
