@@ -364,7 +364,7 @@ def check_parameters(params: dict[str, Any]) -> str | None:
             value = getattr(s, name)
             if value and "://" not in value and not Path(value).expanduser().exists():
                 return f"{name}: {value} does not exist"
-        if s.gsm8k_dir and "://" not in s.gsm8k_dir and s.task != "countdown":  # what preprocess_gsm8k reads
+        if s.gsm8k_dir and "://" not in s.gsm8k_dir and s.task in ("gsm8k", "gsm8k_tools"):  # preprocess_gsm8k's input
             missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(s.gsm8k_dir).expanduser() / f).is_file()]
             if missing:
                 return (f"gsm8k_dir: {s.gsm8k_dir} has no {' or '.join(missing)} (GSM8K's original question/answer "
