@@ -278,7 +278,7 @@ PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
                            "(ppo.adv_estimator)"),
     "preset": (str, "configs/presets/<PRESET>.yaml, whose override lists come first (default tiny_cpu)"),
     "model_path": (str, "a Hugging Face causal-LM folder to start from; unset: build the tiny model from the data"),
-    "gsm8k_dir": (str, "local GSM8K (train/test .jsonl or verl parquet); unset: $GSM8K_DIR, else the hub"),
+    "gsm8k_dir": (str, "folder with GSM8K's train.jsonl and test.jsonl (gsm8k tasks); unset: $GSM8K_DIR, else the hub"),
     "ray_address": (str, "an existing Ray cluster (auto or ray://host:port); unset: embedded local Ray"),
     "experiment": (str, "MLflow experiment name, also trainer.project_name (default rlhf)"),
     "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over preset and pipeline)"),
@@ -349,23 +349,32 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
         SubprocessASGIServer().start()
 
 
+def _local(path: str) -> Path | None:
+    """``path`` as a local ``Path`` (``~`` expanded, a ``file://`` prefix dropped); None for another URL scheme."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return None if "://" in path else Path(path).expanduser()
+
+
 def check_parameters(params: dict[str, Any]) -> str | None:
     """What is wrong with the flow parameters (None when they are usable): the check's whole message, whose
     first line names the stage or parameter and whose next lines, if any, each bad key and why.
 
     Runs the flow's own checks (settings, every stage's override list, the baseline run id)
-    plus the existence of ``model_path`` and ``gsm8k_dir`` (for the GSM8K tasks, of its ``train.jsonl`` and
-    ``test.jsonl``), without starting any service.
+    plus the existence of ``model_path`` and, for the GSM8K tasks, of ``gsm8k_dir``'s ``train.jsonl`` and
+    ``test.jsonl`` (local paths and ``file://`` URLs), without starting any service.
     """
     try:
         s = resolve_settings(params)
         validate_overrides(s)
-        for name in ("model_path", "gsm8k_dir"):
+        gsm8k_task = s.task in ("gsm8k", "gsm8k_tools")  # countdown generates its data: gsm8k_dir is not read
+        for name in ("model_path", "gsm8k_dir") if gsm8k_task else ("model_path",):
             value = getattr(s, name)
-            if value and "://" not in value and not Path(value).expanduser().exists():
+            if value and _local(value) is not None and not _local(value).exists():
                 return f"{name}: {value} does not exist"
-        if s.gsm8k_dir and "://" not in s.gsm8k_dir and s.task in ("gsm8k", "gsm8k_tools"):  # preprocess_gsm8k's input
-            missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(s.gsm8k_dir).expanduser() / f).is_file()]
+        folder = _local(s.gsm8k_dir) if gsm8k_task and s.gsm8k_dir else None
+        if folder is not None:  # what preprocess_gsm8k reads
+            missing = [f for f in ("train.jsonl", "test.jsonl") if not (folder / f).is_file()]
             if missing:
                 return (f"gsm8k_dir: {s.gsm8k_dir} has no {' or '.join(missing)} (GSM8K's original question/answer "
                         "jsonl files)")

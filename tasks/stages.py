@@ -71,7 +71,7 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
     """Preprocess GSM8K to the verl schema (or generate Countdown) and cut the train/val subsets.
 
     Args:
-        gsm8k_dir: folder with ``train.jsonl``/``test.jsonl`` (or verl parquet); None → the hub.
+        gsm8k_dir: folder with ``train.jsonl``/``test.jsonl`` (GSM8K's original format); None → the hub.
         train_prompts, val_prompts: rows kept from each split (first N; <=0 keeps all). For ``countdown`` they
             are the generated sizes (seed 0; <=0 → 20000 train, 500 test).
         task: ``gsm8k``, ``gsm8k_tools`` (verl's multi-turn tool schema, plus a ``messages`` column of

@@ -122,6 +122,13 @@ def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path
     (tmp_path / "train.jsonl").write_text("")
     error = check_parameters({"gsm8k_dir": str(tmp_path)})
     assert error == f"gsm8k_dir: {tmp_path} has no test.jsonl (GSM8K's original question/answer jsonl files)"
+    # a file:// URL is the same local folder (it used to skip the check and fail in prepare_data)
+    assert check_parameters({"gsm8k_dir": f"file://{tmp_path}"}).startswith(f"gsm8k_dir: file://{tmp_path} has no")
     assert check_parameters({"preset": "countdown", "gsm8k_dir": str(tmp_path)}) is None
+    # countdown does not read gsm8k_dir at all: a missing folder (the Makefile's default GSM8K_DIR in a clone without
+    # ../shared) must not stop `make learn`
+    assert check_parameters({"preset": "countdown", "gsm8k_dir": str(tmp_path / "absent")}) is None
+    absent = tmp_path / "absent"
+    assert check_parameters({"gsm8k_dir": str(absent)}) == f"gsm8k_dir: {absent} does not exist"
     (tmp_path / "test.jsonl").write_text("")
     assert check_parameters({"gsm8k_dir": str(tmp_path)}) is None

@@ -208,6 +208,16 @@ def test_continuous_steps_make_one_trace_and_disabled_roles_none(tmp_path):
     assert not (tmp_path / "off" / "prof").exists()  # actor.profiler.enable False: the worker records nothing
 
 
+def test_continuous_trace_is_written_when_the_budget_ends_the_run_inside_it(tmp_path):
+    # steps 1-3 profiled as one trace; a budget of 0 s makes step 1 the last: the trace must still be stopped and
+    # written (the loop used to tell the profiler only about the step count, so the trace was never stopped)
+    cfg = _profiler_cfg(tmp_path, [1, 2, 3], continuous=True)
+    cfg.trainer.total_training_seconds = 0
+    _fit(cfg, ProfiledActor([], cfg))
+    assert os.listdir(tmp_path / "prof") == ["step_1"]
+    assert (tmp_path / "prof" / "step_1" / "actor_rank_0.json").is_file()
+
+
 class AsyncActor(IndexActor):
     """save_checkpoint returns at once; the files appear only in wait_checkpoint (like the DCP writer thread)."""
 
