@@ -56,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (warm / "config.json").exists():
         p.error(f"{warm} is missing: prepare it with bench/learning_vs_trl.py --workdir {args.workdir} --peers none")
 
-    from datasets import Dataset
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        p.error(f"{exc}: install TRL into this venv: pip install -c requirements/constraints.txt 'trl==1.16.*'")
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     import learning_vs_trl
     from rlhf_core.algos.advantages import compute_grpo_outcome_advantage
@@ -72,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(warm)
-    rows = read_parquet_rows(str(args.workdir / "data" / "train.parquet"))[32 * args.seed:32 * args.seed + 32]
+    rows = read_parquet_rows(str(args.workdir / "data" / "train.parquet"))
+    if not 0 <= args.seed < len(rows) // 32:
+        p.error(f"--seed {args.seed}: the workdir's {len(rows)} training prompts allow seeds 0-{len(rows) // 32 - 1}")
+    rows = rows[32 * args.seed:32 * args.seed + 32]
     enc = [tok(tok.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False),
                add_special_tokens=False)["input_ids"] for r in rows]
     ids = torch.full((len(enc), P), tok.pad_token_id)
