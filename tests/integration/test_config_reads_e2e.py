@@ -93,8 +93,6 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",
         "algorithm.pf_ppo.weight_pow":
             "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_resamples_the_update_batch_towards_high_scores",
-        "trainer.total_training_seconds":
-            "tests/unit/test_trainer_ppo.py::test_wall_clock_budget_stops_validates_and_checkpoints",
         "ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
