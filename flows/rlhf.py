@@ -45,6 +45,7 @@ from infra.ray_cluster import check_shared_paths, connect_ray, run_on_ray  # noq
 from infra.results import ResultsStore  # noqa: E402
 from rlhf_core.cli import run_command  # noqa: E402
 from rlhf_core.config import ConfigError, load_config  # noqa: E402
+from rlhf_core.data.fs import copy_to_local, is_local  # noqa: E402
 from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
@@ -350,10 +351,8 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
 
 
 def _local(path: str) -> Path | None:
-    """``path`` as a local ``Path`` (``~`` expanded, a ``file://`` prefix dropped); None for another URL scheme."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    return None if "://" in path else Path(path).expanduser()
+    """``path`` as a local ``Path`` (a plain path or ``file://`` URL, ``~`` expanded); None for a remote URL."""
+    return Path(copy_to_local(path)) if is_local(path) else None  # local: returned as is, nothing copied
 
 
 def check_parameters(params: dict[str, Any]) -> str | None:
