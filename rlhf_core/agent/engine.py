@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from rlhf_core.agent.base import TokenOutput
+from rlhf_core.workers.rollout.hf_decode import sample_categorical
 
 SCHEDULES = ("continuous", "static")
 
@@ -56,7 +57,8 @@ def request_seed(seed: int, request_id: str) -> int:
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
     """One token from ``logits (V,)`` float32: greedy when not sampling, else temperature, top-k, top-p (the
-    smallest set of most likely tokens whose probability reaches ``top_p``), then a draw with ``generator``.
+    smallest set of most likely tokens whose probability reaches ``top_p``), then a draw with ``generator``
+    (:func:`~rlhf_core.workers.rollout.hf_decode.sample_categorical`).
 
     Returns:
         ``(token id, log-prob)`` where the log-prob is log-softmax of ``logits / temperature`` at the token
@@ -76,7 +78,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         cumulative = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # mass before it already enough
         filtered[order[drop]] = float("-inf")
-    token = int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator))
+    token = int(sample_categorical(torch.softmax(filtered, dim=-1), generator))
     return token, float(log_probs[token])
 
 

@@ -1,5 +1,6 @@
-"""The lean HF decode loop (rlhf_core/workers/rollout/hf_decode.py) against ``model.generate``: same tokens greedy and
-sampled (same seed), same raw logits, rows stopping at EOS mid-batch; HFRollout gives the same batch either way."""
+"""The lean HF decode loop (rlhf_core/workers/rollout/hf_decode.py) against ``model.generate``: same tokens and raw
+logits greedy, rows stopping at EOS mid-batch; sampled, the logits of the model on the drawn tokens and draws that
+follow the warped distribution (inverse-transform sampling); HFRollout gives generate's batch greedy."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,8 @@ from omegaconf import OmegaConf
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.rollout.hf_decode import decode, next_token_probs, sampling_warpers, supports_lean_decode
+from rlhf_core.workers.rollout.hf_decode import (decode, next_token_probs, sample_categorical, sampling_warpers,
+                                                 supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,25 +77,69 @@ def test_greedy_equals_generate_with_eos_mid_batch(model):
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
-def test_sampling_equals_generate_same_seed(model, temperature, top_k, top_p):
+def test_sampled_tokens_carry_the_models_logits_and_stop_at_eos(model, temperature, top_k, top_p):
     ids, mask = _prompts()
     eos = _eos_mid_batch(model, ids, mask, 16)
-    want, want_logits = _generate(model, ids, mask, 16, [eos], True, temperature, top_k, top_p, seed=3)
     torch.manual_seed(3)
     got, got_logits = decode(model, ids, mask, 16, [eos], PAD, True, temperature, top_k, top_p, output_logits=True)
-    assert torch.equal(got, want)
-    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+    # the raw logits of every step are the model's, teacher-forced on the prompt + the drawn tokens (one forward)
+    full_ids, full_mask = torch.cat([ids, got], 1), torch.cat([mask, torch.ones_like(got)], 1)
+    with torch.no_grad():
+        ref = model(input_ids=full_ids, attention_mask=full_mask,
+                    position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits[:, ids.shape[1] - 1:-1]
+    ended = (got == eos).long().cumsum(1) - (got == eos).long() > 0  # steps after a row's EOS
+    torch.testing.assert_close(got_logits[~ended], ref[~ended], rtol=1e-5, atol=1e-5)
+    assert ended.any() and (got[ended] == PAD).all()  # some rows ended at the EOS, and were padded after it
+    # no token outside top-k: every drawn token ranks within the top 20 of its step's logits
+    if top_k:
+        rank = (got_logits > got_logits.gather(-1, got[..., None])).sum(-1)
+        assert (rank[~ended] < top_k).all()
     # repeated prompts (rollout.n = 2) were prefilled once but sampled independently
     assert not torch.equal(got[0::2], got[1::2])
+
+
+def test_sample_categorical_is_the_inverse_cdf_of_its_uniforms():
+    # probs [0.5, 0.3, 0.2, 0] → cdf [0.5, 0.8, 1.0, 1.0]: a uniform u in [0, 0.5) draws 0, [0.5, 0.8) draws 1,
+    # [0.8, 1) draws 2, and token 3 (probability 0) never; the uniforms are the generator's, read back from a copy
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0]).expand(20000, 4)
+    g = torch.Generator().manual_seed(11)
+    u = torch.rand((20000, 1), generator=torch.Generator().manual_seed(11)).squeeze(1)
+    got = sample_categorical(probs, g)
+    assert torch.equal(got, (u >= 0.5).long() + (u >= 0.8).long())
+    # frequencies within 5 standard errors (√(p(1−p)/n) ≤ 0.0036) of the probabilities
+    freq = torch.bincount(got, minlength=4).double() / 20000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64), rtol=0, atol=0.018)
+    # unnormalised rows and leading/trailing zeros: only the positive entries are drawn, each row on its own
+    rows = sample_categorical(torch.tensor([[0.0, 0.0, 3.0], [0.0, 2.0, 0.0], [1e-30, 0.0, 0.0]]).repeat(500, 1))
+    assert torch.equal(rows, torch.tensor([2, 1, 0]).repeat(500))
+    # one-dimensional probabilities (the agent engine's single-row draw) give a 0-d index
+    assert sample_categorical(torch.tensor([0.0, 1.0])).shape == ()
+
+
+def test_sampling_draws_from_generates_distribution(model):
+    # one prompt repeated 4000 times, one step: the first token's frequencies against generate's own distribution
+    # (its warped probabilities, output_logits of one generate call) within 5 standard errors
+    ids, mask = _prompts(1)
+    ids, mask = ids[1:2].repeat(4000, 1), mask[1:2].repeat(4000, 1)
+    torch.manual_seed(5)
+    got, logits = decode(model, ids, mask, 1, [], PAD, True, 0.7, 20, 0.9, output_logits=True)
+    _, want_logits = _generate(model, ids[:1], mask[:1], 1, [], True, 0.7, 20, 0.9)
+    torch.testing.assert_close(logits[:1], want_logits, rtol=0, atol=0)
+    p = next_token_probs(want_logits[:, 0], sampling_warpers(True, 0.7, 20, 0.9))[0].double()
+    freq = torch.bincount(got[:, 0], minlength=VOCAB).double() / 4000
+    assert (freq[p == 0] == 0).all()
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / 4000).sqrt() + 1e-9).all()
 
 
 def test_no_eos_runs_every_step_and_no_padding_drops_the_mask(model):
     ids = torch.randint(3, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
-    want, _ = _generate(model, ids, mask, 9, [], True, 0.8, seed=7)
-    torch.manual_seed(7)
-    got, _ = decode(model, ids, mask, 9, [], PAD, True, 0.8)
+    want, want_logits = _generate(model, ids, mask, 9, [], False)
+    got, got_logits = decode(model, ids, mask, 9, [], PAD, False, output_logits=True)
     assert got.shape == (3, 9) and torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+    torch.manual_seed(7)
+    assert decode(model, ids, mask, 9, [], PAD, True, 0.8)[0].shape == (3, 9)
 
 
 def test_processed_probabilities_hand_derived():
@@ -121,24 +167,34 @@ class _Tok:
     pad_token_id, eos_token_id = PAD, None
 
 
-def test_hf_rollout_lean_equals_generate(model):
+def test_hf_rollout_lean_equals_generate_greedy_and_logs_its_samples_log_probs(model):
     cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").actor_rollout_ref.rollout
     cfg.response_length, cfg.calculate_log_probs, cfg.top_k = 12, True, 0
     ids, mask = _prompts()
     eos = _eos_mid_batch(model, ids, mask, 12)
     model.generation_config.eos_token_id = eos
-    try:
+
+    def run(lean, do_sample):
         batch = Batch({"input_ids": ids, "attention_mask": mask,
-                       "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)}, {}, {"validate": False})
-        outs = []
-        for lean in (True, False):
-            rollout = HFRollout(model, _Tok(), cfg, seed=4)
-            assert rollout.lean_decode
-            rollout.lean_decode = lean
-            outs.append(rollout.generate_sequences(batch))
+                       "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)}, {},
+                      {"validate": False, "do_sample": do_sample})
+        rollout = HFRollout(model, _Tok(), cfg, seed=4)
+        assert rollout.lean_decode
+        rollout.lean_decode = lean
+        return rollout.generate_sequences(batch)
+
+    try:
+        lean, ref, sampled = run(True, False), run(False, False), run(True, True)
     finally:
         model.generation_config.eos_token_id = 2
-    lean, ref = outs
     assert (ref["response_mask"].sum(1) < 12).any()  # some responses ended at the EOS
     for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"):
         assert torch.equal(lean[key], ref[key]), key
+    # sampled: rollout_log_probs are log-softmax(logits / temperature) of the model at the drawn tokens
+    P, temperature = ids.shape[1], float(cfg.temperature)
+    with torch.no_grad():
+        logits = model(input_ids=sampled["input_ids"], attention_mask=sampled["attention_mask"],
+                       position_ids=sampled["position_ids"]).logits[:, P - 1:-1]
+    want = torch.log_softmax(logits / temperature, -1).gather(-1, sampled["responses"][..., None]).squeeze(-1)
+    m = sampled["response_mask"].bool()
+    torch.testing.assert_close(sampled["rollout_log_probs"][m], want[m], rtol=1e-5, atol=1e-5)

@@ -31,8 +31,8 @@ def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
 
 
 class HFRollout:
-    """Batched decoding with KV cache: :func:`~rlhf_core.workers.rollout.hf_decode.decode` (the tokens of
-    ``model.generate``, without its per-token overhead) when :func:`supports_lean_decode` holds for ``module``
+    """Batched decoding with KV cache: :func:`~rlhf_core.workers.rollout.hf_decode.decode` (``model.generate``'s
+    distributions, without its per-token overhead) when :func:`supports_lean_decode` holds for ``module``
     (``self.lean_decode``), else ``model.generate``.
 
     Args:
@@ -67,7 +67,7 @@ class HFRollout:
         dev = next(self.module.parameters()).device
         ids = mb["input_ids"].to(dev)
         eos = [] if ignore_eos else self.eos_ids
-        if self.lean_decode:  # same tokens as generate (hf_decode.py), without its per-token overhead
+        if self.lean_decode:  # generate's distributions (hf_decode.py), without its per-token overhead
             gen, raw_logits = decode(self.module, ids, mb["attention_mask"].to(dev), T, eos, self.pad_token_id,
                                      params["do_sample"], params["temperature"], params["top_k"], params["top_p"],
                                      output_logits=calc_lp)
