@@ -179,13 +179,18 @@ class DataParallelPPOActor:
         self.use_remove_padding = False  # model.use_remove_padding, set by the worker (workers/packing.py)
 
     # ---- forward -------------------------------------------------------------------------------------------
-    def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False):
+    def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,
+                          entropy_grad: bool = True):
         """``(log_prob (b, T), entropy (b, T) or None)`` (+ the temperature-scaled logits ``(b, T, V)`` float32
-        when ``return_logits``)."""
+        when ``return_logits``). With ``entropy_grad=False`` the entropy is computed without autograd (a metric
+        only: no graph is kept for it)."""
         T = mb["responses"].shape[-1]
         logits = forward_response_logits(self.model, mb, T, self.use_remove_padding).float() / temperature
         log_prob = self._logprobs_fn(logits, mb["responses"].to(logits.device))
-        entropy = self._entropy_fn(logits) if with_entropy else None
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = self._entropy_fn(logits if entropy_grad else logits.detach())
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
 
     @torch.no_grad()
@@ -278,7 +283,7 @@ class DataParallelPPOActor:
         # the pre-update actor/entropy the skipped old_log_prob stage would have logged
         on_policy = "old_log_probs" not in mb
         log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff) or on_policy,
-                                                          return_logits=full_kl)
+                                                          return_logits=full_kl, entropy_grad=bool(entropy_coeff))
         old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
         is_w = self._is_weights(mb)
         inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
