@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.rollout.hf_decode import (decode, next_token_probs, sample_categorical, sampling_warpers,
+from rlhf_core.workers.rollout.hf_decode import (_takes_prebuilt_mask, decode, next_token_probs, sample_categorical, sampling_warpers,
                                                  supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
@@ -64,6 +64,7 @@ def _eos_mid_batch(model, ids, mask, T):
 
 
 def test_greedy_equals_generate_with_eos_mid_batch(model):
+    assert _takes_prebuilt_mask(model)  # the path that passes its own 4-D mask (SDPA, full attention only)
     ids, mask = _prompts()
     eos = _eos_mid_batch(model, ids, mask, 16)
     want, want_logits = _generate(model, ids, mask, 16, [eos], False)
@@ -198,3 +199,17 @@ def test_hf_rollout_lean_equals_generate_greedy_and_logs_its_samples_log_probs(m
     want = torch.log_softmax(logits / temperature, -1).gather(-1, sampled["responses"][..., None]).squeeze(-1)
     m = sampled["response_mask"].bool()
     torch.testing.assert_close(sampled["rollout_log_probs"][m], want[m], rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_window_and_eager_models_keep_the_2d_mask():
+    # a sliding-window layer builds its own (windowed) mask and eager attention adds a float mask: a prebuilt
+    # boolean 4-D mask would be wrong for both, so decode keeps passing the 2-D padding mask there
+    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, pad_token_id=PAD)
+    windowed = Qwen2ForCausalLM(Qwen2Config(**base, use_sliding_window=True, sliding_window=4, max_window_layers=0))
+    eager = Qwen2ForCausalLM(Qwen2Config(**base, attn_implementation="eager"))
+    assert not _takes_prebuilt_mask(windowed) and not _takes_prebuilt_mask(eager)
+    ids, mask = _prompts()
+    for m in (windowed.eval(), eager.eval()):  # and decode still equals generate there (greedy)
+        want, _ = _generate(m, ids, mask, 8, [], False)
+        assert torch.equal(decode(m, ids, mask, 8, [], PAD, False)[0], want)

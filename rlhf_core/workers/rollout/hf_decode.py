@@ -15,7 +15,8 @@ one uniform per row) instead of ``torch.multinomial``, which on CPU draws one ex
 so sampled tokens follow the same distribution as ``generate``'s, not the same RNG stream. Source: transformers
 ``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads, then the
 last position + 1 per step; the 2-D mask grown by a column of ones; the mask dropped when it has no padding) this
-loop reproduces. Measured with ``bench/bench_hf_decode.py``.
+loop reproduces; for SDPA models with only full-attention layers it passes the 4-D boolean mask transformers
+would build from that 2-D mask, built once instead of at every step. Measured with ``bench/bench_hf_decode.py``.
 """
 from __future__ import annotations
 
@@ -116,6 +117,17 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
+def _takes_prebuilt_mask(model: nn.Module) -> bool:
+    """Whether a ready 4-D boolean mask ``(b, 1, 1, kv_len)`` (True = attend) means to ``model`` what its 2-D
+    padding mask means: transformers passes a 4-D mask through unchanged (``masking_utils``), which is the mask
+    it builds itself for SDPA attention when every layer is full (causal) attention. Sliding-window or other layer
+    kinds build per-layer masks, and eager/flash attention take other mask formats: those keep the 2-D mask."""
+    text = model.config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
+    return (getattr(text, "_attn_implementation", None) == "sdpa" and getattr(text, "sliding_window", None) is None
+            and all(t == "full_attention" for t in layer_types))
+
+
 def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
     """``softmax`` of the warped float32 logits ``(b, V)``: the distribution a sampling step draws from."""
     return torch.softmax(warpers(None, logits.float()), dim=-1)
@@ -161,6 +173,12 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     raw = [] if output_logits else None
     unfinished = torch.ones(b, dtype=torch.bool, device=dev)
     ones = torch.ones((b, 1), dtype=torch.long, device=dev)
+    # the per-step mask, built once (transformers rebuilds a 4-D mask from the 2-D one at every step otherwise)
+    P = input_ids.shape[1]
+    mask4d = None
+    if mask is not None and _takes_prebuilt_mask(model):
+        mask4d = torch.ones((b, 1, 1, P + max_new_tokens), dtype=torch.bool, device=dev)
+        mask4d[:, 0, 0, :P] = attention_mask.bool()
     position = position_ids[:, -1:]
     n = 0
     while n < max_new_tokens:
@@ -178,7 +196,9 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
         n += 1
         if n == max_new_tokens or (has_eos and not bool(unfinished.any())):
             break
-        if mask is not None:
+        if mask4d is not None:
+            mask = mask4d[..., :P + n]
+        elif mask is not None:
             mask = torch.cat([mask, ones], dim=-1)
         position = position + 1
         out_logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, cache=cache,
