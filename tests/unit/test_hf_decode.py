@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.rollout.grouped_attention import supports_grouped_decode
 from rlhf_core.workers.rollout.hf_decode import (_takes_prebuilt_mask, decode, next_token_probs, sample_categorical, sampling_warpers,
                                                  supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
@@ -64,13 +65,14 @@ def _eos_mid_batch(model, ids, mask, T):
 
 
 def test_greedy_equals_generate_with_eos_mid_batch(model):
-    assert _takes_prebuilt_mask(model)  # the path that passes its own 4-D mask (SDPA, full attention only)
+    assert supports_grouped_decode(model)
     ids, mask = _prompts()
     eos = _eos_mid_batch(model, ids, mask, 16)
     want, want_logits = _generate(model, ids, mask, 16, [eos], False)
     got, got_logits = decode(model, ids, mask, 16, [eos], PAD, do_sample=False, output_logits=True)
     assert torch.equal(got, want)
-    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+    # repeated prompts: the decode steps run the grouped attention (grouped_attention.py), equal to float rounding
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=1e-5)
     stopped = (want == eos).any(1)
     assert stopped.any() and not stopped.all()  # EOS really came mid-batch: some rows ended, some did not
     after = (want == eos).long().cumsum(1) - (want == eos).long() > 0
@@ -125,11 +127,33 @@ def test_sampling_draws_from_generates_distribution(model):
     torch.manual_seed(5)
     got, logits = decode(model, ids, mask, 1, [], PAD, True, 0.7, 20, 0.9, output_logits=True)
     _, want_logits = _generate(model, ids[:1], mask[:1], 1, [], True, 0.7, 20, 0.9)
-    torch.testing.assert_close(logits[:1], want_logits, rtol=0, atol=0)
+    torch.testing.assert_close(logits[:1], want_logits, rtol=0, atol=0)  # one step: the prefill, plain SDPA
     p = next_token_probs(want_logits[:, 0], sampling_warpers(True, 0.7, 20, 0.9))[0].double()
     freq = torch.bincount(got[:, 0], minlength=VOCAB).double() / 4000
     assert (freq[p == 0] == 0).all()
     assert ((freq - p).abs() <= 5 * (p * (1 - p) / 4000).sqrt() + 1e-9).all()
+
+
+def test_distinct_prompts_with_padding_pass_a_prebuilt_mask_and_equal_generate_exactly(model):
+    assert _takes_prebuilt_mask(model)  # no prompt repeats: per-row cache, the 4-D mask built once (SDPA)
+    ids, mask = _prompts(1)
+    want, want_logits = _generate(model, ids, mask, 10, [], False)
+    got, got_logits = decode(model, ids, mask, 10, [], PAD, False, output_logits=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+
+
+def test_grouped_decode_with_uneven_groups_in_any_row_order(model):
+    # rows of prompts [0, 1, 0, 2, 0, 1, 3]: groups of 3, 2, 1 and 1 rows, not contiguous, with left padding;
+    # each row's greedy continuation and logits are generate's (to float rounding: the grouped attention)
+    ids, mask = _prompts(1)
+    pick = torch.tensor([0, 1, 0, 2, 0, 1, 3])
+    ids, mask = ids[pick], mask[pick]
+    want, want_logits = _generate(model, ids, mask, 12, [], False)
+    got, got_logits = decode(model, ids, mask, 12, [], PAD, False, output_logits=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=1e-5)
+    assert model.config._attn_implementation == "sdpa"  # restored after the decode
 
 
 def test_no_eos_runs_every_step_and_no_padding_drops_the_mask(model):
@@ -189,8 +213,9 @@ def test_hf_rollout_lean_equals_generate_greedy_and_logs_its_samples_log_probs(m
     finally:
         model.generation_config.eos_token_id = 2
     assert (ref["response_mask"].sum(1) < 12).any()  # some responses ended at the EOS
-    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"):
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(lean[key], ref[key]), key
+    torch.testing.assert_close(lean["rollout_log_probs"], ref["rollout_log_probs"], rtol=0, atol=1e-5)
     # sampled: rollout_log_probs are log-softmax(logits / temperature) of the model at the drawn tokens
     P, temperature = ids.shape[1], float(cfg.temperature)
     with torch.no_grad():

@@ -1,0 +1,159 @@
+"""Decode attention over a shared prompt: each distinct prompt's keys and values are stored and read once per
+decode step for all the rows that continue it (``rollout.n`` samples of one prompt), instead of once per row.
+
+A decode step's attention reads the whole KV cache, and with ``n`` samples per prompt the plain cache holds every
+prompt ``n`` times: at 20 M parameters (8 prompts × 4 samples of ≤ 184-token prompts) SDPA over that cache was half
+of a decode step on CPU, bound by memory traffic. Here a layer keeps the prompt's keys/values ``(u, KV, P, d)``
+once per distinct prompt and the responses' ``(u, s, KV, T, d)`` per row (``s`` = the largest number of rows of one
+prompt; row ``i`` lives at ``[group[i], slot[i]]``), and a step computes
+
+    scores = [q·K_prompt(group) | q·K_response(row)] · scale, prompt padding masked;  p = softmax(scores)
+    out = p_prompt · V_prompt(group) + p_response · V_response(row)
+
+the same softmax attention as SDPA over the concatenated cache, with the prompt part one matrix product per
+(prompt, KV head) covering all its rows' query heads (the idea of prefix-sharing "cascade" attention, e.g.
+FlashInfer's). Scores and the softmax are float32; the outputs equal SDPA's to float rounding
+(tests/unit/test_hf_decode.py). It plugs into transformers through its documented extension point,
+``AttentionInterface.register``, switched on only for the decode steps of :func:`~.hf_decode.decode`.
+"""
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+ATTN_NAME = "rlhf_grouped_prefix"
+# decoder families whose attention is the standard Llama form (q/k/v projections, rotary embedding applied before
+# the cache update, softmax(q·kᵀ·scaling)·v with no softcapping, sinks or per-layer extras)
+_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+@dataclass
+class _Groups:
+    """Row ↔ (prompt, slot) layout of one decode: ``group``/``slot`` ``(b,)`` int64, ``u`` prompts, ``s`` slots."""
+    group: torch.Tensor
+    slot: torch.Tensor
+    u: int
+    s: int
+    prompt_bias: torch.Tensor  # (u, 1, 1, 1, P) float32: 0 at prompt tokens, -inf at left padding
+
+
+_ACTIVE: ContextVar[tuple[_Groups, list["_GroupedLayer"]] | None] = ContextVar("rlhf_grouped_decode", default=None)
+
+
+class _GroupedLayer(DynamicLayer):
+    """A cache layer holding the prompt's keys/values once per distinct prompt and the response's per row."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        g = _ACTIVE.get()[0]
+        self.kr[g.group, g.slot, :, self.n] = key_states[:, :, 0]
+        self.vr[g.group, g.slot, :, self.n] = value_states[:, :, 0]
+        self.n += 1
+        return key_states, value_states  # the grouped attention reads the layer, not these
+
+    def get_seq_length(self) -> int:
+        return self.kp.shape[-2] + self.n
+
+
+def supports_grouped_decode(model: nn.Module) -> bool:
+    """Whether :func:`grouped_attention` may replace ``model``'s SDPA attention in decode: a Llama-form decoder
+    (``model_type`` in :data:`_MODEL_TYPES`) on SDPA whose layers are all full (causal) attention."""
+    text = model.config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
+    return (getattr(text, "model_type", None) in _MODEL_TYPES and getattr(text, "_attn_implementation", None) == "sdpa"
+            and getattr(text, "sliding_window", None) is None and all(t == "full_attention" for t in layer_types))
+
+
+def group_cache(cache: DynamicCache, inverse: torch.Tensor, prompt_mask: torch.Tensor,
+                max_new_tokens: int) -> tuple[_Groups, list[_GroupedLayer]] | None:
+    """Turn the prefill cache of the ``u`` distinct prompts into grouped layers for the ``b`` rows.
+
+    Args:
+        cache: after the prefill forward of the distinct prompts (keys ``(u, KV, P, d)`` per layer).
+        inverse: ``(b,)`` int64, row → its prompt's index in the prefill.
+        prompt_mask: ``(u, P)`` the distinct prompts' attention masks (0 at left padding).
+    Returns:
+        the layout and layers to pass to :func:`grouped_decode`, or ``None`` when a layer is not a plain
+        ``DynamicLayer`` (the caller keeps the per-row cache).
+    """
+    if not all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers):
+        return None
+    b, u = inverse.numel(), prompt_mask.shape[0]
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=u)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(inverse)
+    slot[order] = torch.arange(b, device=inverse.device) - starts[inverse[order]]
+    s = int(counts.max())
+    bias = torch.zeros(prompt_mask.shape, dtype=torch.float32, device=prompt_mask.device)
+    bias = bias.masked_fill(prompt_mask == 0, float("-inf"))[:, None, None, None, :]
+    groups = _Groups(inverse, slot, u, s, bias)
+    layers = []
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values
+        grouped = _GroupedLayer()
+        grouped.keys, grouped.values, grouped.is_initialized = k, v, True
+        grouped.kp, grouped.vp, grouped.n = k, v, 0
+        grouped.kr = k.new_zeros((u, s, k.shape[1], max_new_tokens, k.shape[-1]))
+        grouped.vr = v.new_zeros((u, s, v.shape[1], max_new_tokens, v.shape[-1]))
+        layers.append(grouped)
+    cache.layers[:] = layers
+    return groups, layers
+
+
+def grouped_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``AttentionInterface`` function of a decode step: ``query (b, H, 1, d)`` → ``(b, 1, H, d)``.
+
+    ``key``/``value`` (the new token's) are already in the layer (:class:`_GroupedLayer`); ``attention_mask`` is
+    unused (the prompt padding is in the layout). Raises ``RuntimeError`` outside :func:`grouped_decode` or for a
+    query longer than one token (a prefill must use SDPA)."""
+    active = _ACTIVE.get()
+    if active is None or query.shape[2] != 1:
+        raise RuntimeError(f"{ATTN_NAME} attention serves one-token decode steps inside grouped_decode only "
+                           f"(query length {query.shape[2]})")
+    g, layers = active
+    layer = layers[module.layer_idx]
+    b, H, _, d = query.shape
+    KV, P, n = layer.kp.shape[1], layer.kp.shape[2], layer.n
+    rep = H // KV
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query.new_zeros((g.u, g.s, KV, rep, d))
+    q[g.group, g.slot] = query.view(b, KV, rep, d)
+    q_prompt = q.permute(0, 2, 1, 3, 4).reshape(g.u, KV, g.s * rep, d)
+    s_prompt = torch.matmul(q_prompt, layer.kp.transpose(-1, -2)).view(g.u, KV, g.s, rep, P).permute(0, 2, 1, 3, 4)
+    s_resp = torch.matmul(q, layer.kr[:, :, :, :n].transpose(-1, -2))  # (u, s, KV, rep, n)
+    scores = torch.cat([s_prompt.float(), s_resp.float()], -1).mul_(scale)
+    scores[..., :P] += g.prompt_bias
+    p = torch.softmax(scores, -1).to(query.dtype)
+    p_prompt = p[..., :P].permute(0, 2, 1, 3, 4).reshape(g.u, KV, g.s * rep, P)
+    out = torch.matmul(p_prompt, layer.vp).view(g.u, KV, g.s, rep, d).permute(0, 2, 1, 3, 4)
+    out = out + torch.matmul(p[..., P:], layer.vr[:, :, :, :n])
+    return out[g.group, g.slot].reshape(b, 1, H, d), None
+
+
+AttentionInterface.register(ATTN_NAME, grouped_attention)
+
+
+class grouped_decode:
+    """Context for the decode steps: ``model`` runs :func:`grouped_attention` with ``groups``/``layers`` (from
+    :func:`group_cache`), and its own attention implementation again on exit (``set_attn_implementation``)."""
+
+    def __init__(self, model: nn.Module, active: tuple[_Groups, list[_GroupedLayer]]):
+        self.model, self.active = model, active
+
+    def __enter__(self):
+        self.previous = self.model.config._attn_implementation
+        self.token = _ACTIVE.set(self.active)
+        self.model.set_attn_implementation(ATTN_NAME)
+        return self
+
+    def __exit__(self, *exc):
+        self.model.set_attn_implementation(self.previous)
+        _ACTIVE.reset(self.token)
+        return False
