@@ -50,3 +50,46 @@ def test_grouped_attention_equals_sdpa_over_the_row_cache(dtype, tol):
 def test_outside_a_grouped_decode_it_refuses():
     with pytest.raises(RuntimeError, match="one-token decode steps"):
         grouped_attention(types.SimpleNamespace(layer_idx=0), torch.zeros(1, 2, 1, 4), None, None, None)
+
+
+def _tiny(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, pad_token_id=0)
+    config, cls = (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    return cls(config(**sizes)).eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_decode_step_is_the_models_forward_bitwise(kind):
+    # the same tokens through decode_step and through model(...) (both on the grouped attention, each with its own
+    # cache from the same prefill): identical logits at every step, and the steps really ran the fast path
+    from rlhf_core.workers.rollout.grouped_attention import decode_step, grouped_decode, supports_decode_step
+
+    model = _tiny(kind)
+    assert supports_decode_step(model)
+    g = torch.Generator().manual_seed(3)
+    u, n, P = 3, 2, 6
+    prompts = torch.randint(1, 64, (u, P), generator=g)
+    pmask = torch.ones(u, P, dtype=torch.long)
+    pmask[1, :2] = 0
+    inverse = torch.arange(u).repeat_interleave(n)
+    pos0 = (pmask.cumsum(-1) - 1).clamp(min=0)
+    caches = []
+    with torch.no_grad():
+        for _ in range(2):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=prompts, attention_mask=pmask, position_ids=pos0, cache=cache, use_cache=True)
+            caches.append((cache, group_cache(cache, inverse, pmask, 5)))
+        position = pos0[inverse, -1:]
+        for step in range(5):
+            tok = torch.randint(1, 64, (u * n, 1), generator=g)
+            position = position + 1
+            with grouped_decode(model, caches[0][1]):
+                fast = decode_step(model, tok, position)
+            with grouped_decode(model, caches[1][1]):
+                ref = model(input_ids=tok, position_ids=position, cache=caches[1][0], use_cache=True).logits
+            assert torch.equal(fast, ref), step
+    assert caches[0][0].layers[0].n == 5

@@ -25,11 +25,14 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 ATTN_NAME = "rlhf_grouped_prefix"
 # decoder families whose attention is the standard Llama form (q/k/v projections, rotary embedding applied before
 # the cache update, softmax(q·kᵀ·scaling)·v with no softcapping, sinks or per-layer extras)
 _MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+# of those, the ones whose decoder layer is exactly what :func:`decode_step` runs (no q/k norms)
+_STEP_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
 
 @dataclass
@@ -138,6 +141,49 @@ def grouped_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 
 AttentionInterface.register(ATTN_NAME, grouped_attention)
+
+
+def supports_decode_step(model: nn.Module) -> bool:
+    """Whether :func:`decode_step` computes ``model``'s forward: a Llama/Qwen2/Mistral causal LM (``model.model``
+    with ``embed_tokens``, ``rotary_emb``, ``layers``, ``norm``; ``lm_head``) whose decoder layers are the stock
+    ones (pre-norm attention and MLP blocks)."""
+    inner = getattr(model, "model", None)
+    if model.config.model_type not in _STEP_MODEL_TYPES or not supports_grouped_decode(model) or inner is None:
+        return False
+    stock = type(model).__module__ == f"transformers.models.{model.config.model_type}.modeling_{model.config.model_type}"
+    return stock and all(hasattr(inner, k) for k in ("embed_tokens", "rotary_emb", "layers", "norm")) and hasattr(
+        model, "lm_head")
+
+
+def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """One decode step of a :func:`supports_decode_step` model inside :class:`grouped_decode`: the operations of
+    its ``forward`` (same modules, same order: embedding, rotary cos/sin, per layer norm → q/k/v → rotary →
+    cache → attention → o_proj + residual, norm → MLP + residual; final norm, LM head) without transformers' call
+    plumbing (output classes, kwarg decorators, mask building, per-layer wrappers), which is a sixth of a step of
+    the 1 M-parameter model on CPU. The logits are bitwise the model's own (tests/unit/test_grouped_attention.py).
+
+    Args:
+        input_ids: ``(b, 1)`` int64, the last sampled tokens. position_ids: ``(b, 1)`` int64.
+    Returns:
+        ``(b, 1, V)`` logits in the model's dtype.
+    """
+    inner = model.model
+    b = input_ids.shape[0]
+    x = inner.embed_tokens(input_ids)
+    cos, sin = inner.rotary_emb(x, position_ids)
+    layers = _ACTIVE.get()[1]
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        y = layer.input_layernorm(x)
+        q = attn.q_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        layers[i].update(k, v)
+        out, _ = grouped_attention(attn, q, k, v, None, scaling=attn.scaling)
+        x = x + attn.o_proj(out.reshape(b, 1, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.lm_head(inner.norm(x))
 
 
 class grouped_decode:

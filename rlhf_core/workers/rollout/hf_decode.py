@@ -30,7 +30,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from rlhf_core.workers.rollout.grouped_attention import group_cache, grouped_decode, supports_grouped_decode
+from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, supports_decode_step,
+                                                         supports_grouped_decode)
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
@@ -191,6 +192,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
         mask4d[:, 0, 0, :P] = attention_mask.bool()
     position = position_ids[:, -1:]
     ones = torch.ones((b, 1), dtype=torch.long, device=dev)
+    fast_step = grouped is not None and supports_decode_step(model)  # the forward without its call plumbing
     n = 0
     with grouped_decode(model, grouped) if grouped is not None else contextlib.nullcontext():
         while n < max_new_tokens:
@@ -213,6 +215,9 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             elif mask is not None:
                 mask = torch.cat([mask, ones], dim=-1)
             position = position + 1
-            out_logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, cache=cache,
-                               use_cache=True, logits_to_keep=1).logits
+            if fast_step:
+                out_logits = decode_step(model, nxt[:, None], position)
+            else:
+                out_logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, cache=cache,
+                                   use_cache=True, logits_to_keep=1).logits
     return tokens[:, :n], (torch.stack(raw, dim=1) if raw is not None else None)
