@@ -108,10 +108,14 @@ def test_the_flows_embedded_ray_runs_workers_at_the_drivers_priority():
     assert worker == driver
 
 
-def test_set_embedded_ray_env_sets_both_defaults_and_keeps_explicit_values(monkeypatch):
+def test_set_embedded_ray_env_sets_the_defaults_and_keeps_explicit_values(monkeypatch):
     from rlhf_core.distributed.ray_init import set_embedded_ray_env
 
-    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    for key in ("RAY_worker_niceness", "RAY_enable_worker_prestart", "RAY_prestart_worker_first_driver"):
+        monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # a user's explicit choice stays
+    monkeypatch.setenv("RAY_max_direct_call_object_size", "1000")
     set_embedded_ray_env()
     assert (os.environ["RAY_worker_niceness"], os.environ["RAY_AUTH_MODE"]) == ("0", "token")
+    assert (os.environ["RAY_enable_worker_prestart"], os.environ["RAY_prestart_worker_first_driver"]) == ("0", "0")
+    assert os.environ["RAY_max_direct_call_object_size"] == "1000"
