@@ -93,3 +93,27 @@ def test_decode_step_is_the_models_forward_bitwise(kind):
                 ref = model(input_ids=tok, position_ids=position, cache=caches[1][0], use_cache=True).logits
             assert torch.equal(fast, ref), step
     assert caches[0][0].layers[0].n == 5
+
+
+def test_the_attention_implementation_is_restored_after_an_error():
+    # an exception inside the decode steps (raised by the LM head at its second call: the first decode step, after
+    # the prefill) must not leave the model on the grouped attention, which outside a grouped decode refuses to run
+    from rlhf_core.workers.rollout.hf_decode import decode
+
+    model = _tiny("qwen2")
+    ids = torch.randint(1, 64, (2, 5)).repeat_interleave(2, 0)
+    calls = []
+
+    def fail_on_second_call(module, args):
+        calls.append(1)
+        if len(calls) == 2:
+            assert model.config._attn_implementation != "sdpa"  # inside the grouped decode
+            raise KeyboardInterrupt("stop")
+
+    handle = model.lm_head.register_forward_pre_hook(fail_on_second_call)
+    with pytest.raises(KeyboardInterrupt):
+        decode(model, ids, torch.ones_like(ids), 3, [], 0, False)
+    handle.remove()
+    assert len(calls) == 2 and model.config._attn_implementation == "sdpa"
+    out, _ = decode(model, ids, torch.ones_like(ids), 3, [], 0, False)  # and decodes normally afterwards
+    assert out.shape == (4, 3)

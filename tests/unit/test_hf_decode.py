@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.rollout.grouped_attention import supports_grouped_decode
-from rlhf_core.workers.rollout.hf_decode import (_takes_prebuilt_mask, decode, next_token_probs, sample_categorical, sampling_warpers,
+from rlhf_core.workers.rollout.grouped_attention import sdpa_full_attention, supports_grouped_decode
+from rlhf_core.workers.rollout.hf_decode import (decode, next_token_probs, sample_categorical, sampling_warpers,
                                                  supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
@@ -135,7 +135,7 @@ def test_sampling_draws_from_generates_distribution(model):
 
 
 def test_distinct_prompts_with_padding_pass_a_prebuilt_mask_and_equal_generate_exactly(model):
-    assert _takes_prebuilt_mask(model)  # no prompt repeats: per-row cache, the 4-D mask built once (SDPA)
+    assert sdpa_full_attention(model)  # no prompt repeats: per-row cache, the 4-D mask built once (SDPA)
     ids, mask = _prompts(1)
     want, want_logits = _generate(model, ids, mask, 10, [], False)
     got, got_logits = decode(model, ids, mask, 10, [], PAD, False, output_logits=True)
@@ -233,7 +233,7 @@ def test_sliding_window_and_eager_models_keep_the_2d_mask():
                 num_key_value_heads=2, pad_token_id=PAD)
     windowed = Qwen2ForCausalLM(Qwen2Config(**base, use_sliding_window=True, sliding_window=4, max_window_layers=0))
     eager = Qwen2ForCausalLM(Qwen2Config(**base, attn_implementation="eager"))
-    assert not _takes_prebuilt_mask(windowed) and not _takes_prebuilt_mask(eager)
+    assert not sdpa_full_attention(windowed) and not sdpa_full_attention(eager)
     ids, mask = _prompts()
     for m in (windowed.eval(), eager.eval()):  # and decode still equals generate there (greedy)
         want, _ = _generate(m, ids, mask, 8, [], False)

@@ -18,6 +18,7 @@ FlashInfer's). Scores and the softmax are float32; the outputs equal SDPA's to f
 """
 from __future__ import annotations
 
+import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -62,13 +63,22 @@ class _GroupedLayer(DynamicLayer):
         return self.kp.shape[-2] + self.n
 
 
-def supports_grouped_decode(model: nn.Module) -> bool:
-    """Whether :func:`grouped_attention` may replace ``model``'s SDPA attention in decode: a Llama-form decoder
-    (``model_type`` in :data:`_MODEL_TYPES`) on SDPA whose layers are all full (causal) attention."""
+def sdpa_full_attention(model: nn.Module) -> bool:
+    """Whether ``model`` runs SDPA attention and every layer is full (causal) attention: then a 4-D boolean mask
+    ``(b, 1, 1, kv_len)`` (True = attend), which transformers passes through unchanged (``masking_utils``), means
+    what its 2-D padding mask means. Sliding-window or other layer kinds build per-layer masks, and eager/flash
+    attention take other mask formats."""
     text = model.config.get_text_config(decoder=True)
     layer_types = getattr(text, "layer_types", None) or ["full_attention"]
-    return (getattr(text, "model_type", None) in _MODEL_TYPES and getattr(text, "_attn_implementation", None) == "sdpa"
-            and getattr(text, "sliding_window", None) is None and all(t == "full_attention" for t in layer_types))
+    return (getattr(text, "_attn_implementation", None) == "sdpa" and getattr(text, "sliding_window", None) is None
+            and all(t == "full_attention" for t in layer_types))
+
+
+def supports_grouped_decode(model: nn.Module) -> bool:
+    """Whether :func:`grouped_attention` may replace ``model``'s SDPA attention in decode: a Llama-form decoder
+    (``model_type`` in :data:`_MODEL_TYPES`) for which :func:`sdpa_full_attention` holds."""
+    text = model.config.get_text_config(decoder=True)
+    return getattr(text, "model_type", None) in _MODEL_TYPES and sdpa_full_attention(model)
 
 
 def group_cache(cache: DynamicCache, inverse: torch.Tensor, prompt_mask: torch.Tensor,
@@ -186,20 +196,16 @@ def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.T
     return model.lm_head(inner.norm(x))
 
 
-class grouped_decode:
-    """Context for the decode steps: ``model`` runs :func:`grouped_attention` with ``groups``/``layers`` (from
-    :func:`group_cache`), and its own attention implementation again on exit (``set_attn_implementation``)."""
-
-    def __init__(self, model: nn.Module, active: tuple[_Groups, list[_GroupedLayer]]):
-        self.model, self.active = model, active
-
-    def __enter__(self):
-        self.previous = self.model.config._attn_implementation
-        self.token = _ACTIVE.set(self.active)
-        self.model.set_attn_implementation(ATTN_NAME)
-        return self
-
-    def __exit__(self, *exc):
-        self.model.set_attn_implementation(self.previous)
-        _ACTIVE.reset(self.token)
-        return False
+@contextlib.contextmanager
+def grouped_decode(model: nn.Module, active: tuple[_Groups, list[_GroupedLayer]]):
+    """Context of the decode steps: ``model`` runs :func:`grouped_attention` with the layout and layers ``active``
+    (from :func:`group_cache`), and its own attention implementation again on exit, an exception included
+    (``set_attn_implementation``)."""
+    previous = model.config._attn_implementation
+    token = _ACTIVE.set(active)
+    model.set_attn_implementation(ATTN_NAME)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+        _ACTIVE.reset(token)

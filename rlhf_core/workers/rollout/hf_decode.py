@@ -4,21 +4,26 @@
 check, ``prepare_inputs_for_generation`` (input slicing and clones, kwarg filtering) and model-kwarg bookkeeping;
 for the small models this project trains on CPU that time is a large share of a decode step. :func:`decode`
 runs the same computation directly: one prefill forward per *distinct* prompt (``rollout.n`` repeats each prompt),
-then one forward per token. When prompts repeat on a Llama-form SDPA model the decode steps keep each prompt's keys
-and values once and attend to them for all its rows (``grouped_attention.py``: outputs equal to float rounding);
-otherwise every row gets a copy of its prompt's cache in buffers sized for the whole response (``DynamicLayer``
-re-concatenates the whole cache every token),
-warping with the same warpers in the same order as ``generate`` (``TemperatureLogitsWarper`` →
-``TopKLogitsWarper`` → ``TopPLogitsWarper``, then ``softmax``), so every step's distribution is ``generate``'s;
-greedy decoding gives ``generate``'s tokens, and its logits exactly (distinct prompts) or to 1e-5 (grouped)
-(tests/unit/test_hf_decode.py, rows stopping at EOS mid-batch). A sampled token is drawn from that distribution by inverse transform (:func:`sample_categorical`:
-one uniform per row) instead of ``torch.multinomial``, which on CPU draws one exponential per vocabulary entry
-(measured: 1.08 ms against 0.03 ms per step for 32 rows × 2,000 tokens, 86 ms against 1.7 ms for 32 × 151,936);
-so sampled tokens follow the same distribution as ``generate``'s, not the same RNG stream. Source: transformers
-``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads, then the
-last position + 1 per step; the 2-D mask grown by a column of ones; the mask dropped when it has no padding) this
-loop reproduces; for SDPA models with only full-attention layers it passes the 4-D boolean mask transformers
-would build from that 2-D mask, built once instead of at every step. Measured with ``bench/bench_hf_decode.py``.
+then one forward per token.
+
+* When prompts repeat on a Llama-form SDPA model, the decode steps keep each prompt's keys and values once and
+  attend to them for all its rows (``grouped_attention.py``, outputs equal to float rounding); for stock
+  Llama/Qwen2/Mistral models the step runs the model's modules without transformers' call plumbing.
+* Otherwise every row gets a copy of its prompt's cache in buffers sized for the whole response (``DynamicLayer``
+  re-concatenates the whole cache every token), and SDPA models with only full-attention layers get the 4-D
+  boolean mask transformers would build from the 2-D one, built once instead of at every step.
+* Each step warps the logits with ``generate``'s warpers in its order (``TemperatureLogitsWarper`` →
+  ``TopKLogitsWarper`` → ``TopPLogitsWarper``, then ``softmax``), so every step's distribution is ``generate``'s.
+  Greedy decoding gives ``generate``'s tokens, and its logits exactly (distinct prompts) or to 1e-5 (grouped).
+  A sampled token is drawn from that distribution by inverse transform (:func:`sample_categorical`, one uniform
+  per row) instead of ``torch.multinomial``, which on CPU draws one exponential per vocabulary entry (1.06 ms
+  against 0.04 ms per step for 32 rows × 2,000 tokens, 85 ms against 2.1 ms for 32 × 151,936:
+  ``bench/bench_kernels.py``): sampled tokens follow ``generate``'s distribution, not its RNG stream.
+
+tests/unit/test_hf_decode.py checks all of it against ``generate``, with rows stopping at EOS mid-batch. Source:
+transformers ``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads,
+then the last position + 1 per step; the 2-D mask grown by a column of ones; the mask dropped when it has no
+padding) this loop reproduces. Measured with ``bench/bench_hf_decode.py``.
 """
 from __future__ import annotations
 
@@ -30,10 +35,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, supports_decode_step,
-                                                         supports_grouped_decode)
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
+
+from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, sdpa_full_attention,
+                                                         supports_decode_step, supports_grouped_decode)
 
 
 # generation_config.json entries that add no logits processor beyond the ones this loop applies (the rollout sets
@@ -108,29 +114,18 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     transform sampling: ``u ~ U[0, sum)``, the token is the first index whose cumulative sum exceeds ``u``.
 
     An exact categorical draw up to the float rounding of the cumulative sum (about 1e-7 of the mass per token in
-    float32): a token of probability 0 is never drawn (its cumulative sum equals its predecessor's, so it is never
+    float32; 16-bit probabilities are summed in float32): a token of probability 0 is never drawn (its cumulative sum equals its predecessor's, so it is never
     the *first* to exceed ``u``; ``u`` is kept strictly below the total). Uses one uniform per row from
     ``generator`` (the global torch RNG when None) where ``torch.multinomial`` on CPU draws one exponential per
     entry, the cost that dominated a small model's decode step (module docstring).
 
     Returns: ``(...)`` int64 token ids.
     """
-    cdf = probs.cumsum(-1)
+    cdf = (probs.float() if probs.dtype in (torch.float16, torch.bfloat16) else probs).cumsum(-1)
     total = cdf[..., -1:]
     u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
-
-
-def _takes_prebuilt_mask(model: nn.Module) -> bool:
-    """Whether a ready 4-D boolean mask ``(b, 1, 1, kv_len)`` (True = attend) means to ``model`` what its 2-D
-    padding mask means: transformers passes a 4-D mask through unchanged (``masking_utils``), which is the mask
-    it builds itself for SDPA attention when every layer is full (causal) attention. Sliding-window or other layer
-    kinds build per-layer masks, and eager/flash attention take other mask formats: those keep the 2-D mask."""
-    text = model.config.get_text_config(decoder=True)
-    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
-    return (getattr(text, "_attn_implementation", None) == "sdpa" and getattr(text, "sliding_window", None) is None
-            and all(t == "full_attention" for t in layer_types))
 
 
 def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
@@ -187,7 +182,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     mask4d = None
     if grouped is not None:
         mask = None  # the grouped attention holds the prompts' padding itself
-    elif mask is not None and _takes_prebuilt_mask(model):
+    elif mask is not None and sdpa_full_attention(model):  # transformers passes a 4-D mask through as is
         mask4d = torch.ones((b, 1, 1, P + max_new_tokens), dtype=torch.bool, device=dev)
         mask4d[:, 0, 0, :P] = attention_mask.bool()
     position = position_ids[:, -1:]
