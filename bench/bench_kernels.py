@@ -7,8 +7,12 @@
   sizes: torch's CPU default (per-tensor loop), ``foreach=True`` and ``fused=True`` (``workers/optim.py``).
 * ``entropy``: ``entropy_from_logits`` over ``(32, 128, 2000)`` float32 logits, the old form (``where(isfinite)``,
   chunks of 1,024 rows, under autograd) vs the current one (clamp, chunks of 128, no autograd for the metric).
+* ``raycall``: the round trip of a Ray actor call carrying a 220 KB ``Batch`` each way (about one rollout batch of
+  the benchmark), on an embedded Ray started with Ray's default ``max_direct_call_object_size`` (100 KiB: the batch
+  goes through the object store) vs the 10 MiB that ``distributed/ray_init.py`` sets (inline in the call); each in
+  its own process.
 
-    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy] [--reps 50]
+    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy,raycall] [--reps 50]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -103,15 +107,56 @@ def bench_entropy(reps: int) -> None:
           f"clamp, 128-row chunks, no autograd {_median_ms(new, max(5, reps // 5)):6.2f} ms")
 
 
+_RAY_CALL = """
+import statistics, sys, time, ray, torch
+sys.path.insert(0, {repo!r})
+from rlhf_core.protocol import Batch
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+@ray.remote
+class Echo:
+    def call(self, batch):
+        return batch
+echo = Echo.remote()
+batch = Batch({{k: torch.randint(0, 2000, (32, 216)) for k in ("input_ids", "attention_mask", "position_ids",
+                                                              "responses")}}, {{}}, {{}})
+ray.get(echo.call.remote(batch))
+times = []
+for _ in range({reps}):
+    t = time.perf_counter()
+    ray.get(echo.call.remote(batch))
+    times.append(time.perf_counter() - t)
+print(statistics.median(times) * 1e3)
+ray.shutdown()
+"""
+
+
+def bench_raycall(reps: int) -> None:
+    import subprocess
+
+    from rlhf_core.distributed.ray_init import EMBEDDED_RAY_ENV
+
+    code = _RAY_CALL.format(repo=str(REPO), reps=reps)
+    row = []
+    for label, size in (("Ray's default 100 KiB", "102400"),
+                        ("ray_init's 10 MiB", EMBEDDED_RAY_ENV["RAY_max_direct_call_object_size"])):
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_max_direct_call_object_size": size}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+        row.append(f"{label} {float(out.stdout.strip().splitlines()[-1]):6.2f} ms")
+    print("Ray call round trip, 220 KB batch each way: " + "   ".join(row))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy")
+    ap.add_argument("--only", default="sampling,adamw,entropy,raycall")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"1-min load {os.getloadavg()[0]:.2f}")
     for name in args.only.split(","):
-        {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy}[name.strip()](args.reps)
+        {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy,
+         "raycall": bench_raycall}[name.strip()](args.reps)
     return 0
 
 
