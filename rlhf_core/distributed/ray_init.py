@@ -84,8 +84,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             cluster (``num_cpus`` is then ignored: a cluster's size is its own).
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
 
-    For the embedded case the environment gets :func:`set_embedded_ray_env`'s defaults (no token authentication;
-    workers at the driver's priority, not nice 15).
+    For the embedded case the environment gets :func:`set_embedded_ray_env`'s defaults (:data:`EMBEDDED_RAY_ENV`:
+    no token authentication; workers at the driver's priority, not nice 15; no prestarted idle workers; batches
+    up to 10 MiB inline in the call).
 
     Raises:
         RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.

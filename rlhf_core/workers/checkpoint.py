@@ -94,6 +94,16 @@ def _check_contents(contents: Sequence[str], key: str) -> list[str]:
     return list(contents)
 
 
+
+def keep_optimizer_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """Give every param group the optimizer's own ``fused``/``foreach`` choice again after a state load: a loaded
+    state carries the saving run's param-group settings, and a checkpoint written before AdamW went fused
+    (``workers/optim.py``) would otherwise turn the fused kernel off for the rest of the run."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
+
 class FSDPCheckpointManager:
     """Save / load one FSDP2 model (+ optimizer, LR scheduler, extra state) on every rank.
 
@@ -222,6 +232,7 @@ class FSDPCheckpointManager:
             osd = get_optimizer_state_dict(self.model, self.optimizer)
             dcp.load(osd, checkpoint_id=path)
             set_optimizer_state_dict(self.model, self.optimizer, osd)
+            keep_optimizer_implementation(self.optimizer)
         if "extra" in self.load_contents:
             self._load_extra(local_path)
         _barrier()

@@ -117,6 +117,15 @@ def test_sample_categorical_is_the_inverse_cdf_of_its_uniforms():
     assert torch.equal(rows, torch.tensor([2, 1, 0]).repeat(500))
     # one-dimensional probabilities (the agent engine's single-row draw) give a 0-d index
     assert sample_categorical(torch.tensor([0.0, 1.0])).shape == ()
+    # bf16 probabilities are summed in float32: a bf16 cumulative sum of 2,000 entries of 1/2000 moves in steps of
+    # up to 2^-8 = 0.0039 (8 entries' mass), so most tokens would get an empty interval and never be drawn; in
+    # float32, 20,000 draws reach all but e^-10 of the 2,000 tokens
+    flat = torch.full((20000, 2000), 1 / 2000).to(torch.bfloat16)
+    assert sample_categorical(flat, torch.Generator().manual_seed(2)).unique().numel() >= 1990
+    # what torch.multinomial refuses is refused too, instead of returning the index V past the vocabulary
+    for bad in ([0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0], [-0.5, 1.5]):
+        with pytest.raises(ValueError, match="finite and non-negative"):
+            sample_categorical(torch.tensor([[0.5, 0.5], bad]))
 
 
 def test_sampling_draws_from_generates_distribution(model):

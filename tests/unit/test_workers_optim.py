@@ -47,3 +47,23 @@ def test_frozen_parameters_are_left_out():
     frozen = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2)), frozen], _optim())
     assert len(opt.param_groups[0]["params"]) == 1 and opt.defaults["fused"] is True
+
+
+def test_a_loaded_state_keeps_this_runs_fused_kernel():
+    # a state saved by the per-tensor AdamW (fused None, as before this optimizer went fused) loads its moments and
+    # step count, but the param groups keep fused=True
+    from rlhf_core.workers.checkpoint import keep_optimizer_implementation
+
+    old_params = [torch.nn.Parameter(torch.ones(3))]
+    old = torch.optim.AdamW(old_params, lr=0.1)
+    old_params[0].grad = torch.ones(3)
+    old.step()
+    opt = build_optimizer([torch.nn.Parameter(torch.ones(3))], _optim())
+    opt.load_state_dict(old.state_dict())
+    assert opt.param_groups[0]["fused"] is None  # what torch's load does
+    keep_optimizer_implementation(opt)
+    assert opt.param_groups[0]["fused"] is True
+    assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 1  # the loaded state is kept
+    opt.param_groups[0]["params"][0].grad = torch.ones(3)
+    opt.step()  # the fused kernel runs on the loaded moments
+    assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 2
