@@ -166,7 +166,7 @@ def supports_decode_step(model: nn.Module) -> bool:
 
 
 def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """One decode step of a :func:`supports_decode_step` model inside :class:`grouped_decode`: the operations of
+    """One decode step of a :func:`supports_decode_step` model inside :func:`grouped_decode`: the operations of
     its ``forward`` (same modules, same order: embedding, rotary cos/sin, per layer norm → q/k/v → rotary →
     cache → attention → o_proj + residual, norm → MLP + residual; final norm, LM head) without transformers' call
     plumbing (output classes, kwarg decorators, mask building, per-layer wrappers), which is a sixth of a step of
