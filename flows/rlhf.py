@@ -369,7 +369,8 @@ def check_parameters(params: dict[str, Any]) -> str | None:
         gsm8k_task = s.task in ("gsm8k", "gsm8k_tools")  # countdown generates its data: gsm8k_dir is not read
         for name in ("model_path", "gsm8k_dir") if gsm8k_task else ("model_path",):
             value = getattr(s, name)
-            if value and _local(value) is not None and not _local(value).exists():
+            local = _local(value) if value else None
+            if local is not None and not local.exists():
                 return f"{name}: {value} does not exist"
         folder = _local(s.gsm8k_dir) if gsm8k_task and s.gsm8k_dir else None
         if folder is not None:  # what preprocess_gsm8k reads

@@ -178,9 +178,10 @@ class RayPPOTrainer:
                 fault_point("driver", self.global_steps)  # test-only (RLHF_FAULT): between steps; free when unset
                 profiler.begin(self.global_steps)
                 last_metrics = self.train_step(batch, epoch)
-                profiler.end(self.global_steps, last=self.global_steps >= stop_at or self._budget_stop)
+                last = self.global_steps >= stop_at or self._budget_stop  # the step's own decision, not a new look
+                profiler.end(self.global_steps, last=last)
                 self.tracker.log(last_metrics, step=self.global_steps)
-                if self.global_steps >= stop_at or self._budget_stop:  # the step's own decision, not a new look
+                if last:
                     self.checkpoints.finish_pending()
                     return last_metrics
         self.checkpoints.finish_pending()

@@ -190,7 +190,7 @@ class DataParallelPPOActor:
         entropy = None
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = self._entropy_fn(logits if entropy_grad else logits.detach())
+                entropy = self._entropy_fn(logits)
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
 
     @torch.no_grad()

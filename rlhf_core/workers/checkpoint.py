@@ -40,6 +40,7 @@ from rlhf_core.atomic import replace_directory
 from rlhf_core.faults import fault_point
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
+from rlhf_core.workers.optim import keep_optimizer_implementation
 
 logger = logging.getLogger(__name__)
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -94,15 +95,6 @@ def _check_contents(contents: Sequence[str], key: str) -> list[str]:
     return list(contents)
 
 
-
-def keep_optimizer_implementation(optimizer: torch.optim.Optimizer) -> None:
-    """Give every param group the optimizer's own ``fused``/``foreach`` choice again after a state load: a loaded
-    state carries the saving run's param-group settings, and a checkpoint written before AdamW went fused
-    (``workers/optim.py``) would otherwise turn the fused kernel off for the rest of the run."""
-    for group in optimizer.param_groups:
-        for key in ("fused", "foreach"):
-            if key in optimizer.defaults:
-                group[key] = optimizer.defaults[key]
 
 class FSDPCheckpointManager:
     """Save / load one FSDP2 model (+ optimizer, LR scheduler, extra state) on every rank.

@@ -25,3 +25,13 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str
     return torch.optim.AdamW(
         trainable, lr=float(optim_cfg.lr), betas=tuple(optim_cfg.betas),
         weight_decay=float(optim_cfg.weight_decay), eps=float(eps), fused=fused or None)
+
+
+def keep_optimizer_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """Give every param group the optimizer's own ``fused``/``foreach`` choice again after a state load: a loaded
+    state carries the saving run's param-group settings, and a checkpoint written before AdamW went fused
+    (:func:`build_optimizer`) would otherwise turn the fused kernel off for the rest of the run."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]

@@ -52,7 +52,7 @@ def test_frozen_parameters_are_left_out():
 def test_a_loaded_state_keeps_this_runs_fused_kernel():
     # a state saved by the per-tensor AdamW (fused None, as before this optimizer went fused) loads its moments and
     # step count, but the param groups keep fused=True
-    from rlhf_core.workers.checkpoint import keep_optimizer_implementation
+    from rlhf_core.workers.optim import keep_optimizer_implementation
 
     old_params = [torch.nn.Parameter(torch.ones(3))]
     old = torch.optim.AdamW(old_params, lr=0.1)
