@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
         print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
         print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
-        print(f"  Compare with the run before: {rlhf_command()} results compare previous {out['flow_run_id']}")
+        print(f"  Compare with the run before (from a second run on): {rlhf_command()} results compare previous "
+              f"{out['flow_run_id']}")
         return 0
 
     return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
