@@ -86,16 +86,41 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened
 
 
-def _row_chunks(n_rows: int, chunk_rows: int):
-    step = max(1, int(chunk_rows))
-    return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+def _row_chunks(flat: torch.Tensor, chunk_rows: int) -> tuple[torch.Tensor, ...]:
+    """``flat (N, V)`` in chunks of ``chunk_rows`` rows, by ``torch.split``: under autograd the chunks' gradients are
+    joined by one concatenation. A slice ``flat[s:e]`` per chunk made its backward zero-fill an ``(N, V)`` gradient
+    and add it into the others, per chunk: 4 fills and 3 adds of 33 MB for ``(4096, 2000)`` logits in chunks of
+    1,024, about 30 ms of a 1 M model's 430 ms update (``torch.profiler`` of ``bench/bench_ppo_step.py --size 1m
+    --new-tokens 128``)."""
+    return flat.split(max(1, int(chunk_rows)))
+
+
+class _LabelLogProb(torch.autograd.Function):
+    """``x[label] − logsumexp(x)`` per row of ``x (n, V)`` float32 with ``labels (n, 1)`` int64 → ``(n,)``, with the
+    gradient in one buffer: ``∂/∂x = g · (onehot(label) − softmax(x))``, computed as ``−g · exp(x − lse)`` plus ``g``
+    scattered at the labels. Autograd's gather backward instead zero-filled an ``(n, V)`` buffer and added it to the
+    logsumexp gradient: fwd+bwd of ``(4064, 2000)`` logits took 20.5 → 13 ms, the gradients bitwise equal."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)
+        ctx.save_for_backward(x, labels, lse)
+        return (x.gather(-1, labels) - lse).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, labels, lse = ctx.saved_tensors
+        g = grad_out.unsqueeze(-1)
+        grad = torch.sub(x, lse).exp_().mul_(-g)
+        return grad.scatter_add_(-1, labels, g), None
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
     """log softmax(logits)[label] per position: ``logits[label] − logsumexp(logits)``.
 
     Computed in float32 ``chunk_rows`` rows at a time, so a bf16 ``(B, T, V)`` tensor is never
-    upcast or log-softmaxed whole (verl ``logprobs_from_logits_v2``).
+    upcast or log-softmaxed whole (verl ``logprobs_from_logits_v2``); the gradient is built in one buffer per chunk
+    (:class:`_LabelLogProb`).
 
     Args:
         logits: ``(B, T, V)`` float (any float dtype).
@@ -107,9 +132,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows:
     flat = logits.reshape(-1, vocab)
     flat_labels = labels.reshape(-1, 1).to(torch.long)
     parts = []
-    for s, e in _row_chunks(flat.shape[0], chunk_rows):
-        chunk = flat[s:e].float()
-        parts.append(chunk.gather(-1, flat_labels[s:e]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+    for chunk, chunk_labels in zip(_row_chunks(flat, chunk_rows), _row_chunks(flat_labels, chunk_rows)):
+        parts.append(_LabelLogProb.apply(chunk.float(), chunk_labels))
     if not parts:
         return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
     return torch.cat(parts).reshape(labels.shape)
@@ -134,8 +158,8 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 128) -> torch.Te
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     parts = []
-    for s, e in _row_chunks(flat.shape[0], chunk_rows):
-        log_p = flat[s:e].float()
+    for chunk in _row_chunks(flat, chunk_rows):
+        log_p = chunk.float()
         log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
         parts.append(-(torch.exp(log_p) * log_p.clamp(min=-1e4)).sum(-1))
     if not parts:

@@ -81,7 +81,7 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     only. A prompt is a row's ``(input_ids, attention_mask, position_ids)`` over ``[:, :P]``: rows equal in all three
     share one prompt pass. Logit ``t`` predicts response token ``t``: ``t = 0`` comes from the prompt pass's last
     position, ``t ≥ 1`` from the response pass's position ``t - 1`` (as ``logits[:, P-1 : P+T-1]`` of the plain
-    forward).
+    forward); the response pass runs positions ``P .. P+T-2`` only.
 
     Raises:
         RuntimeError: the model's cache holds a layer other than a plain or sliding-window key/value layer (a
@@ -105,6 +105,10 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
                            f"{[c.__name__ for c in _PLAIN_LAYERS]} can be gathered per row")
     for layer in layers:  # each row's copy of its prompt's keys and values (differentiable gather)
         layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
-    tail = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=position_ids[:, P:],
-                 cache=head.cache, use_cache=True, logits_to_keep=T)
-    return torch.cat([head.logits[inverse], tail.logits[:, :T - 1]], 1)
+    if T == 1:
+        return head.logits[inverse]
+    # the last response token predicts nothing that is used: the response pass stops before it (a slice of its logits
+    # instead cost a zero-filled (b, T, V) gradient in the backward)
+    tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
+                 position_ids=position_ids[:, P:-1], cache=head.cache, use_cache=True, logits_to_keep=T - 1)
+    return torch.cat([head.logits[inverse], tail.logits], 1)

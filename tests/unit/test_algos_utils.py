@@ -53,6 +53,16 @@ def test_logprobs_from_logits_matches_log_softmax_gather_chunked_and_bf16():
     b = logits.clone().requires_grad_(True)
     torch.log_softmax(b, -1).gather(-1, labels[..., None]).sum().backward()
     torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+    # ... for any upstream gradient (the fused backward scales the softmax term by it), and through a bf16 input
+    # (the chunk's float32 gradient is cast back to bf16 by autograd, as log_softmax's is)
+    up = torch.randn(3, 5, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = logits.detach().to(dtype, copy=True).requires_grad_(True)
+        (logprobs_from_logits(a, labels, chunk_rows=4) * up).sum().backward()
+        b = logits.detach().to(dtype, copy=True).requires_grad_(True)
+        (torch.log_softmax(b.float(), -1).gather(-1, labels[..., None]).squeeze(-1) * up).sum().backward()
+        assert a.grad.dtype == dtype
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
 
 
 def test_entropy_from_logits_values_and_stability():

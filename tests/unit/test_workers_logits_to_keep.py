@@ -88,9 +88,10 @@ def test_head_runs_on_the_response_positions_only(model):
             forward_response_logits(model, mb, T, use_remove_padding=True)
     finally:
         hook.remove()
-    # padded: 4 rows × (T + 1) positions; packed: the valid tokens of the last T + 1 columns (the prompt's last
-    # token + the responses: 1+6, 1+3, 1+1, 1+5 = 19), instead of all 4 × 15 = 60 / 44 valid positions
-    assert seen == [(4, T + 1, 32), (1, 19, 32)]
+    # padded: 4 rows × T positions (the forward stops before the last column, whose logits predict nothing);
+    # packed: the valid tokens of the last T + 1 columns (the prompt's last token + the responses: 1+6, 1+3, 1+1,
+    # 1+5 = 19), instead of all 4 × 15 = 60 / 44 valid positions
+    assert seen == [(4, T, 32), (1, 19, 32)]
 
 
 def test_value_model_without_logits_to_keep_keeps_the_full_forward():
@@ -129,9 +130,9 @@ def test_all_padding_leading_columns_are_dropped_with_the_same_outputs_and_grads
         g = _grads(model, loss)
     finally:
         hook.remove()
-    # padded: both forwards see 9 + 6 = 15 columns, not 20; packed: the same valid tokens either way,
-    # (9+6) + (4+3) + (7+1) + (2+5) = 37
-    assert widths == ([37, 37] if packed else [15, 15])
+    # padded: both forwards see 9 + 6 - 1 = 14 columns (not 20; the last column predicts nothing and is not run);
+    # packed: the same valid tokens either way, (9+6) + (4+3) + (7+1) + (2+5) = 37
+    assert widths == ([37, 37] if packed else [14, 14])
     resp_mask = tight["attention_mask"][:, -T:].bool()
     torch.testing.assert_close(lp[resp_mask], lp_ref[resp_mask], rtol=0, atol=1e-6)
     torch.testing.assert_close(ent[resp_mask], ent_ref[resp_mask], rtol=0, atol=1e-6)

@@ -71,6 +71,25 @@ def test_log_probs_and_gradients_equal_the_plain_forward():
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+def test_one_token_responses_need_only_the_prompt_pass():
+    # T = 1: the single response token is predicted by the prompt's last position; the response pass, which stops
+    # before the last token, has nothing to run. Logits equal the plain forward's last prompt position.
+    model, b = tiny_lm(), grouped_batch()
+    ids, mask, pos = (b[k][:, :P + 1] for k in ("input_ids", "attention_mask", "position_ids"))
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    try:
+        with torch.no_grad():
+            got = shared_prefix_logits(model, ids, mask, pos, 1)
+    finally:
+        hook.remove()
+    assert seen == [(U, P)]  # one pass over the 3 distinct prompts only
+    with torch.no_grad():
+        ref = model(input_ids=ids[:, :P], attention_mask=mask[:, :P], position_ids=pos[:, :P]).logits[:, -1:]
+    assert got.shape == (U * N, 1, V)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+
 def test_no_repeated_prompt_means_the_plain_forward():
     b = grouped_batch()
     rows = torch.arange(0, U * N, N)  # one row per prompt
