@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind three choices of the GRPO step on CPU, each against the alternative it replaced:
+"""Micro-benchmarks behind five choices of the GRPO step on CPU, each against the alternative it replaced:
 
 * ``sampling``: one draw per row from softmax probabilities, ``torch.multinomial`` (one exponential per vocabulary
   entry on CPU) vs ``hf_decode.sample_categorical`` (inverse transform, one uniform per row), 32 rows, vocabularies
@@ -7,12 +7,15 @@
   sizes: torch's CPU default (per-tensor loop), ``foreach=True`` and ``fused=True`` (``workers/optim.py``).
 * ``entropy``: ``entropy_from_logits`` over ``(32, 128, 2000)`` float32 logits, the old form (``where(isfinite)``,
   chunks of 1,024 rows, under autograd) vs the current one (clamp, chunks of 128, no autograd for the metric).
+* ``logprob``: ``logprobs_from_logits`` forward and backward over ``(32, 127, 2000)`` logits (a 1 M update's
+  micro-batch with 128-token responses), the old form (a slice per 1,024-row chunk, autograd's gather and logsumexp
+  backward) vs the current one (``split`` chunks, the fused backward of ``algos.utils._LabelLogProb``).
 * ``raycall``: the round trip of a Ray actor call carrying a 220 KB ``Batch`` each way (about one rollout batch of
   the benchmark), on an embedded Ray started with Ray's default ``max_direct_call_object_size`` (100 KiB: the batch
   goes through the object store) vs the 10 MiB that ``distributed/ray_init.py`` sets (inline in the call); each in
   its own process.
 
-    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy,raycall] [--reps 50]
+    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy,logprob,raycall] [--reps 50]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -107,6 +110,36 @@ def bench_entropy(reps: int) -> None:
           f"clamp, 128-row chunks, no autograd {_median_ms(new, max(5, reps // 5)):6.2f} ms")
 
 
+def _logprobs_old(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """The form ``logprobs_from_logits`` replaced: slices per chunk, autograd's gather and logsumexp backward."""
+    flat, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1, 1)
+    parts = []
+    for s in range(0, flat.shape[0], chunk_rows):
+        chunk = flat[s:s + chunk_rows].float()
+        parts.append(chunk.gather(-1, flat_labels[s:s + chunk_rows]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(parts).reshape(labels.shape)
+
+
+def bench_logprob(reps: int) -> None:
+    from rlhf_core.algos.utils import logprobs_from_logits
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(32, 127, 2000, generator=g) * 3
+    labels = torch.randint(0, 2000, (32, 127), generator=g)
+    upstream = torch.randn(32, 127, generator=g)
+
+    def fwd_bwd(fn):
+        logits = base.clone().requires_grad_(True)
+        fn(logits, labels).backward(upstream)
+        return logits.grad
+
+    torch.testing.assert_close(fwd_bwd(logprobs_from_logits), fwd_bwd(_logprobs_old), rtol=0, atol=0)
+    old = _median_ms(lambda: fwd_bwd(_logprobs_old), max(5, reps // 5))
+    new = _median_ms(lambda: fwd_bwd(logprobs_from_logits), max(5, reps // 5))
+    print(f"log-probs of (32, 127, 2000) logits, forward + backward: slices + autograd {old:6.2f} ms   "
+          f"split + fused backward {new:6.2f} ms (gradients equal)")
+
+
 _RAY_CALL = """
 import statistics, sys, time, ray, torch
 sys.path.insert(0, {repo!r})
@@ -149,13 +182,13 @@ def bench_raycall(reps: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy,raycall")
+    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,raycall")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"1-min load {os.getloadavg()[0]:.2f}")
     for name in args.only.split(","):
-        {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy,
+        {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
          "raycall": bench_raycall}[name.strip()](args.reps)
     return 0
 
