@@ -9,13 +9,15 @@
   chunks of 1,024 rows, under autograd) vs the current one (clamp, chunks of 128, no autograd for the metric).
 * ``logprob``: ``logprobs_from_logits`` forward and backward over ``(32, 127, 2000)`` logits (a 1 M update's
   micro-batch with 128-token responses), the old form (a slice per 1,024-row chunk, autograd's gather and logsumexp
-  backward) vs the current one (``split`` chunks, the fused backward of ``algos.utils._LabelLogProb``).
+  backward) vs the current one (``algos.utils._LabelLogProb``: chunks inside one autograd function, the gradient
+  written into one buffer); ``logprob_memory``: the peak resident memory of the same for ``(1, 4096, 32000)``
+  float32 logits, each form in its own process.
 * ``raycall``: the round trip of a Ray actor call carrying a 220 KB ``Batch`` each way (about one rollout batch of
   the benchmark), on an embedded Ray started with Ray's default ``max_direct_call_object_size`` (100 KiB: the batch
   goes through the object store) vs the 10 MiB that ``distributed/ray_init.py`` sets (inline in the call); each in
   its own process.
 
-    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy,logprob,raycall] [--reps 50]
+    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--only sampling,adamw,entropy,logprob,logprob_memory,raycall] [--reps 50]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -137,7 +139,36 @@ def bench_logprob(reps: int) -> None:
     old = _median_ms(lambda: fwd_bwd(_logprobs_old), max(5, reps // 5))
     new = _median_ms(lambda: fwd_bwd(logprobs_from_logits), max(5, reps // 5))
     print(f"log-probs of (32, 127, 2000) logits, forward + backward: slices + autograd {old:6.2f} ms   "
-          f"split + fused backward {new:6.2f} ms (gradients equal)")
+          f"one function, fused backward {new:6.2f} ms (gradients equal)")
+
+
+_LOGPROB_MEMORY = """
+import resource, sys, torch
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {bench!r})
+from bench_kernels import _logprobs_old
+from rlhf_core.algos.utils import logprobs_from_logits
+fn = _logprobs_old if {old} else logprobs_from_logits
+g = torch.Generator().manual_seed(0)
+x = torch.randn(1, 4096, 32000, generator=g).requires_grad_(True)
+labels = torch.randint(0, 32000, (1, 4096), generator=g)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+fn(x, labels).sum().backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+
+
+def bench_logprob_memory(reps: int) -> None:
+    import subprocess
+
+    row = []
+    for label, old in (("slices + autograd", True), ("one function, fused backward", False)):
+        code = _LOGPROB_MEMORY.format(repo=str(REPO), bench=str(REPO / "bench"), old=old)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+        row.append(f"{label} {float(out.stdout.strip().splitlines()[-1]):7.0f} MB")
+    print("log-probs of (1, 4096, 32000) float32 logits (500 MB), forward + backward, peak RSS above the logits: "
+          + "   ".join(row))
 
 
 _RAY_CALL = """
@@ -182,14 +213,14 @@ def bench_raycall(reps: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,raycall")
+    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"1-min load {os.getloadavg()[0]:.2f}")
     for name in args.only.split(","):
         {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
-         "raycall": bench_raycall}[name.strip()](args.reps)
+         "logprob_memory": bench_logprob_memory, "raycall": bench_raycall}[name.strip()](args.reps)
     return 0
 
 

@@ -89,37 +89,56 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 def _row_chunks(flat: torch.Tensor, chunk_rows: int) -> tuple[torch.Tensor, ...]:
     """``flat (N, V)`` in chunks of ``chunk_rows`` rows, by ``torch.split``: under autograd the chunks' gradients are
     joined by one concatenation. A slice ``flat[s:e]`` per chunk made its backward zero-fill an ``(N, V)`` gradient
-    and add it into the others, per chunk: 4 fills and 3 adds of 33 MB for ``(4096, 2000)`` logits in chunks of
-    1,024, about 30 ms of a 1 M model's 430 ms update (``torch.profiler`` of ``bench/bench_ppo_step.py --size 1m
-    --new-tokens 128``)."""
+    per chunk and add them up (32 fills of 33 MB for the entropy of ``(4096, 2000)`` logits in chunks of 128)."""
     return flat.split(max(1, int(chunk_rows)))
 
 
 class _LabelLogProb(torch.autograd.Function):
-    """``x[label] − logsumexp(x)`` per row of ``x (n, V)`` float32 with ``labels (n, 1)`` int64 → ``(n,)``, with the
-    gradient in one buffer: ``∂/∂x = g · (onehot(label) − softmax(x))``, computed as ``−g · exp(x − lse)`` plus ``g``
-    scattered at the labels. Autograd's gather backward instead zero-filled an ``(n, V)`` buffer and added it to the
-    logsumexp gradient: fwd+bwd of ``(4064, 2000)`` logits took 20.5 → 13 ms, the gradients bitwise equal."""
+    """``x[label] − logsumexp(x)`` per row of ``x (N, V)`` (any float dtype) with ``labels (N, 1)`` int64 →
+    ``(N,)`` float32, in float32 ``chunk_rows`` rows at a time, forward and backward.
+
+    The gradient ``∂/∂x = g · (onehot(label) − softmax(x))`` is written chunk by chunk into one ``(N, V)`` buffer
+    of ``x``'s dtype (for float32 in place: ``−g · exp(x − lse)``, then ``g`` scattered at the labels). Autograd over
+    per-chunk slices instead zero-filled a full ``(N, V)`` gradient per chunk and added them up, and its gather
+    backward zero-filled another per chunk: fwd+bwd of ``(4064, 2000)`` logits took 46 → 13 ms, the gradients
+    bitwise equal, and the memory above ``(4096, 32000)`` float32 logits went 1,134 → 508 MB, the gradient itself
+    (``bench/bench_kernels.py --only logprob,logprob_memory``). Saved for backward: ``x`` itself and the
+    ``(N, 1)`` logsumexp."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    def forward(ctx, x: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        n = x.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=x.device)
+        lse = torch.empty((n, 1), dtype=torch.float32, device=x.device)
+        for s in range(0, n, chunk_rows):
+            chunk = x[s:s + chunk_rows].float()
+            torch.logsumexp(chunk, dim=-1, keepdim=True, out=lse[s:s + chunk_rows])
+            out[s:s + chunk_rows] = (chunk.gather(-1, labels[s:s + chunk_rows]) - lse[s:s + chunk_rows]).squeeze(-1)
         ctx.save_for_backward(x, labels, lse)
-        return (x.gather(-1, labels) - lse).squeeze(-1)
+        ctx.chunk_rows = chunk_rows
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         x, labels, lse = ctx.saved_tensors
-        g = grad_out.unsqueeze(-1)
-        grad = torch.sub(x, lse).exp_().mul_(-g)
-        return grad.scatter_add_(-1, labels, g), None
+        g = grad_out.unsqueeze(-1).float()
+        grad = torch.empty_like(x)
+        in_place = x.dtype == torch.float32  # else each chunk in float32, then cast into the buffer
+        for s in range(0, x.shape[0], ctx.chunk_rows):
+            rows = slice(s, s + ctx.chunk_rows)
+            part = grad[rows] if in_place else torch.empty(grad[rows].shape, dtype=torch.float32, device=x.device)
+            torch.sub(x[rows].float(), lse[rows], out=part).exp_().mul_(-g[rows])
+            part.scatter_add_(-1, labels[rows], g[rows])
+            if not in_place:
+                grad[rows] = part
+        return grad, None, None
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
     """log softmax(logits)[label] per position: ``logits[label] − logsumexp(logits)``.
 
     Computed in float32 ``chunk_rows`` rows at a time, so a bf16 ``(B, T, V)`` tensor is never
-    upcast or log-softmaxed whole (verl ``logprobs_from_logits_v2``); the gradient is built in one buffer per chunk
+    upcast or log-softmaxed whole (verl ``logprobs_from_logits_v2``); the gradient is written into one buffer
     (:class:`_LabelLogProb`).
 
     Args:
@@ -131,12 +150,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows:
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     flat_labels = labels.reshape(-1, 1).to(torch.long)
-    parts = []
-    for chunk, chunk_labels in zip(_row_chunks(flat, chunk_rows), _row_chunks(flat_labels, chunk_rows)):
-        parts.append(_LabelLogProb.apply(chunk.float(), chunk_labels))
-    if not parts:
-        return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
-    return torch.cat(parts).reshape(labels.shape)
+    return _LabelLogProb.apply(flat, flat_labels, max(1, int(chunk_rows))).reshape(labels.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 128) -> torch.Tensor:
