@@ -122,10 +122,10 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
 
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). The padded forward stops
-    before the last position (its logits predict nothing used; not under active dropout), and when the model takes ``logits_to_keep`` the LM
-    head runs on the ``T`` positions wanted only (the prompt's logits are never used: ``(V / hidden)``-times the
-    hidden state's size per position saved, forward and backward). Columns
-    that are padding in every row are dropped first (:func:`trim_left_padding`), and a prompt that repeats in the
+    before the last position (its logits predict nothing used; not under active dropout), and when the model takes
+    ``logits_to_keep`` the LM head runs on the ``T`` positions wanted only (the prompt's logits are never used:
+    ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns that are
+    padding in every row are dropped first (:func:`trim_left_padding`), and a prompt that repeats in the
     micro-batch runs once (:func:`~rlhf_core.workers.shared_prefix.shared_prefix_logits`), both except while a model
     with active dropout trains: its dropout masks are drawn per element, so a width or a prompt pass that depends on
     the micro-batch would make the update depend on the micro-batch split (our loaders turn dropout off; a user's
