@@ -17,7 +17,7 @@
   goes through the object store) vs the 10 MiB that ``distributed/ray_init.py`` sets (inline in the call); each in
   its own process.
 
-    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50] \
+    OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
         [--only sampling,adamw,entropy,logprob,logprob_memory,raycall]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
