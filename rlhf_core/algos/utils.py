@@ -7,6 +7,7 @@ valid, used as a weight); values at masked positions are *ignored*, even when th
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 _EPS_COUNT = 1e-8
 
@@ -103,7 +104,8 @@ class _LabelLogProb(torch.autograd.Function):
     backward zero-filled another per chunk: fwd+bwd of ``(4064, 2000)`` logits took 46 → 13 ms, the gradients
     bitwise equal, and the memory above ``(4096, 32000)`` float32 logits went 1,134 → 508 MB, the gradient itself
     (``bench/bench_kernels.py --only logprob,logprob_memory``). Saved for backward: ``x`` itself and the
-    ``(N, 1)`` logsumexp."""
+    ``(N, 1)`` logsumexp. First-order gradients only: a double backward raises (``once_differentiable``), and
+    ``torch.func`` transforms and forward-mode AD are not supported (nothing in the PPO step uses them)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
@@ -119,6 +121,7 @@ class _LabelLogProb(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         x, labels, lse = ctx.saved_tensors
         g = grad_out.unsqueeze(-1).float()

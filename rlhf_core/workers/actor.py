@@ -144,7 +144,9 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
         shared = shared_prefix_logits(model, ids, mask, pos, response_length)
         if shared is not None:
             return shared
-    if not batch_free:  # active dropout: the full width, so its masks are drawn over the same shape as ever
+    # active dropout: the full width, so its masks are drawn over the same shape as ever; an empty response: the
+    # forward below would ask for logits_to_keep=0, which means all positions
+    if not batch_free or response_length == 0:
         extra = {} if keep is None else {"logits_to_keep": keep}
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra)
         return out.logits[:, -response_length - 1:-1]

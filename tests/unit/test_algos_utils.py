@@ -63,6 +63,11 @@ def test_logprobs_from_logits_matches_log_softmax_gather_chunked_and_bf16():
         (torch.log_softmax(b.float(), -1).gather(-1, labels[..., None]).squeeze(-1) * up).sum().backward()
         assert a.grad.dtype == dtype
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+    # first-order only: a double backward says so instead of failing inside an out= operation
+    a = logits.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(logprobs_from_logits(a, labels).sum(), a, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        (grad ** 2).sum().backward()
 
 
 def test_entropy_from_logits_values_and_stability():

@@ -94,6 +94,14 @@ def test_head_runs_on_the_response_positions_only(model):
     assert seen == [(4, T, 32), (1, 19, 32)]
 
 
+def test_an_empty_response_gives_no_logits(model):
+    # T = 0: (b, 0, V), not every position's logits (logits_to_keep=0 means "all" in transformers)
+    mb = _batch()
+    with torch.no_grad():
+        got = forward_response_logits(model, mb, 0)
+    assert got.shape == (4, 0, 300)
+
+
 def test_value_model_without_logits_to_keep_keeps_the_full_forward():
     torch.manual_seed(0)
     critic = Qwen2ForTokenClassification(_config(num_labels=1)).eval()  # eval: no classifier dropout
