@@ -102,7 +102,7 @@ class _LabelLogProb(torch.autograd.Function):
     of ``x``'s dtype (for float32 in place: ``−g · exp(x − lse)``, then ``g`` scattered at the labels). Autograd over
     per-chunk slices instead zero-filled a full ``(N, V)`` gradient per chunk and added them up, and its gather
     backward zero-filled another per chunk: fwd+bwd of ``(4064, 2000)`` logits took 46 → 13 ms, the gradients
-    bitwise equal, and the memory above ``(4096, 32000)`` float32 logits went 1,134 → 509 MB, the gradient itself
+    bitwise equal, and the memory above ``(4096, 32000)`` float32 logits went 1,134 → 508 MB, the gradient itself
     (``bench/bench_kernels.py --only logprob,logprob_memory``). Saved for backward: ``x`` itself and the
     ``(N, 1)`` logsumexp. First-order gradients only: a double backward raises (``once_differentiable``), and
     ``torch.func`` transforms and forward-mode AD are not supported (nothing in the PPO step uses them)."""
