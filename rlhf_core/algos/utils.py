@@ -87,13 +87,6 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened
 
 
-def _row_chunks(flat: torch.Tensor, chunk_rows: int) -> tuple[torch.Tensor, ...]:
-    """``flat (N, V)`` in chunks of ``chunk_rows`` rows, by ``torch.split``: under autograd the chunks' gradients are
-    joined by one concatenation. A slice ``flat[s:e]`` per chunk made its backward zero-fill an ``(N, V)`` gradient
-    per chunk and add them up (32 fills of 33 MB for the entropy of ``(4096, 2000)`` logits in chunks of 128)."""
-    return flat.split(max(1, int(chunk_rows)))
-
-
 class _LabelLogProb(torch.autograd.Function):
     """``x[label] − logsumexp(x)`` per row of ``x (N, V)`` (any float dtype) with ``labels (N, 1)`` int64 →
     ``(N,)`` float32, in float32 ``chunk_rows`` rows at a time, forward and backward.
@@ -175,7 +168,9 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 128) -> torch.Te
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     parts = []
-    for chunk in _row_chunks(flat, chunk_rows):
+    # chunks by split: under autograd (entropy_coeff != 0) one concatenation joins their gradients, where a slice
+    # per chunk made its backward zero-fill a full (N, V) gradient per chunk and add them up
+    for chunk in flat.split(max(1, int(chunk_rows))):
         log_p = chunk.float()
         log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
         parts.append(-(torch.exp(log_p) * log_p.clamp(min=-1e4)).sum(-1))

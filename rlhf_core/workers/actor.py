@@ -144,18 +144,18 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
         shared = shared_prefix_logits(model, ids, mask, pos, response_length)
         if shared is not None:
             return shared
-    # active dropout: the full width, so its masks are drawn over the same shape as ever; an empty response: the
-    # forward below would ask for logits_to_keep=0, which means all positions
-    if not batch_free or response_length == 0:
-        extra = {} if keep is None else {"logits_to_keep": keep}
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra)
-        return out.logits[:, -response_length - 1:-1]
     # the last position predicts nothing that is used: the forward stops before it (slicing its logits off instead
-    # cost a zero-filled (b, T, V) gradient in the backward)
-    extra = {} if keep is None else {"logits_to_keep": response_length}
-    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[..., :-1], use_cache=False,
-                **extra)
-    return out.logits if keep is not None else out.logits[:, -response_length:]
+    # cost a zero-filled (b, T, V) gradient in the backward). The full width under active dropout, so its masks are
+    # drawn over the same shape as ever, and for an empty response (logits_to_keep=0 would mean all positions).
+    full = not batch_free or response_length == 0
+    if not full:
+        ids, mask, pos = ids[:, :-1], mask[:, :-1], pos[..., :-1]
+        keep = None if keep is None else response_length
+    extra = {} if keep is None else {"logits_to_keep": keep}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **extra).logits
+    if full:
+        return logits[:, -response_length - 1:-1]
+    return logits if keep is not None else logits[:, -response_length:]
 
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:

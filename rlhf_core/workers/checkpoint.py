@@ -95,7 +95,6 @@ def _check_contents(contents: Sequence[str], key: str) -> list[str]:
     return list(contents)
 
 
-
 class FSDPCheckpointManager:
     """Save / load one FSDP2 model (+ optimizer, LR scheduler, extra state) on every rank.
 
