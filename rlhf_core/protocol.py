@@ -136,6 +136,15 @@ class Batch:
         size = b // n
         return [self.index(slice(i * size, (i + 1) * size)) for i in range(n)]
 
+    def own_storage(self) -> "Batch":
+        """This batch with every tensor that views a larger storage copied into its own (others shared).
+
+        Pickling a tensor writes its whole storage: a rank's shard of ``chunk(n)`` would carry the full batch to
+        each of the ``n`` ranks. :class:`~rlhf_core.distributed.worker_group.RayWorkerGroup` sends and returns
+        batches in this form."""
+        return Batch({k: v.clone() if v.untyped_storage().nbytes() > v.numel() * v.element_size() else v
+                      for k, v in self.tensors.items()}, dict(self.non_tensors), dict(self.meta))
+
     def split(self, size: int) -> list["Batch"]:
         """Contiguous parts of ``size`` rows (the last may be shorter)."""
         if size <= 0:

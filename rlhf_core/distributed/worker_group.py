@@ -5,7 +5,8 @@ verl's ``RayWorkerGroup`` + ``RayResourcePool``, trimmed: one placement group pe
 gloo (CPU) or nccl (CUDA) process group formed over ``tcp://<rank-0 node ip>:<free port>``.
 Dispatch is by method name: :meth:`execute_all` sends the same arguments to every rank,
 :meth:`execute_dp` gives every rank its equal contiguous shard of a :class:`Batch` and concatenates
-the shards it gets back (verl's ``DP_COMPUTE_PROTO``).
+the shards it gets back (verl's ``DP_COMPUTE_PROTO``). Batches cross the call with tensors owning their storage
+(:meth:`Batch.own_storage`): pickled views would carry the whole batch to every rank.
 
 :class:`LocalWorkerGroup` has the same interface for one in-process rank (fast unit tests, or a
 driver that trains without Ray).
@@ -97,7 +98,9 @@ class _WorkerHost:
         return backend
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+        """``worker.method(*args, **kwargs)``; a returned :class:`Batch` leaves in :meth:`Batch.own_storage` form."""
+        out = getattr(self.worker, method)(*args, **kwargs)
+        return out.own_storage() if isinstance(out, Batch) else out
 
 
 def _gather_results(results: list) -> Batch | list:
@@ -207,7 +210,7 @@ class RayWorkerGroup:
         Returns the concatenated :class:`Batch` when every rank returns one, else the list of results.
         Raises ``ValueError`` when ``len(batch)`` is not divisible by ``world_size``.
         """
-        shards = batch.chunk(self.world_size)
+        shards = [s.own_storage() for s in batch.chunk(self.world_size)]  # not n copies of the whole batch
         return _gather_results(ray.get([a.call.remote(method, s, **kwargs) for a, s in zip(self._actors, shards)]))
 
     def shutdown(self) -> None:

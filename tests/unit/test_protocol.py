@@ -68,3 +68,33 @@ def test_merge_adds_and_replaces_fields_and_meta():
     assert b.merge(Batch(meta={"x": 1})).meta == {"temperature": 1.0, "x": 1}  # an empty batch adds only meta
     with pytest.raises(ValueError, match="2 rows into a batch of 4"):
         b.merge(Batch.from_dict({"score": torch.zeros(2)}))
+
+
+def test_own_storage_copies_only_views_of_larger_storages():
+    import pickle
+
+    full = Batch({"input_ids": torch.arange(4000).reshape(8, 500), "scores": torch.arange(8.0)}, {"uid": list("aabbccdd")})
+    shard = full.chunk(4)[1]  # rows 2-3: views of the (8, 500) and (8,) storages
+    own = shard.own_storage()
+    for k in ("input_ids", "scores"):
+        assert torch.equal(own[k], full[k][2:4])
+        assert own[k].untyped_storage().nbytes() == own[k].numel() * own[k].element_size()
+    assert list(own["uid"]) == ["b", "b"]
+    # pickle writes a view's whole storage: 8 rows of 500 int64 (32,000 bytes) for a 2-row shard (8,000 bytes)
+    assert len(pickle.dumps(shard)) > 32_000 > 9_000 > len(pickle.dumps(own))
+    # a tensor that already owns its storage is passed on, not copied
+    assert own.own_storage()["input_ids"] is own["input_ids"]
+
+
+def test_worker_host_returns_batches_owning_their_storage():
+    from rlhf_core.distributed.worker_group import _WorkerHost
+
+    class Worker:
+        def rows(self, batch):
+            return batch.index(slice(0, 1))  # a view of the input's storage
+
+    host = _WorkerHost()
+    host.worker = Worker()
+    out = host.call("rows", Batch({"x": torch.arange(100).reshape(10, 10)}))
+    assert torch.equal(out["x"], torch.arange(10)[None])
+    assert out["x"].untyped_storage().nbytes() == 10 * 8  # one row of int64, not the 10 x 10 input
