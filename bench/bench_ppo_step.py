@@ -1,6 +1,6 @@
 """One GRPO step, ours vs the peers, on the same tiny model, prompts and workload, measured in one run.
 
-    python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf]
+    python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf] [--rounds K]
 
 Workload (FIELD-NOTES "Peers, for comparison"): a tiny random Qwen2 built on GSM8K text (the sizes of
 ``configs/presets/tiny_cpu.yaml`` unless overridden), 8 GSM8K train prompts × 4 samples × up to 32 new tokens
@@ -275,6 +275,8 @@ def parse_args(argv):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--peer-timeout", type=float, default=300)
+    ap.add_argument("--rounds", type=int, default=1, help="run the peers this many times, in reverse order every other "
+                    "round, and print each round's ratios and their median (the host's speed drifts between runs)")
     ap.add_argument("--gsm8k-dir", default=os.environ.get("GSM8K_DIR", str(REPO.parent / "shared" / "data" / "gsm8k")))
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
         ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
@@ -305,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: torch sees no CUDA device here")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = set(peers) - set(PEERS)
     if unknown:
@@ -313,13 +317,33 @@ def main(argv: list[str] | None = None) -> int:
         spec = prepare(args, Path(tmp))
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        results = {p: run_peer_subprocess(p, spec_file, args) for p in peers}
+        rounds = []
+        for i in range(args.rounds):
+            rounds.append({p: run_peer_subprocess(p, spec_file, args) for p in (peers if i % 2 == 0 else peers[::-1])})
         params = _count_params(spec["model_dir"])
-    report(spec, args, results, params)
+    for i, results in enumerate(rounds):
+        if args.rounds > 1:
+            print(f"-- round {i + 1} of {args.rounds}, peers run in the order {list(results)}")
+        report(spec, args, {p: results[p] for p in peers}, params)
+    if args.rounds > 1:
+        report_rounds(rounds)
     if args.json:
         Path(args.json).write_text(json.dumps({"spec": {k: v for k, v in spec.items() if k != "model_dir"},
-                                               "params": params, "device": args.device, "results": results}, indent=1))
-    return 0 if all("error" not in r for r in results.values()) else 1
+                                               "params": params, "device": args.device, "results": rounds[0],
+                                               "rounds": rounds}, indent=1))
+    return 0 if all("error" not in r for results in rounds for r in results.values()) else 1
+
+
+def report_rounds(rounds: list[dict[str, dict]]) -> None:
+    """Each round's ratio of medians against ``ours`` (peers of one round run back to back), and their median."""
+    import statistics
+
+    for peer in ("ours_ray", "trl", "hf"):
+        ratios = [r[peer]["median_s_per_step"] / r["ours"]["median_s_per_step"] for r in rounds
+                  if "median_s_per_step" in r.get(peer, {}) and "median_s_per_step" in r.get("ours", {})]
+        if ratios:
+            print(f"ratio {peer}/ours per round (medians): {', '.join(f'{x:.2f}' for x in ratios)}; "
+                  f"median {statistics.median(ratios):.2f}x over {len(ratios)} round(s)")
 
 
 def _count_params(model_dir: str) -> int:
