@@ -143,3 +143,14 @@ def _seeded_head_init(model, seed: int, std: float) -> None:
     head.weight.copy_(torch.randn(head.weight.shape, generator=gen, dtype=torch.float32).to(head.weight.dtype) * std)
     if getattr(head, "bias", None) is not None:
         head.bias.zero_()
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing (``model.enable_gradient_checkpointing``) on a transformers model, or
+    a peft wrapper of one: ``activation_checkpointing_enable`` where transformers has it (5.24 deprecates
+    ``gradient_checkpointing_enable``, to be removed in v6, and warns on each call), else the older name."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from rlhf_core.models.loading import load_causal_lm, local_path, to_torch_dtype
+from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
 from rlhf_core.models.lora import apply_lora, merge_lora
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.batching import all_reduce_sum, global_counts
@@ -45,7 +45,7 @@ class SFTWorker:
         model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
                                trust_remote_code=bool(mcfg.trust_remote_code), external_lib=mcfg.external_lib)
         if mcfg.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
             model.config.use_cache = False
         model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from rlhf_core.config.structured import full_key, role_name
-from rlhf_core.models.loading import load_causal_lm, load_value_model, to_torch_dtype
+from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, load_value_model, to_torch_dtype
 from rlhf_core.models.lora import apply_lora
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
 from rlhf_core.workers.lr_schedule import build_lr_scheduler
@@ -44,7 +44,7 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
         model = apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
                            "TOKEN_CLS" if value_head else "CAUSAL_LM")
     if role in ("actor", "critic") and model_cfg.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if role == "ref":
         model.requires_grad_(False)
     return apply_fsdp2(model, fsdp_cfg, role)

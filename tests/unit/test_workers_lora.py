@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -70,3 +71,31 @@ def test_lora_critic_trains_head_and_merges(tiny_model_dir, tmp_path):
         got = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      position_ids=batch["position_ids"]).logits[:, P - 1:-1, 0] * batch["response_mask"]
     assert torch.allclose(got, wg.execute_dp("compute_values", batch)["values"], atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_enable_activation_checkpointing_without_the_deprecated_call(tiny_model_dir, lora):
+    import warnings
+
+    from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm
+    from rlhf_core.models.lora import apply_lora
+
+    torch.manual_seed(0)
+    plain = load_causal_lm(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dir)
+    if lora:
+        plain, model = (apply_lora(m, 4, 8, "all-linear", "CAUSAL_LM") for m in (plain, model))
+        model.load_state_dict(plain.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # transformers 5.24 warns on gradient_checkpointing_enable
+        enable_activation_checkpointing(model)
+    base = model.get_base_model() if lora else model
+    assert base.is_activation_checkpointing
+    plain.train(), model.train()
+    ids = torch.randint(3, 200, (2, 12))
+    grads = []
+    for m in (plain, model):
+        m(input_ids=ids).logits.square().mean().backward()
+        grads.append([p.grad for p in m.parameters() if p.requires_grad])
+    # recomputing the activations in the backward gives the same gradients as keeping them
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))

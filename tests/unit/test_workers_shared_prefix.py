@@ -174,8 +174,10 @@ def test_caches_with_more_than_keys_and_values_are_refused_before_any_forward():
 def test_activation_checkpointing_in_training_turns_it_off():
     # transformers turns the cache off under activation checkpointing with gradients: the prompt pass would be
     # wasted (and, with several ranks, one model call more than on a rank that did not try)
+    from rlhf_core.models.loading import enable_activation_checkpointing
+
     model = tiny_lm()
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)  # what the workers call for model.enable_gradient_checkpointing
     model.train()
     assert not supports_shared_prefix(model)
     with torch.no_grad():
