@@ -73,7 +73,8 @@ def test_merge_adds_and_replaces_fields_and_meta():
 def test_own_storage_copies_only_views_of_larger_storages():
     import pickle
 
-    full = Batch({"input_ids": torch.arange(4000).reshape(8, 500), "scores": torch.arange(8.0)}, {"uid": list("aabbccdd")})
+    full = Batch({"input_ids": torch.arange(4000).reshape(8, 500), "scores": torch.arange(8.0)},
+                 {"uid": list("aabbccdd")})
     shard = full.chunk(4)[1]  # rows 2-3: views of the (8, 500) and (8,) storages
     own = shard.own_storage()
     for k in ("input_ids", "scores"):
