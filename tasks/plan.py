@@ -155,6 +155,7 @@ def ppo_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str
     run = Path(run_dir)
     pipeline = as_overrides({
         "actor_rollout_ref.model.path": model_path,
+        "critic.model.path": model_path,  # GAE's critic starts from the same (SFT) model, as verl's examples do
         "data.train_files": train_file,
         "data.val_files": val_file,
         "algorithm.adv_estimator": adv_estimator,

@@ -45,8 +45,7 @@ def local_path(path: str) -> str:
             before any model loading, instead of transformers' hub-id error.
     """
     path = os.path.expanduser(str(path))
-    if "://" not in path and path.startswith(("/", "./", "../")) and not os.path.exists(path):
-        raise FileNotFoundError(f"model path {path!r} does not exist")
+    check_local_path(path)
     try:
         from rlhf_core.data.fs import copy_to_local
     except ImportError:  # the data package is optional for local paths
@@ -54,6 +53,14 @@ def local_path(path: str) -> str:
             raise
         return path[len("file://"):] if path.startswith("file://") else path
     return copy_to_local(path)
+
+
+def check_local_path(path: str) -> None:
+    """Raise ``FileNotFoundError("model path '<expanded>' does not exist")`` for a filesystem-looking ``path``
+    (absolute, ``~``, ``./``, ``../``) that does not exist; hub ids (``org/name``) and URLs pass unchecked."""
+    path = os.path.expanduser(str(path))
+    if "://" not in path and path.startswith(("/", "./", "../")) and not os.path.exists(path):
+        raise FileNotFoundError(f"model path {path!r} does not exist")
 
 
 def import_external_libs(external_lib: str | list[str] | None) -> None:

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import ray
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlhf_core.cli import config_command
 from rlhf_core.config import ConfigError, validate_ppo_config
@@ -30,7 +30,7 @@ from rlhf_core.data import DataError
 from rlhf_core.data.rl_dataset import create_rl_dataset
 from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.worker_group import RayWorkerGroup
-from rlhf_core.models.loading import load_tokenizer, local_path
+from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -162,9 +162,30 @@ def driver_tokenizer_path(config: DictConfig) -> str:
 def load_driver_tokenizer(config: DictConfig) -> Any:
     """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
     (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
-    from rlhf_core.models.loading import load_tokenizer, local_path
+    from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
 
     return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+
+
+def check_model_paths(config: DictConfig) -> None:
+    """Refuse, before Ray starts, a local model path that does not exist for a role this config builds:
+    ``actor_rollout_ref.model.path``, ``critic.model.path`` when the critic is in use (``critic.enable``; null =
+    for GAE) and ``reward_model.model.path`` when ``reward_model.enable``. Hub ids and URLs are left to the loaders.
+
+    Raises:
+        FileNotFoundError: naming the key, its value and the expanded path (the first missing one).
+    """
+    keys = ["actor_rollout_ref.model.path"]
+    if critic_in_use(config):
+        keys.append("critic.model.path")
+    if config.reward_model.enable:
+        keys.append("reward_model.model.path")
+    for key in keys:
+        path = str(OmegaConf.select(config, key))
+        try:
+            check_local_path(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
 
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
@@ -175,12 +196,14 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     Raises:
         ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
             ``rollout.name`` is not importable) or a bad ``resume_from_path``.
+        FileNotFoundError: a role's local model path that does not exist (:func:`check_model_paths`), before Ray.
     """
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
-    # cheap, local checks first (model path, tokenizer, data files, reward function), then Ray
+    # cheap, local checks first (model paths, tokenizer, data files, reward function), then Ray
+    check_model_paths(config)
     tokenizer = load_driver_tokenizer(config)
     train_ds, val_ds = build_datasets(config, tokenizer)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)

@@ -170,3 +170,21 @@ def test_second_run_reuses_cached_stages(flow_home, gsm8k_dir):
     _, rows = ResultsStore(flow_home).sql(
         f"SELECT stage, status FROM runs WHERE flow_run_id = '{flow_run_id}' ORDER BY stage")
     assert rows == [("flow", "FINISHED"), ("ppo", "FINISHED")]
+
+
+@pytest.mark.slow
+def test_gae_flow_starts_its_critic_from_the_sft_model(tmp_path, gsm8k_dir):
+    """The README's ``--adv-estimator gae`` flow: the critic is built from the SFT model (the pipeline once left
+    ``critic.model.path`` at verl's default, and the PPO stage failed inside a Ray worker). Own home: the shared
+    one's run count is asserted above."""
+    from mlflow import MlflowClient
+
+    home = tmp_path / "home"
+    _run_flow(home, gsm8k_dir, "--ppo-steps", "1", "--skip-evaluate", "--adv-estimator", "gae")
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in _parents(client)[0]}
+    sft_model = runs["sft"].data.tags["artifact.hf_model.path"]
+    params = runs["ppo"].data.params
+    assert params["algorithm.adv_estimator"] == "gae"
+    assert params["critic.model.path"] == params["actor_rollout_ref.model.path"] == sft_model
+    assert [m.step for m in client.get_metric_history(runs["ppo"].info.run_id, "critic/vf_loss")] == [1]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlhf_core.config import ConfigError
 
 from bad_input_fixtures import good_rows, ppo_error, ppo_overrides, tokenizer_without_pad_and_eos, write_parquet
@@ -12,7 +14,19 @@ def test_missing_model_path_is_named_before_ray(tmp_path):
     data = write_parquet(tmp_path / "train.parquet", good_rows(4))
     missing = tmp_path / "no_model"
     msg = ppo_error(ppo_overrides(str(missing), data), FileNotFoundError)
-    assert msg == f"model path {str(missing)!r} does not exist"
+    assert msg == f"actor_rollout_ref.model.path={str(missing)!r}: model path {str(missing)!r} does not exist"
+
+
+@pytest.mark.parametrize("role, extra", [
+    ("critic.model.path", ["algorithm.adv_estimator=gae"]),  # critic.enable=null: the critic is built for GAE
+    ("reward_model.model.path", ["reward_model.enable=True"]),
+])
+def test_missing_model_path_of_another_role_is_named_before_ray(tiny_model_dir, tmp_path, role, extra):
+    # the pipeline's GAE run once reached a Ray worker with verl's default critic.model.path
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    missing = str(tmp_path / "no_model")
+    msg = ppo_error(ppo_overrides(tiny_model_dir, data, *extra, f"{role}={missing}"), FileNotFoundError)
+    assert msg == f"{role}={missing!r}: model path {missing!r} does not exist"
 
 
 def test_tokenizer_without_pad_and_eos_is_refused(tiny_model_dir, tmp_path):

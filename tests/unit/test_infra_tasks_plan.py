@@ -44,6 +44,7 @@ def test_ppo_overrides_segment_and_user_precedence(tmp_path):
     assert d["trainer.total_training_steps"] == "5"
     assert d["algorithm.adv_estimator"] == "grpo"
     assert d["trainer.default_local_dir"] == str(tmp_path / "checkpoints")
+    assert d["actor_rollout_ref.model.path"] == d["critic.model.path"] == "/m"  # GAE's critic: the same model
     assert d["trainer.validation_data_dir"] == str(tmp_path / "val_samples")
 
 
@@ -425,3 +426,11 @@ def test_countdown_cache_key_follows_the_generator_arguments():
     assert _prepare_key(None, {**base, "countdown": {}}) == plain  # {} = the defaults: earlier runs' cache stays valid
     two = _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 2}})
     assert two != plain and two != _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 3}})
+
+
+def test_a_users_critic_model_beats_the_pipelines(tmp_path):
+    o = plan.ppo_overrides([], ["critic.model.path=/critic"], model_path="/m", train_file="/t.parquet",
+                           val_file="/v.parquet", run_dir=str(tmp_path), total_steps=2, segment_steps=2,
+                           stop_after_step=2, adv_estimator="gae", experiment="e")
+    d = dict(x.split("=", 1) for x in o)
+    assert (d["actor_rollout_ref.model.path"], d["critic.model.path"]) == ("/m", "/critic")
