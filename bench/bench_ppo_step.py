@@ -222,7 +222,7 @@ def _passthrough(args) -> list[str]:
         ([f"--size={args.size}"] if args.size else [])
 
 
-def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
+def report(spec: dict, args, results: dict[str, dict], params: int, load_at_start: float) -> None:
     import torch
 
     sizes = spec["sizes"]
@@ -259,8 +259,8 @@ def report(spec: dict, args, results: dict[str, dict], params: int) -> None:
             print(f"ratio {peer}/ours s/step: {other['s_per_step'] / ours['s_per_step']:.2f}x, medians "
                   f"{other['median_s_per_step'] / ours['median_s_per_step']:.2f}x  "
                   f"(> 1: ours is faster); tokens/s ours/{peer}: {ours['tokens_per_s'] / other['tokens_per_s']:.2f}x")
-    print(f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
-          f"(the ratios mean something only on an otherwise idle machine)")
+    print(f"1-min load average {load_at_start:.1f} when these peers started, {os.getloadavg()[0]:.1f} now, on "
+          f"{os.cpu_count()} CPUs (the ratios mean something only on an otherwise idle machine)")
 
 
 def parse_args(argv):
@@ -317,20 +317,21 @@ def main(argv: list[str] | None = None) -> int:
         spec = prepare(args, Path(tmp))
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        rounds = []
+        rounds, loads = [], []
         for i in range(args.rounds):
+            loads.append(os.getloadavg()[0])
             rounds.append({p: run_peer_subprocess(p, spec_file, args) for p in (peers if i % 2 == 0 else peers[::-1])})
         params = _count_params(spec["model_dir"])
     for i, results in enumerate(rounds):
         if args.rounds > 1:
             print(f"-- round {i + 1} of {args.rounds}, peers run in the order {list(results)}")
-        report(spec, args, {p: results[p] for p in peers}, params)
+        report(spec, args, {p: results[p] for p in peers}, params, loads[i])
     if args.rounds > 1:
         report_rounds(rounds)
     if args.json:
         Path(args.json).write_text(json.dumps({"spec": {k: v for k, v in spec.items() if k != "model_dir"},
                                                "params": params, "device": args.device, "results": rounds[0],
-                                               "rounds": rounds}, indent=1))
+                                               "rounds": rounds, "load_at_start": loads}, indent=1))
     return 0 if all("error" not in r for results in rounds for r in results.values()) else 1
 
 
