@@ -162,7 +162,7 @@ def driver_tokenizer_path(config: DictConfig) -> str:
 def load_driver_tokenizer(config: DictConfig) -> Any:
     """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
     (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
-    from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
+    from rlhf_core.models.loading import load_tokenizer, local_path
 
     return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
 
