@@ -56,11 +56,21 @@ def local_path(path: str) -> str:
 
 
 def check_local_path(path: str) -> None:
-    """Raise ``FileNotFoundError("model path '<expanded>' does not exist")`` for a filesystem-looking ``path``
-    (absolute, ``~``, ``./``, ``../``) that does not exist; hub ids (``org/name``) and URLs pass unchecked."""
+    """Check that a filesystem-looking model or tokenizer ``path`` (absolute, ``~``, ``./``, ``../``, ``file://``)
+    names an existing directory; hub ids (``org/name``) and other URLs pass unchecked.
+
+    Raises:
+        FileNotFoundError: ``model path '<expanded>' does not exist``, or ``... is a file`` (a model or tokenizer
+            is a directory).
+    """
     path = os.path.expanduser(str(path))
-    if "://" not in path and path.startswith(("/", "./", "../")) and not os.path.exists(path):
+    path = path[len("file://"):] if path.startswith("file://") else path
+    if "://" in path or not path.startswith(("/", "./", "../")):
+        return
+    if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model path {path!r} is a file; a model or tokenizer is a directory")
 
 
 def import_external_libs(external_lib: str | list[str] | None) -> None:

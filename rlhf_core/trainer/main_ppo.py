@@ -169,15 +169,16 @@ def load_driver_tokenizer(config: DictConfig) -> Any:
 
 def check_model_paths(config: DictConfig) -> None:
     """Refuse, before Ray starts, a local model path that does not exist for a role this config builds:
-    ``actor_rollout_ref.model.path``, ``critic.model.path`` when the critic is in use (``critic.enable``; null =
-    for GAE) and ``reward_model.model.path`` when ``reward_model.enable``. Hub ids and URLs are left to the loaders.
+    ``actor_rollout_ref.model.path``, ``critic.model.path`` and ``critic.model.tokenizer_path`` when the critic is
+    in use (``critic.enable``; null = for GAE) and ``reward_model.model.path`` when ``reward_model.enable``
+    (:func:`~rlhf_core.models.loading.check_local_path`). Hub ids and remote URLs are left to the loaders.
 
     Raises:
         FileNotFoundError: naming the key, its value and the expanded path (the first missing one).
     """
     keys = ["actor_rollout_ref.model.path"]
     if critic_in_use(config):
-        keys.append("critic.model.path")
+        keys += ["critic.model.path", "critic.model.tokenizer_path"]
     if config.reward_model.enable:
         keys.append("reward_model.model.path")
     for key in keys:

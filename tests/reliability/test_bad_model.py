@@ -19,14 +19,23 @@ def test_missing_model_path_is_named_before_ray(tmp_path):
 
 @pytest.mark.parametrize("role, extra", [
     ("critic.model.path", ["algorithm.adv_estimator=gae"]),  # critic.enable=null: the critic is built for GAE
+    ("critic.model.tokenizer_path", ["algorithm.adv_estimator=gae"]),
     ("reward_model.model.path", ["reward_model.enable=True"]),
 ])
-def test_missing_model_path_of_another_role_is_named_before_ray(tiny_model_dir, tmp_path, role, extra):
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_missing_model_path_of_another_role_is_named_before_ray(tiny_model_dir, tmp_path, role, extra, scheme):
     # the pipeline's GAE run once reached a Ray worker with verl's default critic.model.path
     data = write_parquet(tmp_path / "train.parquet", good_rows(4))
     missing = str(tmp_path / "no_model")
-    msg = ppo_error(ppo_overrides(tiny_model_dir, data, *extra, f"{role}={missing}"), FileNotFoundError)
-    assert msg == f"{role}={missing!r}: model path {missing!r} does not exist"
+    msg = ppo_error(ppo_overrides(tiny_model_dir, data, *extra, f"{role}={scheme}{missing}"), FileNotFoundError)
+    assert msg == f"{role}={scheme + missing!r}: model path {missing!r} does not exist"
+
+
+def test_a_model_path_that_is_a_file_is_named_before_ray(tiny_model_dir, tmp_path):
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    msg = ppo_error(ppo_overrides(tiny_model_dir, data, "algorithm.adv_estimator=gae", f"critic.model.path={data}"),
+                    FileNotFoundError)
+    assert msg == f"critic.model.path={data!r}: model path {data!r} is a file; a model or tokenizer is a directory"
 
 
 def test_tokenizer_without_pad_and_eos_is_refused(tiny_model_dir, tmp_path):
