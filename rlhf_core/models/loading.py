@@ -41,8 +41,8 @@ def local_path(path: str) -> str:
     A Hugging Face hub id (``org/name``) is returned as is for ``from_pretrained``.
 
     Raises:
-        FileNotFoundError: for a filesystem-looking path (absolute, ``~``, ``./``, ``../``) that does not exist —
-            before any model loading, instead of transformers' hub-id error.
+        FileNotFoundError: from :func:`check_local_path` (a filesystem-looking path that does not exist or is a
+            file) — before any model loading, instead of transformers' hub-id error.
     """
     path = os.path.expanduser(str(path))
     check_local_path(path)
