@@ -117,9 +117,9 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     An exact categorical draw up to the float rounding of the cumulative sum (about 1e-7 of the mass per token in
     float32; 16-bit probabilities are summed in float32): a token of probability 0 is never drawn (its cumulative
     sum equals its predecessor's, so it is never the *first* to exceed ``u``; ``u`` is kept strictly below the
-    total). Uses one uniform per row from
-    ``generator`` (the global torch RNG when None) where ``torch.multinomial`` on CPU draws one exponential per
-    entry, the cost that dominated a small model's decode step (module docstring).
+    total). Uses one uniform per row from ``generator`` (the global torch RNG when None) where
+    ``torch.multinomial`` on CPU draws one exponential per entry, the cost that dominated a small model's decode
+    step (module docstring).
 
     Returns: ``(...)`` int64 token ids.
 
