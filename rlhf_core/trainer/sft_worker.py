@@ -25,6 +25,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
 from rlhf_core.workers.optim import build_optimizer
+from rlhf_core.workers.packing import packed_next_token_ce
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -67,9 +68,13 @@ class SFTWorker:
         return batch.split(self._micro_batch_size())
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
-        """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad)."""
+        """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad); packed under
+        ``use_remove_padding`` (:func:`~rlhf_core.workers.packing.packed_next_token_ce`, the same sum)."""
         dev = device()
         input_ids = micro["input_ids"].to(dev)
+        if self.config.use_remove_padding:
+            return packed_next_token_ce(self.model, input_ids, micro["attention_mask"].to(dev),
+                                        micro["position_ids"].to(dev), micro["loss_mask"].to(dev))
         out = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(dev),
                          position_ids=micro["position_ids"].to(dev), use_cache=False)
         logits = out.logits[:, :-1].float()

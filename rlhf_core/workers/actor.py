@@ -121,7 +121,8 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
 
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
-    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads). The padded forward stops
+    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads), except on CPU for a
+    micro-batch whose prompts repeat, which takes the shared-prefix path below (faster there). The padded forward stops
     before the last position (its logits predict nothing used; not under active dropout), and when the model takes
     ``logits_to_keep`` the LM head runs on the ``T`` positions wanted only (the prompt's logits are never used:
     ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns that are
@@ -137,13 +138,14 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
         ids, mask, pos = trim_left_padding(ids, mask, pos)
     ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
-    if use_remove_padding:
-        return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
-    if batch_free and supports_shared_prefix(model):
-        # each distinct prompt once (rollout.n repeats it); None when none repeats
-        shared = shared_prefix_logits(model, ids, mask, pos, response_length)
+    # packed or not, on CPU a prompt that repeats runs once (rollout.n > 1): less arithmetic than packing saves
+    # (BENCHMARKS.md section 11); on GPU use_remove_padding packs as verl does
+    if batch_free and supports_shared_prefix(model) and not (use_remove_padding and dev.type != "cpu"):
+        shared = shared_prefix_logits(model, ids, mask, pos, response_length)  # None when no prompt repeats
         if shared is not None:
             return shared
+    if use_remove_padding:
+        return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
     # the last position predicts nothing that is used: the forward stops before it (slicing its logits off instead
     # cost a zero-filled (b, T, V) gradient in the backward). The full width under active dropout, so its masks are
     # drawn over the same shape as ever, and for an empty response (logits_to_keep=0 would mean all positions).

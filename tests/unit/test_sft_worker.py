@@ -89,5 +89,27 @@ def test_train_step_matches_the_pinned_numbers(sft_batch_and_config):
     assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
 
 
+def test_packed_step_equals_the_padded_one(sft_batch_and_config):
+    """``use_remove_padding``: the packed loss (per-sequence attention, cross-entropy on valid positions only) gives
+    the padded step's loss, gradient norm and weights (the pinned numbers above), with 2-row micro-batches."""
+    from omegaconf import OmegaConf
+
+    from rlhf_core.workers.fsdp_utils import full_state_dict
+
+    batch, config = sft_batch_and_config
+    assert (batch["attention_mask"] == 0).any()  # there is padding to remove
+    cfg = config(2)
+    OmegaConf.update(cfg, "use_remove_padding", True)
+    wg = _worker(cfg)
+    wg.execute_all("init_model")
+    metrics = wg.execute_dp("train_step", batch)[0]
+    flat = torch.cat([v.reshape(-1).double() for _, v in sorted(full_state_dict(wg.worker.model).items())])
+    wg.shutdown()
+    w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
+    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
+
+
 SFT_PIN = {"train/loss": 6.917751789093018, "train/lr": 0.01, "train/grad_norm": 2.5845158100128174}
 SFT_PIN_CHECKSUM = (152.79277644935064, 21.18925288331699)
