@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind five choices of the GRPO step on CPU, each against the alternative it replaced:
+"""Micro-benchmarks behind six choices of the GRPO step on CPU, each against the alternative it replaced:
 
 * ``sampling``: one draw per row from softmax probabilities, ``torch.multinomial`` (one exponential per vocabulary
   entry on CPU) vs ``hf_decode.sample_categorical`` (inverse transform, one uniform per row), 32 rows, vocabularies
@@ -16,9 +16,13 @@
   the benchmark), on an embedded Ray started with Ray's default ``max_direct_call_object_size`` (100 KiB: the batch
   goes through the object store) vs the 10 MiB that ``distributed/ray_init.py`` sets (inline in the call); each in
   its own process.
+* ``packing``: the actor's response-logits forward and backward (``forward_response_logits``, log-prob sum) on 32
+  distinct rows (prompts of 60-180 tokens left-padded, responses of 32-128 right-padded; one in three positions is
+  padding) of random tiny Qwen2 models of the 1 M and 20 M sizes: padded, packed with transformers' block-diagonal
+  mask (``n × n``), and packed with ``packing.varlen_sdpa`` (attention per sequence).
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
-        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall]
+        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -213,16 +217,57 @@ def bench_raycall(reps: int) -> None:
     print("Ray call round trip, 220 KB batch each way: " + "   ".join(row))
 
 
+def bench_packing(reps: int) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlhf_core.protocol import Batch
+    from rlhf_core.workers import packing
+    from rlhf_core.workers.actor import forward_response_logits
+
+    g = torch.Generator().manual_seed(0)
+    b, P, T = 32, 180, 128
+    p_len, r_len = torch.randint(60, P + 1, (b,), generator=g), torch.randint(32, T + 1, (b,), generator=g)
+    cols = torch.arange(P + T)[None]
+    mask = ((cols >= P - p_len[:, None]) & (cols < P + r_len[:, None])).long()
+    ids = torch.randint(1, 2000, (b, P + T), generator=g) * mask
+    mb = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, {}, {})
+    sizes = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2),
+             "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
+                         num_key_value_heads=2)}
+    supports = packing.supports_varlen_attention
+    for name, size in sizes.items():
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
+
+        def step(packed: bool) -> None:
+            model.zero_grad(set_to_none=True)
+            logits = forward_response_logits(model, mb, T, use_remove_padding=packed)
+            torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -T:, None]).mul(mask[:, -T:, None]).sum().backward()
+
+        row = []
+        for label, packed, varlen in (("padded", False, True), ("transformers packed", True, False),
+                                      ("varlen packed", True, True)):
+            packing.supports_varlen_attention = supports if varlen else (lambda model: False)
+            try:
+                row.append((label, _median_ms(lambda: step(packed), max(3, reps // 10))))
+            finally:
+                packing.supports_varlen_attention = supports
+        print(f"response-logits forward + backward, {name:>3}, {int(mask.sum())} of {mask.numel()} positions valid: "
+              + "   ".join(f"{label} {ms:8.1f} ms" for label, ms in row) + f"   (padded / varlen {row[0][1] / row[2][1]:.2f}x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall")
+    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"1-min load {os.getloadavg()[0]:.2f}")
     for name in args.only.split(","):
         {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
-         "logprob_memory": bench_logprob_memory, "raycall": bench_raycall}[name.strip()](args.reps)
+         "logprob_memory": bench_logprob_memory, "raycall": bench_raycall,
+         "packing": bench_packing}[name.strip()](args.reps)
     return 0
 
 
