@@ -19,7 +19,9 @@
 * ``packing``: the actor's response-logits forward and backward (``forward_response_logits``, log-prob sum) on 32
   distinct rows (prompts of 60-180 tokens left-padded, responses of 32-128 right-padded; one in three positions is
   padding) of random tiny Qwen2 models of the 1 M and 20 M sizes: padded, packed with transformers' block-diagonal
-  mask (``n × n``), and packed with ``packing.varlen_sdpa`` (attention per sequence).
+  mask (``n × n``), and packed with ``packing.varlen_sdpa`` (attention per sequence); then 8 of those prompts × 4
+  (``rollout.n`` = 4, responses as before): the shared-prefix path (what CPU runs for repeated prompts, packed or
+  not) vs varlen packing.
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
         [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing]
@@ -221,8 +223,7 @@ def bench_packing(reps: int) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf_core.protocol import Batch
-    from rlhf_core.workers import packing
-    from rlhf_core.workers.actor import forward_response_logits
+    from rlhf_core.workers import actor, packing
 
     g = torch.Generator().manual_seed(0)
     b, P, T = 32, 180, 128
@@ -230,31 +231,40 @@ def bench_packing(reps: int) -> None:
     cols = torch.arange(P + T)[None]
     mask = ((cols >= P - p_len[:, None]) & (cols < P + r_len[:, None])).long()
     ids = torch.randint(1, 2000, (b, P + T), generator=g) * mask
-    mb = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, {}, {})
+    rep = torch.arange(b) // 4 * 4  # rows 4k..4k+3 continue row 4k's prompt
+    ids_n, mask_n = torch.cat([ids[rep, :P], ids[:, P:]], 1), torch.cat([mask[rep, :P], mask[:, P:]], 1)
+    batches = [(name, Batch({"input_ids": i, "attention_mask": m, "position_ids": (m.cumsum(-1) - 1).clamp(min=0)},
+                            {}, {})) for name, i, m in (("32 distinct prompts", ids, mask), ("8 prompts x 4", ids_n, mask_n))]
     sizes = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2),
              "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
                          num_key_value_heads=2)}
-    supports = packing.supports_varlen_attention
+    varlen, shared = packing.supports_varlen_attention, actor.supports_shared_prefix
+    never = lambda model: False  # noqa: E731
+    variants = {"32 distinct prompts": (("padded", False, varlen, shared), ("transformers packed", True, never, shared),
+                                        ("varlen packed", True, varlen, shared)),
+                "8 prompts x 4": (("shared prefix", False, varlen, shared), ("varlen packed", True, varlen, never))}
     for name, size in sizes.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
+        for label, mb in batches:
+            def step(packed: bool) -> None:
+                model.zero_grad(set_to_none=True)
+                logits = actor.forward_response_logits(model, mb, T, use_remove_padding=packed)
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])
+                lp.mul(mb["attention_mask"][:, -T:, None]).sum().backward()
 
-        def step(packed: bool) -> None:
-            model.zero_grad(set_to_none=True)
-            logits = forward_response_logits(model, mb, T, use_remove_padding=packed)
-            torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -T:, None]).mul(mask[:, -T:, None]).sum().backward()
-
-        row = []
-        for label, packed, varlen in (("padded", False, True), ("transformers packed", True, False),
-                                      ("varlen packed", True, True)):
-            packing.supports_varlen_attention = supports if varlen else (lambda model: False)
-            try:
-                row.append((label, _median_ms(lambda: step(packed), max(3, reps // 10))))
-            finally:
-                packing.supports_varlen_attention = supports
-        print(f"response-logits forward + backward, {name:>3}, {int(mask.sum())} of {mask.numel()} positions valid: "
-              + "   ".join(f"{label} {ms:8.1f} ms" for label, ms in row) + f"   (padded / varlen {row[0][1] / row[2][1]:.2f}x)")
+            row = []
+            for variant, packed, varlen_check, shared_check in variants[label]:
+                packing.supports_varlen_attention, actor.supports_shared_prefix = varlen_check, shared_check
+                try:
+                    row.append((variant, _median_ms(lambda: step(packed), max(3, reps // 10))))
+                finally:
+                    packing.supports_varlen_attention, actor.supports_shared_prefix = varlen, shared
+            valid = int(mb["attention_mask"].sum())
+            print(f"response-logits forward + backward, {name:>3}, {label}, {valid} of {mb['attention_mask'].numel()} "
+                  "positions valid: " + "   ".join(f"{v} {ms:8.1f} ms" for v, ms in row)
+                  + f"   ({row[0][0]} / varlen packed {row[0][1] / row[-1][1]:.2f}x)")
 
 
 def main(argv=None) -> int:
