@@ -1,19 +1,21 @@
 """``use_remove_padding``: run a micro-batch's valid tokens as one packed sequence (verl's rmpad path).
 
 The padded micro-batch ``input_ids (b, L)`` with ``attention_mask (b, L)`` holds ``n = attention_mask.sum()``
-valid tokens; the packed forward runs one row ``(1, n)`` whose ``position_ids`` restart at 0 at each sequence.
-Hugging Face models (transformers ≥ 4.56, ``masking_utils.find_packed_sequence_indices``) detect the restarts
-when ``attention_mask`` is ``None`` and attend within each sequence only: a block-diagonal causal mask for
-``sdpa``/``eager`` on CPU, cu_seqlens varlen kernels for ``flash_attention_2`` on GPU. The outputs are scattered
-back to ``(b, L, ·)`` (zeros at pads), so callers slice them exactly like the padded path.
+valid tokens; the packed forward runs one row ``(1, n)`` whose ``position_ids`` restart at 0 at each sequence, and
+attends within each sequence only. The outputs are scattered back to ``(b, L, ·)`` (zeros at pads), so callers
+slice them exactly like the padded path.
 
-Cost: the projections and MLP run on ``n`` instead of ``b·L`` positions (the padding share is saved). Attention
-attends per sequence on both devices: ``flash_attention_2`` (GPU) through its cu_seqlens varlen kernels, and SDPA
-models of the Llama form through :func:`varlen_sdpa`, which lays each sequence's queries, keys and values out from
-slot 0 of its own row (``(b, H, max len, d)``) and runs torch's causal SDPA over them: Σ len · max len instead of
-transformers' ``n × n`` block-diagonal mask, O(n²), which cost more than the padding it removed (BENCHMARKS.md).
-Other models, and checkpointed layers while gradients are on (their recompute in the backward would run outside
-:func:`varlen_attention`), keep transformers' packed path.
+Cost: the projections, MLP and head run on ``n`` instead of ``b·L`` positions (the padding share is saved).
+Attention:
+
+* SDPA models of the Llama form (:func:`supports_varlen_attention`): :func:`varlen_sdpa` lays each sequence's
+  queries, keys and values out from slot 0 of its own row, ``(b, H, max len, d)``, and runs torch's causal SDPA
+  over them: Σ len · max len;
+* ``flash_attention_2`` (GPU): its cu_seqlens varlen kernels, Σ len²;
+* other models, and checkpointed layers while gradients are on (their recompute in the backward would run outside
+  :func:`varlen_attention`): transformers' packed path (≥ 4.56, ``masking_utils.find_packed_sequence_indices``
+  detects the restarts when ``attention_mask`` is ``None``), which for ``sdpa``/``eager`` masks the whole pack,
+  ``n × n``: on CPU that cost more than the padding it removed (BENCHMARKS.md sections 3 and 11).
 """
 from __future__ import annotations
 

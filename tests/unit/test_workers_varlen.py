@@ -47,11 +47,11 @@ def _padded_logits(model, mb):
 
 
 def _grads(model, logits, mask):
-    model.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)  # (frozen parameters keep grad None and are left out)
     # a loss over valid positions only, with weights that differ per position (so a misplaced token shows)
     w = torch.arange(logits.shape[1], dtype=torch.float32)[None, :, None] + 1.0
     (torch.log_softmax(logits.float(), -1) * w * mask[..., None]).sum().backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -106,6 +106,31 @@ def test_varlen_equals_padded_logits_and_gradients():
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
     assert torch.all(out[~valid] == 0)
     g = _grads(model, out, mask)
+    for k in g_ref:
+        assert _close(g[k], g_ref[k]), k
+
+
+def test_a_lora_model_packs_through_the_varlen_attention():
+    # peft's wrapper forwards set_attn_implementation and config to the base model: adapters' gradients match
+    from rlhf_core.models.lora import apply_lora
+
+    model = _model()
+    lora = apply_lora(model, 4, 8)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:  # nonzero B so the adapters change the output and get gradients through A
+            torch.nn.init.normal_(p, std=0.1)
+    mb = _batch()
+    mask = mb["attention_mask"]
+    ref = _padded_logits(lora, mb)
+    g_ref = {k: v for k, v in _grads(lora, ref, mask).items() if "lora_" in k}
+    assert supports_varlen_attention(lora)
+    with _Count() as count:
+        out = packed_logits(lora, **mb)
+    assert count.calls == 2 and lora.config._attn_implementation == "sdpa"
+    valid = mask.bool()
+    assert torch.allclose(out[valid], ref[valid], atol=1e-5)
+    g = _grads(lora, out, mask)
+    assert len(g_ref) == 28  # A and B of the 7 linear layers (q, k, v, o, gate, up, down) in each of 2 layers
     for k in g_ref:
         assert _close(g[k], g_ref[k]), k
 
