@@ -3,16 +3,22 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 from peft import LoraConfig, TaskType, get_peft_model
 
 
 def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: str | Sequence[str] = "all-linear",
-               task_type: str = "CAUSAL_LM"):
+               task_type: str = "CAUSAL_LM", seed: int = 0):
     """Wrap ``model`` with LoRA adapters; only the adapters (and, for a critic, the score head) train.
+
+    The adapters' random ``A`` matrices are drawn from ``seed`` (the global RNG is left as it was), so every run
+    and every rank builds the same adapters, as :func:`~rlhf_core.models.loading.load_value_model` does for the
+    critic's head; ``B`` starts at 0 (peft), so the wrapped model computes what ``model`` did.
 
     Args:
         lora_rank: adapter rank ``r``; ``<= 0`` returns ``model`` unchanged.
         lora_alpha: scaling numerator (effective scale ``alpha / r``).
+        seed: the seed of the adapters' initialisation.
         target_modules: ``"all-linear"`` or a list of module names (e.g. ``["q_proj", "v_proj"]``).
         task_type: ``"CAUSAL_LM"`` (actor, SFT) or ``"TOKEN_CLS"`` (critic: the ``score`` head stays trainable).
 
@@ -31,7 +37,9 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
                         target_modules=target_modules, bias="none", **extra)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return get_peft_model(model, config)
 
 
 def merge_lora(model):

@@ -100,3 +100,21 @@ def test_enable_activation_checkpointing_without_the_deprecated_call(tiny_model_
     # recomputing the activations in the backward gives the same gradients as keeping them
     assert len(grads[0]) == len(grads[1]) > 0
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
+def test_lora_adapters_are_the_same_in_every_build(tiny_model_dir):
+    # two workers built from the same config, from different global RNG states, start from the same adapters
+    # (peft draws lora_A at random): runs with LoRA are reproducible, and ranks agree
+    cfg = ppo_config(tiny_model_dir, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8")
+    states = []
+    for draw_before in (0, 5):
+        torch.manual_seed(123)
+        torch.rand(draw_before)  # a different global RNG state before each build
+        wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
+        wg.execute_all("init_model")
+        states.append(wg.worker.get_state_dict())
+        wg.shutdown()
+    a, b = states
+    lora_a = [k for k in a if "lora_A" in k]
+    assert lora_a and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(a[k].abs().sum() > 0 for k in lora_a)  # drawn, not zero

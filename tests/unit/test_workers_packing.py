@@ -42,7 +42,7 @@ def test_pack_inputs_hand_example():
     assert p_pos.tolist() == [[0, 1, 2, 0, 1, 2, 3]]
     back = unpack_output(p_ids[..., None].float(), index, (2, 5))[..., 0]
     assert torch.equal(back, (ids * mask).float())
-    with pytest.raises(ValueError, match="restart at 0"):
+    with pytest.raises(ValueError, match="count each row.s valid tokens from 0"):
         pack_inputs(ids, mask, pos + 1)
 
 

@@ -1,7 +1,8 @@
 """The packed forward's per-sequence attention on CPU (``workers/packing.varlen_sdpa``): the grid layout by hand, the
-logits and gradients of the padded forward (GQA, a mask with a hole), each row independent of the others in its
-pack, the fallbacks (checkpointed layers with gradients, eager attention, positions that are not counts), and on CPU
-a micro-batch whose prompts repeat taking the shared-prefix path even with ``use_remove_padding``."""
+logits and gradients of the padded forward (GQA, a mask with a hole, LoRA, activation checkpointing), each row
+independent of the others in its pack, eager attention keeping transformers' path, clear errors for inputs a pack
+cannot reproduce, and on CPU a micro-batch whose prompts repeat taking the shared-prefix path even with
+``use_remove_padding``."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,8 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import actor as actor_mod
 from rlhf_core.workers import packing
 from rlhf_core.workers.actor import forward_response_logits
-from rlhf_core.workers.packing import VARLEN_ATTN, pack_inputs, packed_logits, supports_varlen_attention, varlen_layout
+from rlhf_core.workers.packing import (LAYOUT_KWARG, pack_inputs, packed_logits, packed_next_token_ce,
+                                       supports_varlen_attention, varlen_layout)
 
 T = 5
 
@@ -60,21 +62,22 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class _Count:
-    """Re-registers ``varlen_sdpa`` under its name behind a counter for the duration of a test."""
+    """Counts the attention calls that carry a pack's layout (the per-sequence path) during a test, by wrapping
+    ``varlen_sdpa`` in transformers' registry."""
 
     def __enter__(self):
         self.calls = 0
         inner = packing.varlen_sdpa
 
         def counted(*args, **kwargs):
-            self.calls += 1
+            self.calls += LAYOUT_KWARG in kwargs
             return inner(*args, **kwargs)
 
-        AttentionInterface.register(VARLEN_ATTN, counted)
+        AttentionInterface.register("sdpa", counted)
         return self
 
     def __exit__(self, *exc):
-        AttentionInterface.register(VARLEN_ATTN, packing.varlen_sdpa)
+        AttentionInterface.register("sdpa", packing.varlen_sdpa)
 
 
 def test_layout_by_hand():
@@ -83,13 +86,49 @@ def test_layout_by_hand():
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 0]])
     mask = (ids != 0).long()
     pos = torch.clamp(mask.cumsum(-1) - 1, min=0)
-    _, _, index = pack_inputs(ids, mask, pos)
-    layout = varlen_layout(mask, pos, index)
+    _, packed_pos, index = pack_inputs(ids, mask, pos)
+    layout = varlen_layout(mask, index, packed_pos)
     assert layout.rows == 2 and layout.max_len == 4
     assert layout.dst.tolist() == [0, 1, 2, 4, 5, 6, 7]
     assert layout.src.tolist() == [0, 1, 2, 0, 3, 4, 5, 6]
-    # positions that are not the count of valid tokens before (a gap of 2) cannot give slots: no layout
-    assert varlen_layout(mask, torch.tensor([[0, 0, 0, 1, 3], [0, 1, 2, 3, 0]]), index) is None
+
+
+@pytest.mark.parametrize("pos", [[0, 0, 0, 1, 3], [0, 0, 0, 1, 0]])
+def test_positions_that_are_not_counts_are_refused(pos):
+    # a gap (…1, 3) or a restart inside a row: the padded forward attends across it, a pack cannot
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 0]])
+    mask = (ids != 0).long()
+    with pytest.raises(ValueError, match="row 0 has"):
+        pack_inputs(ids, mask, torch.tensor([pos, [0, 1, 2, 3, 0]]))
+
+
+def test_degenerate_inputs_are_refused_clearly():
+    model = _model()
+    mb = _batch()
+    with pytest.raises(ValueError, match="no valid token"):
+        packed_logits(model, mb["input_ids"], torch.zeros_like(mb["attention_mask"]), mb["position_ids"])
+    with pytest.raises(ValueError, match="keep_last=0"):
+        packed_logits(model, **mb, keep_last=0)
+    loss_mask = mb["attention_mask"].clone()
+    loss_mask[1, 0] = 1  # row 1's column 0 is left padding
+    with pytest.raises(ValueError, match="row 1, column 0"):
+        packed_next_token_ce(model, **mb, loss_mask=loss_mask)
+
+
+def test_sft_loss_equals_the_padded_sum():
+    # Σ CE(logits[:, c], ids[:, c+1]) · loss_mask[:, c] over c < L-1, against the padded forward's
+    model = _model()
+    mb = _batch(hole=False)
+    loss_mask = mb["attention_mask"].clone()
+    loss_mask[:, :7] = 0  # train on the responses only, as SFT does
+    logits = _padded_logits(model, mb)[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb["input_ids"][:, 1:].reshape(-1),
+                                           reduction="none").view(loss_mask.shape[0], -1)
+    expected = (ce * loss_mask[:, :-1]).sum()
+    with _Count() as count:
+        got = packed_next_token_ce(model, **mb, loss_mask=loss_mask)
+    assert count.calls == 2
+    assert torch.allclose(got, expected, rtol=1e-6)
 
 
 def test_varlen_equals_padded_logits_and_gradients():
@@ -101,7 +140,6 @@ def test_varlen_equals_padded_logits_and_gradients():
     with _Count() as count:
         out = packed_logits(model, **mb)
     assert count.calls == 2  # one per layer: the per-sequence attention ran
-    assert model.config._attn_implementation == "sdpa"  # switched back
     valid = mask.bool()
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
     assert torch.all(out[~valid] == 0)
@@ -111,7 +149,7 @@ def test_varlen_equals_padded_logits_and_gradients():
 
 
 def test_a_lora_model_packs_through_the_varlen_attention():
-    # peft's wrapper forwards set_attn_implementation and config to the base model: adapters' gradients match
+    # peft's wrapper passes the layout keyword down to the base model: the adapters' gradients match
     from rlhf_core.models.lora import apply_lora
 
     model = _model()
@@ -126,7 +164,7 @@ def test_a_lora_model_packs_through_the_varlen_attention():
     assert supports_varlen_attention(lora)
     with _Count() as count:
         out = packed_logits(lora, **mb)
-    assert count.calls == 2 and lora.config._attn_implementation == "sdpa"
+    assert count.calls == 2
     valid = mask.bool()
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
     g = _grads(lora, out, mask)
@@ -158,23 +196,21 @@ def test_keep_last_equals_the_padded_response_slice():
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
 
 
-def test_checkpointed_layers_with_gradients_keep_transformers_packing():
-    # their recompute in the backward would run after the switch back: the varlen path must not be taken there
+def test_checkpointed_layers_recompute_through_the_varlen_attention():
+    # the layout is a forward keyword, which the checkpoint replays in its recompute: 2 layers' forwards and 2
+    # recomputes attend per sequence, and the gradients are the padded forward's
     model = _model()
     mb = _batch()
     mask = mb["attention_mask"]
     ref = _padded_logits(model, mb)
     g_ref = _grads(model, ref, mask)
     enable_activation_checkpointing(model)
-    assert not supports_varlen_attention(model)
-    with torch.no_grad():
-        assert supports_varlen_attention(model)  # no gradients, no recompute
     with _Count() as count:
         out = packed_logits(model, **mb)
-    assert count.calls == 0
+        g = _grads(model, out, mask)
+    assert count.calls == 4
     valid = mask.bool()
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
-    g = _grads(model, out, mask)
     for k in g_ref:
         assert _close(g[k], g_ref[k]), k
 
@@ -190,10 +226,11 @@ def test_eager_attention_keeps_transformers_packing():
     assert torch.allclose(out[valid], _padded_logits(model, mb)[valid], atol=1e-5)
 
 
-def test_outside_the_context_the_function_refuses():
+def test_a_layout_for_another_pack_is_refused():
     q = torch.zeros(1, 4, 3, 8)
-    with pytest.raises(RuntimeError, match="inside varlen_attention"):
-        packing.varlen_sdpa(None, q, q, q, None)
+    layout = packing.VarlenLayout(torch.zeros(8, dtype=torch.long), torch.arange(5), 2, 4)
+    with pytest.raises(RuntimeError, match="a layout of 5 tokens"):
+        packing.varlen_sdpa(None, q, q, q, None, **{LAYOUT_KWARG: layout})
 
 
 def test_repeated_prompts_take_the_shared_prefix_on_cpu(monkeypatch):
