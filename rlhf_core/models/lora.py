@@ -18,9 +18,9 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
     Args:
         lora_rank: adapter rank ``r``; ``<= 0`` returns ``model`` unchanged.
         lora_alpha: scaling numerator (effective scale ``alpha / r``).
-        seed: the seed of the adapters' initialisation.
         target_modules: ``"all-linear"`` or a list of module names (e.g. ``["q_proj", "v_proj"]``).
         task_type: ``"CAUSAL_LM"`` (actor, SFT) or ``"TOKEN_CLS"`` (critic: the ``score`` head stays trainable).
+        seed: the seed of the adapters' initialisation.
 
     Returns the ``peft.PeftModel``. Calls ``enable_input_require_grads`` so that gradient checkpointing works
     with frozen embeddings.

@@ -47,11 +47,13 @@ def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     if index.numel() == 0:
         raise ValueError("use_remove_padding: the micro-batch holds no valid token (attention_mask is all 0)")
     ids, pos = input_ids.reshape(-1)[index], position_ids.reshape(-1)[index]
-    counts = (attention_mask.long().cumsum(-1) - 1).reshape(-1)[index]
-    if not torch.equal(pos, counts.to(pos.dtype)):
-        row = int(index[(pos != counts.to(pos.dtype)).nonzero()[0, 0]] // attention_mask.shape[-1])
+    counts = (attention_mask.long().cumsum(-1) - 1).reshape(-1)[index].to(pos.dtype)
+    if not torch.equal(pos, counts):
+        i = int((pos != counts).nonzero()[0, 0])
+        row, col = divmod(int(index[i]), attention_mask.shape[-1])
         raise ValueError(f"use_remove_padding needs position_ids that count each row's valid tokens from 0 "
-                         f"(clamp(cumsum(attention_mask) - 1, 0)); row {row} has {position_ids[row].tolist()}")
+                         f"(clamp(cumsum(attention_mask) - 1, 0)); row {row}, column {col} has position "
+                         f"{int(pos[i])}, the count there is {int(counts[i])}")
     return ids[None], pos[None], index
 
 

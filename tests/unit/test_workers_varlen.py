@@ -98,7 +98,7 @@ def test_positions_that_are_not_counts_are_refused(pos):
     # a gap (…1, 3) or a restart inside a row: the padded forward attends across it, a pack cannot
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 0]])
     mask = (ids != 0).long()
-    with pytest.raises(ValueError, match="row 0 has"):
+    with pytest.raises(ValueError, match="row 0, column 4 has position"):
         pack_inputs(ids, mask, torch.tensor([pos, [0, 1, 2, 3, 0]]))
 
 
