@@ -254,3 +254,28 @@ def test_repeated_prompts_take_the_shared_prefix_on_cpu(monkeypatch):
     with _Count() as count:
         forward_response_logits(model, Batch(_batch(), {}, {}), T, use_remove_padding=True)
     assert count.calls == 2
+
+
+def test_unpacked_forwards_are_transformers_own_sdpa_bitwise():
+    # the "sdpa" entry diverts only calls carrying a layout: a padded forward and a cached decode step are bitwise
+    # what transformers' own SDPA attention gives
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = _model().eval()
+    mb = _batch()
+
+    def run():
+        with torch.no_grad():
+            out = model(**mb, use_cache=True)
+            step = model(input_ids=mb["input_ids"][:, -1:], position_ids=mb["position_ids"][:, -1:] + 1,
+                         attention_mask=torch.cat([mb["attention_mask"], torch.ones(4, 1, dtype=torch.long)], 1),
+                         cache=out.cache, use_cache=True)
+        return out.logits, step.logits
+
+    ours = run()
+    AttentionInterface.register("sdpa", sdpa_attention_forward)
+    try:
+        theirs = run()
+    finally:
+        AttentionInterface.register("sdpa", packing.varlen_sdpa)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
