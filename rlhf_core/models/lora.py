@@ -11,9 +11,10 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
                task_type: str = "CAUSAL_LM", seed: int = 0):
     """Wrap ``model`` with LoRA adapters; only the adapters (and, for a critic, the score head) train.
 
-    The adapters' random ``A`` matrices are drawn from ``seed`` (the global RNG is left as it was), so every run
-    and every rank builds the same adapters, as :func:`~rlhf_core.models.loading.load_value_model` does for the
-    critic's head; ``B`` starts at 0 (peft), so the wrapped model computes what ``model`` did.
+    The adapters' random ``A`` matrices are drawn on CPU from ``seed`` (the CPU generator is restored after, and
+    the CUDA generators are not touched), so every run and every rank builds the same adapters, as
+    :func:`~rlhf_core.models.loading.load_value_model` does for the critic's head; ``B`` starts at 0 (peft), so the
+    wrapped model computes what ``model`` did. ``model`` is expected on CPU (as the workers load it).
 
     Args:
         lora_rank: adapter rank ``r``; ``<= 0`` returns ``model`` unchanged.
@@ -37,8 +38,8 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
                         target_modules=target_modules, bias="none", **extra)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
+    with torch.random.fork_rng(devices=[]):  # the CPU generator only: torch.manual_seed would reseed CUDA too
+        torch.default_generator.manual_seed(int(seed))
         return get_peft_model(model, config)
 
 

@@ -10,8 +10,9 @@ Attention:
 
 * SDPA models of the Llama form (:func:`supports_varlen_attention`): :func:`varlen_sdpa` lays each sequence's
   queries, keys and values out from slot 0 of its own row, ``(b, H, max len, d)``, and runs torch's causal SDPA
-  over them: Σ len · max len. Its layout travels as a forward keyword, so activation checkpointing's recompute
-  attends the same way;
+  over them: about b · max len² / 2 scores (every row runs to the longest sequence's length; the padded forward's
+  attention is over its full width). Its layout travels as a forward keyword, so activation checkpointing's
+  recompute attends the same way;
 * ``flash_attention_2`` (GPU): its cu_seqlens varlen kernels, Σ len²;
 * other models: transformers' packed path (≥ 4.56, ``masking_utils.find_packed_sequence_indices`` detects the
   restarts when ``attention_mask`` is ``None``), which for ``sdpa``/``eager`` masks the whole pack, ``n × n``: on CPU
@@ -39,9 +40,13 @@ def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     other positions (a gap, a restart inside a row) is not one it can reproduce.
 
     Raises:
-        ValueError: when a valid token's position is not the count of valid tokens before it in its row, or when
-            no row holds a valid token.
+        ValueError: when ``position_ids`` is not shaped like ``attention_mask``, when a valid token's position is
+            not the count of valid tokens before it in its row, or when no row holds a valid token.
     """
+    if position_ids.shape != attention_mask.shape:
+        raise ValueError(f"use_remove_padding needs 2-D position_ids shaped like attention_mask "
+                         f"{tuple(attention_mask.shape)}, got {tuple(position_ids.shape)} (multi-axis rotary "
+                         "positions are not supported packed)")
     mask = attention_mask.reshape(-1).bool()
     index = mask.nonzero(as_tuple=True)[0]
     if index.numel() == 0:

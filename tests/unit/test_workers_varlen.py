@@ -105,6 +105,8 @@ def test_positions_that_are_not_counts_are_refused(pos):
 def test_degenerate_inputs_are_refused_clearly():
     model = _model()
     mb = _batch()
+    with pytest.raises(ValueError, match="shaped like attention_mask"):  # multi-axis rotary positions (b, 3, L)
+        pack_inputs(mb["input_ids"], mb["attention_mask"], mb["position_ids"][:, None].expand(-1, 3, -1))
     with pytest.raises(ValueError, match="no valid token"):
         packed_logits(model, mb["input_ids"], torch.zeros_like(mb["attention_mask"]), mb["position_ids"])
     with pytest.raises(ValueError, match="keep_last=0"):
