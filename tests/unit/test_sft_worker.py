@@ -72,21 +72,14 @@ def test_loss_and_update_do_not_depend_on_micro_batches(sft_batch_and_config):
 def test_train_step_matches_the_pinned_numbers(sft_batch_and_config):
     """Loss, grad norm and weights after one step with 2-row micro-batches, recorded at cced719 (the SFT worker's
     own accumulation loop, before it moved onto ``rlhf_core.workers.update_loop``)."""
-    from rlhf_core.workers.fsdp_utils import full_state_dict
-
     batch, config = sft_batch_and_config
-    wg = _worker(config(2))
-    wg.execute_all("init_model")
-    metrics = wg.execute_dp("train_step", batch)[0]
-    flat = torch.cat([v.reshape(-1).double() for _, v in sorted(full_state_dict(wg.worker.model).items())])
-    wg.shutdown()
-    w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    metrics, checksum = _one_step(config(2), batch)
     assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
     assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
     assert metrics["train/lr"] == pytest.approx(SFT_PIN["train/lr"], rel=1e-9)
     # rel 1e-5: AdamW's normalised step on near-zero gradients differs in its last bits between CPU instruction
     # sets (recorded on AVX2, checked on AVX512 too); a real change of the step moves the checksum far more
-    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
+    assert checksum == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
 
 
 def test_packed_step_equals_the_padded_one(sft_batch_and_config):
@@ -94,21 +87,28 @@ def test_packed_step_equals_the_padded_one(sft_batch_and_config):
     the padded step's loss, gradient norm and weights (the pinned numbers above), with 2-row micro-batches."""
     from omegaconf import OmegaConf
 
-    from rlhf_core.workers.fsdp_utils import full_state_dict
-
     batch, config = sft_batch_and_config
     assert (batch["attention_mask"] == 0).any()  # there is padding to remove
     cfg = config(2)
     OmegaConf.update(cfg, "use_remove_padding", True)
-    wg = _worker(cfg)
+    metrics, checksum = _one_step(cfg, batch)
+    assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
+    assert checksum == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
+
+
+def _one_step(config, batch) -> tuple[dict, tuple[float, float]]:
+    """One ``train_step`` of a fresh worker: its metrics and a checksum of the weights after it (their sum, and
+    their dot product with a fixed random vector, in float64)."""
+    from rlhf_core.workers.fsdp_utils import full_state_dict
+
+    wg = _worker(config)
     wg.execute_all("init_model")
     metrics = wg.execute_dp("train_step", batch)[0]
     flat = torch.cat([v.reshape(-1).double() for _, v in sorted(full_state_dict(wg.worker.model).items())])
     wg.shutdown()
     w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
-    assert metrics["train/grad_norm"] == pytest.approx(SFT_PIN["train/grad_norm"], rel=1e-5)
-    assert (float(flat.sum()), float((flat * w).sum())) == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
+    return metrics, (float(flat.sum()), float((flat * w).sum()))
 
 
 SFT_PIN = {"train/loss": 6.917751789093018, "train/lr": 0.01, "train/grad_norm": 2.5845158100128174}
