@@ -164,8 +164,6 @@ _ACT_OFF = "on CUDA the training forward runs under save_on_cpu(pin_memory=True)
 _COMPILE = ("on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: "
             "compiling costs more than it saves on a few cores")
 _OFFLOAD = "CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory"
-_UNPAD = ("the reward model runs the padded forward (same outputs); packing covers the actor, reference, critic "
-          "and SFT (actor_rollout_ref.model / critic.model.use_remove_padding, sft_trainer use_remove_padding)")
 _PREFETCH = "FSDP2's default prefetching is used; performance only"
 # path -> (status, what happens instead). Keys accepted at any value but with limited effect.
 EFFECT: dict[str, tuple[str, str]] = {
@@ -182,7 +180,6 @@ EFFECT: dict[str, tuple[str, str]] = {
     "reward_model.model.fsdp_config.param_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.cpu_offload": (NO_EFFECT_ON_CPU, _OFFLOAD),
     "model.fsdp_config.offload_params": (NO_EFFECT_ON_CPU, _OFFLOAD),
-    "reward_model.model.use_remove_padding": (NO_EFFECT_YET, _UNPAD),
     _A + "model.fused_kernel_options.impl_backend": (NO_EFFECT_YET, "fused kernels are not supported yet"),
     _A + "model.custom_chat_template": (NO_EFFECT_YET, "the tokenizer's chat template is used"),
     _A + "actor.entropy_from_logits_with_chunking": (NO_EFFECT_YET, "entropy is always computed in 1024-row chunks"),

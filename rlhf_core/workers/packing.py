@@ -3,7 +3,9 @@
 The padded micro-batch ``input_ids (b, L)`` with ``attention_mask (b, L)`` holds ``n = attention_mask.sum()``
 valid tokens; the packed forward runs one row ``(1, n)`` whose ``position_ids`` restart at 0 at each sequence, and
 attends within each sequence only. The outputs are scattered back to ``(b, L, ·)`` (zeros at pads), so callers
-slice them exactly like the padded path.
+slice them exactly like the padded path. Used by the actor and reference (:func:`packed_logits`), the critic, the
+reward model (:func:`packed_forward`, its score read at each sequence's last token) and SFT
+(:func:`packed_next_token_ce`).
 
 Cost: the projections, MLP and head run on ``n`` instead of ``b·L`` positions (the padding share is saved).
 Attention:
@@ -104,7 +106,7 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     Packed: ``query (1, H, n, d)``, ``key``/``value (1, KV, n, d)`` in packed order → ``(1, n, H, d)``. Each is
     gathered into ``(b, ·, max_len, d)`` by the layout and run through transformers' SDPA with ``is_causal=True``
     and no mask (GQA, scaling and dropout as the model's own); the outputs are gathered back to packed order.
-    ``attention_mask`` is then the empty placeholder :func:`_packed_forward` passes and is not read.
+    ``attention_mask`` is then the empty placeholder :func:`packed_forward` passes and is not read.
 
     Raises:
         RuntimeError: a layout whose token count is not the query's (a layout passed to another forward)."""
@@ -134,11 +136,12 @@ def supports_varlen_attention(model: nn.Module) -> bool:
     return supports_grouped_decode(model)
 
 
-def _packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.Tensor, ids: torch.Tensor,
-                    pos: torch.Tensor, **inputs):
+def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.Tensor, ids: torch.Tensor,
+                   pos: torch.Tensor, **inputs):
     """``model(...)`` of a pack (``ids``/``pos`` ``(1, n)`` from :func:`pack_inputs` of the ``(b, L)``
-    ``attention_mask``): per sequence through :func:`varlen_sdpa` where :func:`supports_varlen_attention` holds,
-    else through transformers' packed path (``attention_mask=None``: it detects the restarts of ``pos``)."""
+    ``attention_mask``, ``index (n,)`` their flat positions): per sequence through :func:`varlen_sdpa` where
+    :func:`supports_varlen_attention` holds, else through transformers' packed path (``attention_mask=None``: it
+    detects the restarts of ``pos``). Returns the model's output, its per-token tensors ``(1, n, ·)``."""
     if supports_varlen_attention(model):
         # an empty 4-D mask: transformers passes a 4-D mask through as built, so it builds none; SDPA would refuse
         # it loudly if the layout ever failed to reach the attention
@@ -163,12 +166,12 @@ def packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
         raise ValueError(f"packed_logits: keep_last={keep_last} must be at least 1 (or None for every column)")
     ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
     if keep_last is None:
-        out = _packed_forward(model, attention_mask, index, ids, pos)
+        out = packed_forward(model, attention_mask, index, ids, pos)
         return unpack_output(out.logits, index, tuple(input_ids.shape))
     b, L = input_ids.shape
     start = L - keep_last
     kept = (index % L >= start).nonzero(as_tuple=True)[0]  # packed positions in the kept columns
-    out = _packed_forward(model, attention_mask, index, ids, pos, logits_to_keep=kept)
+    out = packed_forward(model, attention_mask, index, ids, pos, logits_to_keep=kept)
     flat = index[kept]
     logits = out.logits.new_zeros((b * keep_last, out.logits.shape[-1]))
     logits[(flat // L) * keep_last + flat % L - start] = out.logits[0]
@@ -192,7 +195,7 @@ def packed_next_token_ce(model: nn.Module, input_ids: torch.Tensor, attention_ma
         raise ValueError(f"use_remove_padding: loss_mask is {loss_mask[row, col].item()} at row {row}, column {col}, "
                          "where attention_mask is 0 (a padding position has no logits to train)")
     ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
-    logits = _packed_forward(model, attention_mask, index, ids, pos).logits[0]
+    logits = packed_forward(model, attention_mask, index, ids, pos).logits[0]
     L = input_ids.shape[1]
     weight = loss_mask.float().reshape(-1)[index] * (index % L < L - 1).float()  # the last column predicts nothing
     labels = input_ids.reshape(-1)[(index + 1).clamp(max=input_ids.numel() - 1)]

@@ -18,6 +18,10 @@ scoring each (prompt, response) with one scalar, written on the last valid respo
   Otherwise the policy's own ``input_ids``/``attention_mask``/``position_ids`` are scored.
 * Micro-batches of ``reward_model.micro_batch_size_per_gpu`` rows (or by ``forward_max_token_len_per_gpu`` with
   ``use_dynamic_bsz``); rows keep their order.
+* ``reward_model.model.use_remove_padding``: each micro-batch's valid tokens run as one packed sequence
+  (:mod:`rlhf_core.workers.packing`: per-sequence attention), and each row's score is read at its last token in
+  the pack; the same scores as the padded forward to float rounding. A model without a ``score`` head keeps the
+  padded forward (HF's pooling would pool the whole pack).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
+from rlhf_core.workers.packing import pack_inputs, packed_forward
 from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
@@ -100,6 +105,7 @@ class RewardModelWorker(ProfiledWorker):
         self.rm_cfg = config.reward_model
         self.module = self.tokenizer = self.input_tokenizer = None
         self.switch_chat_template = False
+        self.use_remove_padding = False  # reward_model.model.use_remove_padding, where the model has a score head
         self._head_outputs: list[torch.Tensor] = []
 
     def init_model(self) -> None:
@@ -124,7 +130,10 @@ class RewardModelWorker(ProfiledWorker):
             head.register_forward_hook(lambda _m, _i, out: self._head_outputs.append(out))
         else:
             logger.warning("reward model %s has no 'score' head: using its pooled logits (HF picks the last token that "
-                           "is not pad_token_id)", type(model).__name__)
+                           "is not pad_token_id)%s", type(model).__name__,
+                           "; reward_model.model.use_remove_padding=True runs the padded forward" if
+                           mcfg.use_remove_padding else "")
+        self.use_remove_padding = bool(mcfg.use_remove_padding) and head is not None
         self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
                                           "param_offload": bool(fsdp.param_offload)}, "reward_model")
 
@@ -162,12 +171,25 @@ class RewardModelWorker(ProfiledWorker):
     # ---- compute -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _forward_micro_batch(self, mb: Batch) -> torch.Tensor:
-        """``(b,)`` float32 CPU: the score at each row's last valid token."""
+        """``(b,)`` float32 CPU: the score at each row's last valid token (packed with ``use_remove_padding``).
+
+        Raises:
+            ValueError: packed, a row without a valid token (it has no last token to score), and from
+                :func:`~rlhf_core.workers.packing.pack_inputs`."""
         dev = device()
-        mask = mb["attention_mask"].to(dev)
+        ids, mask, pos = (mb[k].to(dev) for k in ("input_ids", "attention_mask", "position_ids"))
         self._head_outputs.clear()
-        out = self.module(input_ids=mb["input_ids"].to(dev), attention_mask=mask,
-                          position_ids=mb["position_ids"].to(dev), use_cache=False)
+        if self.use_remove_padding:
+            lengths = mask.ne(0).sum(-1)
+            if not bool(lengths.all()):
+                raise ValueError(f"reward model, use_remove_padding: row {int((lengths == 0).nonzero()[0, 0])} of "
+                                 "the micro-batch has no valid token (attention_mask all 0)")
+            packed_ids, packed_pos, index = pack_inputs(ids, mask, pos)
+            packed_forward(self.module, mask, index, packed_ids, packed_pos)
+            per_token = self._head_outputs[-1][0]  # (n, 1), the packed tokens in row-major order
+            self._head_outputs.clear()
+            return per_token[lengths.cumsum(0) - 1, 0].float().cpu()  # each row's last token in the pack
+        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         per_token = self._head_outputs[-1] if self._head_outputs else None
         self._head_outputs.clear()
         if per_token is None or per_token.dim() != 3:

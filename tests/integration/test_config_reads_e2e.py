@@ -61,7 +61,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         **{f"reward_model.{k}": _RM for k in ("model.input_tokenizer", "model.path", "model.external_lib",
                                               "model.trust_remote_code", "model.fsdp_config.min_num_params",
                                               "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
-                                              "use_dynamic_bsz", "forward_max_token_len_per_gpu")},
+                                              "use_dynamic_bsz", "forward_max_token_len_per_gpu",
+                                              "model.use_remove_padding")},
         "reward_model.model.fsdp_config.cpu_threads":
             "tests/unit/test_trainer_reward_model.py::test_build_worker_groups_adds_the_rm_group",
         # the short runs take the on-policy shortcut (workers/on_policy.py): no separate old_log_prob forward

@@ -22,7 +22,7 @@ def test_effect_table_names_existing_keys_with_known_statuses():
     assert all(why for _, why in EFFECT.values())
 
 
-@pytest.mark.parametrize("path", ["reward_model.model.use_remove_padding", "actor_rollout_ref.rollout.load_format"])
+@pytest.mark.parametrize("path", ["reward_model.launch_reward_fn_async", "actor_rollout_ref.rollout.load_format"])
 def test_unread_keys_are_not_called_supported(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_YET)
 

@@ -96,6 +96,8 @@ def test_verl_example_passes_config_check(script, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "OK: ppo_trainer is valid" in err
-    # keys these scripts set that do nothing on this machine are named, e.g. the reward model's use_remove_padding
-    if "reward_model.model.use_remove_padding=True" in ovs:
-        assert "Notice: reward_model.model.use_remove_padding=True has no effect here" in err
+    # keys these scripts set that do nothing on this machine are named, e.g. the reward model's param_offload on CPU;
+    # its use_remove_padding packs (workers/reward_model.py), so it gets no notice
+    if "reward_model.model.fsdp_config.param_offload=True" in ovs:
+        assert "Notice: reward_model.model.fsdp_config.param_offload=True has no effect here (no effect on CPU)" in err
+    assert "Notice: reward_model.model.use_remove_padding" not in err

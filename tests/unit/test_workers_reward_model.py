@@ -86,11 +86,26 @@ def _assert_on_last_response_token(scores: torch.Tensor, expected: list[float]):
         assert torch.all(others == 0)
 
 
-def test_same_tokenizer_scores_the_policy_ids(tiny_model_dir, tiny_tokenizer, rm_dirs):
-    wg = _rm_group(tiny_model_dir, rm_dirs["same"])
+def _base_model_input_shapes(wg) -> list[tuple[int, ...]]:
+    """The ``input_ids`` shapes the RM's decoder will see, recorded by a forward pre-hook."""
+    shapes = []
+    wg.worker.module.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: shapes.append(tuple((args[0] if args else kwargs["input_ids"]).shape)),
+        with_kwargs=True)
+    return shapes
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "use_remove_padding"])
+def test_same_tokenizer_scores_the_policy_ids(tiny_model_dir, tiny_tokenizer, rm_dirs, packed):
+    wg = _rm_group(tiny_model_dir, rm_dirs["same"], f"reward_model.model.use_remove_padding={packed}")
     assert not wg.worker.switch_chat_template  # same vocabulary, specials and template: the ids are used as they are
     batch = _generated_batch(tiny_tokenizer)
+    shapes = _base_model_input_shapes(wg)
     out = wg.execute_dp("compute_rm_score", batch)["rm_scores"]
+    # micro-batches of 3 rows: rows 0-2, then row 3; packed, one sequence of each micro-batch's valid tokens
+    valid = batch["attention_mask"].sum(-1).tolist()
+    width = batch["input_ids"].shape[1]
+    assert shapes == ([(1, sum(valid[:3])), (1, valid[3])] if packed else [(3, width), (1, width)])
     # the valid tokens of a row (left pads and right pads dropped) as one unpadded sequence
     expected = [_hf_score(rm_dirs["same"], batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist())
                 for i in range(4)]
@@ -98,10 +113,11 @@ def test_same_tokenizer_scores_the_policy_ids(tiny_model_dir, tiny_tokenizer, rm
     _assert_on_last_response_token(out, expected)
 
 
-def test_other_chat_template_is_re_templated(tiny_model_dir, tiny_tokenizer, rm_dirs):
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "use_remove_padding"])
+def test_other_chat_template_is_re_templated(tiny_model_dir, tiny_tokenizer, rm_dirs, packed):
     from transformers import AutoTokenizer
 
-    wg = _rm_group(tiny_model_dir, rm_dirs["other"])
+    wg = _rm_group(tiny_model_dir, rm_dirs["other"], f"reward_model.model.use_remove_padding={packed}")
     assert wg.worker.switch_chat_template
     batch = _generated_batch(tiny_tokenizer)
     inputs = wg.worker.rm_inputs(batch)
@@ -117,10 +133,19 @@ def test_other_chat_template_is_re_templated(tiny_model_dir, tiny_tokenizer, rm_
     expected = [_hf_score(rm_dirs["other"], rm_tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     _assert_on_last_response_token(out, expected)
     # max_length keeps the first tokens (verl truncation='right'); the score is then read on the last kept one
-    short = _rm_group(tiny_model_dir, rm_dirs["other"], "reward_model.max_length=5")
+    short = _rm_group(tiny_model_dir, rm_dirs["other"], "reward_model.max_length=5",
+                      f"reward_model.model.use_remove_padding={packed}")
     cut = short.execute_dp("compute_rm_score", batch)["rm_scores"]
     first5 = rm_tok(texts[0], add_special_tokens=False)["input_ids"][:5]
     assert float(cut[0, LENGTHS[0] - 1]) == pytest.approx(_hf_score(rm_dirs["other"], first5), abs=1e-5)
+
+
+def test_packed_rm_refuses_a_row_without_tokens(tiny_model_dir, tiny_tokenizer, rm_dirs):
+    wg = _rm_group(tiny_model_dir, rm_dirs["same"], "reward_model.model.use_remove_padding=True")
+    batch = _generated_batch(tiny_tokenizer)
+    batch["attention_mask"][1] = 0  # row 1: nothing to score; the padded forward would score a pad
+    with pytest.raises(ValueError, match="row 1 of the micro-batch has no valid token"):
+        wg.execute_dp("compute_rm_score", batch)
 
 
 def test_re_templating_needs_the_raw_chat(tiny_model_dir, tiny_tokenizer, rm_dirs):
