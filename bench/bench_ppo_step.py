@@ -24,8 +24,10 @@ tokens/s counts valid prompt + response tokens of the step's 32 sequences (``per
 response tokens alone. Ours skips the ``old_log_prob`` forward in this on-policy workload (one epoch, one
 mini-batch: ``rlhf_core/workers/on_policy.py``), like TRL and the HF reference, and runs each of a micro-batch's
 distinct prompts once in its forward (``rlhf_core/workers/shared_prefix.py``). ``--remove-padding`` runs our
-forwards packed (``use_remove_padding``); ``--size`` picks a model of the cost curve. ``peak_rss_mb`` is the peer
-process's peak resident memory (for ``ours_ray``: the driver's; the worker's is ``worker_peak_rss_mb``).
+forwards packed (``use_remove_padding``); ``--dynamic-bsz TOKENS`` cuts our micro-batches by a token budget
+(``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``); ``--size`` picks a model of the cost curve. ``peak_rss_mb``
+is the peer process's peak resident memory (for ``ours_ray``: the driver's; the worker's is
+``worker_peak_rss_mb``).
 """
 from __future__ import annotations
 
@@ -117,6 +119,14 @@ def ours_config(spec: dict, args, out_dir: Path):
     ]
     if args.remove_padding:
         overrides += ["actor_rollout_ref.model.use_remove_padding=True"]
+    if args.dynamic_bsz:  # micro-batches cut by a token budget instead of the fixed micro_batch_size above
+        budget = args.dynamic_bsz
+        overrides += ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                      f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+                      f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budget}",
+                      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+                      f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={budget}"]
     if args.bf16:  # bf16 compute on fp32 master weights (fsdp_config.mixed_precision), like TRL's bf16=True
         overrides += ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]
     if args.rollout == "vllm":
@@ -219,6 +229,7 @@ def _passthrough(args) -> list[str]:
     return [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--device={args.device}", f"--prompts={args.prompts}",
             f"--n={args.n}", f"--new-tokens={args.new_tokens}", f"--lr={args.lr}", f"--rollout={args.rollout}"] + \
         (["--remove-padding"] if args.remove_padding else []) + (["--bf16"] if args.bf16 else []) + \
+        ([f"--dynamic-bsz={args.dynamic_bsz}"] if args.dynamic_bsz else []) + \
         ([f"--size={args.size}"] if args.size else [])
 
 
@@ -230,7 +241,10 @@ def report(spec: dict, args, results: dict[str, dict], params: int, load_at_star
           f"{sizes['num_layers']} layers, vocab {sizes['vocab_size']}), {args.prompts} prompts x {args.n} samples x "
           f"<= {args.new_tokens} new tokens, longest prompt {spec['max_prompt_length']} tokens; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
-          f"{args.steps} measured steps after {args.warmup} warm-up")
+          f"{args.steps} measured steps after {args.warmup} warm-up"
+          + "".join(f"; ours with {o}" for o, on in (("use_remove_padding", args.remove_padding), ("bf16", args.bf16),
+                                                     (f"use_dynamic_bsz, {args.dynamic_bsz} tokens", args.dynamic_bsz))
+                    if on))
     for peer, r in results.items():
         name = {"ours": f"ours (RayPPOTrainer.train_step, 1 rank, {args.rollout})",
                 "ours_ray": f"ours through Ray (rlhf ppo's worker group, {args.rollout})", "trl": "TRL GRPOTrainer",
@@ -282,6 +296,9 @@ def parse_args(argv):
         ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
     ap.add_argument("--size", choices=sorted(SIZES), default=None, help="a model size of the cost curve")
     ap.add_argument("--remove-padding", action="store_true", help="our forwards packed (use_remove_padding)")
+    ap.add_argument("--dynamic-bsz", type=int, default=None, metavar="TOKENS",
+                    help="our micro-batches by token budget: use_dynamic_bsz with ppo_max_token_len_per_gpu and "
+                    "log_prob_max_token_len_per_gpu = TOKENS (valid tokens per micro-batch)")
     ap.add_argument("--bf16", action="store_true", help="bf16 compute: ours via fsdp_config.mixed_precision, TRL bf16=True "
                     "(the plain HF loop stays fp32)")
     ap.add_argument("--json", help="also write all results to this file")
