@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind six choices of the GRPO step on CPU, each against the alternative it replaced:
+"""Micro-benchmarks behind seven choices of the GRPO step on CPU, each against the alternative it replaced:
 
 * ``sampling``: one draw per row from softmax probabilities, ``torch.multinomial`` (one exponential per vocabulary
   entry on CPU) vs ``hf_decode.sample_categorical`` (inverse transform, one uniform per row), 32 rows, vocabularies
@@ -22,9 +22,11 @@
   mask (``n × n``), and packed with ``packing.varlen_sdpa`` (attention per sequence); then 8 of those prompts × 4
   (``rollout.n`` = 4, responses as before): the shared-prefix path (what CPU runs for repeated prompts, packed or
   not) vs varlen packing.
+* ``rm_packing``: the reward model's scoring forward (no gradient) on the 32 distinct rows, padded vs varlen packed
+  (``reward_model.model.use_remove_padding``), random tiny ``Qwen2ForSequenceClassification`` models of both sizes.
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
-        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing]
+        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -77,7 +79,7 @@ def bench_adamw(reps: int) -> None:
                         num_key_value_heads=2),
              "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
                          num_key_value_heads=6)}
-    for name, size in sizes.items():
+    for name, size in _PACKING_SIZES.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size))
         for layer in model.model.layers:
@@ -219,32 +221,42 @@ def bench_raycall(reps: int) -> None:
     print("Ray call round trip, 220 KB batch each way: " + "   ".join(row))
 
 
+_RAGGED = (32, 180, 128)  # rows, prompt width, response width of the packing benchmarks
+_PACKING_SIZES = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2),
+                  "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
+                              num_key_value_heads=2)}
+
+
+def _ragged_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` ``(32, 308)`` int64: prompts of 60-180 tokens left-padded in the first 180
+    columns, responses of 32-128 right-padded after them (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    b, P, T = _RAGGED
+    p_len, r_len = torch.randint(60, P + 1, (b,), generator=g), torch.randint(32, T + 1, (b,), generator=g)
+    cols = torch.arange(P + T)[None]
+    mask = ((cols >= P - p_len[:, None]) & (cols < P + r_len[:, None])).long()
+    return torch.randint(1, 2000, (b, P + T), generator=g) * mask, mask
+
+
 def bench_packing(reps: int) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf_core.protocol import Batch
     from rlhf_core.workers import actor, packing
 
-    g = torch.Generator().manual_seed(0)
-    b, P, T = 32, 180, 128
-    p_len, r_len = torch.randint(60, P + 1, (b,), generator=g), torch.randint(32, T + 1, (b,), generator=g)
-    cols = torch.arange(P + T)[None]
-    mask = ((cols >= P - p_len[:, None]) & (cols < P + r_len[:, None])).long()
-    ids = torch.randint(1, 2000, (b, P + T), generator=g) * mask
+    b, P, T = _RAGGED
+    ids, mask = _ragged_rows()
     rep = torch.arange(b) // 4 * 4  # rows 4k..4k+3 continue row 4k's prompt
     ids_n, mask_n = torch.cat([ids[rep, :P], ids[:, P:]], 1), torch.cat([mask[rep, :P], mask[:, P:]], 1)
     batches = [(name, Batch({"input_ids": i, "attention_mask": m, "position_ids": (m.cumsum(-1) - 1).clamp(min=0)},
                             {}, {})) for name, i, m in (("32 distinct prompts", ids, mask), ("8 prompts x 4", ids_n, mask_n))]
-    sizes = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                        num_key_value_heads=2),
-             "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
-                         num_key_value_heads=2)}
     varlen, shared = packing.supports_varlen_attention, actor.supports_shared_prefix
     never = lambda model: False  # noqa: E731
     variants = {"32 distinct prompts": (("padded", False, varlen, shared), ("transformers packed", True, never, shared),
                                         ("varlen packed", True, varlen, shared)),
                 "8 prompts x 4": (("shared prefix", False, varlen, shared), ("varlen packed", True, varlen, never))}
-    for name, size in sizes.items():
+    for name, size in _PACKING_SIZES.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
         for label, mb in batches:
@@ -267,9 +279,31 @@ def bench_packing(reps: int) -> None:
                   + f"   ({row[0][0]} / varlen packed {row[0][1] / row[-1][1]:.2f}x)")
 
 
+def bench_rm_packing(reps: int) -> None:
+    """The reward model's scoring forward (no gradient), padded against ``use_remove_padding``'s varlen pack, on
+    32 distinct rows of 60-180 prompt and 32-128 response tokens (the first batch of :func:`bench_packing`)."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from rlhf_core.workers import packing
+
+    ids, mask = _ragged_rows()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    for name, size in _PACKING_SIZES.items():
+        torch.manual_seed(0)
+        rm = Qwen2ForSequenceClassification(Qwen2Config(vocab_size=2000, num_labels=1, pad_token_id=0, **size)).eval()
+        packed_ids, packed_pos, index = packing.pack_inputs(ids, mask, pos)
+        with torch.no_grad():
+            padded = _median_ms(lambda: rm(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False),
+                                max(3, reps // 10))
+            packed = _median_ms(lambda: packing.packed_forward(rm, mask, index, packed_ids, packed_pos),
+                                max(3, reps // 10))
+        print(f"reward-model forward (no grad), {name:>3}, {int(mask.sum())} of {mask.numel()} positions valid: "
+              f"padded {padded:8.1f} ms   varlen packed {packed:8.1f} ms   ({padded / packed:.2f}x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing")
+    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
@@ -277,7 +311,7 @@ def main(argv=None) -> int:
     for name in args.only.split(","):
         {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
          "logprob_memory": bench_logprob_memory, "raycall": bench_raycall,
-         "packing": bench_packing}[name.strip()](args.reps)
+         "packing": bench_packing, "rm_packing": bench_rm_packing}[name.strip()](args.reps)
     return 0
 
 
