@@ -4,6 +4,9 @@
   epoch when ``shuffle`` (a ``torch.Generator`` seeded by ``data_loader_seed``, the update call and the epoch);
 * micro-batches: ``micro_batch_size`` rows each, or — ``use_dynamic_bsz`` — consecutive rows packed so that the
   valid tokens of a micro-batch stay within ``max_token_len`` (order kept, so outputs concatenate back directly).
+  With several ranks every rank then runs the largest rank's number of micro-batches (verl's
+  ``rearrange_micro_batches`` all-reduces the count too): FSDP2 gathers and reduces parameters in every forward and
+  backward, so ranks that ran different numbers of them would pair mismatched collectives and hang or fail.
 * global counts: the mini-batch's valid tokens / sequences summed over this rank's micro-batches and all ranks,
   for ``agg_loss(..., global_tokens, global_seqs)`` (micro-batch- and world-size-invariant losses).
 """
@@ -38,16 +41,64 @@ def token_budget_partition(seq_lens: list[int], max_token_len: int, key: str = "
     return groups
 
 
+def split_to_count(groups: list[list[int]], seq_lens: list[int], count: int) -> list[list[int]]:
+    """``groups`` (consecutive row indices, from :func:`token_budget_partition`) split further until there are
+    ``count`` of them: each split halves, at the row boundary nearest its token midpoint, the group with the most
+    tokens among those of two or more rows (the first such on a tie). Order is kept and no group grows, so every
+    group stays within the budget it was cut for.
+
+    Raises:
+        ValueError: ``count`` exceeds the number of rows (a micro-batch needs at least one row)."""
+    if count > sum(len(g) for g in groups):
+        raise ValueError(f"cannot run {count} micro-batches over {sum(len(g) for g in groups)} rows: another rank's "
+                         "token budget cut its rows into more micro-batches than this rank has rows")
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        tokens = [sum(seq_lens[r] for r in g) if len(g) > 1 else -1 for g in groups]
+        i = tokens.index(max(tokens))
+        g, running = groups[i], 0
+        cuts = []
+        for c in range(1, len(g)):
+            running += seq_lens[g[c - 1]]
+            cuts.append((abs(tokens[i] - 2 * running), c))
+        cut = min(cuts)[1]
+        groups[i:i + 1] = [g[:cut], g[cut:]]
+    return groups
+
+
+def _max_over_ranks(values: list[int]) -> list[int]:
+    """``values`` maximised element-wise over all ranks (one all-reduce when there are several)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
 def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
                   max_token_len: int | None = None, key: str = "max_token_len") -> list[Batch]:
-    """Split ``batch`` into micro-batches in order (by count, or by token budget when ``use_dynamic_bsz``).
+    """Split ``batch`` into micro-batches in order (by count, or by token budget when ``use_dynamic_bsz``; then
+    every rank makes the largest rank's number of micro-batches, :func:`split_to_count`, so call it on all ranks).
 
-    Raises ``ValueError`` when neither a positive ``micro_batch_size`` nor a dynamic budget is given."""
+    Raises ``ValueError`` when neither a positive ``micro_batch_size`` nor a dynamic budget is given, and from
+    :func:`token_budget_partition` / :func:`split_to_count`."""
     if use_dynamic_bsz:
         if not max_token_len or max_token_len <= 0:
             raise ValueError(f"use_dynamic_bsz needs a positive {key}")
-        lens = batch["attention_mask"].sum(dim=-1).tolist()
-        return [batch.index(g) for g in token_budget_partition([int(n) for n in lens], int(max_token_len), key)]
+        lens = [int(n) for n in batch["attention_mask"].sum(dim=-1).tolist()]
+        try:
+            groups, error = token_budget_partition(lens, int(max_token_len), key), None
+        except ValueError as exc:  # still join the all-reduce, so the other ranks fail too instead of waiting
+            groups, error = [], exc
+        count, failed = _max_over_ranks([len(groups), int(error is not None)])
+        if error is not None:
+            raise error
+        if failed:
+            raise ValueError(f"{key}={max_token_len} is smaller than a sequence on another rank; raise it to at "
+                             "least the longest prompt + response")
+        return [batch.index(g) for g in split_to_count(groups, lens, count)]
     if not micro_batch_size or micro_batch_size <= 0:
         raise ValueError("a micro-batch size per GPU must be set when use_dynamic_bsz is False")
     return batch.split(int(micro_batch_size))

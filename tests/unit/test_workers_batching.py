@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.batching import micro_batches, mini_batches, token_budget_partition
+from rlhf_core.workers.batching import micro_batches, mini_batches, split_to_count, token_budget_partition
 
 
 def _batch(lens: list[int], width: int = 8) -> Batch:
@@ -28,6 +28,19 @@ def test_micro_batches_by_count_and_by_tokens_keep_order():
     assert [mb["row"].tolist() for mb in by_tokens] == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError, match="micro-batch size"):
         micro_batches(b, None)
+
+
+def test_split_to_count_halves_the_heaviest_group_at_its_token_midpoint():
+    lens = [4, 5, 3, 6, 8]
+    # one group of 26 tokens -> 2: running sums 4, 9, 12, 18 against the midpoint 13; 12 is nearest (|26 - 24| = 2)
+    assert split_to_count([[0, 1, 2, 3, 4]], lens, 2) == [[0, 1, 2], [3, 4]]
+    # -> 3: [0,1,2] has 12 tokens and [3,4] 14, so [3,4] splits (6 | 8)
+    assert split_to_count([[0, 1, 2, 3, 4]], lens, 3) == [[0, 1, 2], [3], [4]]
+    # [0,1] and [2,3] hold 9 tokens each: the first of them splits; a one-row group ([4]) never does
+    assert split_to_count([[0, 1], [2, 3], [4]], lens, 4) == [[0], [1], [2, 3], [4]]
+    assert split_to_count([[0, 1], [2]], lens, 2) == [[0, 1], [2]]  # already there
+    with pytest.raises(ValueError, match="cannot run 4 micro-batches over 3 rows"):
+        split_to_count([[0, 1], [2]], lens, 4)
 
 
 def test_mini_batch_shuffle_is_seeded_and_changes_per_call_and_epoch():
