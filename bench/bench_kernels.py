@@ -79,7 +79,7 @@ def bench_adamw(reps: int) -> None:
                         num_key_value_heads=2),
              "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
                          num_key_value_heads=6)}
-    for name, size in _PACKING_SIZES.items():
+    for name, size in sizes.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size))
         for layer in model.model.layers:
