@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
+from rlhf_core.config.structured import full_key
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
 from rlhf_core.models.lora import apply_lora, merge_lora
 from rlhf_core.protocol import Batch
@@ -25,7 +26,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
 from rlhf_core.workers.optim import build_optimizer
-from rlhf_core.workers.packing import packed_next_token_ce
+from rlhf_core.workers.packing import check_packing_support, packed_next_token_ce
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class SFTWorker:
         fsdp_cfg = dict(mcfg.fsdp_config)
         fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
+        if self.config.use_remove_padding:
+            check_packing_support(self.model, full_key(self.config, "use_remove_padding"))
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
         self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from rlhf_core.config.structured import full_key
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
@@ -24,6 +25,7 @@ from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
 from rlhf_core.workers.rollout.engine_copy import build_engine_copy
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
+from rlhf_core.workers.packing import check_packing_support
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -109,6 +111,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
         for dp in (self.actor, self.ref):
             if dp is not None:
                 dp.use_remove_padding = bool(mcfg.use_remove_padding)
+                if dp.use_remove_padding:
+                    check_packing_support(dp.model, full_key(mcfg, "use_remove_padding"))
         seed_rank(self.config)
 
     def _init_rollout(self) -> None:
@@ -279,6 +283,8 @@ class CriticWorker(ProfiledWorker):
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
         self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
         self.critic.use_remove_padding = bool(mcfg.use_remove_padding)
+        if self.critic.use_remove_padding:
+            check_packing_support(self.module, full_key(mcfg, "use_remove_padding"))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),

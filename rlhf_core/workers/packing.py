@@ -19,9 +19,16 @@ Attention:
 * other models: transformers' packed path (≥ 4.56, ``masking_utils.find_packed_sequence_indices`` detects the
   restarts when ``attention_mask`` is ``None``), which for ``sdpa``/``eager`` masks the whole pack, ``n × n``: on CPU
   that cost more than the padding it removed (BENCHMARKS.md sections 3 and 11).
+
+Only models whose packed forward was checked against the padded one are packed (:func:`check_packing_support`;
+verl's ``check_model_support_rmpad`` refuses unlisted models too): OPT and Bloom derive positions from the attention
+mask (learned positions, ALiBi), and a forward without ``position_ids`` (``FalconForSequenceClassification``)
+drops the restarts; their packed tokens would attend across sequences and give other numbers silently.
 """
 from __future__ import annotations
 
+import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -136,12 +143,55 @@ def supports_varlen_attention(model: nn.Module) -> bool:
     return supports_grouped_decode(model)
 
 
+# model types whose packed forward equals the padded one to float rounding, for SDPA and eager attention
+# (tests/unit/test_workers_packing_support.py builds each and checks it): the first four attend through varlen_sdpa,
+# the rest find each sequence's start in position_ids through transformers' masking_utils
+PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "gemma", "phi", "phi3",
+                                "qwen3_moe", "mixtral", "olmo", "olmo2", "starcoder2", "stablelm", "granite",
+                                "cohere", "glm", "smollm3", "falcon"})
+_SUPPORT: "weakref.WeakKeyDictionary[nn.Module, str | None]" = weakref.WeakKeyDictionary()
+
+
+def packing_unsupported(model: nn.Module) -> str | None:
+    """Why a packed forward of ``model`` could differ from its padded one, or ``None`` when it may pack: its
+    ``model_type`` must be in :data:`PACKED_MODEL_TYPES` and its forward (a peft wrapper's base model's) must take
+    ``position_ids``, which carry the pack's sequence starts. Cached per model."""
+    if model not in _SUPPORT:
+        text = model.config.get_text_config(decoder=True)
+        model_type = getattr(text, "model_type", None)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if model_type not in PACKED_MODEL_TYPES:
+            _SUPPORT[model] = (f"model_type {model_type!r} is not one whose packed forward was checked against the "
+                               f"padded one ({', '.join(sorted(PACKED_MODEL_TYPES))})")
+        elif "position_ids" not in inspect.signature(base.forward).parameters:
+            _SUPPORT[model] = (f"{type(base).__name__}.forward takes no position_ids, which carry where each packed "
+                               "sequence starts")
+        else:
+            _SUPPORT[model] = None
+    return _SUPPORT[model]
+
+
+def check_packing_support(model: nn.Module, key: str) -> None:
+    """Refuse ``use_remove_padding`` for a model :func:`packing_unsupported` names, before any data is run.
+
+    Raises:
+        ValueError: naming ``key`` (the config key that asked for packing), the reason and the remedy."""
+    reason = packing_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"{key}=True: {reason}; its packed tokens could attend across sequences and give other "
+                         f"numbers than the padded forward. Set {key}=False.")
+
+
 def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.Tensor, ids: torch.Tensor,
                    pos: torch.Tensor, **inputs):
     """``model(...)`` of a pack (``ids``/``pos`` ``(1, n)`` from :func:`pack_inputs` of the ``(b, L)``
     ``attention_mask``, ``index (n,)`` their flat positions): per sequence through :func:`varlen_sdpa` where
     :func:`supports_varlen_attention` holds, else through transformers' packed path (``attention_mask=None``: it
-    detects the restarts of ``pos``). Returns the model's output, its per-token tensors ``(1, n, ·)``."""
+    detects the restarts of ``pos``). Returns the model's output, its per-token tensors ``(1, n, ·)``.
+
+    Raises:
+        ValueError: a model :func:`packing_unsupported` names (the workers refuse it at start-up already)."""
+    check_packing_support(model, "use_remove_padding")
     if supports_varlen_attention(model):
         # an empty 4-D mask: transformers passes a 4-D mask through as built, so it builds none; SDPA would refuse
         # it loudly if the layout ever failed to reach the attention

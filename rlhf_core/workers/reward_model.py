@@ -37,7 +37,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
-from rlhf_core.workers.packing import pack_inputs, packed_forward
+from rlhf_core.workers.packing import check_packing_support, pack_inputs, packed_forward
 from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ class RewardModelWorker(ProfiledWorker):
                            "; reward_model.model.use_remove_padding=True runs the padded forward" if
                            mcfg.use_remove_padding else "")
         self.use_remove_padding = bool(mcfg.use_remove_padding) and head is not None
+        if self.use_remove_padding:
+            check_packing_support(model, full_key(mcfg, "use_remove_padding"))
         self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
                                           "param_offload": bool(fsdp.param_offload)}, "reward_model")
 
