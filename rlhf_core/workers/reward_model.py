@@ -21,7 +21,8 @@ scoring each (prompt, response) with one scalar, written on the last valid respo
 * ``reward_model.model.use_remove_padding``: each micro-batch's valid tokens run as one packed sequence
   (:mod:`rlhf_core.workers.packing`: per-sequence attention), and each row's score is read at its last token in
   the pack; the same scores as the padded forward to float rounding. A model without a ``score`` head keeps the
-  padded forward (HF's pooling would pool the whole pack).
+  padded forward (HF's pooling would pool the whole pack); a model whose packed forward is not known to equal the
+  padded one is refused at start-up (:func:`~rlhf_core.workers.packing.check_packing_support`).
 """
 from __future__ import annotations
 
