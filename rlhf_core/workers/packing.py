@@ -144,8 +144,9 @@ def supports_varlen_attention(model: nn.Module) -> bool:
 
 
 # model types whose packed forward equals the padded one to float rounding, for SDPA and eager attention
-# (tests/unit/test_workers_packing_support.py builds each and checks it): the first four attend through varlen_sdpa,
-# the rest find each sequence's start in position_ids through transformers' masking_utils
+# (tests/unit/test_workers_packing_support.py builds each and checks it): llama, qwen2, qwen3 and mistral on SDPA
+# with full attention attend through varlen_sdpa, every other case finds each sequence's start in position_ids
+# through transformers' masking_utils
 PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "gemma", "phi", "phi3",
                                 "qwen3_moe", "mixtral", "olmo", "olmo2", "starcoder2", "stablelm", "granite",
                                 "cohere", "glm", "smollm3", "falcon"})
@@ -178,8 +179,8 @@ def check_packing_support(model: nn.Module, key: str) -> None:
         ValueError: naming ``key`` (the config key that asked for packing), the reason and the remedy."""
     reason = packing_unsupported(model)
     if reason is not None:
-        raise ValueError(f"{key}=True: {reason}; its packed tokens could attend across sequences and give other "
-                         f"numbers than the padded forward. Set {key}=False.")
+        raise ValueError(f"{key}=True: {reason}, so its packed forward could silently give other numbers than the "
+                         f"padded one (as OPT's and Bloom's do). Set {key}=False.")
 
 
 def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.Tensor, ids: torch.Tensor,
