@@ -66,15 +66,16 @@ def split_to_count(groups: list[list[int]], seq_lens: list[int], count: int) -> 
     return groups
 
 
-def _max_over_ranks(values: list[int]) -> list[int]:
-    """``values`` maximised element-wise over all ranks (one all-reduce when there are several)."""
+def _all_reduce(values: list[float], dtype: torch.dtype, op=dist.ReduceOp.SUM) -> list[float]:
+    """``values`` reduced element-wise over all ranks with ``op`` (one all-reduce when there are several; on the
+    GPU for nccl), as Python numbers."""
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return list(values)
-    t = torch.tensor(values, dtype=torch.int64)
+    t = torch.tensor(values, dtype=dtype)
     if dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
+    dist.all_reduce(t, op=op)
+    return t.tolist()
 
 
 def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
@@ -92,7 +93,7 @@ def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: b
             groups, error = token_budget_partition(lens, int(max_token_len), key), None
         except ValueError as exc:  # still join the all-reduce, so the other ranks fail too instead of waiting
             groups, error = [], exc
-        count, failed = _max_over_ranks([len(groups), int(error is not None)])
+        count, failed = _all_reduce([len(groups), int(error is not None)], torch.int64, dist.ReduceOp.MAX)
         if error is not None:
             raise error
         if failed:
@@ -117,21 +118,14 @@ def mini_batches(batch: Batch, mini_batch_size: int, epoch: int, shuffle: bool, 
 
 def global_counts(mask: torch.Tensor) -> tuple[float, float]:
     """(valid tokens, sequences with a valid token) of ``mask (B, T)`` summed over all ranks (all-reduce SUM)."""
-    counts = torch.tensor([mask.float().sum().item(), float((mask != 0).any(dim=-1).sum().item())], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        if dist.get_backend() == "nccl":
-            counts = counts.cuda()
-        dist.all_reduce(counts)
-    return float(counts[0]), float(counts[1])
+    tokens, seqs = _all_reduce([mask.float().sum().item(), float((mask != 0).any(dim=-1).sum().item())],
+                               torch.float64)
+    return float(tokens), float(seqs)
 
 
 def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     """Sum a dict of floats over all ranks (keys must match on every rank)."""
-    if not values or not (dist.is_initialized() and dist.get_world_size() > 1):
-        return dict(values)
     keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t)
-    return {k: float(v) for k, v in zip(keys, t.tolist())}
+    if not keys:
+        return {}
+    return {k: float(v) for k, v in zip(keys, _all_reduce([values[k] for k in keys], torch.float64))}

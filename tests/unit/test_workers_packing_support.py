@@ -7,6 +7,7 @@ computed from the attention mask) gives other logits packed and is refused, as i
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import pytest
@@ -24,10 +25,9 @@ def _tiny(model_type: str, attn: str = "sdpa", cls=None):
 
     cfg = AutoConfig.for_model(model_type)
     for key, value in _SMALL.items():
-        try:  # each config class names its sizes its own way (attribute_map), and some refuse a few
+        # each config class names its sizes its own way (attribute_map), and some refuse a few of these
+        with contextlib.suppress(AttributeError, ValueError, TypeError):
             setattr(cfg, key, value)
-        except (AttributeError, ValueError, TypeError):
-            pass
     cfg._attn_implementation = attn
     torch.manual_seed(0)
     return (cls or AutoModelForCausalLM).from_config(cfg).eval()
