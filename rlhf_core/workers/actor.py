@@ -122,7 +122,8 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
 
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads), except on CPU for a
-    micro-batch whose prompts repeat, which takes the shared-prefix path below (faster there). The padded forward stops
+    micro-batch whose prompts repeat, which takes the shared-prefix path below (faster there; its prompt pass then
+    runs packed). The padded forward stops
     before the last position (its logits predict nothing used; not under active dropout), and when the model takes
     ``logits_to_keep`` the LM head runs on the ``T`` positions wanted only (the prompt's logits are never used:
     ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns that are
@@ -141,7 +142,8 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     # packed or not, on CPU a prompt that repeats runs once (rollout.n > 1): less arithmetic than packing saves
     # (BENCHMARKS.md section 11); on GPU use_remove_padding packs as verl does
     if batch_free and supports_shared_prefix(model) and not (use_remove_padding and dev.type != "cpu"):
-        shared = shared_prefix_logits(model, ids, mask, pos, response_length)  # None when no prompt repeats
+        # None when no prompt repeats; use_remove_padding runs its prompt pass packed
+        shared = shared_prefix_logits(model, ids, mask, pos, response_length, pack_prompts=use_remove_padding)
         if shared is not None:
             return shared
     if use_remove_padding:

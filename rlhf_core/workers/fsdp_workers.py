@@ -122,6 +122,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
         if name == "hf":
             module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
+            self.rollout.use_remove_padding = bool(self.arr.model.use_remove_padding)  # a packed prefill
+            if self.rollout.use_remove_padding:
+                check_packing_support(module, full_key(self.arr.model, "use_remove_padding"))
         elif name == "vllm":
             # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout

@@ -203,6 +203,45 @@ def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.
     return model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **inputs)
 
 
+def packed_prompt_pass(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       position_ids: torch.Tensor, cache) -> torch.Tensor:
+    """The prompt pass of a shared prefix or a prefill, run packed: each left-padded prompt's valid tokens only.
+
+    Runs ``model`` on the pack of ``(u, P)`` prompts (:func:`pack_inputs`) with per-sequence attention
+    (:func:`varlen_sdpa`) and ``cache`` (an empty ``DynamicCache``) on, then lays each layer's keys and values out
+    as the padded forward's cache, ``(u, KV, P, d)``: the same values at valid columns (to float rounding), zeros at
+    pads, which every later query masks. Returns the logits at each prompt's last column, ``(u, 1, V)``.
+    Differentiable: the scatter sends each key's gradient back to its packed position. Saves the projections and
+    MLP of the prompts' padding (``u·P − n`` positions); the attention runs over ``(u, max len)`` as padded.
+
+    Call only where :func:`supports_varlen_attention` holds (its cache layers are plain key/value layers).
+
+    Raises:
+        ValueError: a prompt whose last column is padding (an empty prompt: left padding puts every prompt's last
+            token there), a model :func:`packing_unsupported` names, and from :func:`pack_inputs`."""
+    u, P = input_ids.shape
+    if not bool(attention_mask[:, -1].all()):
+        row = int((attention_mask[:, -1] == 0).nonzero()[0, 0])
+        raise ValueError(f"packed prompt pass: prompt {row} has padding in its last column (an empty or "
+                         "right-padded prompt)")
+    check_packing_support(model, "use_remove_padding")
+    ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
+    rows, cols = torch.div(index, P, rounding_mode="floor"), index % P
+    last = (cols == P - 1).nonzero(as_tuple=True)[0]  # each prompt's last token in the pack, in row order
+    placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=ids.device)  # as in packed_forward
+    out = model(input_ids=ids, position_ids=pos, attention_mask=placeholder, cache=cache, use_cache=True,
+                logits_to_keep=last, **{LAYOUT_KWARG: varlen_layout(attention_mask, index, pos)})
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # (1, KV, n, d) in pack order -> (u, KV, P, d), zeros at pads
+        grid = x.new_zeros((u, x.shape[1], P, x.shape[3]))
+        grid[rows, :, cols] = x[0].transpose(0, 1)
+        return grid
+
+    for layer in out.cache.layers:
+        layer.keys, layer.values = padded(layer.keys), padded(layer.values)
+    return out.logits[0][:, None]
+
+
 def packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   position_ids: torch.Tensor, keep_last: int | None = None) -> torch.Tensor:
     """``model(...).logits`` of a padded micro-batch computed packed: ``(b, L, V)`` (``V`` = 1 for a value head),

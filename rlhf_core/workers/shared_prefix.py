@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
+from rlhf_core.workers.packing import packed_prompt_pass, supports_varlen_attention
+
 # cache layers whose whole per-row state is ``keys``/``values`` (gathering both gives each row its prompt's cache);
 # hybrid linear-attention, KV-shared and indexed (DSA) layers carry more state and are not supported
 _PLAIN_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -71,7 +73,8 @@ def _any_rank_repeats(repeats: bool, device: torch.device) -> bool:
 
 
 def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         position_ids: torch.Tensor, response_length: int) -> torch.Tensor | None:
+                         position_ids: torch.Tensor, response_length: int,
+                         pack_prompts: bool = False) -> torch.Tensor | None:
     """Logits predicting the response tokens, ``(b, T, V)``, computing each distinct prompt once; ``None`` (the
     caller runs the plain forward) for shapes it does not handle and when no prompt repeats in this micro-batch on
     any rank (so all ranks issue the same collectives; a rank without repeats then runs its rows as their own
@@ -81,7 +84,10 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     only. A prompt is a row's ``(input_ids, attention_mask, position_ids)`` over ``[:, :P]``: rows equal in all three
     share one prompt pass. Logit ``t`` predicts response token ``t``: ``t = 0`` comes from the prompt pass's last
     position, ``t ≥ 1`` from the response pass's position ``t - 1`` (as ``logits[:, P-1 : P+T-1]`` of the plain
-    forward); the response pass runs positions ``P .. P+T-2`` only.
+    forward); the response pass runs positions ``P .. P+T-2`` only. ``pack_prompts`` (``use_remove_padding``) runs
+    the prompt pass on the prompts' valid tokens only (:func:`~rlhf_core.workers.packing.packed_prompt_pass`) where
+    the model attends packed per sequence (:func:`~rlhf_core.workers.packing.supports_varlen_attention`) and every
+    prompt ends in its last column; the padded prompt pass otherwise.
 
     Raises:
         RuntimeError: the model's cache holds a layer other than a plain or sliding-window key/value layer (a
@@ -96,9 +102,14 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     prompts, inverse = torch.unique(key, dim=0, return_inverse=True)
     if not _any_rank_repeats(prompts.shape[0] < input_ids.shape[0], input_ids.device):
         return None
-    head = model(input_ids=prompts[:, :P], attention_mask=prompts[:, P:2 * P], position_ids=prompts[:, 2 * P:],
-                 use_cache=True, logits_to_keep=1)
-    layers = head.cache.layers
+    p_ids, p_mask, p_pos = prompts[:, :P], prompts[:, P:2 * P], prompts[:, 2 * P:]
+    cache = DynamicCache(config=model.config)
+    if pack_prompts and supports_varlen_attention(model) and bool(p_mask[:, -1].all()):
+        head_logits = packed_prompt_pass(model, p_ids, p_mask, p_pos, cache)
+    else:
+        head_logits = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=cache, use_cache=True,
+                            logits_to_keep=1).logits
+    layers = cache.layers
     if not all(type(layer) in _PLAIN_LAYERS for layer in layers):
         raise RuntimeError(f"shared-prefix forward: {type(model).__name__}'s cache has layers "
                            f"{sorted({type(layer).__name__ for layer in layers})}; only "
@@ -106,9 +117,9 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     for layer in layers:  # each row's copy of its prompt's keys and values (differentiable gather)
         layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
     if T == 1:
-        return head.logits[inverse]
+        return head_logits[inverse]
     # the last response token predicts nothing that is used: the response pass stops before it (a slice of its logits
     # instead cost a zero-filled (b, T, V) gradient in the backward)
     tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
-                 position_ids=position_ids[:, P:-1], cache=head.cache, use_cache=True, logits_to_keep=T - 1)
-    return torch.cat([head.logits[inverse], tail.logits], 1)
+                 position_ids=position_ids[:, P:-1], cache=cache, use_cache=True, logits_to_keep=T - 1)
+    return torch.cat([head_logits[inverse], tail.logits], 1)

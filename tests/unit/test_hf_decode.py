@@ -136,7 +136,8 @@ def test_sampling_draws_from_generates_distribution(model):
     torch.manual_seed(5)
     got, logits = decode(model, ids, mask, 1, [], PAD, True, 0.7, 20, 0.9, output_logits=True)
     _, want_logits = _generate(model, ids[:1], mask[:1], 1, [], True, 0.7, 20, 0.9)
-    torch.testing.assert_close(logits[:1], want_logits, rtol=0, atol=0)  # one step: the prefill, plain SDPA
+    # one step: the prefill, plain SDPA; to float rounding, as decode drops the 4 pad columns generate attends over
+    torch.testing.assert_close(logits[:1], want_logits, rtol=0, atol=1e-6)
     p = next_token_probs(want_logits[:, 0], sampling_warpers(True, 0.7, 20, 0.9))[0].double()
     freq = torch.bincount(got[:, 0], minlength=VOCAB).double() / 4000
     assert (freq[p == 0] == 0).all()
@@ -163,6 +164,33 @@ def test_grouped_decode_with_uneven_groups_in_any_row_order(model):
     assert torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=1e-5)
     assert model.config._attn_implementation == "sdpa"  # restored after the decode
+
+
+def _prefill_widths(model, run):
+    """``run()``'s result and the input shapes of every forward of ``model`` during it."""
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    try:
+        return run(), seen
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("n", [1, 2])  # distinct prompts (per-row cache) and repeated ones (grouped decode)
+def test_packed_prefill_and_dropped_pad_columns_give_generates_tokens_and_logits(model, n):
+    # prompts of 7, 3, 5, 1, 7 tokens with 3 more all-pad columns in front (max_prompt_length > the longest
+    # prompt): the prefill runs on 7 columns, not 10, and packed (use_remove_padding) on the 5 distinct prompts'
+    # 23 valid tokens as one (1, 23) sequence. Greedy tokens are generate's; logits to float rounding.
+    ids, mask = _prompts(n)
+    pads = torch.zeros((len(ids), 3), dtype=torch.long)
+    ids, mask = torch.cat([pads + PAD, ids], 1), torch.cat([pads, mask], 1)
+    want, want_logits = _generate(model, ids, mask, 8, [], False)
+    for packed, prefill in ((False, (5, 7)), (True, (1, 23))):
+        (got, got_logits), seen = _prefill_widths(
+            model, lambda: decode(model, ids, mask, 8, [], PAD, False, output_logits=True, pack_prompts=packed))
+        assert seen[0] == prefill and len(seen) == 8  # the prefill, then 7 decode steps
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=1e-5)
 
 
 def test_no_eos_runs_every_step_and_no_padding_drops_the_mask(model):

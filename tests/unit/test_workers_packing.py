@@ -93,6 +93,7 @@ def test_worker_flag_sets_packing(tiny_model_dir):
         tiny_model_dir, "actor_rollout_ref.model.use_remove_padding=True"), "role": "actor_rollout_ref"})
     wg.execute_all("init_model")
     assert wg.worker.actor.use_remove_padding and wg.worker.ref.use_remove_padding
+    assert wg.worker.rollout.use_remove_padding  # the HF rollout's prefill packs too
 
 
 def test_critic_packed_equals_padded(group, tiny_model_dir):

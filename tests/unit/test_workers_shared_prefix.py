@@ -46,9 +46,10 @@ def tiny_lm() -> Qwen2ForCausalLM:
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
 
 
-def response_log_probs(model, b, shared: bool) -> torch.Tensor:
+def response_log_probs(model, b, shared: bool, pack_prompts: bool = False) -> torch.Tensor:
     if shared:
-        logits = shared_prefix_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], T)
+        logits = shared_prefix_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], T,
+                                      pack_prompts=pack_prompts)
     else:
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                        position_ids=b["position_ids"], logits_to_keep=T + 1).logits[:, :-1]
@@ -69,6 +70,42 @@ def test_log_probs_and_gradients_equal_the_plain_forward():
     torch.testing.assert_close(lp1[valid], lp0[valid], rtol=0, atol=1e-5)
     for k in g0:  # the prompt pass receives the gradients of all N responses through the gathered keys/values
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_packed_prompt_pass_gives_the_plain_forwards_log_probs_and_gradients():
+    # use_remove_padding: the prompt pass runs the 3 prompts' 7 + 6 + 5 = 18 valid tokens as one (1, 18) sequence
+    # (left pads 0, 1, 2: 21 positions padded) with attention per prompt, its keys and values laid out as the padded
+    # pass's; log-probs and every gradient equal the plain forward's. A key scattered one column off, attention
+    # across prompts or a pad key left unmasked each change the log-probs.
+    model, b = tiny_lm(), grouped_batch()
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    grads = []
+    try:
+        for shared, packed in ((False, False), (True, True)):
+            model.zero_grad()
+            lp = response_log_probs(model, b, shared, pack_prompts=packed)
+            (lp * b["response_mask"]).sum().backward()
+            grads.append((lp.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    finally:
+        hook.remove()
+    assert seen == [(U * N, P + T), (1, 18), (U * N, T - 1)]  # plain; then packed prompts, responses
+    (lp0, g0), (lp1, g1) = grads
+    valid = b["response_mask"].bool()
+    torch.testing.assert_close(lp1[valid], lp0[valid], rtol=0, atol=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token():
+    from rlhf_core.workers.packing import packed_prompt_pass
+    from transformers import DynamicCache
+
+    model, b = tiny_lm(), grouped_batch()
+    ids, mask, pos = (b[k][::N, :P].clone() for k in ("input_ids", "attention_mask", "position_ids"))
+    mask[1, -1] = 0  # prompt 1 right-padded: its last token is not in the last column
+    with pytest.raises(ValueError, match="prompt 1 has padding in its last column"):
+        packed_prompt_pass(model, ids, mask, pos, DynamicCache(config=model.config))
 
 
 def test_one_token_responses_need_only_the_prompt_pass():
@@ -104,8 +141,8 @@ def test_worker_update_is_the_same_with_and_without_sharing(tiny_model_dir, monk
 
     results, used = [], []
 
-    def counting(*args):
-        out = shared_prefix_logits(*args)
+    def counting(*args, **kwargs):
+        out = shared_prefix_logits(*args, **kwargs)
         used.append(out is not None)
         return out
 

@@ -39,6 +39,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
+from rlhf_core.workers.packing import packed_prompt_pass, supports_varlen_attention
 from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, sdpa_full_attention,
                                                          supports_decode_step, supports_grouped_decode)
 
@@ -145,7 +146,7 @@ def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torc
 @torch.no_grad()
 def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            eos_ids: Sequence[int], pad_token_id: int, do_sample: bool, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, output_logits: bool = False):
+           top_p: float = 1.0, output_logits: bool = False, pack_prompts: bool = False):
     """Generate up to ``max_new_tokens`` tokens after left-padded prompts, as ``model.generate`` would (greedy: the
     same tokens; sampled: from the same distributions).
 
@@ -157,6 +158,12 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
         do_sample: sample (temperature/top-k/top-p, one uniform per row per step from the global torch RNG:
             :func:`sample_categorical`) or greedy (argmax).
         output_logits: also return the raw float32 logits of every step.
+        pack_prompts: run the prefill on the distinct prompts' valid tokens only
+            (:func:`~rlhf_core.workers.packing.packed_prompt_pass`, ``use_remove_padding``) where the model attends
+            packed per sequence and some prompt is padded; the padded prefill otherwise.
+
+    Columns that are padding in every row are dropped before the prefill (prompts arrive left-padded to
+    ``data.max_prompt_length``); positions count valid tokens, so no output changes.
 
     Returns:
         ``(tokens (b, n) int64, logits (b, n, V) float32 or None)`` where ``n ≤ max_new_tokens`` is the number of
@@ -164,6 +171,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     """
     b, _ = input_ids.shape
     dev = input_ids.device
+    k = int(attention_mask.any(dim=0).int().argmax())  # leading columns that are padding in every row
+    input_ids, attention_mask = input_ids[:, k:], attention_mask[:, k:]
     warpers = sampling_warpers(do_sample, temperature, top_k, top_p)
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
     has_eos = eos.numel() > 0
@@ -174,15 +183,19 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=dev).scatter_reduce(
         0, inverse, torch.arange(b, device=dev), "amin")
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids[first], attention_mask=None if mask is None else mask[first],
-                position_ids=position_ids[first], cache=cache, use_cache=True, logits_to_keep=1)
+    if (pack_prompts and mask is not None and supports_varlen_attention(model)
+            and bool(attention_mask[first][:, -1].all())):
+        prefill_logits = packed_prompt_pass(model, input_ids[first], mask[first], position_ids[first], cache)
+    else:
+        prefill_logits = model(input_ids=input_ids[first], attention_mask=None if mask is None else mask[first],
+                               position_ids=position_ids[first], cache=cache, use_cache=True, logits_to_keep=1).logits
     # repeated prompts on a Llama-form SDPA model: each prompt's keys/values read once per step for all its rows
     grouped = None
     if uniq.shape[0] < b and supports_grouped_decode(model):
         grouped = group_cache(cache, inverse, attention_mask[first], max_new_tokens)
     if grouped is None:
         _expand_cache(cache, inverse, max_new_tokens)
-    out_logits = out.logits[inverse]
+    out_logits = prefill_logits[inverse]
     tokens = torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
     raw = [] if output_logits else None
     unfinished = torch.ones(b, dtype=torch.bool, device=dev)

@@ -53,6 +53,7 @@ class HFRollout:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = eos_ids_of(module, tokenizer)
         self.lean_decode = supports_lean_decode(module)
+        self.use_remove_padding = False  # actor_rollout_ref.model.use_remove_padding (packed prefill), set by the worker
 
     @torch.no_grad()
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -70,7 +71,7 @@ class HFRollout:
         if self.lean_decode:  # generate's distributions (hf_decode.py), without its per-token overhead
             gen, raw_logits = decode(self.module, ids, mb["attention_mask"].to(dev), T, eos, self.pad_token_id,
                                      params["do_sample"], params["temperature"], params["top_k"], params["top_p"],
-                                     output_logits=calc_lp)
+                                     output_logits=calc_lp, pack_prompts=self.use_remove_padding)
         else:
             gen_cfg = GenerationConfig(
                 do_sample=params["do_sample"], temperature=params["temperature"] if params["do_sample"] else None,
