@@ -5,7 +5,9 @@ valid tokens; the packed forward runs one row ``(1, n)`` whose ``position_ids`` 
 attends within each sequence only. The outputs are scattered back to ``(b, L, ·)`` (zeros at pads), so callers
 slice them exactly like the padded path. Used by the actor and reference (:func:`packed_logits`), the critic, the
 reward model (:func:`packed_forward`, its score read at each sequence's last token) and SFT
-(:func:`packed_next_token_ce`).
+(:func:`packed_next_token_ce`). Where the CPU path runs each repeated prompt once (``shared_prefix.py``) and in
+the HF rollout's prefill, :func:`packed_prompt_pass` packs the distinct prompts and lays their keys and values out
+as the padded cache the response tokens attend to.
 
 Cost: the projections, MLP and head run on ``n`` instead of ``b·L`` positions (the padding share is saved).
 Attention:

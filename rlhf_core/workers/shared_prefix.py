@@ -6,7 +6,8 @@ row's keys and values from its prompt's (an index, so gradients from all ``n`` r
 prompt pass), and runs the responses against them. The response logits equal the plain forward's up to float
 rounding (tests/unit/test_workers_shared_prefix.py: log-probs and gradients to 1e-5), and the update's arithmetic
 shrinks with the repeated prompt tokens (Countdown preset: 256 rows of 31 + ≤ 12 tokens become 32 prompts + 256
-responses). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).
+responses). With ``use_remove_padding`` the prompt pass runs the prompts' valid tokens only
+(``packing.packed_prompt_pass``). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).
 
 Whether the shared path can run is decided from the model alone, before any forward; whether it runs for a
 micro-batch is the same on every rank: it runs when a prompt repeats in the micro-batch of *any* rank (a scalar

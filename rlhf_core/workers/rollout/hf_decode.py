@@ -4,7 +4,8 @@
 check, ``prepare_inputs_for_generation`` (input slicing and clones, kwarg filtering) and model-kwarg bookkeeping;
 for the small models this project trains on CPU that time is a large share of a decode step. :func:`decode`
 runs the same computation directly: one prefill forward per *distinct* prompt (``rollout.n`` repeats each prompt),
-then one forward per token.
+then one forward per token. The prefill drops the columns that are padding in every row, and with
+``use_remove_padding`` runs the prompts' valid tokens only (``packing.packed_prompt_pass``).
 
 * When prompts repeat on a Llama-form SDPA model, the decode steps keep each prompt's keys and values once and
   attend to them for all its rows (``grouped_attention.py``, outputs equal to float rounding); for stock
