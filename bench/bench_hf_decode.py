@@ -1,12 +1,13 @@
 """HF rollout decode speed: ``model.generate`` (dynamic / static KV cache) vs our lean loop (``hf_decode.decode``).
 
     OMP_NUM_THREADS=1 python bench/bench_hf_decode.py [--size 1m|20m] [--prompts 32] [--n 4] [--new-tokens 32 128]
-        [--reps 5] [--variants generate,generate_static,lean]
+        [--reps 5] [--variants generate,generate_static,lean,lean_packed]
 
 Same tiny Qwen2 and GSM8K prompts as ``bench_ppo_step.py`` (``--size`` as there), chat-templated and left-padded,
 each prompt repeated ``--n`` times; sampling at temperature 1 (no top-k/top-p), ``ignore_eos`` so every variant
-decodes exactly ``--new-tokens`` steps. Prints median / min / max seconds over ``--reps`` calls per variant (after
-one warm-up call) and each variant's median relative to ``generate``.
+decodes exactly ``--new-tokens`` steps; ``lean_packed`` is the lean loop with its prefill packed
+(``use_remove_padding``). Prints median / min / max seconds over ``--reps`` calls per variant (after one warm-up
+call each; the variants' calls taken in turn) and each variant's median relative to ``generate``.
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def run_variant(name, model, tok, enc, T):
 
     from rlhf_core.workers.rollout.hf_decode import decode
 
-    if name == "lean":
-        return decode(model, enc["input_ids"], enc["attention_mask"], T, [], tok.pad_token_id, True)[0]
+    if name in ("lean", "lean_packed"):  # lean_packed: the prefill packed (use_remove_padding)
+        return decode(model, enc["input_ids"], enc["attention_mask"], T, [], tok.pad_token_id, True,
+                      pack_prompts=name == "lean_packed")[0]
     cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=T, num_beams=1,
                            pad_token_id=tok.pad_token_id, eos_token_id=[], use_cache=True,
                            cache_implementation="static" if name == "generate_static" else None)
@@ -76,18 +78,20 @@ def main(argv=None) -> int:
           f"(left-padded), torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     variants = [v.strip() for v in args.variants.split(",")]
     for T in args.new_tokens:
-        med = {}
+        med, times = {}, {name: [] for name in variants}
         for name in variants:
             torch.manual_seed(0)
             out = run_variant(name, model, tok, enc, T)  # warm-up
             assert out.shape[1] == T, (name, out.shape)
-            times = []
-            for _ in range(args.reps):
+        for _ in range(args.reps):  # the variants in turn, so a drifting host slows each alike
+            for name in variants:
                 t = time.perf_counter()
                 run_variant(name, model, tok, enc, T)
-                times.append(time.perf_counter() - t)
-            med[name] = statistics.median(times)
-            print(f"T={T:4d} {name:16s} median {med[name]:7.3f} s  min {min(times):7.3f}  max {max(times):7.3f}  "
+                times[name].append(time.perf_counter() - t)
+        for name in variants:
+            med[name] = statistics.median(times[name])
+            print(f"T={T:4d} {name:16s} median {med[name]:7.3f} s  min {min(times[name]):7.3f}  "
+                  f"max {max(times[name]):7.3f}  "
                   f"({T * enc['input_ids'].shape[0] / med[name]:7.0f} tokens/s)"
                   + (f"  {med['generate'] / med[name]:.2f}x generate" if "generate" in med and name != "generate" else ""),
                   flush=True)

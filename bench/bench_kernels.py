@@ -20,13 +20,14 @@
   distinct rows (prompts of 60-180 tokens left-padded, responses of 32-128 right-padded; one in three positions is
   padding) of random tiny Qwen2 models of the 1 M and 20 M sizes: padded, packed with transformers' block-diagonal
   mask (``n × n``), and packed with ``packing.varlen_sdpa`` (attention per sequence); then 8 of those prompts × 4
-  (``rollout.n`` = 4, responses as before): the shared-prefix path (what CPU runs for repeated prompts, packed or
-  not) vs varlen packing.
+  (``rollout.n`` = 4, responses as before): the shared-prefix path (what CPU runs for repeated prompts), the same
+  with its prompt pass packed (what ``use_remove_padding`` runs there) and varlen packing, each variant's calls
+  taken in turn. ``--packing-sizes`` adds the 100 M model.
 * ``rm_packing``: the reward model's scoring forward (no gradient) on the 32 distinct rows, padded vs varlen packed
   (``reward_model.model.use_remove_padding``), random tiny ``Qwen2ForSequenceClassification`` models of both sizes.
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
-        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing]
+        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing] [--packing-sizes 1m,20m,100m]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -43,6 +44,20 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def _interleaved_median_ms(fns: list, reps: int) -> list[float]:
+    """The median milliseconds of each of ``fns`` over ``reps`` calls after one warm-up call each, the calls taken in
+    turn (rep 1 of every function, then rep 2, ...), so that a host whose speed drifts slows every variant alike."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, out in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -225,7 +240,9 @@ _RAGGED = (32, 180, 128)  # rows, prompt width, response width of the packing be
 _PACKING_SIZES = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                              num_key_value_heads=2),
                   "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
-                              num_key_value_heads=2)}
+                              num_key_value_heads=2),
+                  "100m": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=14, num_attention_heads=12,
+                               num_key_value_heads=4)}
 
 
 def _ragged_rows() -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,7 +256,7 @@ def _ragged_rows() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(1, 2000, (b, P + T), generator=g) * mask, mask
 
 
-def bench_packing(reps: int) -> None:
+def bench_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf_core.protocol import Batch
@@ -255,8 +272,10 @@ def bench_packing(reps: int) -> None:
     never = lambda model: False  # noqa: E731
     variants = {"32 distinct prompts": (("padded", False, varlen, shared), ("transformers packed", True, never, shared),
                                         ("varlen packed", True, varlen, shared)),
-                "8 prompts x 4": (("shared prefix", False, varlen, shared), ("varlen packed", True, varlen, never))}
-    for name, size in _PACKING_SIZES.items():
+                "8 prompts x 4": (("shared prefix", False, varlen, shared),
+                                  ("shared prefix, packed prompts", True, varlen, shared),
+                                  ("varlen packed", True, varlen, never))}
+    for name, size in ((k, _PACKING_SIZES[k]) for k in sizes):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
         for label, mb in batches:
@@ -266,20 +285,22 @@ def bench_packing(reps: int) -> None:
                 lp = torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])
                 lp.mul(mb["attention_mask"][:, -T:, None]).sum().backward()
 
-            row = []
-            for variant, packed, varlen_check, shared_check in variants[label]:
+            def run(packed: bool, varlen_check, shared_check) -> None:
                 packing.supports_varlen_attention, actor.supports_shared_prefix = varlen_check, shared_check
                 try:
-                    row.append((variant, _median_ms(lambda: step(packed), max(3, reps // 10))))
+                    step(packed)
                 finally:
                     packing.supports_varlen_attention, actor.supports_shared_prefix = varlen, shared
+
+            fns = [lambda v=v: run(*v[1:]) for v in variants[label]]
+            row = list(zip((v[0] for v in variants[label]), _interleaved_median_ms(fns, max(3, reps // 10))))
             valid = int(mb["attention_mask"].sum())
             print(f"response-logits forward + backward, {name:>3}, {label}, {valid} of {mb['attention_mask'].numel()} "
                   "positions valid: " + "   ".join(f"{v} {ms:8.1f} ms" for v, ms in row)
-                  + f"   ({row[0][0]} / varlen packed {row[0][1] / row[-1][1]:.2f}x)")
+                  + "   (" + ", ".join(f"{row[0][0]} / {v} {row[0][1] / ms:.2f}x" for v, ms in row[1:]) + ")")
 
 
-def bench_rm_packing(reps: int) -> None:
+def bench_rm_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     """The reward model's scoring forward (no gradient), padded against ``use_remove_padding``'s varlen pack, on
     32 distinct rows of 60-180 prompt and 32-128 response tokens (the first batch of :func:`bench_packing`)."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
@@ -288,7 +309,7 @@ def bench_rm_packing(reps: int) -> None:
 
     ids, mask = _ragged_rows()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    for name, size in _PACKING_SIZES.items():
+    for name, size in ((k, _PACKING_SIZES[k]) for k in sizes):
         torch.manual_seed(0)
         rm = Qwen2ForSequenceClassification(Qwen2Config(vocab_size=2000, num_labels=1, pad_token_id=0, **size)).eval()
         packed_ids, packed_pos, index = packing.pack_inputs(ids, mask, pos)
@@ -305,13 +326,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing and rm_packing, of "
+                    f"{','.join(_PACKING_SIZES)}")
     args = ap.parse_args(argv)
+    sizes = tuple(k.strip() for k in args.packing_sizes.split(","))
+    unknown = [k for k in sizes if k not in _PACKING_SIZES]
+    if unknown:
+        raise SystemExit(f"--packing-sizes: unknown size(s) {unknown}; choose from {list(_PACKING_SIZES)}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"1-min load {os.getloadavg()[0]:.2f}")
     for name in args.only.split(","):
         {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
          "logprob_memory": bench_logprob_memory, "raycall": bench_raycall,
-         "packing": bench_packing, "rm_packing": bench_rm_packing}[name.strip()](args.reps)
+         "packing": lambda reps: bench_packing(reps, sizes),
+         "rm_packing": lambda reps: bench_rm_packing(reps, sizes)}[name.strip()](args.reps)
     return 0
 
 
