@@ -137,8 +137,8 @@ def test_shared_prefix_update_on_two_ray_ranks_matches_one_local_rank(ray_sessio
 
     used = []
 
-    def counting(*args):
-        out = shared_prefix_logits(*args)
+    def counting(*args, **kwargs):
+        out = shared_prefix_logits(*args, **kwargs)
         used.append(out is not None)
         return out
 

@@ -237,18 +237,19 @@ def test_a_layout_for_another_pack_is_refused():
 
 def test_repeated_prompts_take_the_shared_prefix_on_cpu(monkeypatch):
     # rows 0-1 and 2-3 share their prompts (rollout.n = 2): with use_remove_padding on CPU the prompt runs once per
-    # pair (the shared-prefix path), and the logits equal the padded forward's
+    # pair (the shared-prefix path) with its prompt pass packed (per-sequence attention in each of the 2 layers; the
+    # response pass attends to the cache), and the logits equal the padded forward's
     model = _model()
     mb = _batch(prompts=((6, 5), (6, 2), (3, 4), (3, 1)), hole=False)
     ids = mb["input_ids"]
     ids[1, :7], ids[3, :7] = ids[0, :7], ids[2, :7]
     calls = []
     real = actor_mod.shared_prefix_logits
-    monkeypatch.setattr(actor_mod, "shared_prefix_logits", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(actor_mod, "shared_prefix_logits", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
     batch = Batch(dict(mb), {}, {})
     with _Count() as count:
         out = forward_response_logits(model, batch, T, use_remove_padding=True)
-    assert len(calls) == 1 and calls[0] is not None and count.calls == 0
+    assert len(calls) == 1 and calls[0] is not None and count.calls == 2
     ref = _padded_logits(model, mb)[:, -T - 1:-1]
     valid = mb["attention_mask"][:, -T:].bool()
     assert torch.allclose(out[valid], ref[valid], atol=1e-5)
