@@ -75,8 +75,8 @@ def test_log_probs_and_gradients_equal_the_plain_forward():
 def test_packed_prompt_pass_gives_the_plain_forwards_log_probs_and_gradients():
     # use_remove_padding: the prompt pass runs the 3 prompts' 7 + 6 + 5 = 18 valid tokens as one (1, 18) sequence
     # (left pads 0, 1, 2: 21 positions padded) with attention per prompt, its keys and values laid out as the padded
-    # pass's; log-probs and every gradient equal the plain forward's. A key scattered one column off, attention
-    # across prompts or a pad key left unmasked each change the log-probs.
+    # pass's; log-probs and every gradient equal the plain forward's. A key scattered one column off, or attention
+    # across prompts (no per-sequence layout), fails this test.
     model, b = tiny_lm(), grouped_batch()
     seen = []
     hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
