@@ -123,7 +123,7 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
     the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads), except on CPU for a
     micro-batch whose prompts repeat, which takes the shared-prefix path below (faster there; its prompt pass then
-    runs packed). The padded forward stops
+    runs packed where the model attends per sequence: ``packing.supports_varlen_attention``). The padded forward stops
     before the last position (its logits predict nothing used; not under active dropout), and when the model takes
     ``logits_to_keep`` the LM head runs on the ``T`` positions wanted only (the prompt's logits are never used:
     ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns that are

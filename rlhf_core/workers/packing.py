@@ -219,8 +219,12 @@ def packed_prompt_pass(model: nn.Module, input_ids: torch.Tensor, attention_mask
     Call only where :func:`supports_varlen_attention` holds (its cache layers are plain key/value layers).
 
     Raises:
-        ValueError: a prompt whose last column is padding (an empty prompt: left padding puts every prompt's last
-            token there), a model :func:`packing_unsupported` names, and from :func:`pack_inputs`."""
+        ValueError: a model that does not attend per sequence (:func:`supports_varlen_attention`), a prompt whose
+            last column is padding (an empty prompt: left padding puts every prompt's last token there), a model
+            :func:`packing_unsupported` names, and from :func:`pack_inputs`."""
+    if not supports_varlen_attention(model):
+        raise ValueError(f"packed prompt pass: {type(model).__name__} does not attend per sequence in a pack "
+                         "(a Llama-form decoder on SDPA with full attention in every layer)")
     u, P = input_ids.shape
     if not bool(attention_mask[:, -1].all()):
         row = int((attention_mask[:, -1] == 0).nonzero()[0, 0])

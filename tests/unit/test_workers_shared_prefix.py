@@ -97,7 +97,7 @@ def test_packed_prompt_pass_gives_the_plain_forwards_log_probs_and_gradients():
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token():
+def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token_and_other_attention():
     from rlhf_core.workers.packing import packed_prompt_pass
     from transformers import DynamicCache
 
@@ -105,6 +105,10 @@ def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token():
     ids, mask, pos = (b[k][::N, :P].clone() for k in ("input_ids", "attention_mask", "position_ids"))
     mask[1, -1] = 0  # prompt 1 right-padded: its last token is not in the last column
     with pytest.raises(ValueError, match="prompt 1 has padding in its last column"):
+        packed_prompt_pass(model, ids, mask, pos, DynamicCache(config=model.config))
+    mask[1, -1] = 1
+    model.config._attn_implementation = "eager"  # no per-sequence attention: refused before any forward
+    with pytest.raises(ValueError, match="does not attend per sequence"):
         packed_prompt_pass(model, ids, mask, pos, DynamicCache(config=model.config))
 
 

@@ -164,7 +164,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             packed per sequence and some prompt is padded; the padded prefill otherwise.
 
     Columns that are padding in every row are dropped before the prefill (prompts arrive left-padded to
-    ``data.max_prompt_length``); positions count valid tokens, so no output changes.
+    ``data.max_prompt_length``); positions count valid tokens, so the logits are the same to float rounding (in bf16
+    a rounding step can flip a sampled draw, so a sampled bf16 rollout can differ from the untrimmed one's).
 
     Returns:
         ``(tokens (b, n) int64, logits (b, n, V) float32 or None)`` where ``n ≤ max_new_tokens`` is the number of
