@@ -186,11 +186,12 @@ def check_packing_support(model: nn.Module, key: str) -> None:
 
 
 def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.Tensor, ids: torch.Tensor,
-                   pos: torch.Tensor, **inputs):
+                   pos: torch.Tensor, cache=None, **inputs):
     """``model(...)`` of a pack (``ids``/``pos`` ``(1, n)`` from :func:`pack_inputs` of the ``(b, L)``
     ``attention_mask``, ``index (n,)`` their flat positions): per sequence through :func:`varlen_sdpa` where
     :func:`supports_varlen_attention` holds, else through transformers' packed path (``attention_mask=None``: it
-    detects the restarts of ``pos``). Returns the model's output, its per-token tensors ``(1, n, ·)``.
+    detects the restarts of ``pos``). Returns the model's output, its per-token tensors ``(1, n, ·)``; with
+    ``cache`` (an empty ``DynamicCache``) the keys and values are kept there, ``(1, KV, n, d)`` per layer.
 
     Raises:
         ValueError: a model :func:`packing_unsupported` names (the workers refuse it at start-up already)."""
@@ -200,9 +201,10 @@ def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.
         # it loudly if the layout ever failed to reach the attention
         placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=ids.device)
         layout = varlen_layout(attention_mask, index, pos)
-        return model(input_ids=ids, position_ids=pos, attention_mask=placeholder, use_cache=False,
-                     **{LAYOUT_KWARG: layout}, **inputs)
-    return model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **inputs)
+        return model(input_ids=ids, position_ids=pos, attention_mask=placeholder, cache=cache,
+                     use_cache=cache is not None, **{LAYOUT_KWARG: layout}, **inputs)
+    return model(input_ids=ids, position_ids=pos, attention_mask=None, cache=cache, use_cache=cache is not None,
+                 **inputs)
 
 
 def packed_prompt_pass(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -230,13 +232,10 @@ def packed_prompt_pass(model: nn.Module, input_ids: torch.Tensor, attention_mask
         row = int((attention_mask[:, -1] == 0).nonzero()[0, 0])
         raise ValueError(f"packed prompt pass: prompt {row} has padding in its last column (an empty or "
                          "right-padded prompt)")
-    check_packing_support(model, "use_remove_padding")
     ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
     rows, cols = torch.div(index, P, rounding_mode="floor"), index % P
     last = (cols == P - 1).nonzero(as_tuple=True)[0]  # each prompt's last token in the pack, in row order
-    placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=ids.device)  # as in packed_forward
-    out = model(input_ids=ids, position_ids=pos, attention_mask=placeholder, cache=cache, use_cache=True,
-                logits_to_keep=last, **{LAYOUT_KWARG: varlen_layout(attention_mask, index, pos)})
+    out = packed_forward(model, attention_mask, index, ids, pos, cache=cache, logits_to_keep=last)
 
     def padded(x: torch.Tensor) -> torch.Tensor:  # (1, KV, n, d) in pack order -> (u, KV, P, d), zeros at pads
         grid = x.new_zeros((u, x.shape[1], P, x.shape[3]))
