@@ -61,13 +61,7 @@ def _interleaved_median_ms(fns: list, reps: int) -> list[float]:
 
 
 def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return _interleaved_median_ms([fn], reps)[0]
 
 
 def bench_sampling(reps: int) -> None:
