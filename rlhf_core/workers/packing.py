@@ -38,6 +38,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as _SDPA
 
+from rlhf_core.workers.matmul_attention import matmul_attention, prefers_matmul_attention
 from rlhf_core.workers.rollout.grouped_attention import supports_grouped_decode
 
 LAYOUT_KWARG = "rlhf_varlen_layout"  # the forward keyword that carries a pack's layout down to the attention
@@ -105,12 +106,23 @@ def varlen_layout(attention_mask: torch.Tensor, index: torch.Tensor, packed_posi
     return VarlenLayout(src, dst, b, max_len)
 
 
+def sdpa(module: nn.Module | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         attention_mask: torch.Tensor | None, dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+    """Transformers' SDPA attention (``sdpa_attention_forward``), computed by
+    :func:`~rlhf_core.workers.matmul_attention.matmul_attention` where that is faster (bf16 on CPU, bounded score
+    size: :func:`~rlhf_core.workers.matmul_attention.prefers_matmul_attention`). Same arguments and result."""
+    if prefers_matmul_attention(query, key, attention_mask, dropout, kwargs):
+        return matmul_attention(module, query, key, value, attention_mask, dropout, **kwargs)
+    return _SDPA(module, query, key, value, attention_mask, dropout, **kwargs)
+
+
 def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, *args, **kwargs) -> tuple[torch.Tensor, None]:
-    """The ``sdpa`` entry of transformers' ``AttentionInterface``: transformers' own SDPA attention, except for a
-    packed forward that carries its :class:`VarlenLayout` as the ``rlhf_varlen_layout`` keyword (transformers
-    passes a forward's extra keywords down to the attention, and activation checkpointing replays them in its
-    recompute): then causal attention within each sequence of the pack.
+    """The ``sdpa`` entry of transformers' ``AttentionInterface``: transformers' own SDPA attention (through
+    :func:`sdpa`, bf16 on CPU by matrix products), except for a packed forward that carries its
+    :class:`VarlenLayout` as the ``rlhf_varlen_layout`` keyword (transformers passes a forward's extra keywords down
+    to the attention, and activation checkpointing replays them in its recompute): then causal attention within
+    each sequence of the pack.
 
     Packed: ``query (1, H, n, d)``, ``key``/``value (1, KV, n, d)`` in packed order → ``(1, n, H, d)``. Each is
     gathered into ``(b, ·, max_len, d)`` by the layout and run through transformers' SDPA with ``is_causal=True``
@@ -121,7 +133,7 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
         RuntimeError: a layout whose token count is not the query's (a layout passed to another forward)."""
     layout = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
-        return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
     if query.shape[0] != 1 or query.shape[2] != layout.dst.numel():
         raise RuntimeError(f"{LAYOUT_KWARG}: a layout of {layout.dst.numel()} tokens for query {tuple(query.shape)}")
 
@@ -129,7 +141,7 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
         h, d = x.shape[1], x.shape[3]
         return x[0].transpose(0, 1).index_select(0, layout.src).view(layout.rows, layout.max_len, h, d).transpose(1, 2)
 
-    out, _ = _SDPA(module, grid(query), grid(key), grid(value), None, *args, **{**kwargs, "is_causal": True})
+    out, _ = sdpa(module, grid(query), grid(key), grid(value), None, *args, **{**kwargs, "is_causal": True})
     H, d = out.shape[2], out.shape[3]  # (b, max_len, H, d)
     return out.reshape(-1, H, d).index_select(0, layout.dst).unsqueeze(0), None
 
