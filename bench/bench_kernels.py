@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind seven choices of the GRPO step on CPU, each against the alternative it replaced:
+"""Micro-benchmarks behind eight choices of the GRPO step on CPU, each against the alternative it replaced:
 
 * ``sampling``: one draw per row from softmax probabilities, ``torch.multinomial`` (one exponential per vocabulary
   entry on CPU) vs ``hf_decode.sample_categorical`` (inverse transform, one uniform per row), 32 rows, vocabularies
@@ -25,9 +25,13 @@
   taken in turn. ``--packing-sizes`` adds the 100 M model.
 * ``rm_packing``: the reward model's scoring forward (no gradient) on the 32 distinct rows, padded vs varlen packed
   (``reward_model.model.use_remove_padding``), random tiny ``Qwen2ForSequenceClassification`` models of both sizes.
+* ``attention``: bf16 attention forward and backward on the update's shapes, transformers' SDPA (torch's CPU
+  flash kernel) vs ``matmul_attention`` (what the "sdpa" entry runs for bf16 on CPU), float32 alongside; then the
+  bf16 response-logits forward and backward of 8 prompts × 4 with each (``--packing-sizes`` as for ``packing``).
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
-        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing] [--packing-sizes 1m,20m,100m]
+        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,attention]
+        [--packing-sizes 1m,20m,100m]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
 """
@@ -316,11 +320,71 @@ def bench_rm_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
               f"padded {padded:8.1f} ms   varlen packed {packed:8.1f} ms   ({padded / packed:.2f}x)")
 
 
+def bench_attention(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
+    """bf16 attention on CPU: transformers' SDPA (torch's CPU flash kernel) against ``matmul_attention``, forward and
+    backward, on the update's shapes at each size's heads: the response pass of 8 prompts × 4 (32 rows of 128
+    queries against 180 prompt columns, left padding masked, and the response causal) and a packed prompt pass's
+    grid (8 rows of 180 causal). Float32 too, where SDPA is kept. Then the whole response-logits forward and
+    backward of a bf16 model (the shared prefix with packed prompts, as in ``packing``) with each attention."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rlhf_core.protocol import Batch
+    from rlhf_core.workers import actor, packing
+    from rlhf_core.workers.matmul_attention import matmul_attention
+
+    b, P, T = _RAGGED
+    ids, mask = _ragged_rows()
+    rep = torch.arange(b) // 4 * 4
+    ids, mask = torch.cat([ids[rep, :P], ids[:, P:]], 1), torch.cat([mask[rep, :P], torch.ones_like(mask[:, P:])], 1)
+    cols = torch.arange(P + T)
+    causal = cols[None, :] <= (P + torch.arange(T))[:, None]
+    response_mask = (causal[None] & mask[:, None, :].bool())[:, None]  # (32, 1, 128, 308)
+    for name, size in ((k, _PACKING_SIZES[k]) for k in sizes):
+        H, KV = size["num_attention_heads"], size["num_key_value_heads"]
+        d = size["hidden_size"] // H
+        module = torch.nn.Module()
+        module.num_key_value_groups, module.is_causal = H // KV, True
+        for dtype in (torch.bfloat16, torch.float32):
+            for label, (rows, q, k), m in (("response pass", (b, T, P + T), response_mask),
+                                           ("prompt grid", (b // 4, P, P), None)):
+                g = torch.Generator().manual_seed(0)
+                qkv = [torch.randn(rows, h, n, d, generator=g).to(dtype).requires_grad_()
+                       for h, n in ((H, q), (KV, k), (KV, k))]
+                grad = torch.randn(rows, q, H, d, generator=g).to(dtype)
+                fns = [lambda fn=fn: fn(module, *qkv, m)[0].backward(grad)
+                       for fn in (sdpa_attention_forward, matmul_attention)]
+                sdpa_ms, mm_ms = _interleaved_median_ms(fns, max(5, reps // 5))
+                print(f"attention forward + backward, {name:>4} ({H} heads, {KV} kv, d {d}), {str(dtype)[6:]:8s} "
+                      f"{label} ({rows}, {q}, {k}): SDPA {sdpa_ms:8.2f} ms   matmul {mm_ms:8.2f} ms   "
+                      f"({sdpa_ms / mm_ms:.2f}x)")
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train().to(torch.bfloat16)
+        mb = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                   {}, {})
+        prefers = packing.prefers_matmul_attention
+
+        def step(use_matmul: bool) -> None:
+            packing.prefers_matmul_attention = prefers if use_matmul else (lambda *a: False)
+            try:
+                model.zero_grad(set_to_none=True)
+                logits = actor.forward_response_logits(model, mb, T, use_remove_padding=True)
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])
+                lp.sum().backward()
+            finally:
+                packing.prefers_matmul_attention = prefers
+
+        sdpa_ms, mm_ms = _interleaved_median_ms([lambda: step(False), lambda: step(True)], max(3, reps // 10))
+        print(f"response-logits forward + backward, bf16, {name:>4}, 8 prompts x 4 x {T} (shared prefix, packed "
+              f"prompts): SDPA {sdpa_ms:8.1f} ms   matmul {mm_ms:8.1f} ms   ({sdpa_ms / mm_ms:.2f}x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing")
+    ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,"
+                    "attention")
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing and rm_packing, of "
+    ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing, rm_packing and attention, of "
                     f"{','.join(_PACKING_SIZES)}")
     args = ap.parse_args(argv)
     sizes = tuple(k.strip() for k in args.packing_sizes.split(","))
@@ -333,7 +397,8 @@ def main(argv=None) -> int:
         {"sampling": bench_sampling, "adamw": bench_adamw, "entropy": bench_entropy, "logprob": bench_logprob,
          "logprob_memory": bench_logprob_memory, "raycall": bench_raycall,
          "packing": lambda reps: bench_packing(reps, sizes),
-         "rm_packing": lambda reps: bench_rm_packing(reps, sizes)}[name.strip()](args.reps)
+         "rm_packing": lambda reps: bench_rm_packing(reps, sizes),
+         "attention": lambda reps: bench_attention(reps, sizes)}[name.strip()](args.reps)
     return 0
 
 
