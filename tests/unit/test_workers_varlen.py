@@ -260,8 +260,8 @@ def test_repeated_prompts_take_the_shared_prefix_on_cpu(monkeypatch):
 
 
 def test_unpacked_forwards_are_transformers_own_sdpa_bitwise():
-    # the "sdpa" entry diverts only calls carrying a layout: a padded forward and a cached decode step are bitwise
-    # what transformers' own SDPA attention gives
+    # in float32 the "sdpa" entry diverts only calls carrying a layout: a padded forward and a cached decode step are
+    # bitwise what transformers' own SDPA attention gives (bf16 on CPU goes to matmul_attention: its own tests)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     model = _model().eval()
