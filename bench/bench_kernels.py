@@ -26,8 +26,9 @@
 * ``rm_packing``: the reward model's scoring forward (no gradient) on the 32 distinct rows, padded vs varlen packed
   (``reward_model.model.use_remove_padding``), random tiny ``Qwen2ForSequenceClassification`` models of both sizes.
 * ``attention``: bf16 attention forward and backward on the update's shapes, transformers' SDPA (torch's CPU
-  flash kernel) vs ``matmul_attention`` (what the "sdpa" entry runs for bf16 on CPU), float32 alongside; then the
-  bf16 response-logits forward and backward of 8 prompts × 4 with each (``--packing-sizes`` as for ``packing``).
+  flash kernel) vs ``matmul_attention`` (what the "sdpa" entry runs for bf16 on CPU), float32 alongside; then, for
+  a bf16 copy of a float32 model, each one's log-prob error against the float32 model and the response-logits
+  forward and backward of 8 prompts × 4 (``--packing-sizes`` as for ``packing``).
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
         [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,attention]
@@ -38,6 +39,7 @@ Prints the median microseconds / milliseconds of each variant over ``--reps`` ca
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -324,8 +326,9 @@ def bench_attention(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     """bf16 attention on CPU: transformers' SDPA (torch's CPU flash kernel) against ``matmul_attention``, forward and
     backward, on the update's shapes at each size's heads: the response pass of 8 prompts × 4 (32 rows of 128
     queries against 180 prompt columns, left padding masked, and the response causal) and a packed prompt pass's
-    grid (8 rows of 180 causal). Float32 too, where SDPA is kept. Then the whole response-logits forward and
-    backward of a bf16 model (the shared prefix with packed prompts, as in ``packing``) with each attention."""
+    grid (8 rows of 180 causal). Float32 too, where SDPA is kept. Then, for a bf16 copy of a float32 model, the
+    response log-probs' distance from the float32 model's with each attention, and the whole response-logits forward
+    and backward (the shared prefix with packed prompts, as in ``packing``) with each."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -359,20 +362,30 @@ def bench_attention(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
                       f"{label} ({rows}, {q}, {k}): SDPA {sdpa_ms:8.2f} ms   matmul {mm_ms:8.2f} ms   "
                       f"({sdpa_ms / mm_ms:.2f}x)")
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train().to(torch.bfloat16)
+        exact = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
+        model = copy.deepcopy(exact).to(torch.bfloat16)
         mb = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                    {}, {})
         prefers = packing.prefers_matmul_attention
 
-        def step(use_matmul: bool) -> None:
+        def logprobs(m, use_matmul: bool) -> torch.Tensor:  # (32, 128) float32, with grad
             packing.prefers_matmul_attention = prefers if use_matmul else (lambda *a: False)
             try:
-                model.zero_grad(set_to_none=True)
-                logits = actor.forward_response_logits(model, mb, T, use_remove_padding=True)
-                lp = torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])
-                lp.sum().backward()
+                logits = actor.forward_response_logits(m, mb, T, use_remove_padding=True)
             finally:
                 packing.prefers_matmul_attention = prefers
+            return torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])[..., 0]
+
+        with torch.no_grad():
+            ref = logprobs(exact, False)
+            err = [(logprobs(model, use) - ref).abs() for use in (False, True)]
+        print(f"response log-probs, bf16 against the float32 model, {name:>4}: SDPA max {float(err[0].max()):.4f} "
+              f"mean {float(err[0].mean()):.5f}   matmul max {float(err[1].max()):.4f} mean {float(err[1].mean()):.5f} "
+              "(nats)")
+
+        def step(use_matmul: bool) -> None:
+            model.zero_grad(set_to_none=True)
+            logprobs(model, use_matmul).sum().backward()
 
         sdpa_ms, mm_ms = _interleaved_median_ms([lambda: step(False), lambda: step(True)], max(3, reps // 10))
         print(f"response-logits forward + backward, bf16, {name:>4}, 8 prompts x 4 x {T} (shared prefix, packed "
