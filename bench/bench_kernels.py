@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind eight choices of the GRPO step on CPU, each against the alternative it replaced:
+"""Micro-benchmarks behind nine choices of the GRPO step on CPU, each against the alternative it replaced:
 
 * ``sampling``: one draw per row from softmax probabilities, ``torch.multinomial`` (one exponential per vocabulary
   entry on CPU) vs ``hf_decode.sample_categorical`` (inverse transform, one uniform per row), 32 rows, vocabularies
@@ -29,9 +29,11 @@
   flash kernel) vs ``matmul_attention`` (what the "sdpa" entry runs for bf16 on CPU), float32 alongside; then, for
   a bf16 copy of a float32 model, each one's log-prob error against the float32 model and the response-logits
   forward and backward of 8 prompts × 4 (``--packing-sizes`` as for ``packing``).
+* ``gather``: the shared prefix's copy of each prompt's keys to its rows, forward and backward, by indexing vs
+  ``index_select`` (what ``shared_prefix_logits`` runs), bf16 and float32.
 
     OMP_NUM_THREADS=2 python bench/bench_kernels.py [--reps 50]
-        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,attention]
+        [--only sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,attention,gather]
         [--packing-sizes 1m,20m,100m]
 
 Prints the median microseconds / milliseconds of each variant over ``--reps`` calls after one warm-up call.
@@ -392,10 +394,27 @@ def bench_attention(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
               f"prompts): SDPA {sdpa_ms:8.1f} ms   matmul {mm_ms:8.1f} ms   ({sdpa_ms / mm_ms:.2f}x)")
 
 
+def bench_gather(reps: int) -> None:
+    """The shared prefix's per-row copy of its prompt's keys (``shared_prefix_logits``): 8 prompts' ``(8, 2, 184,
+    64)`` keys (a 20 M layer's) gathered to 32 rows, forward and backward (the backward sums each prompt's 4 rows),
+    by indexing (``keys[inverse]``: backward ``index_put_`` with accumulation) and by ``index_select`` (backward
+    ``index_add_``), bf16 and float32."""
+    u, s, KV, P, d = 8, 4, 2, 184, 64
+    inverse = torch.arange(u * s) // s
+    for dtype in (torch.bfloat16, torch.float32):
+        g = torch.Generator().manual_seed(0)
+        keys = torch.randn(u, KV, P, d, generator=g).to(dtype).requires_grad_()
+        grad = torch.randn(u * s, KV, P, d, generator=g).to(dtype)
+        index_ms, select_ms = _interleaved_median_ms([lambda: keys[inverse].backward(grad),
+                                                      lambda: keys.index_select(0, inverse).backward(grad)], reps)
+        print(f"shared-prefix key gather forward + backward, {str(dtype)[6:]:8s} (8, 2, 184, 64) -> 32 rows: "
+              f"indexing {index_ms:7.2f} ms   index_select {select_ms:7.2f} ms   ({index_ms / select_ms:.1f}x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,"
-                    "attention")
+                    "attention,gather")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing, rm_packing and attention, of "
                     f"{','.join(_PACKING_SIZES)}")
@@ -411,7 +430,7 @@ def main(argv=None) -> int:
          "logprob_memory": bench_logprob_memory, "raycall": bench_raycall,
          "packing": lambda reps: bench_packing(reps, sizes),
          "rm_packing": lambda reps: bench_rm_packing(reps, sizes),
-         "attention": lambda reps: bench_attention(reps, sizes)}[name.strip()](args.reps)
+         "attention": lambda reps: bench_attention(reps, sizes), "gather": bench_gather}[name.strip()](args.reps)
     return 0
 
 

@@ -115,12 +115,16 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
         raise RuntimeError(f"shared-prefix forward: {type(model).__name__}'s cache has layers "
                            f"{sorted({type(layer).__name__ for layer in layers})}; only "
                            f"{[c.__name__ for c in _PLAIN_LAYERS]} can be gathered per row")
-    for layer in layers:  # each row's copy of its prompt's keys and values (differentiable gather)
-        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+    # each row's copy of its prompt's keys and values: a differentiable gather whose backward sums the n rows'
+    # gradients into their prompt. index_select's backward (index_add_) is many times faster on CPU than indexing's
+    # (index_put_ with accumulation): bench/bench_kernels.py --only gather, BENCHMARKS.md section 14
+    for layer in layers:
+        layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
+    head_logits = head_logits.index_select(0, inverse)
     if T == 1:
-        return head_logits[inverse]
+        return head_logits
     # the last response token predicts nothing that is used: the response pass stops before it (a slice of its logits
     # instead cost a zero-filled (b, T, V) gradient in the backward)
     tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
                  position_ids=position_ids[:, P:-1], cache=cache, use_cache=True, logits_to_keep=T - 1)
-    return torch.cat([head_logits[inverse], tail.logits], 1)
+    return torch.cat([head_logits, tail.logits], 1)
