@@ -37,13 +37,14 @@ _UNSUPPORTED_KWARGS = ("position_bias", "softcap", "s_aux", "output_attentions")
 def prefers_matmul_attention(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
                              dropout: float, kwargs: dict) -> bool:
     """Whether :func:`matmul_attention` serves this call: bf16 on CPU, no dropout, none of the keywords in
-    ``_UNSUPPORTED_KWARGS`` set, whole key/value groups (``H % KV == 0``), a mask (if any) shared by all heads
-    (``(b or 1, 1, q, k)``), and a score tensor of at most :data:`MAX_SCORE_BYTES`."""
+    ``_UNSUPPORTED_KWARGS`` set, whole key/value groups (``H % KV == 0``), the query's batch the keys' (SDPA would
+    broadcast one of them), a mask (if any) shared by all heads (``(b or 1, 1, q, k)``), and a score tensor of at
+    most :data:`MAX_SCORE_BYTES`."""
     if query.device.type != "cpu" or query.dtype != torch.bfloat16 or dropout:
         return False
     if any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in _UNSUPPORTED_KWARGS):
         return False
-    if query.shape[1] % key.shape[1]:
+    if query.shape[1] % key.shape[1] or query.shape[0] != key.shape[0]:  # whole groups; no batch broadcast
         return False
     if attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
         return False
@@ -57,13 +58,14 @@ def matmul_attention(module: nn.Module | None, query: torch.Tensor, key: torch.T
     """Transformers' SDPA attention computed by matrix products (call where :func:`prefers_matmul_attention` holds).
 
     Args:
-        query: ``(b, H, q, d)``. key, value: ``(b, KV, k, d)`` with ``H % KV == 0``.
+        query: ``(b, H, q, d)``. key: ``(b, KV, k, d)`` with ``H % KV == 0``. value: ``(b, KV, k, dv)`` (``dv``
+            may differ from ``d``, as in DeepSeek's multi-head latent attention).
         attention_mask: ``None``, or ``(b or 1, 1, q, k)``: bool (True = attend) or additive float.
         scaling: the score scale, ``d ** -0.5`` when ``None``.
         is_causal: as in ``sdpa_attention_forward``: causal (top-left, keys cropped to the first ``q``) only when
             ``q > 1`` and no mask is given; ``None`` reads ``module.is_causal`` (True without a module).
     Returns:
-        ``((b, q, H, d) contiguous, None)``, the layout of transformers' attention functions.
+        ``((b, q, H, dv) contiguous, None)``, the layout of transformers' attention functions.
 
     A query row with every key masked gets a uniform average of the values (finite, as in ``eager`` attention);
     transformers' masks give such rows only at padding positions, whose outputs nothing reads.
@@ -92,5 +94,5 @@ def matmul_attention(module: nn.Module | None, query: torch.Tensor, key: torch.T
         else:
             scores = scores + mask.clamp(min=lowest).to(scores.dtype)  # float32's minimum would overflow to -inf
     probs = torch.softmax(scores, -1).view(b, KV, rep * q, k)
-    out = torch.matmul(probs, value).view(b, H, q, d)
+    out = torch.matmul(probs, value).view(b, H, q, value.shape[-1])
     return out.transpose(1, 2).contiguous(), None

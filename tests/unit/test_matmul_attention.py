@@ -26,12 +26,12 @@ class _Attn(torch.nn.Module):
         self.num_key_value_groups, self.is_causal = groups, True
 
 
-def _qkv(b=3, H=6, KV=2, q=5, k=9, d=8, dtype=torch.float32, seed=0):
+def _qkv(b=3, H=6, KV=2, q=5, k=9, d=8, dtype=torch.float32, seed=0, dv=None):
     g = torch.Generator().manual_seed(seed)
     # the query comes transposed from (b, q, H, d), as the models build it (a non-contiguous view)
     query = torch.randn(b, q, H, d, generator=g).to(dtype).transpose(1, 2).requires_grad_()
     key = torch.randn(b, KV, k, d, generator=g).to(dtype).requires_grad_()
-    value = torch.randn(b, KV, k, d, generator=g).to(dtype).requires_grad_()
+    value = torch.randn(b, KV, k, dv or d, generator=g).to(dtype).requires_grad_()
     return query, key, value
 
 
@@ -48,6 +48,9 @@ def _both(module, query, key, value, mask, **kwargs):
     """Outputs and input gradients of transformers' SDPA and of matmul_attention, for one upstream gradient."""
     results = []
     for fn in (sdpa_attention_forward, mm.matmul_attention):
+        if module is None and fn is sdpa_attention_forward:
+            results.append(None)
+            continue
         q, k, v = (x.detach().clone().requires_grad_() for x in (query, key, value))
         out, _ = fn(module, q, k, v, mask, **kwargs)
         w = torch.linspace(-1, 1, out.numel()).view(out.shape)  # a different weight per output element
@@ -57,10 +60,11 @@ def _both(module, query, key, value, mask, **kwargs):
 
 
 @pytest.mark.parametrize("case", ["bool mask", "additive mask", "causal", "causal, keys cropped", "decode step",
-                                  "no mask, not causal", "no groups", "custom scale"])
+                                  "decode step, no mask", "no mask, not causal", "no groups", "custom scale",
+                                  "value head size", "no module"])
 def test_float32_equals_transformers_sdpa(case):
-    b, H, KV, q, k = 3, 6, 2, 5, 9
-    mask, kwargs = None, {}
+    b, H, KV, q, k, dv = 3, 6, 2, 5, 9, 8
+    mask, kwargs, module = None, {}, "attn"
     if case == "bool mask":
         mask = _padding_mask(b, q, k)
     elif case == "additive mask":
@@ -73,6 +77,12 @@ def test_float32_equals_transformers_sdpa(case):
         pass
     elif case == "decode step":
         q, mask = 1, _padding_mask(b, 1, k)
+    elif case == "decode step, no mask":
+        q = 1  # transformers passes no mask when nothing is padded: the one query sees every key, not key 0 only
+    elif case == "value head size":
+        mask, dv = _padding_mask(b, q, k), 12  # DeepSeek-style attention: values wider than queries and keys
+    elif case == "no module":
+        k = q  # without a module, no mask and q > 1 is causal (transformers' default)
     elif case == "no mask, not causal":
         kwargs["is_causal"] = False
     elif case == "no groups":
@@ -80,9 +90,13 @@ def test_float32_equals_transformers_sdpa(case):
         mask = _padding_mask(b, q, k)
     elif case == "custom scale":
         mask, kwargs["scaling"] = _padding_mask(b, q, k), 0.3
-    query, key, value = _qkv(b, H, KV, q, k)
-    theirs, ours = _both(_Attn(H // KV), query, key, value, mask, **kwargs)
-    assert ours[0].shape == theirs[0].shape == (b, q, H, 8) and ours[0].is_contiguous()
+    query, key, value = _qkv(b, H, KV, q, k, dv=dv)
+    if case == "no module":
+        theirs = _both(_Attn(H // KV), query, key, value, mask)[0]  # a module with is_causal=True
+        ours = _both(None, query, key, value, mask)[1]
+    else:
+        theirs, ours = _both(_Attn(H // KV), query, key, value, mask, **kwargs)
+    assert ours[0].shape == theirs[0].shape == (b, q, H, dv) and ours[0].is_contiguous()
     for a, e in zip(ours, theirs):
         assert torch.allclose(a, e, atol=2e-6), case
 
@@ -102,6 +116,9 @@ def test_dispatch_rules():
     assert mm.prefers_matmul_attention(q16, k16, mask, 0.0, {})
     assert mm.prefers_matmul_attention(q16, k16, None, 0.0, {})
     assert not mm.prefers_matmul_attention(q32, k32, mask, 0.0, {})  # float32: SDPA's kernel is as fast
+    assert not mm.prefers_matmul_attention(q32.half(), k32.half(), mask, 0.0, {})  # float16 keeps SDPA
+    assert not mm.prefers_matmul_attention(q16[:, :5], k16, mask, 0.0, {})  # 5 query heads on 2 key/value heads
+    assert not mm.prefers_matmul_attention(q16[:1], k16, None, 0.0, {})  # SDPA broadcasts a batch of 1
     assert not mm.prefers_matmul_attention(q16, k16, mask, 0.1, {})  # dropout
     assert not mm.prefers_matmul_attention(q16, k16, mask, 0.0, {"softcap": 30.0})
     assert not mm.prefers_matmul_attention(q16, k16, mask, 0.0, {"position_bias": torch.zeros(1)})
@@ -187,3 +204,25 @@ def test_packed_prompt_grid_takes_the_path_in_bf16(monkeypatch):
     valid = mask.bool()
     # both bf16 through the same arithmetic but for the grid layout: equal to bf16 rounding of the logits
     assert torch.allclose(packed[valid].float(), padded[valid].float(), atol=0.05)
+
+
+def test_bf16_float32_minimum_mask_keeps_a_fully_masked_row_finite():
+    # an additive float32 mask (float32's minimum would overflow to -inf in bf16) with row 0's query 0 seeing no key:
+    # every output finite, the fully masked row the average of the values (as eager attention gives)
+    query, key, value = _qkv(b=2, H=2, KV=2, q=3, k=4, dtype=torch.bfloat16)
+    keep = torch.ones(2, 1, 3, 4, dtype=torch.bool)
+    keep[0, 0, 0] = False
+    mask = torch.zeros(2, 1, 3, 4).masked_fill(~keep, torch.finfo(torch.float32).min)
+    out, _ = mm.matmul_attention(_Attn(1), query, key, value, mask)
+    assert torch.isfinite(out.float()).all()
+    assert torch.allclose(out[0, 0].float(), value[0, :, :, :].float().mean(1), atol=0.02)
+
+
+def test_the_sdpa_entry_passes_dropout_on(monkeypatch):
+    # dropout > 0 (attention dropout in training) goes to SDPA with its probability, in bf16 as in float32
+    seen = []
+    monkeypatch.setattr(packing, "_SDPA", lambda m, q, k, v, mask, dropout, **kw: seen.append(dropout) or (q, None))
+    query, key, value = _qkv(dtype=torch.bfloat16)
+    packing.sdpa(_Attn(3), query, key, value, None, dropout=0.25)
+    packing.sdpa(_Attn(3), query.float(), key.float(), value.float(), None, 0.5)
+    assert seen == [0.25, 0.5]
