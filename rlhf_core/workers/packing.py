@@ -13,8 +13,8 @@ Cost: the projections, MLP and head run on ``n`` instead of ``b·L`` positions (
 Attention:
 
 * SDPA models of the Llama form (:func:`supports_varlen_attention`): :func:`varlen_sdpa` lays each sequence's
-  queries, keys and values out from slot 0 of its own row, ``(b, H, max len, d)``, and runs torch's causal SDPA
-  over them: about b · max len² / 2 scores (every row runs to the longest sequence's length; the padded forward's
+  queries, keys and values out from slot 0 of its own row, ``(b, H, max len, d)``, and runs causal SDPA over them
+  (bf16 on CPU by matrix products, :func:`sdpa`): about b · max len² / 2 scores (every row runs to the longest sequence's length; the padded forward's
   attention is over its full width). Its layout travels as a forward keyword, so activation checkpointing's
   recompute attends the same way;
 * ``flash_attention_2`` (GPU): its cu_seqlens varlen kernels, Σ len²;
@@ -125,8 +125,8 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     each sequence of the pack.
 
     Packed: ``query (1, H, n, d)``, ``key``/``value (1, KV, n, d)`` in packed order → ``(1, n, H, d)``. Each is
-    gathered into ``(b, ·, max_len, d)`` by the layout and run through transformers' SDPA with ``is_causal=True``
-    and no mask (GQA, scaling and dropout as the model's own); the outputs are gathered back to packed order.
+    gathered into ``(b, ·, max_len, d)`` by the layout and run through :func:`sdpa` with ``is_causal=True`` and
+    no mask (GQA, scaling and dropout as the model's own); the outputs are gathered back to packed order.
     ``attention_mask`` is then the empty placeholder :func:`packed_forward` passes and is not read.
 
     Raises:
