@@ -1,17 +1,18 @@
 """bf16 attention on CPU by matrix products (``workers/matmul_attention.py``).
 
 The function is dtype-generic, so its semantics (GQA grouping, bool and additive masks, ``is_causal`` with and
-without a key crop, the scale, a decode step) are checked in float32 against transformers' own
-``sdpa_attention_forward``, outputs and gradients to float32 rounding. Then in bf16: the dispatch rules, the
-"sdpa" entry taking the path for a bf16 model, its log-probs as close to a float32 copy as SDPA's, and finite
-gradients where a padding query has every key masked."""
+without a key crop or a module, the scale, decode steps with and without a mask, values wider than queries) are
+checked in float32 against transformers' own ``sdpa_attention_forward``, outputs and gradients to float32 rounding.
+Then the dispatch rules, and in bf16: the "sdpa" entry taking the path for a bf16 model and a packed grid, its
+log-probs as close to a float32 copy as SDPA's, finite outputs and gradients where a query has every key masked,
+and dropout reaching SDPA."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rlhf_core.workers import matmul_attention as mm
@@ -64,7 +65,7 @@ def _both(module, query, key, value, mask, **kwargs):
                                   "value head size", "no module"])
 def test_float32_equals_transformers_sdpa(case):
     b, H, KV, q, k, dv = 3, 6, 2, 5, 9, 8
-    mask, kwargs, module = None, {}, "attn"
+    mask, kwargs = None, {}
     if case == "bool mask":
         mask = _padding_mask(b, q, k)
     elif case == "additive mask":
