@@ -74,8 +74,8 @@ def test_float32_equals_transformers_sdpa(case):
     elif case == "causal":
         k = q
     elif case == "causal, keys cropped":
-        # transformers' rule: no mask and q > 1 is causal from the first key (top-left); keys past q are dropped
-        pass
+        # transformers' rule: no mask and q > 1 is causal from the first key (top-left); the 4 keys past q are dropped
+        k = q + 4
     elif case == "decode step":
         q, mask = 1, _padding_mask(b, 1, k)
     elif case == "decode step, no mask":
