@@ -14,8 +14,8 @@ Attention:
 
 * SDPA models of the Llama form (:func:`supports_varlen_attention`): :func:`varlen_sdpa` lays each sequence's
   queries, keys and values out from slot 0 of its own row, ``(b, H, max len, d)``, and runs causal SDPA over them
-  (bf16 on CPU by matrix products, :func:`sdpa`): about b · max len² / 2 scores (every row runs to the longest sequence's length; the padded forward's
-  attention is over its full width). Its layout travels as a forward keyword, so activation checkpointing's
+  (bf16 on CPU by matrix products, :func:`sdpa`): about b · max len² / 2 scores (every row runs to the longest
+  sequence's length; the padded forward's attention is over its full width). Its layout travels as a forward keyword, so activation checkpointing's
   recompute attends the same way;
 * ``flash_attention_2`` (GPU): its cu_seqlens varlen kernels, Σ len²;
 * other models: transformers' packed path (≥ 4.56, ``masking_utils.find_packed_sequence_indices`` detects the
