@@ -2,9 +2,9 @@
 
 On CPU, ``scaled_dot_product_attention`` runs a flash-attention kernel. In float32 it is as fast as the
 alternatives. In bfloat16, on an AVX512-BF16 CPU without AMX (machine C in BENCHMARKS.md), its forward and backward
-took 2.0-3.1× as long as bf16 matrix products and a bf16 softmax over the same shapes (the update's response pass
-and a packed prompt grid at 1 M-100 M parameters: ``bench/bench_kernels.py --only attention``), and it was 43 % of
-the 20 M bf16 update.
+took 2.4-3.0× as long as bf16 matrix products and a bf16 softmax over the same shapes at 20 M and 100 M parameters
+(the update's response pass and a packed prompt grid; 1.2-2.8× at 1 M: ``bench/bench_kernels.py --only
+attention``, three runs), and it was 43 % of the 20 M bf16 update.
 
 :func:`matmul_attention` computes transformers' SDPA attention (``sdpa_attention_forward``: the same inputs, output
 layout, GQA and ``is_causal`` rules) as
