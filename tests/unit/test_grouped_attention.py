@@ -63,12 +63,17 @@ def _tiny(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_decode_step_is_the_models_forward_bitwise(kind):
+@pytest.mark.parametrize("packed,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
+def test_decode_step_is_the_models_forward(kind, packed, dtype):
     # the same tokens through decode_step and through model(...) (both on the grouped attention, each with its own
-    # cache from the same prefill): identical logits at every step, and the steps really ran the fast path
+    # cache from the same prefill): identical logits at every step with the model's modules; with the oneDNN
+    # products (q/k/v and gate/up fused, other summation orders) equal to float rounding: fp32 to 1e-5, bf16 to
+    # 3e-2 (a few bf16 steps, 2^-8 each, on logits of order 1). The steps really ran the chosen path: the modules'
+    # projections are never called on the packed one.
     from rlhf_core.workers.rollout.grouped_attention import decode_step, grouped_decode, supports_decode_step
+    from rlhf_core.workers.rollout.packed_linear import DecodeWeights
 
-    model = _tiny(kind)
+    model = _tiny(kind).to(dtype)
     assert supports_decode_step(model)
     g = torch.Generator().manual_seed(3)
     u, n, P = 3, 2, 6
@@ -77,6 +82,11 @@ def test_decode_step_is_the_models_forward_bitwise(kind):
     pmask[1, :2] = 0
     inverse = torch.arange(u).repeat_interleave(n)
     pos0 = (pmask.cumsum(-1) - 1).clamp(min=0)
+    weights = DecodeWeights.of(model, u * n) if packed else None
+    assert (weights is not None) == packed
+    module_calls = []
+    hooks = [m.register_forward_hook(lambda *a: module_calls.append(1))
+             for m in (model.model.layers[0].self_attn.q_proj, model.model.layers[1].mlp.up_proj, model.lm_head)]
     caches = []
     with torch.no_grad():
         for _ in range(2):
@@ -87,17 +97,26 @@ def test_decode_step_is_the_models_forward_bitwise(kind):
         for step in range(5):
             tok = torch.randint(1, 64, (u * n, 1), generator=g)
             position = position + 1
+            module_calls.clear()
             with grouped_decode(model, caches[0][1]):
-                fast = decode_step(model, tok, position)
+                fast = decode_step(model, tok, position, weights)
+            assert len(module_calls) == (0 if packed else 3)
             with grouped_decode(model, caches[1][1]):
                 ref = model(input_ids=tok, position_ids=position, cache=caches[1][0], use_cache=True).logits
-            assert torch.equal(fast, ref), step
+            assert fast.shape == ref.shape and fast.dtype == dtype
+            if not packed:
+                assert torch.equal(fast, ref), step
+            else:
+                tol = 1e-5 if dtype == torch.float32 else 3e-2
+                torch.testing.assert_close(fast, ref, rtol=tol, atol=tol)
+    for h in hooks:
+        h.remove()
     assert caches[0][0].layers[0].n == 5
 
 
 def test_the_attention_implementation_is_restored_after_an_error():
-    # an exception inside the decode steps (raised by the LM head at its second call: the first decode step, after
-    # the prefill) must not leave the model on the grouped attention, which outside a grouped decode refuses to run
+    # an exception inside the decode steps (raised by the final norm at its second call: the first decode step, after
+    # the prefill; the decode step's LM head is a oneDNN product, not the module) must not leave the model on the grouped attention, which outside a grouped decode refuses to run
     from rlhf_core.workers.rollout.hf_decode import decode
 
     model = _tiny("qwen2")
@@ -110,7 +129,7 @@ def test_the_attention_implementation_is_restored_after_an_error():
             assert model.config._attn_implementation != "sdpa"  # inside the grouped decode
             raise KeyboardInterrupt("stop")
 
-    handle = model.lm_head.register_forward_pre_hook(fail_on_second_call)
+    handle = model.model.norm.register_forward_pre_hook(fail_on_second_call)
     with pytest.raises(KeyboardInterrupt):
         decode(model, ids, torch.ones_like(ids), 3, [], 0, False)
     handle.remove()

@@ -28,6 +28,8 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from rlhf_core.workers.rollout.packed_linear import DecodeWeights
+
 ATTN_NAME = "rlhf_grouped_prefix"
 # decoder families whose attention is the standard Llama form (q/k/v projections, rotary embedding applied before
 # the cache update, softmax(q·kᵀ·scaling)·v with no softcapping, sinks or per-layer extras)
@@ -165,15 +167,20 @@ def supports_decode_step(model: nn.Module) -> bool:
         model, "lm_head")
 
 
-def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                weights: DecodeWeights | None = None) -> torch.Tensor:
     """One decode step of a :func:`supports_decode_step` model inside :func:`grouped_decode`: the operations of
     its ``forward`` (same modules, same order: embedding, rotary cos/sin, per layer norm → q/k/v → rotary →
     cache → attention → o_proj + residual, norm → MLP + residual; final norm, LM head) without transformers' call
     plumbing (output classes, kwarg decorators, mask building, per-layer wrappers), which is a sixth of a step of
-    the 1 M-parameter model on CPU. The logits are bitwise the model's own (tests/unit/test_grouped_attention.py).
+    the 1 M-parameter model on CPU. Without ``weights`` the logits are bitwise the model's own
+    (tests/unit/test_grouped_attention.py).
 
     Args:
         input_ids: ``(b, 1)`` int64, the last sampled tokens. position_ids: ``(b, 1)`` int64.
+        weights: the model's linear layers reordered for oneDNN (:class:`~.packed_linear.DecodeWeights`, built from
+            this model's current weights): the projections then run as oneDNN products, q/k/v as one and gate/up as
+            one; the logits equal the model's to float rounding.
     Returns:
         ``(b, 1, V)`` logits in the model's dtype.
     """
@@ -182,18 +189,30 @@ def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.T
     x = inner.embed_tokens(input_ids)
     cos, sin = inner.rotary_emb(x, position_ids)
     layers = _ACTIVE.get()[1]
+    if weights is not None:
+        x = x.view(b, -1)
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         y = layer.input_layernorm(x)
-        q = attn.q_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
-        k = attn.k_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
-        v = attn.v_proj(y).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        if weights is None:
+            q, k, v = attn.q_proj(y), attn.k_proj(y), attn.v_proj(y)
+        else:
+            w = weights.layers[i]
+            q, k, v = w.qkv.split(w.qkv(y))
+        q, k, v = (t.view(b, 1, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         layers[i].update(k, v)
         out, _ = grouped_attention(attn, q, k, v, None, scaling=attn.scaling)
-        x = x + attn.o_proj(out.reshape(b, 1, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.lm_head(inner.norm(x))
+        if weights is None:
+            x = x + attn.o_proj(out.reshape(b, 1, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            continue
+        x = x + w.o(out.reshape(b, -1))
+        gate, up = w.gate_up.split(w.gate_up(layer.post_attention_layernorm(x)))
+        x = x + w.down(layer.mlp.act_fn(gate) * up)
+    if weights is None:
+        return model.lm_head(inner.norm(x))
+    return weights.lm_head(inner.norm(x)).view(b, 1, -1)
 
 
 @contextlib.contextmanager

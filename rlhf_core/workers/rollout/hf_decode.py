@@ -43,6 +43,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
 from rlhf_core.workers.packing import packed_prompt_pass, supports_varlen_attention
 from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, sdpa_full_attention,
                                                          supports_decode_step, supports_grouped_decode)
+from rlhf_core.workers.rollout.packed_linear import DecodeWeights
 
 
 # generation_config.json entries that add no logits processor beyond the ones this loop applies (the rollout sets
@@ -212,6 +213,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     position = position_ids[:, -1:]
     ones = torch.ones((b, 1), dtype=torch.long, device=dev)
     fast_step = grouped is not None and supports_decode_step(model)  # the forward without its call plumbing
+    weights = DecodeWeights.of(model, b) if fast_step else None  # its linears as oneDNN products (CPU)
     n = 0
     with grouped_decode(model, grouped) if grouped is not None else contextlib.nullcontext():
         while n < max_new_tokens:
@@ -235,7 +237,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
                 mask = torch.cat([mask, ones], dim=-1)
             position = position + 1
             if fast_step:
-                out_logits = decode_step(model, nxt[:, None], position)
+                out_logits = decode_step(model, nxt[:, None], position, weights)
             else:
                 out_logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=position, cache=cache,
                                    use_cache=True, logits_to_keep=1).logits
