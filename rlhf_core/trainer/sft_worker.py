@@ -25,6 +25,7 @@ from rlhf_core.workers.batching import all_reduce_sum, global_counts
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
+from rlhf_core.workers.onednn_linear import use_onednn_linears
 from rlhf_core.workers.optim import build_optimizer
 from rlhf_core.workers.packing import check_packing_support, packed_next_token_ce
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
@@ -50,6 +51,7 @@ class SFTWorker:
             enable_activation_checkpointing(model)
             model.config.use_cache = False
         model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
+        use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
         fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})

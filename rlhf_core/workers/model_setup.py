@@ -12,6 +12,7 @@ from rlhf_core.models.loading import enable_activation_checkpointing, load_causa
 from rlhf_core.models.lora import apply_lora
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
 from rlhf_core.workers.lr_schedule import build_lr_scheduler
+from rlhf_core.workers.onednn_linear import use_onednn_linears
 from rlhf_core.workers.optim import build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,9 @@ def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role
 
 def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role: str,
                 value_head: bool = False, default_dtype: str = "float32") -> nn.Module:
-    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing,
-    then shard it with FSDP2. ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section
+    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing, turn
+    its linear layers' float32 CPU products over to oneDNN where that is faster (``onednn_linear.py``), then shard
+    it with FSDP2. ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section
     without that key). Raises FileNotFoundError / OSError naming the role and ``<section>.path`` when the model
     cannot be loaded."""
     dtype = to_torch_dtype(fsdp_cfg.model_dtype if "model_dtype" in fsdp_cfg else default_dtype)
@@ -47,6 +49,7 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
         enable_activation_checkpointing(model)
     if role == "ref":
         model.requires_grad_(False)
+    use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
     return apply_fsdp2(model, fsdp_cfg, role)
 
 

@@ -1,0 +1,123 @@
+"""float32 ``nn.Linear`` layers of the trained and reference models as oneDNN matrix products on CPUs where MKL is slow.
+
+torch multiplies float32 matrices on CPU with MKL's ``sgemm``. MKL picks its code path by CPU vendor, and on a
+non-Intel CPU it runs a slower one: on an AMD EPYC (Zen 5, avx512) a 20 M model's 4,000-token forward and backward
+products took 2-2.5× the time of oneDNN's (``bench/bench_kernels.py --only linear``). oneDNN, which torch already
+uses for bf16 products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear
+layers of a model (:class:`OneDNNLinearLayer`) call ``torch.ops.mkldnn._linear_pointwise`` (the operator inductor emits for a CPU linear) in
+the forward and in the two products of the backward (:class:`OneDNNLinear`).
+
+It is the same float32 arithmetic in another summation order: oneDNN's default ``fpmath`` mode is strict, and torch's
+``torch.backends.mkldnn.matmul.fp32_precision`` is left as it is. Which library runs is chosen once per process
+(:func:`onednn_is_faster`): the environment variable ``RLHF_FP32_LINEAR`` = ``onednn`` or ``torch`` forces it;
+unset or ``auto``, a 30 ms measurement of one product shape picks oneDNN when it is at least 1.3× faster.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+ENV = "RLHF_FP32_LINEAR"
+_CHOICES = ("auto", "onednn", "torch")
+_MIN_SPEEDUP = 1.3
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (r, in) @ weight (out, in)ᵀ (+ bias)`` → ``(r, out)`` through oneDNN; strided operands are accepted."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN with the linear operator (x86 and aarch64 CPU wheels do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def onednn_is_faster() -> bool:
+    """The process-wide choice for float32 CPU linears: ``RLHF_FP32_LINEAR`` when set to ``onednn`` or ``torch``;
+    otherwise (``auto``) whether oneDNN multiplied a ``(1024, 384) × (384, 1152)`` float32 product at least 1.3×
+    faster than ``torch.nn.functional.linear`` (best of 5 calls each, about 30 ms in all).
+
+    Raises ``ValueError`` naming the variable for any other value."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected one of {', '.join(_CHOICES)}")
+    if choice != "auto" or not onednn_available():
+        return choice == "onednn" and onednn_available()
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1024, 384, generator=gen), torch.randn(1152, 384, generator=gen)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(6):
+            start = time.perf_counter()
+            fn(x, w)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    t_torch, t_onednn = best(torch.nn.functional.linear), best(_product)
+    faster = t_torch >= _MIN_SPEEDUP * t_onednn
+    logger.info("float32 linears: %s (oneDNN %.2f ms, torch %.2f ms for 1024x384x1152; %s=onednn|torch overrides)",
+                "oneDNN" if faster else "torch", 1e3 * t_onednn, 1e3 * t_torch, ENV)
+    return faster
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """``y = x Wᵀ + b`` with its backward ``∂x = g W``, ``∂W = gᵀ x``, ``∂b = Σ g``, all three products on oneDNN.
+
+    Shapes: ``x (..., in)``, ``weight (out, in)``, ``bias (out,)`` or None, all float32 on CPU; ``y (..., out)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return _product(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _product(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
+        if ctx.needs_input_grad[1]:
+            gw = _product(g2.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+class OneDNNLinearLayer(nn.Linear):
+    """An ``nn.Linear`` whose float32 CPU calls run :class:`OneDNNLinear`; other calls (bf16 under FSDP2's mixed
+    precision, GPU, sharded ``DTensor`` weights) run ``nn.functional.linear`` as ``nn.Linear`` does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 2
+                and type(weight) in (torch.Tensor, nn.Parameter) and (bias is None or bias.dtype == torch.float32)):
+            return OneDNNLinear.apply(x, weight, bias)
+        return nn.functional.linear(x, weight, bias)
+
+
+def use_onednn_linears(model: nn.Module) -> int:
+    """Turn every plain ``nn.Linear`` of ``model`` (LoRA's base layers included) into a :class:`OneDNNLinearLayer`
+    (same parameters and state-dict keys) when :func:`onednn_is_faster`. Call it before FSDP2 wraps the model.
+
+    Returns the number of layers changed (0 when torch's own product is kept)."""
+    if not onednn_is_faster():
+        return 0
+    changed = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = OneDNNLinearLayer
+            changed += 1
+    return changed
