@@ -158,6 +158,7 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
     from rlhf_core.reward import load_reward_manager
     from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
+    from rlhf_core.workers.onednn_linear import onednn_is_faster
 
     with tempfile.TemporaryDirectory() as tmp:
         config = ours_config(spec, args, Path(tmp))
@@ -198,7 +199,9 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
                           trainer.actor_wg.execute_all("peak_rss_kib")] if hasattr(trainer.actor_wg, "_actors") else None
         trainer.shutdown()
     return {**step_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()},
-            "peak_rss_mb": round(_peak_rss_mb(), 1), "worker_peak_rss_mb": worker_rss}
+            "peak_rss_mb": round(_peak_rss_mb(), 1), "worker_peak_rss_mb": worker_rss,
+            # the float32 product library this process chose (onednn_linear.py); a Ray worker chooses on its own
+            "fp32_linears": None if use_ray else ("oneDNN" if onednn_is_faster() else "torch")}
 
 
 # ---- driver ----------------------------------------------------------------------------------------------------
@@ -258,7 +261,8 @@ def report(spec: dict, args, results: dict[str, dict], params: int, load_at_star
                   f"{min(r['step_s']):.3f}-{max(r['step_s']):.3f})  {r['tokens_per_s']:8.0f} tokens/s  "
                   f"({r['response_tokens_per_s']:7.0f} response tokens/s; {r['tokens_per_step']:.0f} tokens/step, "
                   f"steps {r['step_s']}); peak RSS {r.get('peak_rss_mb', '-')} MB"
-                  + (f", worker {r['worker_peak_rss_mb']} MB" if r.get("worker_peak_rss_mb") else ""))
+                  + (f", worker {r['worker_peak_rss_mb']} MB" if r.get("worker_peak_rss_mb") else "")
+                  + (f"; float32 linears: {r['fp32_linears']}" if r.get("fp32_linears") and not args.bf16 else ""))
             if r.get("stages_s"):
                 print(f"  {'':46s}  stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["stages_s"].items()))
     print("  (tokens = valid prompt + response tokens of the step's sequences; s/step = wall time between step ends)")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlhf_core.workers.onednn_linear import OneDNNLinearLayer
+
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -80,14 +82,15 @@ class DecodeWeights:
     def of(cls, model: nn.Module, rows: int) -> "DecodeWeights | None":
         """The weights of ``model`` (``model.model.layers[i].self_attn.{q,k,v,o}_proj``, ``.mlp.{gate,up,down}_proj``
         and ``model.lm_head``) reordered for ``rows`` input rows, or ``None`` when :func:`packed_linear_available`
-        fails or any of those is not a plain ``nn.Linear`` (a LoRA or quantized layer computes something else)."""
+        fails or any of those is not a plain ``nn.Linear`` or ``OneDNNLinearLayer`` (a LoRA or quantized layer
+        computes something else)."""
         if not packed_linear_available(model):
             return None
         layers = model.model.layers
         linears = [model.lm_head] + [m for layer in layers for m in (
             layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
             layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
-        if any(type(m) is not nn.Linear for m in linears):
+        if any(type(m) not in (nn.Linear, OneDNNLinearLayer) for m in linears):
             return None
         return cls([LayerWeights(PackedLinear([a.q_proj, a.k_proj, a.v_proj], rows), PackedLinear([a.o_proj], rows),
                                  PackedLinear([m.gate_proj, m.up_proj], rows), PackedLinear([m.down_proj], rows))
