@@ -38,6 +38,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
+from rlhf_core.workers.onednn_linear import use_onednn_linears
 from rlhf_core.workers.packing import check_packing_support, pack_inputs, packed_forward
 from rlhf_core.workers.profiler import ProfiledWorker
 
@@ -137,6 +138,7 @@ class RewardModelWorker(ProfiledWorker):
         self.use_remove_padding = bool(mcfg.use_remove_padding) and head is not None
         if self.use_remove_padding:
             check_packing_support(model, full_key(mcfg, "use_remove_padding"))
+        use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
         self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
                                           "param_offload": bool(fsdp.param_offload)}, "reward_model")
 
