@@ -10,7 +10,7 @@ the forward and in the two products of the backward (:class:`OneDNNLinear`).
 It is the same float32 arithmetic in another summation order: oneDNN's default ``fpmath`` mode is strict, and torch's
 ``torch.backends.mkldnn.matmul.fp32_precision`` is left as it is. Which library runs is chosen once per process
 (:func:`onednn_is_faster`): the environment variable ``RLHF_FP32_LINEAR`` = ``onednn`` or ``torch`` forces it;
-unset or ``auto``, a 30 ms measurement of one product shape picks oneDNN when it is at least 1.3× faster.
+unset or ``auto``, a 0.1 s measurement of one product shape picks oneDNN when it is at least 1.3× faster.
 """
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def onednn_available() -> bool:
 def onednn_is_faster() -> bool:
     """The process-wide choice for float32 CPU linears: ``RLHF_FP32_LINEAR`` when set to ``onednn`` or ``torch``;
     otherwise (``auto``) whether oneDNN multiplied a ``(1024, 384) × (384, 1152)`` float32 product at least 1.3×
-    faster than ``torch.nn.functional.linear`` (best of 5 calls each, about 30 ms in all).
+    faster than ``torch.nn.functional.linear`` (best of 7 calls each after a warm-up, the two taken in turn; about
+    0.1 s in all on 2 threads of the AMD machine). Under a load that comes and goes the measurement can still
+    choose otherwise than on an idle machine: the choice is logged, and the variable pins it.
 
     Raises ``ValueError`` naming the variable for any other value."""
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
@@ -56,15 +58,13 @@ def onednn_is_faster() -> bool:
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(1024, 384, generator=gen), torch.randn(1152, 384, generator=gen)
 
-    def best(fn) -> float:
-        times = []
-        for _ in range(6):
+    times = ([], [])  # the two libraries' calls in turn, so that a load that comes and goes slows both alike
+    for _ in range(8):
+        for fn, out in zip((torch.nn.functional.linear, _product), times):
             start = time.perf_counter()
             fn(x, w)
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
-
-    t_torch, t_onednn = best(torch.nn.functional.linear), best(_product)
+            out.append(time.perf_counter() - start)
+    t_torch, t_onednn = (min(t[1:]) for t in times)
     faster = t_torch >= _MIN_SPEEDUP * t_onednn
     logger.info("float32 linears: %s (oneDNN %.2f ms, torch %.2f ms for 1024x384x1152; %s=onednn|torch overrides)",
                 "oneDNN" if faster else "torch", 1e3 * t_onednn, 1e3 * t_torch, ENV)
@@ -85,6 +85,7 @@ class OneDNNLinear(torch.autograd.Function):
         return _product(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # its products have no derivative: a grad of a grad must fail
     def backward(ctx, grad: torch.Tensor):
         x2, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1])
@@ -100,12 +101,14 @@ class OneDNNLinear(torch.autograd.Function):
 
 class OneDNNLinearLayer(nn.Linear):
     """An ``nn.Linear`` whose float32 CPU calls run :class:`OneDNNLinear`; other calls (bf16 under FSDP2's mixed
-    precision, GPU, sharded ``DTensor`` weights) run ``nn.functional.linear`` as ``nn.Linear`` does."""
+    precision or CPU autocast, GPU, sharded ``DTensor`` weights, an empty input) run ``nn.functional.linear`` as
+    ``nn.Linear`` does."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        if (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 2
-                and type(weight) in (torch.Tensor, nn.Parameter) and (bias is None or bias.dtype == torch.float32)):
+        if (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 2 and x.numel() > 0
+                and not torch.is_autocast_enabled("cpu") and type(weight) in (torch.Tensor, nn.Parameter)
+                and (bias is None or bias.dtype == torch.float32)):
             return OneDNNLinear.apply(x, weight, bias)
         return nn.functional.linear(x, weight, bias)
 

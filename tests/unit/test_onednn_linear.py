@@ -90,6 +90,22 @@ def test_bf16_calls_keep_torchs_product(choice):
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+def test_what_it_leaves_to_torch_and_what_it_refuses(choice):
+    # an empty input (oneDNN has no primitive for 0 rows), CPU autocast (bf16 out, as nn.Linear gives) keep torch's
+    # product; a gradient of a gradient fails loudly instead of giving 0 (the products have no derivative)
+    choice("onednn")
+    layer = nn.Linear(16, 8)
+    use_onednn_linears(layer)
+    for shape in ((0, 16), (2, 0, 16)):
+        assert layer(torch.randn(shape)).shape == (*shape[:-1], 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(4, 16)).dtype == torch.bfloat16
+    x = torch.randn(4, 16, requires_grad=True)
+    (gx,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+        gx.sum().backward()
+
+
 def test_the_choice_and_its_override(choice, caplog):
     choice("torch")
     model = _tiny_qwen2()
