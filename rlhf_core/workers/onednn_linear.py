@@ -1,11 +1,12 @@
 """float32 ``nn.Linear`` layers of the trained and reference models as oneDNN matrix products on CPUs where MKL is slow.
 
 torch multiplies float32 matrices on CPU with MKL's ``sgemm``. MKL picks its code path by CPU vendor, and on a
-non-Intel CPU it runs a slower one: on an AMD EPYC (Zen 5, avx512) a 20 M model's 4,000-token forward and backward
-products took 2-2.5× the time of oneDNN's (``bench/bench_kernels.py --only linear``). oneDNN, which torch already
-uses for bf16 products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear
-layers of a model (:class:`OneDNNLinearLayer`) call ``torch.ops.mkldnn._linear_pointwise`` (the operator inductor emits for a CPU linear) in
-the forward and in the two products of the backward (:class:`OneDNNLinear`).
+non-Intel CPU it runs a slower one: on an AMD EPYC (Zen 5, avx512, 2 threads) the forward and backward products
+of a 4,096-token update took 1.3-1.9× the time of oneDNN's, per layer shape of the 1 M-100 M models, and one layer
+with the LM head 1.5-1.7× (``bench/bench_kernels.py --only linear``). oneDNN, which torch already uses for bf16
+products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear layers of a model
+(:class:`OneDNNLinearLayer`) call ``torch.ops.mkldnn._linear_pointwise`` (the operator inductor emits for a CPU
+linear) in the forward and in the two products of the backward (:class:`OneDNNLinear`).
 
 It is the same float32 arithmetic in another summation order: oneDNN's default ``fpmath`` mode is strict, and torch's
 ``torch.backends.mkldnn.matmul.fp32_precision`` is left as it is. Which library runs is chosen once per process
