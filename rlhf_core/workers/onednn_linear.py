@@ -11,14 +11,14 @@ linear) in the forward and in the two products of the backward (:class:`OneDNNLi
 It is the same float32 arithmetic in another summation order: oneDNN's default ``fpmath`` mode is strict, and torch's
 ``torch.backends.mkldnn.matmul.fp32_precision`` is left as it is. Which library runs is chosen once per process
 (:func:`onednn_is_faster`): the environment variable ``RLHF_FP32_LINEAR`` = ``onednn`` or ``torch`` forces it;
-unset or ``auto``, a 0.1 s measurement of one product shape picks oneDNN when it is at least 1.3× faster.
+unset or ``auto``, oneDNN where torch's BLAS is MKL on an x86 CPU not made by Intel.
 """
 from __future__ import annotations
 
 import functools
 import logging
 import os
-import time
+import platform
 
 import torch
 from torch import nn
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 ENV = "RLHF_FP32_LINEAR"
 _CHOICES = ("auto", "onednn", "torch")
-_MIN_SPEEDUP = 1.3
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,13 +41,29 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def cpu_vendor() -> str | None:
+    """The x86 CPU's ``vendor_id`` from ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``, ...); ``None`` on
+    another architecture or where the file cannot be read."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
 @functools.cache
 def onednn_is_faster() -> bool:
     """The process-wide choice for float32 CPU linears: ``RLHF_FP32_LINEAR`` when set to ``onednn`` or ``torch``;
-    otherwise (``auto``) whether oneDNN multiplied a ``(1024, 384) × (384, 1152)`` float32 product at least 1.3×
-    faster than ``torch.nn.functional.linear`` (best of 7 calls each after a warm-up, the two taken in turn; about
-    0.1 s in all on 2 threads of the AMD machine). Under a load that comes and goes the measurement can still
-    choose otherwise than on an idle machine: the choice is logged, and the variable pins it.
+    otherwise (``auto``) oneDNN when torch's float32 BLAS is MKL (``torch.backends.mkl.is_available()``) and the CPU
+    is an x86 CPU not made by Intel (:func:`cpu_vendor`), the case where MKL runs its slower code path.
+
+    A rule rather than a timing: a measurement at start-up, tried first, chose torch in Ray workers that started
+    while the rest of the job was loading, and every rank and run must make the same choice.
 
     Raises ``ValueError`` naming the variable for any other value."""
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
@@ -56,19 +71,10 @@ def onednn_is_faster() -> bool:
         raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected one of {', '.join(_CHOICES)}")
     if choice != "auto" or not onednn_available():
         return choice == "onednn" and onednn_available()
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(1024, 384, generator=gen), torch.randn(1152, 384, generator=gen)
-
-    times = ([], [])  # the two libraries' calls in turn, so that a load that comes and goes slows both alike
-    for _ in range(8):
-        for fn, out in zip((torch.nn.functional.linear, _product), times):
-            start = time.perf_counter()
-            fn(x, w)
-            out.append(time.perf_counter() - start)
-    t_torch, t_onednn = (min(t[1:]) for t in times)
-    faster = t_torch >= _MIN_SPEEDUP * t_onednn
-    logger.info("float32 linears: %s (oneDNN %.2f ms, torch %.2f ms for 1024x384x1152; %s=onednn|torch overrides)",
-                "oneDNN" if faster else "torch", 1e3 * t_onednn, 1e3 * t_torch, ENV)
+    vendor = cpu_vendor()
+    faster = torch.backends.mkl.is_available() and vendor is not None and vendor != "GenuineIntel"
+    logger.info("float32 linears: %s (CPU vendor %s, MKL %s; %s=onednn|torch overrides)",
+                "oneDNN" if faster else "torch", vendor, "yes" if torch.backends.mkl.is_available() else "no", ENV)
     return faster
 
 

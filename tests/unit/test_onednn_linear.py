@@ -13,6 +13,18 @@ from rlhf_core.workers.onednn_linear import OneDNNLinear, OneDNNLinearLayer, one
 pytestmark = pytest.mark.skipif(not onednn_linear.onednn_available(), reason="this torch build has no oneDNN")
 
 
+def test_the_cpu_vendor_is_read_from_cpuinfo():
+    # on this x86 machine /proc/cpuinfo names a vendor; elsewhere (aarch64) there is none
+    import platform
+
+    vendor = onednn_linear.cpu_vendor()
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            assert f"vendor_id\t: {vendor}" in f.read()
+    else:
+        assert vendor is None
+
+
 @pytest.fixture
 def choice(monkeypatch):
     """Set ``RLHF_FP32_LINEAR`` for one test (the choice is cached per process: cleared before and after)."""
@@ -106,17 +118,23 @@ def test_what_it_leaves_to_torch_and_what_it_refuses(choice):
         gx.sum().backward()
 
 
-def test_the_choice_and_its_override(choice, caplog):
+def test_the_choice_and_its_override(choice, caplog, monkeypatch):
     choice("torch")
     model = _tiny_qwen2()
     assert not onednn_is_faster() and use_onednn_linears(model) == 0
     assert all(type(m) is not OneDNNLinearLayer for m in model.modules())
     choice("oneDNN ")  # case and spaces are forgiven
     assert onednn_is_faster()
-    choice("auto")  # measured once (the answer depends on the CPU's BLAS) and logged with both timings
-    with caplog.at_level("INFO", logger=onednn_linear.__name__):
-        faster = onednn_is_faster()
-    assert f"float32 linears: {'oneDNN' if faster else 'torch'} (oneDNN " in caplog.text
+    # auto: oneDNN exactly where torch's float32 BLAS is MKL on a non-Intel x86 CPU (MKL's slower path), logged
+    for vendor, mkl, want in (("AuthenticAMD", True, True), ("HygonGenuine", True, True),
+                              ("GenuineIntel", True, False), ("AuthenticAMD", False, False), (None, True, False)):
+        monkeypatch.setattr(onednn_linear, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(torch.backends.mkl, "is_available", lambda m=mkl: m)
+        choice("auto")
+        with caplog.at_level("INFO", logger=onednn_linear.__name__):
+            assert onednn_is_faster() is want, (vendor, mkl)
+        assert f"float32 linears: {'oneDNN' if want else 'torch'} (CPU vendor {vendor}" in caplog.text
+        caplog.clear()
     choice("mkl")
     with pytest.raises(ValueError, match="RLHF_FP32_LINEAR='mkl'"):
         onednn_is_faster()
