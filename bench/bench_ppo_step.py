@@ -200,7 +200,7 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
         trainer.shutdown()
     return {**step_summary(ends, tokens, rtokens, args.warmup), "stages_s": {k: round(v, 4) for k, v in stages.items()},
             "peak_rss_mb": round(_peak_rss_mb(), 1), "worker_peak_rss_mb": worker_rss,
-            # the float32 product library this process chose (onednn_linear.py); a Ray worker chooses on its own
+            # the float32 product library chosen here (onednn_linear.py); a Ray worker applies the same rule
             "fp32_linears": None if use_ray else ("oneDNN" if onednn_is_faster() else "torch")}
 
 
