@@ -31,8 +31,9 @@ ENV = "RLHF_FP32_LINEAR"
 _CHOICES = ("auto", "onednn", "torch")
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x (r, in) @ weight (out, in)ᵀ (+ bias)`` → ``(r, out)`` through oneDNN; strided operands are accepted."""
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (r, in) @ weight (out, in)ᵀ (+ bias)`` → ``(r, out)`` through oneDNN, in ``x``'s dtype (float32 or bf16);
+    strided operands and a weight reordered by ``torch.ops.mkldnn._reorder_linear_weight`` are accepted."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -89,7 +90,7 @@ class OneDNNLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return _product(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return onednn_product(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # its products have no derivative: a grad of a grad must fail
@@ -98,9 +99,9 @@ class OneDNNLinear(torch.autograd.Function):
         g2 = grad.reshape(-1, grad.shape[-1])
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = _product(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
+            gx = onednn_product(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:  # (xᵀ g)ᵀ: with x as oneDNN's input it ran 1.3-1.8× faster than gᵀ x
-            gw = _product(x2.t(), g2.t()).t().contiguous()
+            gw = onednn_product(x2.t(), g2.t()).t().contiguous()
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)
         return gx, gw, gb

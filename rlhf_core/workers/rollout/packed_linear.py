@@ -22,18 +22,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlhf_core.workers.onednn_linear import OneDNNLinearLayer
+from rlhf_core.workers.onednn_linear import OneDNNLinearLayer, onednn_available, onednn_product
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packed_linear_available(module: nn.Module) -> bool:
     """Whether :class:`DecodeWeights` can serve ``module``: its parameters are float32 or bf16 on the CPU and this
-    torch build has oneDNN (``torch.backends.mkldnn.is_available()``) with the reorder and product operators."""
+    torch build has oneDNN's product (:func:`~rlhf_core.workers.onednn_linear.onednn_available`) and its weight
+    reorder."""
     param = next(module.parameters(), None)
-    return (param is not None and param.device.type == "cpu" and param.dtype in _DTYPES
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (param is not None and param.device.type == "cpu" and param.dtype in _DTYPES and onednn_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class PackedLinear:
@@ -57,7 +57,7 @@ class PackedLinear:
         self.sizes = [lin.out_features for lin in linears]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return onednn_product(x, self.weight, self.bias)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(self.sizes, dim=-1)
