@@ -2,8 +2,8 @@
 
 torch multiplies float32 matrices on CPU with MKL's ``sgemm``. MKL picks its code path by CPU vendor, and on a
 non-Intel CPU it runs a slower one: on an AMD EPYC (Zen 5, avx512, 2 threads) the forward and backward products
-of a 4,096-token update took 1.3-1.9× the time of oneDNN's, per layer shape of the 1 M-100 M models, and one layer
-with the LM head 1.5-1.7× (``bench/bench_kernels.py --only linear``). oneDNN, which torch already uses for bf16
+of a 4,096-token update took 1.3-1.7× the time of oneDNN's for one layer with the LM head of the 1 M-100 M models,
+0.9-2.0× per layer shape (two runs of ``bench/bench_kernels.py --only linear``). oneDNN, which torch already uses for bf16
 products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear layers of a model
 (:class:`OneDNNLinearLayer`) call ``torch.ops.mkldnn._linear_pointwise`` (the operator inductor emits for a CPU
 linear) in the forward and in the two products of the backward (:class:`OneDNNLinear`).
