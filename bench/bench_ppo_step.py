@@ -151,33 +151,40 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
+def build_ours(spec: dict, args, out_dir: Path, use_ray: bool = False):
+    """Our trainer on the benchmark's config, workers started: in-process (one ``LocalWorkerGroup`` rank) or, with
+    ``use_ray``, through ``main_ppo.build_worker_groups`` on an embedded Ray started here."""
     from rlhf_core.data.rl_dataset import create_rl_dataset
     from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.models.loading import load_tokenizer
     from rlhf_core.reward import load_reward_manager
     from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
+
+    config = ours_config(spec, args, out_dir)
+    tokenizer = load_tokenizer(spec["model_dir"])
+    train = create_rl_dataset([spec["train_file"]], tokenizer, config.data)
+
+    def factory(cfg):
+        return {"actor_rollout": LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})}
+
+    if use_ray:
+        from rlhf_core.distributed.ray_init import init_ray
+        from rlhf_core.trainer.main_ppo import build_worker_groups
+
+        init_ray(None, config.ray_init.num_cpus)
+        factory = build_worker_groups
+    trainer = RayPPOTrainer(config, tokenizer, factory, load_reward_manager(config, tokenizer, num_examine=0),
+                            None, train, tracker=_NoTracker())
+    trainer.init_workers()
+    return trainer
+
+
+def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
     from rlhf_core.workers.onednn_linear import onednn_is_faster
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = ours_config(spec, args, Path(tmp))
-        tokenizer = load_tokenizer(spec["model_dir"])
-        train = create_rl_dataset([spec["train_file"]], tokenizer, config.data)
-
-        def factory(cfg):
-            return {"actor_rollout": LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})}
-
-        if use_ray:
-            from rlhf_core.distributed.ray_init import init_ray
-            from rlhf_core.trainer.main_ppo import build_worker_groups
-
-            init_ray(None, config.ray_init.num_cpus)
-            factory = build_worker_groups
-
-        trainer = RayPPOTrainer(config, tokenizer, factory, load_reward_manager(config, tokenizer, num_examine=0),
-                                None, train, tracker=_NoTracker())
-        trainer.init_workers()
+        trainer = build_ours(spec, args, Path(tmp), use_ray)
         ends, tokens, rtokens, stages = [], [], [], {}
         t0 = time.perf_counter()
         for batch in trainer.train_dataloader:

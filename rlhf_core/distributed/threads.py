@@ -29,3 +29,25 @@ def threads_per_rank(cluster_cpus: float, nnodes: int, ranks_per_node: int, over
             raise ValueError(f"fsdp_config.cpu_threads={override} must be >= 1 (null = the node's CPUs ÷ its ranks)")
         return int(override)
     return max(1, int(float(cluster_cpus) / nnodes) // ranks_per_node)
+
+
+# intra-op threads of a driver whose ranks are Ray actors (verl's TaskRunner is a Ray actor of num_cpus=1, which Ray
+# starts with OMP_NUM_THREADS=1)
+DRIVER_THREADS = 1
+
+
+def use_driver_threads() -> int:
+    """Give this process (a driver whose training ranks run as Ray actors) :data:`DRIVER_THREADS` intra-op thread
+    from now on; returns the count it had.
+
+    The driver's own tensor work is bookkeeping on ``(batch, tokens)`` tensors (repeating prompts, rule rewards,
+    advantages, metrics), too small to gain from a second thread. With two, the driver's idle OpenMP thread spins
+    for a while after each such op (libgomp's default wait policy) on a core the ranks are computing on: on the
+    2-core machine C, one thread cut the 1 M GRPO step through Ray from 1.11× to 1.05-1.08× the in-process step
+    (``bench/bench_ray_path.py``, two alternating runs each; BENCHMARKS section 16). Compute stays in the ranks,
+    which keep the threads :func:`threads_per_rank` gives them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(DRIVER_THREADS)
+    return before

@@ -137,6 +137,8 @@ class RayWorkerGroup:
             not ready within ``ready_timeout_s`` (the group is shut down first).
     """
 
+    in_process = False  # the ranks compute in other processes (the driver keeps one thread: threads.py)
+
     def __init__(self, worker_cls: type, world_size: int, init_kwargs: dict,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
@@ -266,6 +268,8 @@ class LocalWorkerGroup:
 
     If this process already belongs to a process group (e.g. a second local group) it is reused.
     """
+
+    in_process = True  # the rank computes in this process, on its threads
 
     def __init__(self, worker_cls: type, init_kwargs: dict) -> None:
         import torch.distributed as dist

@@ -31,6 +31,7 @@ from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
+from rlhf_core.distributed.threads import use_driver_threads
 from rlhf_core.faults import fault_point
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
@@ -106,6 +107,7 @@ class RayPPOTrainer:
         self._budget_stop = False  # the last train_step found the budget spent (it validated and checkpointed)
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
+        self._driver_threads_before: int | None = None  # this driver's intra-op threads before init_workers
 
     # ---- setup -----------------------------------------------------------------------------------
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
@@ -130,8 +132,12 @@ class RayPPOTrainer:
                 self.config.critic.optim.total_training_steps = self.total_training_steps
 
     def init_workers(self) -> None:
-        """Build the worker groups (critic, ref, reward model, then actor — verl's order) and call ``init_model``."""
+        """Build the worker groups (critic, ref, reward model, then actor — verl's order) and call ``init_model``.
+        When every group computes in other processes (Ray actors), this driver keeps one intra-op thread until
+        :meth:`shutdown` (:func:`rlhf_core.distributed.threads.use_driver_threads`)."""
         self.wgs = dict(self.make_worker_groups(self.config))
+        if not any(wg.in_process for wg in self.wgs.values()):
+            self._driver_threads_before = use_driver_threads()
         for role in ("critic", "ref", "rm", "actor_rollout"):
             if role in self.wgs:
                 self.wgs[role].execute_all("init_model")
@@ -414,6 +420,9 @@ class RayPPOTrainer:
                 logger.warning("pending async checkpoint not completed: %s", exc)
         for wg in self.wgs.values():
             wg.shutdown()
+        if self._driver_threads_before is not None:
+            torch.set_num_threads(self._driver_threads_before)
+            self._driver_threads_before = None
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
 

@@ -87,6 +87,8 @@ class FakeCritic:
 class FakeGroup:
     """Worker-group interface over one in-process object; ``world_size=2`` shards like RayWorkerGroup."""
 
+    in_process = True  # the fake's worker computes in this process
+
     def __init__(self, worker, world_size=2):
         self.worker, self.world_size = worker, world_size
 
@@ -372,3 +374,30 @@ def test_budget_running_out_after_the_steps_check_still_ends_on_a_checkpoint(tmp
     assert trainer.global_steps == 2
     assert "val-core/toy/acc/mean@2" in final and "timing_s/save_checkpoint" in final
     assert os.path.isdir(os.path.join(cfg.trainer.default_local_dir, "global_step_2"))
+
+
+class RemoteFakeGroup(FakeGroup):
+    """As if the ranks were Ray actors: they compute elsewhere, the driver only keeps the books."""
+
+    in_process = False
+
+
+@pytest.mark.parametrize("group_cls, threads_while_training", [(FakeGroup, 2), (RemoteFakeGroup, 1)])
+def test_driver_of_remote_ranks_keeps_one_thread_until_shutdown(tmp_path, group_cls, threads_while_training):
+    # in-process ranks compute on the driver's threads (2 here); remote ones leave it bookkeeping on
+    # threads.DRIVER_THREADS = 1, and shutdown gives the driver back the 2 it had
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        actor = FakeActor([])
+        trainer = RayPPOTrainer(make_config(tmp_path, total_epochs=1), DecodeTok(),
+                                lambda c: {"actor_rollout": group_cls(actor)}, reward_fn, reward_fn, make_dataset(4))
+        trainer.init_workers()
+        seen.append(torch.get_num_threads())
+        trainer.fit()
+        seen.append(torch.get_num_threads())
+        trainer.shutdown()
+        assert seen == [threads_while_training] * 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
