@@ -3,7 +3,7 @@
     python bench/bench_ray_path.py [--size 1m] [--steps 10] [--warmup 1] [--no-pause] [workload options]
 
 ``bench_ppo_step.py --peers ours,ours_ray`` runs the two peers one after the other, each in its own process. On a
-host whose speed drifts by tens of percent within a minute (machine C, BENCHMARKS sections 12-15), one such
+host whose speed drifts by tens of percent within a minute (machine C, BENCHMARKS sections 12-16), one such
 comparison cannot tell 1.05× from 1.15×. Here one process builds both trainers (``bench_ppo_step.build_ours``) on
 the same model, prompts and seeds, and alternates their steps: in-process, Ray, Ray, in-process, … Each pair of
 steps runs seconds apart on the same prompts, and the drift cancels within a pair.
@@ -12,12 +12,15 @@ While an in-process step runs, every process of the embedded Ray instance (GCS, 
 is stopped with ``SIGSTOP`` and resumed with ``SIGCONT`` before the next Ray step. The in-process steps then run as
 on a machine without Ray, and the Ray steps pay all that Ray costs: the calls, the worker's process, and Ray's
 background wake-ups. ``--no-pause`` leaves Ray running throughout: the ratio then leaves the background out. The
-pauses last one in-process step; keep it under Ray's 10 s health-check timeout (1 M and 20 M models). This process
+pauses last one in-process step: tried with the 1 M and 20 M models (steps up to 3.5 s); with longer pauses Ray's
+health checks (10 s timeout) might count failures. This process
 runs each path's steps with that path's driver threads: the in-process path's (its rank computes here), and the one
 thread a driver of Ray ranks keeps (``rlhf_core.distributed.threads.use_driver_threads``).
 
 Prints each path's median step and stage times, the ratio of each pair (Ray ÷ in-process) and their median; the
-target of issue 14 is ≤ 1.10. The workload options are ``bench_ppo_step.py``'s.
+target of issue 14 is ≤ 1.10. The workload options are ``bench_ppo_step.py``'s (``--size``, ``--prompts``, ``--n``,
+``--new-tokens``, ``--bf16``, ``--remove-padding``, ``--dynamic-bsz``, ``--lr``, ``--device``; ``--peers`` and
+``--rounds`` are ignored here).
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ def ray_processes() -> list:
     found = []
     for child in psutil.Process(os.getpid()).children():
         try:
-            if any("ray" in part for part in child.cmdline()):
+            if any("/ray/" in part for part in child.cmdline()):  # an executable or script of Ray's package
                 found += [child] + child.children(recursive=True)
         except psutil.NoSuchProcess:
             continue
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--steps must be at least 2 (pairs), got {workload.steps}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.path.insert(0, str(bps.REPO))
+    # a SIGTERM unwinds through run's finally, which resumes Ray's stopped processes (they would stay stopped)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load = os.getloadavg()[0]
     result = run(workload)
     report(result, workload, load)
