@@ -288,8 +288,9 @@ def report(spec: dict, args, results: dict[str, dict], params: int, load_at_star
           f"{os.cpu_count()} CPUs (the ratios mean something only on an otherwise idle machine)")
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(description: str = __doc__.splitlines()[0]) -> argparse.ArgumentParser:
+    """The benchmark's options (also ``bench_ray_path.py``'s workload options)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -316,7 +317,11 @@ def parse_args(argv):
     ap.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The Ray path's cost, step by step: our in-process step and the same step through Ray, alternated in one run.
 
-    python bench/bench_ray_path.py [--size 1m] [--steps 10] [--warmup 1] [--no-pause] [workload options]
+    python bench/bench_ray_path.py [--size 1m] [--steps 5] [--warmup 1] [--no-pause] [workload options]
 
 ``bench_ppo_step.py --peers ours,ours_ray`` runs the two peers one after the other, each in its own process. On a
 host whose speed drifts by tens of percent within a minute (machine C, BENCHMARKS sections 12-16), one such
@@ -24,7 +24,6 @@ target of issue 14 is ≤ 1.10. The workload options are ``bench_ppo_step.py``'s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -107,8 +106,8 @@ def run(args) -> dict:
         ray_trainer.shutdown()
         local.shutdown()
     ratios = [r / o for r, o in zip(times["ours_ray"], times["ours"])]
-    return {"times": times, "stages": stages, "driver_threads": threads,
-            "ratios": ratios, "paused_processes": len(paused), "spec": {k: v for k, v in spec.items() if k != "model_dir"}}
+    return {"times": times, "stages": stages, "driver_threads": threads, "ratios": ratios,
+            "paused_processes": len(paused), "spec": {k: v for k, v in spec.items() if k != "model_dir"}}
 
 
 def report(result: dict, args, load_at_start: float) -> None:
@@ -118,32 +117,32 @@ def report(result: dict, args, load_at_start: float) -> None:
           f"{args.n} x <= {args.new_tokens} tokens, {args.steps} pairs after {args.warmup} warm-up; Ray's "
           + (f"{result['paused_processes']} processes stopped during in-process steps" if not args.no_pause
              else "processes left running (--no-pause)"))
-    for path, name in (("ours", "in-process (1 LocalWorkerGroup rank)"), ("ours_ray", "through Ray (rlhf ppo's group)")):
+    names = {"ours": "in-process (1 LocalWorkerGroup rank)", "ours_ray": "through Ray (rlhf ppo's group)"}
+    for path, name in names.items():
         t = result["times"][path]
-        print(f"  {name:38s}: driver threads {result['driver_threads'][path]}, median {statistics.median(t):.3f} s/step ({min(t):.3f}-{max(t):.3f}); stages (s): "
+        print(f"  {name:38s}: driver threads {result['driver_threads'][path]}, median {statistics.median(t):.3f} "
+              f"s/step ({min(t):.3f}-{max(t):.3f}); stages (s): "
               + ", ".join(f"{k} {v:.3f}" for k, v in result["stages"][path].items() if v >= 0.0005))
     r = result["ratios"]
     print(f"  Ray / in-process per pair: {', '.join(f'{x:.2f}' for x in r)}")
     print(f"ratio ours_ray/ours: median of pairs {statistics.median(r):.3f}x (quartiles "
-          f"{', '.join(f'{q:.3f}' for q in statistics.quantiles(r, n=4))}), ratio of medians "
+          f"{', '.join(f'{q:.3f}' for q in statistics.quantiles(r, n=4, method='inclusive'))}), ratio of medians "
           f"{statistics.median(result['times']['ours_ray']) / statistics.median(result['times']['ours']):.3f}x "
           f"(target <= 1.10)")
-    print(f"1-min load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} now, on {os.cpu_count()} CPUs")
+    print(f"1-min load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} now, "
+          f"on {os.cpu_count()} CPUs")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bps.build_parser(__doc__.splitlines()[0])
     ap.add_argument("--no-pause", action="store_true", help="leave Ray's processes running during in-process steps")
-    args, rest = ap.parse_known_args(argv)
-    workload = bps.parse_args(rest)
-    for key, value in vars(args).items():
-        setattr(workload, key, value)
+    workload = ap.parse_args(argv)
     if workload.steps < 2:
         raise SystemExit(f"--steps must be at least 2 (pairs), got {workload.steps}")
+    if workload.warmup < 0:
+        raise SystemExit(f"--warmup must be at least 0, got {workload.warmup}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.path.insert(0, str(bps.REPO))
-    # a SIGTERM unwinds through run's finally, which resumes Ray's stopped processes (they would stay stopped)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load = os.getloadavg()[0]
     result = run(workload)
     report(result, workload, load)

@@ -1,7 +1,8 @@
 """The PPO driver loop (verl's ``RayPPOTrainer.fit``), one named method per stage of SEMANTICS "One PPO step".
 
 The driver runs in the calling process and talks to worker groups (``RayWorkerGroup`` / ``LocalWorkerGroup`` or
-anything with ``world_size``, ``execute_all``, ``execute_dp``, ``shutdown``) built by an injected factory
+anything with ``world_size``, ``execute_all``, ``execute_dp``, ``shutdown``, and optionally ``in_process``: False
+when its ranks compute in other processes, so the driver keeps one thread; absent = True) built by an injected factory
 ``make_worker_groups(config) -> {"actor_rollout": wg, "critic": wg?, "ref": wg?}``. The factory is called by
 :meth:`RayPPOTrainer.init_workers` *after* ``total_training_steps`` has been injected into
 ``actor_rollout_ref.actor.optim.total_training_steps`` and ``critic.optim.total_training_steps``.
@@ -136,7 +137,7 @@ class RayPPOTrainer:
         When every group computes in other processes (Ray actors), this driver keeps one intra-op thread until
         :meth:`shutdown` (:func:`rlhf_core.distributed.threads.use_driver_threads`)."""
         self.wgs = dict(self.make_worker_groups(self.config))
-        if not any(wg.in_process for wg in self.wgs.values()):
+        if not any(getattr(wg, "in_process", True) for wg in self.wgs.values()):  # a custom group: in-process
             self._driver_threads_before = use_driver_threads()
         for role in ("critic", "ref", "rm", "actor_rollout"):
             if role in self.wgs:

@@ -85,9 +85,8 @@ class FakeCritic:
 
 
 class FakeGroup:
-    """Worker-group interface over one in-process object; ``world_size=2`` shards like RayWorkerGroup."""
-
-    in_process = True  # the fake's worker computes in this process
+    """Worker-group interface over one in-process object; ``world_size=2`` shards like RayWorkerGroup. No
+    ``in_process`` attribute, as a user's custom group: the trainer then takes it for in-process."""
 
     def __init__(self, worker, world_size=2):
         self.worker, self.world_size = worker, world_size
@@ -384,8 +383,8 @@ class RemoteFakeGroup(FakeGroup):
 
 @pytest.mark.parametrize("group_cls, threads_while_training", [(FakeGroup, 2), (RemoteFakeGroup, 1)])
 def test_driver_of_remote_ranks_keeps_one_thread_until_shutdown(tmp_path, group_cls, threads_while_training):
-    # in-process ranks compute on the driver's threads (2 here); remote ones leave it bookkeeping on
-    # threads.DRIVER_THREADS = 1, and shutdown gives the driver back the 2 it had
+    # in-process ranks (a group without in_process counts as one) compute on the driver's threads (2 here); remote
+    # ones leave it bookkeeping on threads.DRIVER_THREADS = 1, and shutdown gives the driver back the 2 it had
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
