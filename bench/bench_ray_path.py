@@ -75,10 +75,10 @@ def timed_step(trainer, batches, device: str) -> tuple[float, dict]:
 
 def run(args) -> dict:
     """Alternate the two trainers' steps (ABBA order); returns per-path step times, stage means and pair ratios."""
+    import torch
+
     with tempfile.TemporaryDirectory() as tmp:
         spec = bps.prepare(args, Path(tmp))
-        import torch
-
         local = bps.build_ours(spec, args, Path(tmp) / "local")
         threads = {"ours": torch.get_num_threads()}
         ray_trainer = bps.build_ours(spec, args, Path(tmp) / "ray", use_ray=True)
