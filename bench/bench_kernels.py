@@ -424,9 +424,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="sampling,adamw,entropy,logprob,logprob_memory,raycall,packing,rm_packing,"
                     "attention,gather,linear")
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing, rm_packing, attention and "
-                    "linear, of "
-                    f"{','.join(_PACKING_SIZES)}")
+    ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing, rm_packing, attention and linear, "
+                    f"of {','.join(_PACKING_SIZES)}")
     args = ap.parse_args(argv)
     sizes = tuple(k.strip() for k in args.packing_sizes.split(","))
     unknown = [k for k in sizes if k not in _PACKING_SIZES]

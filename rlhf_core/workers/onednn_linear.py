@@ -70,8 +70,10 @@ def onednn_is_faster() -> bool:
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
         raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected one of {', '.join(_CHOICES)}")
-    if choice != "auto" or not onednn_available():
-        return choice == "onednn" and onednn_available()
+    if not onednn_available():
+        return False
+    if choice != "auto":
+        return choice == "onednn"
     vendor = cpu_vendor()
     faster = torch.backends.mkl.is_available() and vendor is not None and vendor != "GenuineIntel"
     logger.info("float32 linears: %s (CPU vendor %s, MKL %s; %s=onednn|torch overrides)",
