@@ -3,9 +3,11 @@
 Tensors read from the :class:`~rlhf_core.protocol.Batch` (``B`` sequences, prompt width ``P``, response width
 ``T``): ``token_level_scores``, ``token_level_rewards``, ``advantages``, ``returns`` (and ``values`` with a
 critic), all ``(B, T)`` float; ``responses (B, T)``; ``response_mask (B, T)`` 0/1; ``attention_mask (B, P+T)``.
-Prompt length of a row = ``attention_mask[:, :P].sum()``, response length = ``response_mask.sum()``
-(``P = attention_mask.shape[1] - T``). Advantages, returns and values are summarised over valid response
-tokens only; scores and rewards are summed per sequence first.
+Prompt length of a row = ``attention_mask[:, :P].sum()``, response length = ``attention_mask[:, P:].sum()``
+(``P = attention_mask.shape[1] - T``), as verl's ``_compute_response_info``: in a multi-turn trajectory the tool and
+user tokens between assistant turns count (``response_mask`` is 0 on them), so a trajectory cut at ``T`` by a tool
+response is a clipped one. Advantages, returns and values are summarised over ``response_mask`` tokens only (the
+tokens with a loss); scores and rewards are summed per sequence first.
 """
 from __future__ import annotations
 
@@ -19,12 +21,12 @@ from rlhf_core.protocol import Batch
 
 
 def _lengths(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """``(prompt_length (B,), response_length (B,), P, T)`` as float32 tensors and ints."""
+    """``(prompt_length (B,), response_length (B,), P, T)`` as float32 tensors and ints: the attended tokens of the
+    prompt and of the response part of ``attention_mask (B, P+T)`` (the whole trajectory, tool turns included)."""
     t = batch["responses"].shape[-1]
     attention_mask = batch["attention_mask"]
     p = attention_mask.shape[-1] - t
-    response_mask = batch["response_mask"] if "response_mask" in batch else attention_mask[:, p:]
-    return attention_mask[:, :p].sum(-1).float(), response_mask.sum(-1).float(), p, t
+    return attention_mask[:, :p].sum(-1).float(), attention_mask[:, p:].sum(-1).float(), p, t
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -78,8 +80,9 @@ def reward_failure_metrics(batch: Batch) -> dict[str, float]:
 
 def compute_timing_metrics(batch: Batch, timing_raw: Mapping[str, float]) -> dict[str, float]:
     """``timing_s/<stage>`` for every timer (seconds) and ``timing_per_token_ms/<stage>`` (milliseconds per
-    token) for the stages verl normalises: ``gen`` by response tokens; ``ref``, ``values``, ``adv``,
-    ``update_critic``, ``update_actor`` by prompt + response tokens (valid tokens of the whole batch)."""
+    token) for the stages verl normalises: ``gen`` by response tokens (the response part of ``attention_mask``: tool
+    and user turns of a multi-turn trajectory included, as verl counts them); ``ref``, ``values``, ``adv``,
+    ``update_critic``, ``update_actor`` by prompt + response tokens (attended tokens of the whole batch)."""
     prompt_length, response_length, _, _ = _lengths(batch)
     n_prompt, n_response = prompt_length.sum().item(), response_length.sum().item()
     tokens = {"gen": n_response}
