@@ -5,6 +5,12 @@ Call order per trajectory and tool: ``create(create_kwargs=...)`` → ``execute(
 **execute_kwargs)`` (once per call) → ``calc_reward(instance_id, **calc_reward_kwargs)`` →
 ``release(instance_id, **release_kwargs)``; the ``*_kwargs`` come from the row's ``extra_info.tools_kwargs[name]``.
 Tool classes written for verl's agent loop (same method names and arguments) load unchanged by ``class_name``.
+
+Each call's create → execute → release runs in a thread of its own with an event loop of its own (see
+:mod:`rlhf_core.tools.runner`), so a blocking ``execute`` never holds other trajectories. State a tool keeps across
+calls (``self``) is therefore touched from several threads: keep it in plain containers keyed by instance id (as
+:class:`~rlhf_core.tools.builtin.Gsm8kTool` does) or behind a ``threading`` lock, never in an object bound to one
+event loop (an ``asyncio.Lock``/``Semaphore`` or an HTTP client session created once and shared by calls).
 """
 from __future__ import annotations
 

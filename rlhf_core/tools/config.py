@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,16 @@ def _tool_label(index: int, entry: Any) -> str:
     return f"tool #{index}" + (f" ({name!r})" if name else "")
 
 
+def _is_positive_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def build_tool(entry: dict, where: str) -> BaseTool:
     """One tool from one ``tools:`` entry.
 
     Raises:
         ToolConfigError: naming ``where`` for a missing/unimportable class, a class that is not a tool, a
-            non-``native`` type or an invalid schema.
+            non-``native`` type, a ``config.timeout`` that is not a positive number of seconds or an invalid schema.
     """
     if not isinstance(entry, dict) or "class_name" not in entry:
         raise ToolConfigError(f"{where}: an entry needs class_name, config and tool_schema; got {entry!r}")
@@ -64,6 +69,8 @@ def build_tool(entry: dict, where: str) -> BaseTool:
     tool_type = config["type"] if "type" in config else "native"  # verl's tool YAML: a missing type is native
     if tool_type != "native":
         raise ToolConfigError(f"{where}: config.type {tool_type!r} is not supported; only 'native' tools")
+    if "timeout" in config and not _is_positive_seconds(config["timeout"]):
+        raise ToolConfigError(f"{where}: config.timeout must be a positive number of seconds, got {config['timeout']!r}")
     try:
         cls = _import_class(str(entry["class_name"]))
     except (ImportError, AttributeError, ValueError) as exc:

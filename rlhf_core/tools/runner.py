@@ -3,10 +3,18 @@ non-string gives the model a short error message as its response, is counted, an
 
 Follows verl's ``ToolAgentLoop._call_tool`` (create → execute → release per call, truncation marks), with the
 failures made explicit in :class:`ToolCallStats`.
+
+Each call runs in a daemon thread of its own, on an event loop of its own (:class:`_OffLoopCall`), never on the
+rollout's event loop: a tool whose ``async def execute`` blocks (``time.sleep``, a blocking socket read, a
+synchronous HTTP client) cannot hold the engine and the other trajectories, and its caller gets the timeout
+response at the timeout. At the timeout the call's task is cancelled: a tool that awaits stops there (the
+``code_interpreter`` sandbox then kills its process group); one blocked in a synchronous call cannot be
+interrupted from outside and is abandoned: its thread runs on until the call returns, then releases the instance.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,40 +96,121 @@ def _response_text(returned: Any) -> str | None:
     return response if isinstance(response, str) else None
 
 
+class _OffLoopCall:
+    """create → execute → release of one tool call in a daemon thread running its own event loop.
+
+    ``result`` (a future of the caller's loop) gets ``execute``'s return value or exception; ``released`` is set
+    once ``release`` has run (or was not needed). :meth:`cancel` cancels the call's task from the caller's thread.
+    """
+
+    def __init__(self, tool: BaseTool, arguments: dict[str, Any], tool_kwargs: dict[str, Any]) -> None:
+        self._caller = asyncio.get_running_loop()
+        self.result: asyncio.Future = self._caller.create_future()
+        self.released: asyncio.Future = self._caller.create_future()
+        self._tool, self._arguments, self._kwargs = tool, arguments, tool_kwargs
+        self._lock = threading.Lock()
+        self._handle: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._cancelled = False
+        threading.Thread(target=asyncio.run, args=(self._body(),), daemon=True,
+                         name=f"rlhf-tool-{tool.name}").start()
+
+    def cancel(self) -> None:
+        """Cancel the call's task (at its next ``await``); a no-op once it has finished."""
+        with self._lock:
+            self._cancelled = True
+            if self._handle is not None:
+                loop, task = self._handle
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # its loop is already closed: the call has finished
+                    pass
+
+    def _deliver(self, future: asyncio.Future, value: Any = None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if future.done():  # the caller gave up (timeout or cancellation)
+                return
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+        try:
+            self._caller.call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's loop has closed: nobody waits for this call any more
+            pass
+
+    async def _body(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                self._deliver(self.released)
+                return
+            self._handle = (asyncio.get_running_loop(), asyncio.current_task())
+        instance_id = None
+        try:
+            instance_id, _ = await self._tool.create(create_kwargs=(self._kwargs.get("create_kwargs") or {}))
+            returned = await self._tool.execute(instance_id, self._arguments, **(self._kwargs.get("execute_kwargs") or {}))
+            self._deliver(self.result, returned)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, which turns it into the response
+            self._deliver(self.result, error=exc)
+        finally:
+            try:
+                if instance_id is not None:
+                    await self._tool.release(instance_id, **(self._kwargs.get("release_kwargs") or {}))
+            except BaseException:  # noqa: BLE001 - a failing release must not stop the batch either
+                pass
+            self._deliver(self.released)
+
+
 async def call_tool(tool: BaseTool, arguments: dict[str, Any], tool_kwargs: dict[str, Any]) -> ToolCallResult:
-    """create → execute → release one call of ``tool``, within the tool's timeout.
+    """create → execute → release one call of ``tool`` off the caller's event loop, within the tool's timeout.
+
+    The timeout (``tool.config["timeout"]`` seconds, else :data:`DEFAULT_TOOL_TIMEOUT_S`) covers create and
+    execute; past it the call is cancelled or abandoned (see the module docstring) and the result is the error
+    ``"Error: tool <name> timed out after <t>s"``. When execute finished in time, ``release`` is waited for up to
+    the same timeout more. The caller's event loop is never blocked by the tool.
 
     Args:
         tool_kwargs: the row's ``extra_info.tools_kwargs[tool.name]``: ``create_kwargs``, ``execute_kwargs``,
             ``release_kwargs`` mappings (each optional).
     """
     timeout = float(tool.config.get("timeout", DEFAULT_TOOL_TIMEOUT_S))
-    instance_id = None
-
-    async def create_and_execute() -> Any:
-        nonlocal instance_id
-        instance_id, _ = await tool.create(create_kwargs=(tool_kwargs.get("create_kwargs") or {}))
-        return await tool.execute(instance_id, arguments, **(tool_kwargs.get("execute_kwargs") or {}))
-
     try:
-        returned = await asyncio.wait_for(create_and_execute(), timeout)
+        call = _OffLoopCall(tool, arguments, tool_kwargs)
+    except RuntimeError as exc:  # no thread could be started (the process is out of threads)
+        return _failure(tool, exc)
+    try:
+        returned = await asyncio.wait_for(call.result, timeout)
+    except asyncio.TimeoutError:
+        call.cancel()
+        return ToolCallResult(tool.name, f"Error: tool {tool.name} timed out after {timeout:g}s", error="timeout")
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    except Exception as exc:  # noqa: BLE001 - any tool failure becomes the model's tool response
+        await _wait_released(call, timeout)
+        return _failure(tool, exc)
+    await _wait_released(call, timeout)
+    try:
         text = _response_text(returned)
         if text is None:
-            return ToolCallResult(tool.name, f"Error: tool {tool.name} returned a non-string response", error="bad_return")
+            return ToolCallResult(tool.name, f"Error: tool {tool.name} returned a non-string response",
+                                  error="bad_return")
         reward = returned[1] if isinstance(returned, tuple) and len(returned) > 1 else 0.0
         return ToolCallResult(tool.name, text, float(reward or 0.0))
-    except asyncio.TimeoutError:
-        return ToolCallResult(tool.name, f"Error: tool {tool.name} timed out after {timeout:g}s", error="timeout")
-    except Exception as exc:  # noqa: BLE001 - any tool failure becomes the model's tool response
-        message = str(exc).splitlines()[0][:200] if str(exc) else ""
-        return ToolCallResult(tool.name, f"Error: tool {tool.name} failed: {type(exc).__name__}: {message}",
-                              error="exception")
-    finally:
-        if instance_id is not None:
-            try:
-                await asyncio.wait_for(tool.release(instance_id, **(tool_kwargs.get("release_kwargs") or {})), timeout)
-            except Exception:  # noqa: BLE001 - a failing release must not stop the batch either
-                pass
+    except Exception as exc:  # noqa: BLE001 - e.g. a step reward that is not a number
+        return _failure(tool, exc)
+
+
+def _failure(tool: BaseTool, exc: Exception) -> ToolCallResult:
+    message = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return ToolCallResult(tool.name, f"Error: tool {tool.name} failed: {type(exc).__name__}: {message}",
+                          error="exception")
+
+
+async def _wait_released(call: _OffLoopCall, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(call.released, timeout)
+    except asyncio.TimeoutError:  # a release that hangs is abandoned with its thread
+        pass
 
 
 async def run_tool_calls(calls: list[FunctionCall], tools: dict[str, BaseTool], tools_kwargs: dict[str, Any],
