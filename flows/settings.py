@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from infra.home import remembered
+from rlhf_core.config.yaml_file import read_yaml_mapping
 from rlhf_core.redact import redact
 from tasks import plan
 
@@ -71,16 +70,14 @@ class PipelineSettings:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping ({} for an empty file).
+    """A YAML mapping ({} for an empty file): :func:`rlhf_core.config.yaml_file.read_yaml_mapping`.
 
     Raises:
         FileNotFoundError: ``path`` is missing.
-        ValueError: the file does not hold a mapping.
+        ConfigError: (a ``ValueError``) one line naming the file: not valid YAML (with the line and column), or not
+            a mapping.
     """
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping, got {type(data).__name__}")
-    return data
+    return read_yaml_mapping(path)
 
 
 def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:

@@ -8,6 +8,7 @@ together as one ConfigError; each line names the key, the value and the rule, wi
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -189,9 +190,21 @@ def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int) ->
     return errors
 
 
+def lr_errors(cfg: DictConfig, keys: list[str]) -> list[str]:
+    """A learning rate that is negative, NaN or infinite (0 is allowed: the parameters stay as loaded).
+
+    A negative one would ascend the loss; a NaN or inf one turns every parameter into NaN at the first step."""
+    errors = []
+    for key in keys:
+        lr = _get(cfg, key)
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr >= 0):
+            errors.append(f"{key}={lr} must be a finite number >= 0 (the optimizer's learning rate).")
+    return errors
+
+
 def ppo_static_errors(cfg: DictConfig) -> list[str]:
     """Rules that need only the config (no world size)."""
-    errors = []
+    errors = lr_errors(cfg, [f"{A}.actor.optim.lr"] + (["critic.optim.lr"] if use_critic(cfg) else []))
     tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
     if tbs is None or tbs <= 0:
         errors.append(f"data.train_batch_size={tbs} must be > 0.")
@@ -297,6 +310,7 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     elif micro and (tbs // world) % micro:
         errors.append(f"data.train_batch_size={tbs} / world size {world} = {tbs // world} per worker is not "
                       f"divisible by data.micro_batch_size_per_gpu={micro}.")
+    errors += lr_errors(cfg, ["optim.lr"])
     for key in ("optim.warmup_steps_ratio", "optim.min_lr_ratio", "optim.stable_ratio"):
         v = _get(cfg, key)
         if v is not None and not 0.0 <= v <= 1.0:

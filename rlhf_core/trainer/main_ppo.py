@@ -30,7 +30,9 @@ from rlhf_core.data import DataError
 from rlhf_core.data.rl_dataset import create_rl_dataset
 from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.worker_group import RayWorkerGroup
+from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
+from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -171,10 +173,13 @@ def check_model_paths(config: DictConfig) -> None:
     """Refuse, before Ray starts, a local model path that does not exist for a role this config builds:
     ``actor_rollout_ref.model.path``, ``critic.model.path`` and ``critic.model.tokenizer_path`` when the critic is
     in use (``critic.enable``; null = for GAE) and ``reward_model.model.path`` when ``reward_model.enable``
-    (:func:`~rlhf_core.models.loading.check_local_path`). Hub ids and remote URLs are left to the loaders.
+    (:func:`~rlhf_core.models.loading.check_local_path`), or a model folder without ``config.json`` or with
+    missing or truncated weights (:func:`~rlhf_core.models.preflight.check_model_files`). Hub ids and remote URLs
+    are left to the loaders.
 
     Raises:
         FileNotFoundError: naming the key, its value and the expanded path (the first missing one).
+        ConfigError: naming the key, its value and the missing or truncated file.
     """
     keys = ["actor_rollout_ref.model.path"]
     if critic_in_use(config):
@@ -187,6 +192,24 @@ def check_model_paths(config: DictConfig) -> None:
             check_local_path(path)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
+        if not key.endswith("tokenizer_path"):
+            check_model_files(key, path)
+
+
+def check_chat_template(config: DictConfig, tokenizer: Any) -> None:
+    """The built-in dataset renders every prompt (a chat message list, ``data.prompt_key``) with the driver
+    tokenizer's chat template, as do the workers: refuse a tokenizer without one before the data is read. A
+    ``data.custom_cls`` dataset is left to itself.
+
+    Raises:
+        ConfigError: naming the tokenizer's key and path and ``data.prompt_key``.
+    """
+    if config.data.custom_cls.path:
+        return
+    key = "data.tokenizer" if config.data.tokenizer is not None else "actor_rollout_ref.model.path"
+    require_chat_template(tokenizer, f"{key}={driver_tokenizer_path(config)!r}",
+                          f"the prompts (data.prompt_key={config.data.prompt_key!r}) are chat messages rendered with "
+                          "it; add a chat template to that folder or set data.tokenizer to a tokenizer that has one")
 
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
@@ -198,6 +221,10 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
         ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
             ``rollout.name`` is not importable) or a bad ``resume_from_path``.
         FileNotFoundError: a role's local model path that does not exist (:func:`check_model_paths`), before Ray.
+        ConfigError: before Ray, a model folder with missing or truncated weights (:func:`check_model_paths`), a
+            tokenizer without a chat template (:func:`check_chat_template`), or a rollout KV cache that cannot fit
+            (:func:`~rlhf_core.models.kv_cache.check_rollout_kv_cache`).
+        DataError: before Ray, a bad data file or fewer training rows than one batch (:func:`build_datasets`).
     """
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
@@ -206,7 +233,9 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     # cheap, local checks first (model paths, tokenizer, data files, reward function), then Ray
     check_model_paths(config)
     tokenizer = load_driver_tokenizer(config)
+    check_chat_template(config, tokenizer)
     train_ds, val_ds = build_datasets(config, tokenizer)
+    check_rollout_kv_cache(config, None if val_ds is None else len(val_ds))
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     init_ray(config.ray_init.address, config.ray_init.num_cpus)

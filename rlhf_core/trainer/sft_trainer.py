@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from rlhf_core.cli import config_command
 from rlhf_core.config import validate_sft_config
+from rlhf_core.data import DataError
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn
 from rlhf_core.data.sft_dataset import create_sft_dataset
@@ -28,6 +29,7 @@ from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
@@ -155,13 +157,24 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
     :meth:`SFTTrainer.fit`'s dict (``hf_model_dir`` is the final Hugging Face model).
 
     Raises:
-        ConfigError: a broken batch-size rule (before any model is loaded).
+        ConfigError: before any model is loaded, a broken batch-size rule, a ``model.partial_pretrain`` folder with
+            missing or truncated weights, or a tokenizer without a chat template.
+        DataError: before any model is loaded, a bad data file or fewer training rows than one batch.
     """
     validate_sft_config(config)  # before any model is loaded
     model = config.model
+    check_model_files("model.partial_pretrain", str(model.partial_pretrain))
     tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.trust_remote_code))
     data = config.data
+    if not data.custom_cls.path:  # the built-in SFTDataset renders every prompt (and message list) with it
+        require_chat_template(tokenizer, f"model.partial_pretrain={str(model.partial_pretrain)!r}",
+                              "SFT renders the prompts with it; add one to that folder or set data.chat_template",
+                              data.chat_template)
     train = create_sft_dataset(_as_list(data.train_files), tokenizer, data)
+    if len(train) < int(data.train_batch_size):  # drop_last: not one step
+        raise DataError(f"data.train_batch_size={int(data.train_batch_size)} is larger than the {len(train)} training "
+                        f"rows of data.train_files={_as_list(data.train_files)}: not one full batch (the partial "
+                        "batch is dropped)")
     val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.val_files else None
     trainer = SFTTrainer(config, train, val)
     try:
