@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import ray
 
-from rlhf_core.distributed.ray_init import local_ray_init_kwargs, set_embedded_ray_env
+from rlhf_core.distributed.ray_init import start_embedded_ray
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     """Connect to Ray once per process; a no-op when already connected.
 
     Args:
-        address: ``None`` → start an embedded local instance (token auth off, workers not niced, no dashboard,
-            its host 127.0.0.1: ``set_embedded_ray_env``, ``local_ray_init_kwargs``);
+        address: ``None`` → start an embedded local instance (``start_embedded_ray``: every port on 127.0.0.1,
+            no dashboard or job API, Ray's files in a private temp folder; token auth off, workers not niced);
             ``"auto"`` → the cluster on this machine; ``"ray://host:port"`` → Ray Client.
             ``$RAY_ADDRESS`` is used when ``address`` is None and it is set.
         num_cpus: CPU slots for an embedded instance (default: all cores).
@@ -58,6 +58,7 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     Raises:
         ConnectionError: an explicit address cannot be reached within ``REACH_TIMEOUT_S``
             (:func:`check_reachable`, naming the address), or Ray refuses it.
+        PermissionError: the embedded instance's private temp folder is someone else's.
     """
     if ray.is_initialized():
         return ray.cluster_resources()
@@ -65,8 +66,8 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
     if address is not None:
         check_reachable(address)
     if address is None:
-        set_embedded_ray_env()  # no token auth; workers at the driver's priority, not Ray's nice 15
-        ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, configure_logging=False)
+        # every port on 127.0.0.1, no job API, private temp folder; no token auth, workers not niced
+        start_embedded_ray(num_cpus, log_to_driver=True, configure_logging=False)
     else:
         # the job's runtime_env ships the code: cluster nodes need the dependencies only, not a checkout
         # (a local working_dir is only accepted here, at the job level, not per task)

@@ -1,6 +1,7 @@
 """Start or connect to Ray (verl: ``ray.init`` in ``main_ppo``).
 
-``address=None`` starts an embedded local instance (token auth off, no dashboard);
+``address=None`` starts an embedded local instance (token auth off, no dashboard or job API, every port on
+``127.0.0.1``, its files in a private temp folder: :mod:`rlhf_core.distributed.ray_loopback`);
 ``"auto"`` or ``"ray://host:port"`` connects to an existing cluster.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ray
 
 from rlhf_core.bind_host import bind_host
 from rlhf_core.data import RemoteUnavailableError
+from rlhf_core.distributed.ray_loopback import LOOPBACK, loopback_ray_start, node_ip_address, ray_temp_dir
 
 CONNECT_TIMEOUT_S = 5.0
 """How long :func:`check_ray_address` waits for a TCP connection to the cluster's head."""
@@ -38,14 +40,43 @@ def check_ray_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
         raise RemoteUnavailableError(
             f"ray_init.address={address!r} is unreachable ({exc}); start the cluster there (ray start --head) or "
             "set ray_init.address=null to start a local Ray instance") from exc
+
+
 def local_ray_init_kwargs(num_cpus: int | None = None) -> dict:
     """``ray.init`` keyword arguments of an embedded (single-machine) instance: a new instance of its own
     (``address="local"``: ``ray.init()`` without an address would attach to whatever cluster ``ray start`` last
-    started on this machine, found through ``/tmp/ray/ray_current_cluster``), no dashboard, and its host
-    pinned to :func:`rlhf_core.bind_host.bind_host` (``127.0.0.1`` unless ``$RLHF_BIND_HOST``) should one be
-    turned on. Ray 2.60 gives no setting for its own gRPC ports (GCS, raylet, workers, dashboard agent):
-    they listen on all interfaces whatever is passed here."""
-    return {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": bind_host()}
+    started on this machine, found through ``/tmp/ray/ray_current_cluster``), no dashboard, Ray's files under
+    this user's private temp folder (:func:`rlhf_core.distributed.ray_loopback.ray_temp_dir`, created mode 0700),
+    and the node address :func:`rlhf_core.bind_host.bind_host` (``127.0.0.1`` unless ``$RLHF_BIND_HOST``; a
+    wildcard address leaves Ray's default, the machine's address: :func:`ray_loopback.node_ip_address`). Ray binds
+    its gRPC, agent and metrics ports to that address; it keeps a loopback one only inside
+    :func:`start_embedded_ray`.
+
+    Raises:
+        PermissionError: the private temp folder is someone else's (:func:`ray_loopback.private_temp_root`).
+    """
+    host = bind_host()
+    kwargs = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "dashboard_host": host,
+              "_temp_dir": ray_temp_dir()}
+    if node_ip_address(host) is not None:
+        kwargs["_node_ip_address"] = node_ip_address(host)
+    return kwargs
+
+
+def start_embedded_ray(num_cpus: int | None = None, **init_kwargs) -> None:
+    """Start an embedded Ray instance as the product does (``init_ray`` and the flow's ``connect_ray``):
+    :func:`set_embedded_ray_env`, then ``ray.init(**local_ray_init_kwargs(num_cpus), **init_kwargs)`` inside
+    :func:`rlhf_core.distributed.ray_loopback.loopback_ray_start` (no dashboard-agent HTTP job API; every port on
+    ``127.0.0.1`` when the node address is loopback). ``init_kwargs``: further ``ray.init`` arguments
+    (``runtime_env``, ``log_to_driver``, ``configure_logging``).
+
+    Raises:
+        PermissionError: from :func:`local_ray_init_kwargs`, before anything starts.
+    """
+    kwargs = {**local_ray_init_kwargs(num_cpus), **init_kwargs}
+    set_embedded_ray_env()
+    with loopback_ray_start(loopback=kwargs.get("_node_ip_address") == LOOPBACK):
+        ray.init(**kwargs)
 
 
 # Ray system settings of an embedded instance (env form ``RAY_<name>``), each a measured cost on a 2-core machine
@@ -85,12 +116,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             cluster (``num_cpus`` is then ignored: a cluster's size is its own).
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
 
-    For the embedded case the environment gets :func:`set_embedded_ray_env`'s defaults (:data:`EMBEDDED_RAY_ENV`:
-    no token authentication; workers at the driver's priority, not nice 15; no prestarted idle workers; batches
-    up to 10 MiB inline in the call).
+    The embedded case is :func:`start_embedded_ray`: every port on ``127.0.0.1``, no dashboard or job API, Ray's
+    files in a private temp folder, and :func:`set_embedded_ray_env`'s defaults (:data:`EMBEDDED_RAY_ENV`: no token
+    authentication; workers at the driver's priority, not nice 15; no prestarted idle workers; batches up to
+    10 MiB inline in the call).
 
     Raises:
         RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.
+        PermissionError: the private temp folder is someone else's (:func:`local_ray_init_kwargs`).
     """
     if ray.is_initialized():
         return
@@ -100,8 +133,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        set_embedded_ray_env()
-        ray.init(**local_ray_init_kwargs(num_cpus), log_to_driver=True, runtime_env=runtime_env)
+        start_embedded_ray(num_cpus, log_to_driver=True, runtime_env=runtime_env)
     else:
         check_ray_address(str(address))
         ray.init(address=address, runtime_env=runtime_env)

@@ -49,12 +49,14 @@ def test_server_command_lines_and_ray_kwargs_bind_loopback(monkeypatch):
     kwargs = local_ray_init_kwargs(2)
     assert kwargs["include_dashboard"] is False and kwargs["dashboard_host"] == "127.0.0.1"
     assert kwargs["address"] == "local"  # a new instance, never a `ray start` cluster found in /tmp/ray
+    assert kwargs["_node_ip_address"] == "127.0.0.1"  # Ray binds its gRPC/agent ports there (test_network_exposure)
     # told otherwise: the setting reaches every builder
     monkeypatch.setenv("RLHF_BIND_HOST", "0.0.0.0")
     assert host_of(prefect_server_command(), "--host") == "0.0.0.0"
     assert host_of(mlflow_server_command("sqlite:///x.db"), "--host") == "0.0.0.0"
     assert host_of(ray_head_command(), "--dashboard-host") == "0.0.0.0"
     assert local_ray_init_kwargs()["dashboard_host"] == "0.0.0.0"
+    assert "_node_ip_address" not in local_ray_init_kwargs()  # a wildcard leaves Ray's default, the machine's address
     assert host_of(mlflow_server_command("sqlite:///x.db", host="10.1.2.3"), "--host") == "10.1.2.3"
 
 
