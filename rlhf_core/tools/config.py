@@ -70,7 +70,8 @@ def build_tool(entry: dict, where: str) -> BaseTool:
     if tool_type != "native":
         raise ToolConfigError(f"{where}: config.type {tool_type!r} is not supported; only 'native' tools")
     if "timeout" in config and not _is_positive_seconds(config["timeout"]):
-        raise ToolConfigError(f"{where}: config.timeout must be a positive number of seconds, got {config['timeout']!r}")
+        raise ToolConfigError(f"{where}: config.timeout must be a positive number of seconds, "
+                              f"got {config['timeout']!r}")
     try:
         cls = _import_class(str(entry["class_name"]))
     except (ImportError, AttributeError, ValueError) as exc:

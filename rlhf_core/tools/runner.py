@@ -147,7 +147,8 @@ class _OffLoopCall:
         instance_id = None
         try:
             instance_id, _ = await self._tool.create(create_kwargs=(self._kwargs.get("create_kwargs") or {}))
-            returned = await self._tool.execute(instance_id, self._arguments, **(self._kwargs.get("execute_kwargs") or {}))
+            execute_kwargs = self._kwargs.get("execute_kwargs") or {}
+            returned = await self._tool.execute(instance_id, self._arguments, **execute_kwargs)
             self._deliver(self.result, returned)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, which turns it into the response
             self._deliver(self.result, error=exc)
