@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -19,6 +20,7 @@ from .overrides import apply_overrides
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
+from .yaml_file import read_yaml_mapping
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
 
@@ -52,7 +54,17 @@ def load_base(name: str, config_dir: str | None = None) -> DictConfig:
     path = Path(config_dir or globals()["config_dir"]()) / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"Config '{name}' not found at {path}; known configs: {list(CONFIG_NAMES)}")
-    return OmegaConf.load(path)
+    return _load_mapping(path)
+
+
+def _load_mapping(path: Path) -> DictConfig:
+    """``path`` as an unresolved DictConfig; ConfigError naming the file (and the line of a YAML syntax error) when
+    it is not valid YAML or not a mapping (:func:`~rlhf_core.config.yaml_file.read_yaml_mapping`)."""
+    read_yaml_mapping(path)  # one line for PyYAML's errors; OmegaConf would read a bare word as a key
+    try:
+        return OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
 
 
 def _drop_targets(node: DictConfig) -> DictConfig:
@@ -80,10 +92,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
         found = f"no file {str(path.resolve())!r}" if looks_like_path else "not a shipped config"
         raise ConfigError(f"Unknown config '{name}' ({found}): expected one of {list(CONFIG_NAMES)} or a path to a "
                           "YAML file")
-    try:
-        user = OmegaConf.load(path)
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
-        raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    user = _load_mapping(path)
     user = _drop_targets(user)
     kind = _kind_of(user, path)
     base = load_base(kind, config_dir)
