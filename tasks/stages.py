@@ -221,12 +221,15 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
 
 
 def resume_step(config: Any) -> int | None:
-    """The global step a PPO run with ``config`` resumes from (``trainer.resume_mode``: the tracker's last complete
-    checkpoint for ``auto``), or None when it starts from scratch."""
+    """The global step a PPO run with ``config`` resumes from (``trainer.resume_mode``: for ``auto`` the tracker's
+    checkpoint, or the newest complete one before it when that one is incomplete), or None when it starts from
+    scratch."""
     from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
+    from rlhf_core.trainer.ppo_checkpoint import resume_components
 
     t = config.trainer
-    path = CheckpointManager.from_config(t).resolve_resume(t.resume_mode, t.resume_from_path)
+    path = CheckpointManager.from_config(t).resolve_resume(t.resume_mode, t.resume_from_path,
+                                                           resume_components(config))
     return None if path is None else parse_global_step(path)
 
 

@@ -5,8 +5,21 @@
 <default_local_dir>/global_step_<N>/critic/   written by the critic workers
 <default_local_dir>/global_step_<N>/data.pt   dataloader ``state_dict()`` (torch.save)
 <default_local_dir>/global_step_<N>/trainer_state.pt   driver state beyond verl's (e.g. the adaptive KL β; ours)
+<default_local_dir>/global_step_<N>/checkpoint_manifest.json   every file and its size, once all are written (ours)
 <default_local_dir>/latest_checkpointed_iteration.txt   "N", written last, atomically
+<default_local_dir>/.rlhf_run.lock   PID and host of the run writing here (:mod:`.checkpoint_lock`; ours)
 ```
+
+Nothing a resume might need is deleted (issue 32):
+
+* ``resume_mode=auto`` resumes from the step the tracker names only when it is complete
+  (:mod:`.checkpoint_integrity`); else from the newest complete step before it, with a warning naming both; with
+  none, it stops naming the tracker's step and what is missing. ``resume_path`` refuses an incomplete step.
+  Both happen on the driver, before any worker starts.
+* A save of step N over a ``global_step_N`` folder the tracker does not name removes it only when it is partial
+  (what a killed attempt leaves); a complete one (e.g. a newer step of a run this one fell back from) is moved
+  aside to ``global_step_N.kept-<time>``, with a warning.
+* Retention counts only complete checkpoints of a component, and leaves partial ones alone.
 
 Retention (``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; ``remove_previous_ckpt_in_save`` means keep 1)
 runs only *after* the new checkpoint is complete and the tracker points at it, so the last good checkpoint always
@@ -21,11 +34,15 @@ import logging
 import os
 import re
 import shutil
+import time
 from typing import Any, Callable
 
 import torch
 
 from rlhf_core.atomic import atomic_write, atomic_write_text
+from rlhf_core.safe_load import CheckpointError, load_state
+from rlhf_core.trainer.checkpoint_integrity import is_complete, step_problems, write_manifest
+from rlhf_core.trainer.checkpoint_lock import CheckpointDirLock
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +74,29 @@ def write_tracker(root: str, global_step: int) -> None:
     atomic_write_text(os.path.join(root, TRACKER_FILE), str(int(global_step)))
 
 
-def find_latest_checkpoint(root: str) -> str | None:
-    """The ``global_step_<N>`` directory named by the tracker file, or ``None`` (no tracker or directory gone)."""
+def read_tracker(root: str) -> int | None:
+    """The step ``<root>/latest_checkpointed_iteration.txt`` names, or ``None`` without that file.
+
+    Raises:
+        CheckpointError: the file does not hold an integer (naming the file and its content).
+    """
     tracker = os.path.join(str(root), TRACKER_FILE)
     if not os.path.exists(tracker):
         return None
     with open(tracker) as fh:
-        path = step_dir(str(root), int(fh.read().strip()))
+        text = fh.read().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"{tracker}: expected a global step number, found {text[:40]!r}") from None
+
+
+def find_latest_checkpoint(root: str) -> str | None:
+    """The ``global_step_<N>`` directory named by the tracker file, or ``None`` (no tracker or directory gone)."""
+    step = read_tracker(root)
+    if step is None:
+        return None
+    path = step_dir(str(root), step)
     return path if os.path.isdir(path) else None
 
 
@@ -105,7 +138,8 @@ class CheckpointManager:
             "critic": _keep_count(max_critic_ckpt_to_keep, remove_previous_ckpt_in_save),
         }
         self.del_local_after_load = bool(del_local_ckpt_after_load)
-        self._pending: tuple[int, str, list] | None = None
+        self._pending: tuple[int, str, list, tuple[str, ...]] | None = None
+        self.lock = CheckpointDirLock(self.root)
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> "CheckpointManager":
@@ -114,35 +148,67 @@ class CheckpointManager:
                    bool(t.remove_previous_ckpt_in_save), bool(t.del_local_ckpt_after_load))
 
     # ---- resume ----------------------------------------------------------------------------------
-    def resolve_resume(self, resume_mode: str, resume_from_path: str | None = None) -> str | None:
-        """The ``global_step_N`` directory to resume from, or ``None`` to start fresh.
+    def resolve_resume(self, resume_mode: str, resume_from_path: str | None = None,
+                       components: tuple[str, ...] = ("actor",)) -> str | None:
+        """The complete ``global_step_N`` directory to resume from, or ``None`` to start fresh (module docstring).
+
+        Args:
+            components: the component folders the run will load (``actor``, and ``critic`` with a critic).
 
         Raises:
             ValueError: unknown ``resume_mode``; ``resume_path`` without a path, with a path whose last component is
                 not ``global_step_<N>``, or that does not exist.
+            CheckpointError: ``resume_path`` names an incomplete step (naming the missing files); ``auto`` finds
+                the tracker's step incomplete and no complete step before it (naming the step and what is missing).
         """
         if resume_mode == "disable":
             return None
         if resume_mode == "auto":
-            return find_latest_checkpoint(self.root)
+            return self._resolve_auto(tuple(components))
         if resume_mode == "resume_path":
             if not resume_from_path:
                 raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
             parse_global_step(resume_from_path)
             if not os.path.isdir(resume_from_path):
                 raise ValueError(f"trainer.resume_from_path={resume_from_path!r} does not exist")
+            problems = step_problems(str(resume_from_path), components)
+            if problems:
+                raise CheckpointError(f"trainer.resume_from_path={resume_from_path!r} is not a complete checkpoint: "
+                                      f"{_summary(problems)}")
             return str(resume_from_path)
         raise ValueError(f"trainer.resume_mode={resume_mode!r}: expected one of auto, disable, resume_path")
 
+    def _resolve_auto(self, components: tuple[str, ...]) -> str | None:
+        tracked = read_tracker(self.root)
+        if tracked is None:
+            return None
+        path = step_dir(self.root, tracked)
+        problems = step_problems(path, components)
+        if not problems:
+            return path
+        older = sorted((s for s in list_step_dirs(self.root) if s < tracked), reverse=True)
+        fallback = next((step_dir(self.root, s) for s in older if is_complete(step_dir(self.root, s), components)),
+                        None)
+        if fallback is None:
+            raise CheckpointError(f"{os.path.join(self.root, TRACKER_FILE)} names global step {tracked}, which is not "
+                                  f"a complete checkpoint ({_summary(problems)}), and no complete checkpoint before "
+                                  f"it exists in {self.root}; nothing was deleted")
+        logger.warning("%s names global step %d, which is not a complete checkpoint (%s): resuming from %s, the "
+                       "newest complete one before it; nothing is deleted", TRACKER_FILE, tracked, _summary(problems),
+                       fallback)
+        return fallback
+
     @staticmethod
     def load_dataloader_state(ckpt_dir: str) -> dict | None:
+        """``data.pt`` (the dataloader position; :func:`rlhf_core.safe_load.load_state`), or None without one."""
         path = os.path.join(ckpt_dir, "data.pt")
-        return torch.load(path, weights_only=False) if os.path.exists(path) else None
+        return load_state(path) if os.path.exists(path) else None
 
     @staticmethod
     def load_trainer_state(ckpt_dir: str) -> dict | None:
+        """``trainer_state.pt`` (driver RNGs, KL β; :func:`rlhf_core.safe_load.load_state`), or None without one."""
         path = os.path.join(ckpt_dir, "trainer_state.pt")
-        return torch.load(path, weights_only=False) if os.path.exists(path) else None
+        return load_state(path) if os.path.exists(path) else None
 
     def after_load(self, ckpt_dir: str) -> None:
         """``del_local_ckpt_after_load``: remove the loaded local directory (it must live elsewhere, e.g. HDFS)."""
@@ -155,8 +221,9 @@ class CheckpointManager:
              wait_fns: list[Callable[[], Any]] | None = None) -> str:
         """Write ``global_step_N`` (components, data.pt, trainer_state.pt), then the tracker, then upload and prune.
 
-        An existing ``global_step_N`` that the tracker does not name (what a killed attempt left half-written) is
-        removed first; the tracker keeps naming the previous complete checkpoint until this one is complete.
+        An existing ``global_step_N`` that the tracker does not name is removed first when it is partial (what a
+        killed attempt left half-written), or moved aside to ``global_step_N.kept-<time>`` when it is complete;
+        the tracker keeps naming the previous complete checkpoint until this one is complete.
 
         ``wait_fns`` (``checkpoint.async_save``): the components are still being written when ``save_fns`` return;
         the tracker, upload and pruning then wait for :meth:`finish_pending` (called before the next save and at
@@ -173,10 +240,7 @@ class CheckpointManager:
         self.finish_pending()
         path = step_dir(self.root, global_step)
         if os.path.isdir(path) and find_latest_checkpoint(self.root) != path:
-            # never named by the tracker: a partial write of an attempt that died (or an abandoned run's); its
-            # leftovers (temporary folders, a missing component) must not mix with the new files
-            logger.info("removing %s before writing it again (the tracker does not name it)", path)
-            shutil.rmtree(path)
+            self._clear_untracked(path, tuple(save_fns))
         os.makedirs(path, exist_ok=True)
         part = "?"
         try:
@@ -191,10 +255,24 @@ class CheckpointManager:
             raise OSError(exc.errno, f"checkpoint {path}: writing {part!r} failed ({exc.strerror or exc}); the partial "
                                      f"checkpoint was removed, the last complete one is still "
                                      f"{find_latest_checkpoint(self.root)}") from exc
-        self._pending = (global_step, path, list(wait_fns or []))
+        self._pending = (global_step, path, list(wait_fns or []), tuple(save_fns))
         if wait_fns is None:
             self.finish_pending()
         return path
+
+    @staticmethod
+    def _clear_untracked(path: str, components: tuple[str, ...]) -> None:
+        """Make room for a new ``path`` the tracker does not name: a partial folder (a killed attempt's leftovers,
+        which must not mix with the new files) is removed; a complete one is a user's checkpoint and is moved
+        aside."""
+        if is_complete(path, components):
+            kept = f"{path}.kept-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.rename(path, kept)
+            logger.warning("%s is a complete checkpoint the tracker does not name (a run resumed from an earlier "
+                           "step is writing this step again): moved it to %s", path, kept)
+        else:
+            logger.info("removing %s before writing it again (partial, and the tracker does not name it)", path)
+            shutil.rmtree(path)
 
     def _discard_partial(self, path: str) -> None:
         """Remove the step folder ``path`` whose write failed, unless the tracker names it (a re-save of that step)."""
@@ -202,13 +280,15 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
     def finish_pending(self) -> str | None:
-        """Complete the last save: wait for its components, then tracker, upload, prune; returns its directory."""
+        """Complete the last save: wait for its components, then the manifest, tracker, upload, prune; returns its
+        directory."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        global_step, path, wait_fns = pending
+        global_step, path, wait_fns, components = pending
         for wait in wait_fns:
             wait()
+        write_manifest(path, global_step, components)
         write_tracker(self.root, global_step)
         if self.hdfs_dir:
             self.upload(path)
@@ -233,8 +313,8 @@ class CheckpointManager:
         for component, keep in self.keep.items():
             if keep is None:
                 continue
-            older = sorted((s for s in steps if s < current_step and os.path.isdir(os.path.join(steps[s], component))),
-                           reverse=True)
+            older = sorted((s for s in steps if s < current_step and os.path.isdir(os.path.join(steps[s], component))
+                            and is_complete(steps[s], (component,))), reverse=True)
             for s in older[keep - 1:]:
                 target = os.path.join(steps[s], component)
                 shutil.rmtree(target, ignore_errors=True)
@@ -245,3 +325,9 @@ class CheckpointManager:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
         return removed
+
+
+def _summary(problems: list[str], limit: int = 3) -> str:
+    """The first ``limit`` problems of :func:`step_problems`, and how many more."""
+    more = f", and {len(problems) - limit} more" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more

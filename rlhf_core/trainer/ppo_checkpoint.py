@@ -8,6 +8,11 @@ Exact resume (docs/RESUME.md): ``trainer_state.pt`` also holds the driver's glob
 torch CPU), which reward functions, samplers or datasets on the driver may draw from; a fresh run seeds them from
 the train dataloader's seed (``data.seed``), a resumed run restores them. The data position is the dataloader's
 state in ``data.pt``; without that file it is derived from the global step.
+
+Before any worker starts, :func:`prepare_resume` locks ``default_local_dir`` for this run
+(:mod:`rlhf_core.trainer.checkpoint_lock`) and picks a complete checkpoint to resume from
+(:meth:`~rlhf_core.trainer.checkpoint_manager.CheckpointManager.resolve_resume`), so a second run on the same
+folder, or an incomplete checkpoint, is refused before a model loads.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from rlhf_core.config.validate import use_critic
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.checkpoint import rng_state, seed_all, set_rng_state
 
@@ -84,10 +90,28 @@ def note_elastic_resume(component_dir: str, world_size: int) -> bool:
     return True
 
 
-def load_ppo_checkpoint(trainer: Any) -> None:
-    """Resume per ``trainer.resume_mode``: worker states, dataloader position, ``global_steps``, KL coefficient."""
+def resume_components(config: Any) -> tuple[str, ...]:
+    """The component folders a PPO run with ``config`` loads: ``("actor",)``, plus ``"critic"`` with a critic."""
+    return ("actor", "critic") if use_critic(config) else ("actor",)
+
+
+def prepare_resume(trainer: Any) -> str | None:
+    """Lock ``trainer.default_local_dir`` for this run and return the complete checkpoint to resume from (or
+    None): called before any worker starts.
+
+    Raises:
+        CheckpointError: another live run holds the folder (naming its PID and host), or the checkpoint to resume
+            from is incomplete (naming the missing files).
+        ValueError: a bad ``resume_mode`` / ``resume_from_path``.
+    """
+    trainer.checkpoints.lock.acquire()
     t = trainer.config.trainer
-    path = trainer.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
+    return trainer.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path, resume_components(trainer.config))
+
+
+def load_ppo_checkpoint(trainer: Any, path: str | None) -> None:
+    """Resume from ``path`` (:func:`prepare_resume`'s choice; None: a fresh run): worker states, dataloader
+    position, ``global_steps``, KL coefficient."""
     if path is None:
         seed = int(trainer.train_dataloader.seed)
         seed_all(seed)

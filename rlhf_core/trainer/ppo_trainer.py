@@ -39,7 +39,8 @@ from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
                                             mean_rank_metrics, resample_rows, timer)
 from rlhf_core.trainer.mfu import actor_mfu, load_hf_config
-from rlhf_core.trainer.ppo_checkpoint import driver_rng_fork, load_ppo_checkpoint, save_ppo_checkpoint
+from rlhf_core.trainer.ppo_checkpoint import (driver_rng_fork, load_ppo_checkpoint, prepare_resume,
+                                              save_ppo_checkpoint)
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
@@ -160,10 +161,11 @@ class RayPPOTrainer:
 
         A run resumed at or beyond its last step (or its ``stop_after_step``) trains nothing and returns ``{}``
         (or the ``val_before_train`` metrics)."""
+        resume_from = prepare_resume(self)  # default_local_dir locked, a complete checkpoint chosen: before workers
         if not self.wgs:
             self.init_workers()
         self._ensure_tracker()
-        self._load_checkpoint()
+        self._load_checkpoint(resume_from)
         last_metrics: dict[str, float] = {}
         if self.val_reward_fn is not None and self.config.trainer.val_before_train:
             with driver_rng_fork():  # a resumed run validates again here: the training steps' draws stay the same
@@ -409,9 +411,9 @@ class RayPPOTrainer:
         """[save_checkpoint] see :func:`rlhf_core.trainer.ppo_checkpoint.save_ppo_checkpoint`."""
         return save_ppo_checkpoint(self)
 
-    def _load_checkpoint(self) -> None:
-        """Resume per ``trainer.resume_mode`` (:func:`rlhf_core.trainer.ppo_checkpoint.load_ppo_checkpoint`)."""
-        load_ppo_checkpoint(self)
+    def _load_checkpoint(self, path: str | None) -> None:
+        """Resume from ``path`` (:func:`rlhf_core.trainer.ppo_checkpoint.prepare_resume`'s choice; None: fresh)."""
+        load_ppo_checkpoint(self, path)
 
     def shutdown(self) -> None:
         if self.wgs:
@@ -426,6 +428,7 @@ class RayPPOTrainer:
             self._driver_threads_before = None
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
+        self.checkpoints.lock.release()  # default_local_dir is free for the next run
 
 
 def _as_list(out: Any) -> list:

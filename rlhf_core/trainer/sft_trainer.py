@@ -89,13 +89,14 @@ class SFTTrainer:
     def fit(self) -> dict[str, Any]:
         """Train; returns ``{"metrics": last metrics, "global_step": N, "hf_model_dir": str,
         "checkpoint_dir": str | None}``."""
+        self.checkpoints.lock.acquire()  # before any worker: a second run on default_local_dir stops here
+        t = self.config.trainer
+        resume_from = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path, ("actor",))
         if self.wg is None:
             self.init_workers()
         if self.tracker is None:
-            t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
-        last_ckpt = self._resume()
-        t = self.config.trainer
+        last_ckpt = self._resume(resume_from)
         save_freq, test_freq = int(t.save_freq), int(t.test_freq)
         steps_per_epoch = len(self.train_loader)
         metrics: dict[str, float] = {}
@@ -128,9 +129,8 @@ class SFTTrainer:
         fns = {"actor": lambda p: self.wg.execute_all("save_checkpoint", p)}
         return self.checkpoints.save(self.global_step, fns, self.train_loader.state_dict())
 
-    def _resume(self) -> str | None:
-        t = self.config.trainer
-        path = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path)
+    def _resume(self, path: str | None) -> str | None:
+        """Load the complete checkpoint ``path`` chosen before the workers started (None: a fresh run)."""
         if path is None:
             return None
         self.global_step = parse_global_step(path)
@@ -146,6 +146,7 @@ class SFTTrainer:
             self.wg.shutdown()
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
+        self.checkpoints.lock.release()
 
 
 def _cluster_has_gpu() -> bool:

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlhf_core.atomic import replace_directory
 from rlhf_core.faults import fault_point
+from rlhf_core.safe_load import dcp_load, load_state
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 from rlhf_core.workers.optim import keep_optimizer_implementation
@@ -59,15 +60,20 @@ def _clone_tensors(tree: Any) -> Any:
 def rng_state(cuda: bool = True) -> dict[str, Any]:
     """The global RNG states of this process: torch CPU, numpy, python ``random`` (and the current CUDA device's
     when ``cuda`` and CUDA is available; the driver passes ``cuda=False`` so that it never initialises CUDA)."""
-    state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # numpy's key array as a list of ints: a checkpoint then holds only what torch.load(weights_only=True) reads
+    state = {"cpu": torch.get_rng_state(), "numpy": (name, keys.tolist(), pos, has_gauss, cached),
+             "random": random.getstate()}
     if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (numpy's keys as a list, or as an array in older checkpoints)."""
     torch.set_rng_state(state["cpu"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"][:5]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     random.setstate(state["random"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -214,14 +220,14 @@ class FSDPCheckpointManager:
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"no sharded model in {local_path}")
             sd = get_model_state_dict(self.model)
-            dcp.load(sd, checkpoint_id=path)
+            dcp_load(sd, path)
             set_model_state_dict(self.model, sd)
         if "optimizer" in self.load_contents and self.optimizer is not None:
             path = os.path.join(local_path, "optim")
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"no optimizer state in {local_path}")
             osd = get_optimizer_state_dict(self.model, self.optimizer)
-            dcp.load(osd, checkpoint_id=path)
+            dcp_load(osd, path)
             set_optimizer_state_dict(self.model, self.optimizer, osd)
             keep_optimizer_implementation(self.optimizer)
         if "extra" in self.load_contents:
@@ -236,13 +242,13 @@ class FSDPCheckpointManager:
         """
         path = self._extra_path(local_path)
         if os.path.exists(path):
-            extra = torch.load(path, weights_only=False)
+            extra = load_state(path)
             set_rng_state(extra["rng"])
         else:
             saved = sorted(glob.glob(os.path.join(local_path, "extra_state_world_size_*_rank_0.pt")))
             if not saved:
                 raise FileNotFoundError(f"{path} is missing and {local_path} has no extra_state_world_size_*_rank_0.pt")
-            extra = torch.load(saved[0], weights_only=False)
+            extra = load_state(saved[0])
             step = _global_step_of(local_path)
             seed = derive_seed(self.seed, rank(), step)
             seed_all(seed)

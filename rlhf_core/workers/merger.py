@@ -14,22 +14,15 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 
 import torch
 
 from rlhf_core.atomic import atomic_directory
 from rlhf_core.cli import run_command
 from rlhf_core.data import DataError
+from rlhf_core.safe_load import dcp_load_full
 from rlhf_core.workers.verl_checkpoint import is_verl_checkpoint, load_verl_fsdp_state_dict
 
-def _load_dcp_full(model_dir: str) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "full.pt")
-        dcp_to_torch_save(model_dir, out)
-        return torch.load(out, weights_only=False, map_location="cpu")
 
 
 def _merge_lora(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
@@ -79,7 +72,7 @@ def merge_checkpoint(local_dir: str, target_dir: str, trust_remote_code: bool = 
             shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code).state_dict().items()}
         state = load_verl_fsdp_state_dict(local_dir, shapes)
     elif os.path.isdir(model_dir):
-        state = _load_dcp_full(model_dir)
+        state = dcp_load_full(model_dir)
     elif os.path.exists(os.path.join(hf_dir, "model.safetensors")):
         from safetensors.torch import load_file
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_core.safe_load import load_state
+
 _SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
 
@@ -96,15 +98,15 @@ def load_verl_fsdp_state_dict(local_dir: str, shapes: dict[str, torch.Size] | No
 
     Raises:
         FileNotFoundError: missing shard files. KeyError: ranks disagree on the key set.
+        CheckpointError: a shard holds Python objects other than tensors (it is not run).
         ValueError: a merged weight's shape differs from ``shapes`` (naming the key), or an unsupported mesh.
     """
     world = verl_world_size(local_dir)
-    first = torch.load(Path(local_dir) / f"model_world_size_{world}_rank_0.pt", map_location="cpu", weights_only=False)
+    first = load_state(Path(local_dir) / f"model_world_size_{world}_rank_0.pt")
     if not first:
         raise ValueError(f"{local_dir}: model_world_size_{world}_rank_0.pt holds no weights")
     n = _shard_count(first[sorted(first)[0]], world)
-    ranks = [first] + [torch.load(Path(local_dir) / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu",
-                                  weights_only=False) for r in range(1, n)]
+    ranks = [first] + [load_state(Path(local_dir) / f"model_world_size_{world}_rank_{r}.pt") for r in range(1, n)]
     for r, sd in enumerate(ranks):
         if set(sd) != set(first):
             diff = sorted(set(sd) ^ set(first))[:5]

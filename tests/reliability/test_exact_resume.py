@@ -97,11 +97,13 @@ def _trainer(config):
 
 def _resume_elastic(config, saved_step: int, ranks_before: int, caplog) -> dict:
     """Load the checkpoint of ``saved_step`` with the config's ranks; check the load; train to ``stop_after_step``."""
+    from rlhf_core.trainer.ppo_checkpoint import prepare_resume
+
     trainer = _trainer(config)
     try:
         trainer.init_workers()
         with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.ppo_checkpoint"):
-            trainer._load_checkpoint()
+            trainer._load_checkpoint(prepare_resume(trainer))  # as fit does: lock, pick the step
         ranks = int(config.trainer.n_gpus_per_node)
         assert f"saved with {ranks_before} ranks and resumes with {ranks}" in caplog.text
         assert trainer.global_steps == saved_step

@@ -111,7 +111,7 @@ def test_a_half_written_step_is_rewritten_whole_and_never_tracked(tmp_path):
     (partial / "critic").mkdir()
     assert find_latest_checkpoint(str(root)) == str(root / "global_step_1")  # the tracker never named step 2
     mgr.save(2, {"actor": write_actor}, {"epoch": 0})
-    assert sorted(os.listdir(partial)) == ["actor", "data.pt"]  # no leftovers of the dead attempt
+    assert sorted(os.listdir(partial)) == ["actor", "checkpoint_manifest.json", "data.pt"]  # no leftovers
     assert (root / "latest_checkpointed_iteration.txt").read_text() == "2"
     # the folder the tracker names is never removed by a save of its own step
     write_tracker(str(root), 2)

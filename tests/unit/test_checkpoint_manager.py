@@ -29,7 +29,7 @@ def test_layout_tracker_and_dataloader_state(tmp_path):
     mgr = CheckpointManager(str(tmp_path))
     path = _save(mgr, 3)
     assert path == str(tmp_path / "global_step_3")
-    assert sorted(os.listdir(path)) == ["actor", "critic", "data.pt"]  # no trainer_state without one
+    assert sorted(os.listdir(path)) == ["actor", "checkpoint_manifest.json", "critic", "data.pt"]  # no trainer_state
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
     assert find_latest_checkpoint(str(tmp_path)) == path
     assert CheckpointManager.load_dataloader_state(path) == {"epoch": 0, "batches_done": 3}
@@ -69,7 +69,7 @@ def test_retention_keeps_newest_and_holds_after_resume(tmp_path):
     for step in (1, 2, 3):
         _save(mgr, step)
     assert sorted(os.listdir(tmp_path)) == ["global_step_2", "global_step_3", "latest_checkpointed_iteration.txt"]
-    assert sorted(os.listdir(tmp_path / "global_step_2")) == ["actor", "data.pt"]  # critic keeps 1
+    assert sorted(os.listdir(tmp_path / "global_step_2")) == ["actor", "checkpoint_manifest.json", "data.pt"]  # critic: 1
     # a new manager (a resumed run) still prunes what an earlier process wrote
     mgr2 = CheckpointManager(str(tmp_path), max_actor_ckpt_to_keep=2, max_critic_ckpt_to_keep=1)
     _save(mgr2, 4)
