@@ -14,11 +14,13 @@ float32, exactly 0 at masked positions, computed without gradient. Semantics: ``
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from rlhf_core.algos.groups import group_stats_loop, group_stats_vectorized
+from rlhf_core.algos.groups import group_ids, group_stats_loop, group_stats_vectorized
 from rlhf_core.algos.utils import masked_whiten
 from rlhf_core.registry import Registry
 
@@ -214,3 +216,73 @@ def compute_remax_outcome_advantage(
     returns = r.flip(-1).cumsum(-1).flip(-1)
     adv = returns - reward_baselines.float().reshape(-1, 1)
     return _finish(adv, returns, response_mask)
+
+
+def _takes_groups(estimator: AdvEstimator) -> bool:
+    """Whether ``estimator`` reads group keys (declares an ``index`` parameter): GRPO, RLOO, OPO, GPG, ..."""
+    try:
+        return "index" in inspect.signature(estimator).parameters
+    except (TypeError, ValueError):  # a callable without a signature: treat it as group-free
+        return False
+
+
+def _rows(x: Any, keep: torch.Tensor) -> Any:
+    """The rows ``keep`` ((K,) int64 indices) of a tensor, numpy array or list; None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x[keep.to(x.device)]
+    return np.asarray(x, dtype=object)[keep.numpy()]
+
+
+@torch.no_grad()
+def compute_advantage_without_aborted(
+    estimator: AdvEstimator, aborted: torch.Tensor, *, token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor, index: Any = None, values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None, **scalars: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``estimator`` on the rows that were not aborted by ``rollout.over_sample_rate``; aborted rows get
+    advantages = returns = 0.
+
+    An aborted response (the rollout stopped it before it finished: no response token) is not a sample of its
+    prompt: its score would pull its group's mean and standard deviation, so the kept responses' advantages would be
+    wrong (a group of 4 with one aborted: GRPO's statistics are those of the other 3). The estimator therefore sees
+    only the kept rows, for group statistics, batch whitening (gae, REINFORCE++) and GPG's batch factor alike.
+
+    A group that aborting left with one response (of ≥ 2 generated) has no baseline to compare it with; for an
+    estimator that reads groups (one with an ``index`` parameter) that response also gets advantage 0 (a group of
+    one by configuration, ``rollout.n = 1``, keeps the estimator's own rule).
+
+    Args:
+        estimator: an advantage estimator (:func:`get_adv_estimator`).
+        aborted: ``(B,)`` bool, True for an aborted row.
+        token_level_rewards, response_mask, values: ``(B, T)``; index: ``(B,)`` group keys; reward_baselines
+            ``(B,)``; scalars: passed to the estimator unchanged (``gamma``, ``lam``, ``epsilon``, ...).
+    Returns:
+        ``(advantages, returns)`` ``(B, T)`` float32, exactly 0 on aborted rows (and on masked positions); with no
+        row aborted, the estimator's own output.
+    Raises:
+        ValueError: when ``aborted`` does not have one entry per row; whatever the estimator raises.
+    """
+    b = token_level_rewards.shape[0]
+    dropped = aborted.detach().cpu().bool().reshape(-1).clone()
+    if dropped.shape[0] != b:
+        raise ValueError(f"aborted has {dropped.shape[0]} entries but the batch has {b} sequences")
+    if bool(dropped.any()) and index is not None and _takes_groups(estimator):
+        ids, n_groups = group_ids(index, b)
+        generated = torch.bincount(ids, minlength=n_groups)
+        kept = torch.bincount(ids[~dropped], minlength=n_groups)
+        dropped |= ((kept == 1) & (generated >= 2))[ids]  # lone survivors: no baseline
+    inputs = dict(token_level_rewards=token_level_rewards, response_mask=response_mask, index=index, values=values,
+                  reward_baselines=reward_baselines)
+    if not bool(dropped.any()):
+        return estimator(**inputs, **scalars)
+    keep = torch.nonzero(~dropped).reshape(-1)
+    advantages = torch.zeros(token_level_rewards.shape, dtype=torch.float32, device=token_level_rewards.device)
+    returns = torch.zeros_like(advantages)
+    if keep.numel() == 0:
+        return advantages, returns
+    adv, ret = estimator(**{k: _rows(v, keep) for k, v in inputs.items()}, **scalars)
+    rows = keep.to(advantages.device)
+    advantages[rows], returns[rows] = adv.float(), ret.float()
+    return advantages, returns

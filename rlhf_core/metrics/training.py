@@ -29,6 +29,13 @@ def _lengths(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return attention_mask[:, :p].sum(-1).float(), attention_mask[:, p:].sum(-1).float(), p, t
 
 
+def aborted_mask(batch: Batch) -> torch.Tensor:
+    """``(B,)`` bool: the rows whose response has no attended token, i.e. the responses that
+    ``rollout.over_sample_rate`` aborted (``rlhf_core.trainer.rollout_control.abort_slowest``). verl's definition
+    (``metric_utils``: response length 0); a finished response always has at least its end-of-sequence token."""
+    return _lengths(batch)[1] == 0
+
+
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     x = x.detach().float()
     if x.numel() == 0:  # no valid token at all: report zeros rather than crash the step
@@ -44,14 +51,25 @@ def compute_data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     ``prompt_length/{mean,max,min,clip_ratio}`` (clip ratio = share of rows whose length equals ``T`` / ``P``),
     and :func:`reward_failure_metrics`.
 
+    Aborted rows (:func:`aborted_mask`, ``rollout.over_sample_rate``), as verl 0.6: ``response/aborted_ratio`` is
+    their share of the rows; ``critic/score/*``, ``critic/rewards/*`` and ``response_length_non_aborted/*`` (the
+    ``response_length`` statistics over the other rows) leave them out and are absent when every row was aborted;
+    ``response_length/*`` counts every row (an aborted one as 0), and advantages, returns and values have no valid
+    token on an aborted row.
+
     Raises:
         KeyError: when a needed tensor is missing (``values`` only when ``use_critic``).
     """
     prompt_length, response_length, p, t = _lengths(batch)
     mask = (batch["response_mask"] if "response_mask" in batch else batch["attention_mask"][:, p:]).bool()
+    kept = ~aborted_mask(batch)
     metrics: dict[str, float] = {}
-    metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
-    metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
+    if bool(kept.any()):  # all aborted: no score to report (never a false 0)
+        metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)[kept]))
+        metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)[kept]))
+        metrics.update(_stats("response_length_non_aborted", response_length[kept]))
+        metrics["response_length_non_aborted/clip_ratio"] = torch.eq(response_length[kept], t).float().mean().item()
+    metrics["response/aborted_ratio"] = (~kept).float().mean().item()
     metrics.update(_stats("critic/advantages", torch.masked_select(batch["advantages"], mask)))
     valid_returns = torch.masked_select(batch["returns"], mask).float()
     metrics.update(_stats("critic/returns", valid_returns))

@@ -15,7 +15,10 @@ requests have finished, the rest are aborted and become padding: empty responses
 ``response_mask`` and response ``attention_mask`` are 0, so they carry no loss. A synchronous engine finishes
 everything at once, so the requests that *would* finish last — the longest responses (ties: the later row) —
 are the ones aborted. verl also zeroes the prompt's attention mask; we keep it, so log-prob passes over the row
-stay finite (the row is masked out of every loss either way).
+stay finite (the row is masked out of every loss either way). It draws no extra prompts: the step trains on the
+``int(N·(1 − r))`` kept responses. An aborted response is not a sample: the advantage estimator and its group
+statistics see only the kept ones (``rlhf_core.algos.advantages.compute_advantage_without_aborted``), and
+``critic/score/*`` leaves it out; ``response/aborted_ratio`` counts it (``rlhf_core.metrics.training``).
 """
 from __future__ import annotations
 

@@ -16,13 +16,14 @@ from rlhf_core.config.structured import full_key
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.protocol import Batch
+from rlhf_core.trainer.mfu import rank_peak_flops
 from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, seed_all
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
-from rlhf_core.workers.rollout.engine_copy import build_engine_copy
+from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dtype
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
 from rlhf_core.workers.packing import check_packing_support
@@ -160,6 +161,19 @@ class ActorRolloutRefWorker(ProfiledWorker):
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+    def peak_flops(self) -> float | None:
+        """Peak dense-matmul FLOP/s of this rank in the actor's compute dtype (``fsdp_config.mixed_precision.
+        param_dtype`` when not fp32, else ``model_dtype``), for ``perf/mfu/actor``: the CUDA device's table entry,
+        or on CPU measured once per process at this rank's thread count (``rlhf_core.trainer.mfu.rank_peak_flops``,
+        about 0.2 s the first time); ``None`` when unknown.
+
+        Raises:
+            RuntimeError: when this worker holds no actor.
+        """
+        if self.actor is None:
+            raise RuntimeError(f"role {self.role!r} has no actor")
+        return rank_peak_flops(compute_dtype(self.arr.actor.fsdp_config))
 
     def has_ref(self) -> bool:
         """Whether this worker holds a reference model (role ``ref`` / ``actor_rollout_ref``)."""

@@ -61,6 +61,7 @@ def test_mfu_estimate():
     # per layer: q,o 64·64 each; k,v 64·32 each → 12288; mlp 3·64·128 = 24576; head 64 000
     assert matmul_params(cfg) == 2 * (12288 + 24576) + 64000
     flops = 6 * matmul_params(cfg) * 10 + 12 * 2 * 64 * 100
-    assert estimate_mfu(cfg, [10], 1.0, 1, 1, "NVIDIA H200") == pytest.approx(flops / 989e12)
-    assert estimate_mfu(cfg, [10], 1.0, 1, 1, None) == 0.0  # CPU: unknown peak
+    assert estimate_mfu(cfg, [10], 1.0, device_peak_flops("NVIDIA H200"), 1) == pytest.approx(flops / 989e12)
+    assert estimate_mfu(cfg, [10], 1.0, None, 1) is None  # unknown peak: no MFU, never a false 0
+    assert device_peak_flops("Some Future GPU") is None and device_peak_flops(None) is None
     assert device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and device_peak_flops("NVIDIA L40S") == 362e12
