@@ -1,9 +1,11 @@
 """The rollout's KV cache, estimated from ``config.json`` before Ray starts: refuse lengths and batch sizes whose
 cache cannot fit in the memory the rollout has (one line with the estimate in GiB, the keys and what to lower).
 
-The estimate is a lower bound of what generation needs: the weights, activations, logits and the allocator's
-slack come on top, so a run that passes may still run out of memory, but a run that fails here would certainly.
-Forward passes for log-probs (``log_prob_micro_batch_size_per_gpu``) keep no KV cache and are not counted.
+What is counted: the KV cache of a batch at full length. The HF engine pads the cache of a whole batch to its
+longest sequence, so one response running to ``max_response_length`` (likely among many sampled ones) sizes it
+for all; vLLM refuses to start when one sequence of ``max_model_len`` cannot fit in its cache. Not counted: the
+weights, activations, logits and the allocator's slack, which come on top (a run that passes may still run out of
+memory), and forward passes for log-probs (``log_prob_micro_batch_size_per_gpu``), which keep no KV cache.
 """
 from __future__ import annotations
 
@@ -187,6 +189,7 @@ def _refuse_over(need: int, budget: int, geo: Geometry, nbytes: int, dtype: str,
     layers = f"{geo.full_layers} layers" + (f" (+ {geo.sliding_layers} sliding-window layers of "
                                             f"{geo.sliding_window} tokens)" if geo.sliding_layers else "")
     raise ConfigError(
-        f"the rollout's KV cache needs at least {need / GIB:.1f} GiB, more than {where} ({budget / GIB:.1f} GiB): "
+        f"the rollout's KV cache at full length needs {need / GIB:.1f} GiB, more than {where} "
+        f"({budget / GIB:.1f} GiB): "
         f"2 (k, v) x {layers} x {geo.num_kv_heads} kv heads x head_dim {geo.head_dim} x {nbytes} bytes ({dtype}) x "
         f"({lengths}) x {seqs}; {advice}")

@@ -200,7 +200,7 @@ def test_hf_rollout_kv_cache_too_big_is_refused_before_ray(tiny_model_dir, tmp_p
     data = write_parquet(tmp_path / "train.parquet", good_rows(4))
     msg = ppo_error(ppo_overrides(tiny_model_dir, data, "data.max_response_length=32768", "trainer.device=cpu",
                                   "actor_rollout_ref.rollout.n=16384"), ConfigError)
-    assert msg.startswith("the rollout's KV cache needs at least 1026.0 GiB, more than this machine's available "
+    assert msg.startswith("the rollout's KV cache at full length needs 1026.0 GiB, more than this machine's available "
                           "memory (")
     assert ("2 (k, v) x 2 layers x 2 kv heads x head_dim 16 x 4 bytes (float32) x (data.max_prompt_length=64 + "
             "data.max_response_length=32768 tokens) x 65536 sequences in flight (data.train_batch_size=4 x "
@@ -224,8 +224,8 @@ def test_vllm_kv_cache_of_one_sequence_over_the_cpu_space(tmp_path, monkeypatch)
     cfg = load_config("ppo_trainer", base + ["data.max_response_length=16384"])
     with pytest.raises(ConfigError) as info:
         check_rollout_kv_cache(cfg, None)
-    assert str(info.value).startswith("the rollout's KV cache needs at least 1.9 GiB, more than vLLM's CPU KV cache "
-                                      "(VLLM_CPU_KVCACHE_SPACE=1 GiB) (1.0 GiB)")
+    assert str(info.value).startswith("the rollout's KV cache at full length needs 1.9 GiB, more than vLLM's CPU KV "
+                                      "cache (VLLM_CPU_KVCACHE_SPACE=1 GiB) (1.0 GiB)")
     assert str(info.value).endswith("x 1 sequence (the least the engine runs); raise VLLM_CPU_KVCACHE_SPACE or "
                                     "lower the lengths")
     # 1024 + 7168 tokens: 114,688 x 8192 B = 0.875 GiB fits
