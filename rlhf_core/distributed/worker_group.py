@@ -54,8 +54,9 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
 
     Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
     ``OMP_NUM_THREADS`` + ``torch.set_num_threads`` when ``omp_threads`` is given), then
-    ``init_process_group`` with ``nccl`` when CUDA is visible, else ``gloo``. Blocks until all
-    ``world_size`` ranks have joined. Returns the backend name.
+    ``init_process_group`` with ``nccl`` when CUDA is visible, else ``gloo``, over :func:`rendezvous_store`
+    (rank 0's store listens on ``master_addr`` only). Blocks until all ``world_size`` ranks have joined.
+    Returns the backend name.
     """
     env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": local_rank,
            "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
@@ -72,9 +73,38 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+        dist.init_process_group(backend, store=rendezvous_store(rank, world_size, master_addr, master_port),
                                 rank=rank, world_size=world_size)
     return backend
+
+
+def rendezvous_store(rank: int, world_size: int, master_addr: str, master_port: int):
+    """The ``torch.distributed.TCPStore`` of a process group: rank 0 serves it, the others connect.
+
+    Rank 0 binds the listening socket to ``master_addr`` itself and hands it over (``master_listen_fd``):
+    ``init_method="tcp://..."`` would listen on every interface whatever the address (seen with ``ss -ltnp``
+    during ``rlhf ppo``: ``*:PORT``), exposing the embedded instance's store to the network. Timeout: torch's
+    default process-group timeout (``default_pg_timeout``, 30 min), as the ``tcp://`` rendezvous uses.
+
+    Raises:
+        OSError: rank 0 cannot bind ``master_addr:master_port`` (taken since :func:`free_port` probed it).
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=default_pg_timeout)
+    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((master_addr, master_port))
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        raise
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=default_pg_timeout,
+                         master_listen_fd=listener.detach())
 
 
 class _WorkerHost:

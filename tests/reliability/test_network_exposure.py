@@ -226,3 +226,62 @@ def test_private_temp_root_is_made_private_and_refuses_a_planted_one(tmp_path, m
         os.chown(root, 65534, 65534)
         with pytest.raises(PermissionError, match="owner uid 65534"):
             private_temp_root()
+
+
+def test_process_group_store_listens_on_the_master_address_only():
+    """The rank-0 TCPStore of a training process group (``tcp://`` rendezvous listened on ``*``)."""
+    from rlhf_core.distributed.worker_group import free_port, rendezvous_store
+
+    port = free_port()
+    store = rendezvous_store(0, 1, "127.0.0.1", port)
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    mine = {(h, p) for h, p, _ in _listening({os.getpid()}) if p == port}
+    assert mine == {("127.0.0.1", port)}
+    for host in _machine_addresses():
+        with pytest.raises(OSError):
+            socket.create_connection((host, port), timeout=2).close()
+    del store
+
+
+@pytest.mark.slow
+def test_no_socket_of_an_rlhf_ppo_run_listens_outside_loopback(tmp_path, gsm8k_dir, tiny_model_dir):
+    """``rlhf ppo`` with 2 ranks (a gloo group, its TCPStore) on the embedded Ray: every listening socket of
+    every process of the run, polled with ``ss`` for its whole length, is on loopback."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from resume_fixtures import write_prompts
+
+    train, test = write_prompts(gsm8k_dir, tmp_path, 4, 2)
+    args = [f"data.train_files={train}", f"data.val_files={test}", "data.train_batch_size=2",
+            "data.max_prompt_length=64", "data.truncation=left", "data.max_response_length=6",
+            f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.adv_estimator=grpo", "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=1",
+            "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console]",
+            f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.project_name=p", "trainer.experiment_name=e",
+            "ray_init.num_cpus=2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RLHF_BIND_HOST", "RAY_ADDRESS")}
+    env.update(RLHF_HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled")
+    log = open(tmp_path / "log.txt", "w")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, rlhf_cli; sys.exit(rlhf_cli.main())", "ppo", *args],
+                            cwd=Path(__file__).parents[2], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    seen: set[tuple[str, int, str]] = set()
+    try:
+        while proc.poll() is None:
+            try:
+                tree = {proc.pid} | {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            except psutil.Error:
+                break
+            seen |= {(h, p, _name(pid)) for h, p, pid in _listening(tree)}
+            time.sleep(0.3)
+        assert proc.wait(timeout=600) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    names = {n for _, _, n in seen}
+    assert {"gcs_server", "raylet"} <= names and any("WorkerHos" in n for n in names), seen
+    assert sorted(s for s in seen if not _is_loopback(s[0])) == []
