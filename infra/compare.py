@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from infra.results import ResultsStore
+from infra.results_cli import escape_control
 
 PASS_THRESHOLD = 0.5  # a prompt "passes" when its mean score is above this (evaluation's acc rule)
 _RUN_INDEX = ("(SELECT run_id, any_value(flow_run_id) AS flow_run_id, min(started_at) AS started_at, "
@@ -229,7 +230,7 @@ def format_comparison(cmp: Comparison, show: str | None = None, limit: int = 20)
     header = ("data_source", "prompts", "mean_A", "mean_B", "diff", "95% CI", "improved", "regressed",
               "still_failing")
     rows: list[tuple[Any, ...]] = [
-        (s.data_source, s.n_prompts, f"{s.mean_a:.4f}", f"{s.mean_b:.4f}", f"{s.diff:+.4f}",
+        (escape_control(str(s.data_source)), s.n_prompts, f"{s.mean_a:.4f}", f"{s.mean_b:.4f}", f"{s.diff:+.4f}",
          f"[{s.ci_low:+.4f}, {s.ci_high:+.4f}]", s.improved, s.regressed, s.still_failing)
         for s in cmp.sources]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -242,8 +243,8 @@ def format_comparison(cmp: Comparison, show: str | None = None, limit: int = 20)
             p = s.pairs
             sel = {"regressed": p[p["diff"] < 0], "improved": p[p["diff"] > 0].iloc[::-1],
                    "failing": p[(p["score_a"] <= PASS_THRESHOLD) & (p["score_b"] <= PASS_THRESHOLD)]}[show]
-            lines += ["", f"{show} prompts of {s.data_source} ({len(sel)}):"]
+            lines += ["", f"{show} prompts of {escape_control(str(s.data_source))} ({len(sel)}):"]
             for _, r in sel.head(limit).iterrows():
-                text = str(r["question"] if r["question"] is not None else r["prompt"]).replace("\n", " ")
+                text = escape_control(str(r["question"] if r["question"] is not None else r["prompt"]))
                 lines.append(f"  {r['prompt_id']}  {r['score_a']:.3f} -> {r['score_b']:.3f}  {text[:100]}")
     return "\n".join(lines)

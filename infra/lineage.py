@@ -6,7 +6,8 @@ runs in other (Ray) processes. A core process logs into a stage run when it is g
 ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` (see ``stage_env``).
 
 Degraded lineage: when ``$MLFLOW_TRACKING_URI`` is an ``http(s)://`` server that does not answer its ``/health``
-probe within :data:`PROBE_TIMEOUT_S` (checked once per process and URI), one warning says lineage is degraded and
+probe within :data:`PROBE_TIMEOUT_S`, or a ``sqlite:///`` store on a read-only file system (checked once per
+process and URI), one warning says lineage is degraded and
 every function here stops talking to MLflow: :func:`start_run` returns a local ``offline-<hex>`` id (unique, so the
 results store still keys runs by it), logging calls do nothing, :func:`log_dataset` still returns the file's
 sha256, :func:`stage_env` hands the core no MLflow run. Training and the DuckDB results go on; :func:`degraded`
@@ -38,6 +39,7 @@ from mlflow.utils.validation import (
 )
 
 from rlhf_core.redact import redact, redact_text
+from rlhf_core.storage import read_only_reason, sqlite_store_path
 
 PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
@@ -62,10 +64,19 @@ _PROBED: dict[str, str | None] = {}  # tracking URI -> why it is unreachable (No
 
 def degraded() -> str | None:
     """Why lineage is degraded for ``$MLFLOW_TRACKING_URI`` — the ``http(s)://`` tracking server did not answer
-    ``GET /health`` within :data:`PROBE_TIMEOUT_S` — or None (a server that answered, a local store). Probed once
-    per process and URI; the first failed probe logs one warning."""
+    ``GET /health`` within :data:`PROBE_TIMEOUT_S`, or the ``sqlite:///`` store is on a read-only file system
+    or not writable by this process (:func:`rlhf_core.storage.read_only_reason`) — or None (a server that
+    answered, a writable store). Probed once per process and URI; the first failed probe logs one warning."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri.startswith(("http://", "https://")):
+    store = sqlite_store_path(uri)
+    if store and uri not in _PROBED:
+        reason = read_only_reason(store)
+        _PROBED[uri] = f"MLflow store {store} is not writable ({reason})" if reason else None
+        if reason:
+            logger.warning("%s: lineage is degraded — training goes on and results still reach the DuckDB store, "
+                           "but no runs, params, metrics or artifacts are recorded in MLflow; what the store "
+                           "already holds is kept", _PROBED[uri])
+    if not uri.startswith(("http://", "https://")) and not store:
         return None
     if uri not in _PROBED:
         try:

@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from rlhf_core.atomic import atomic_write
 from rlhf_core.redact import redact_json
+from rlhf_core.storage import is_storage_error, storage_error
 
 TABLES: dict[str, dict[str, str]] = {
     "samples": {
@@ -109,10 +110,23 @@ def _check_name(kind: str, value: str) -> str:
     return value
 
 
-def _atomic_write(table: pa.Table, dest: Path) -> None:
-    """Write ``table`` to ``dest`` atomically (:func:`rlhf_core.atomic.atomic_write`)."""
-    with atomic_write(dest) as fh:
-        pq.write_table(table, fh)
+def _atomic_write(table: pa.Table, dest: Path, root: Path) -> None:
+    """Write ``table`` to ``dest`` (a file under the store's ``root``) atomically
+    (:func:`rlhf_core.atomic.atomic_write`).
+
+    Raises:
+        StorageError: a full disk or a read-only file system: no partial file is left and every file already in
+            the store stays (queries keep working); the message names ``dest`` and says so.
+    """
+    try:
+        with atomic_write(dest) as fh:
+            pq.write_table(table, fh)
+    except OSError as exc:
+        if is_storage_error(exc):
+            raise storage_error(exc, f"results store: {table.num_rows} row(s) to", dest,
+                                f"every file registered before under {root} (still queryable), no partial "
+                                f"file") from exc
+        raise
 
 
 class ResultsStore:
@@ -163,6 +177,7 @@ class ResultsStore:
         Raises:
             filelock.Timeout: ``strict`` and another connection of this store kept the lock ``_LOCK_TIMEOUT_S``.
             duckdb.IOException: ``strict`` and a client outside this store holds the database file.
+            duckdb.TransactionException, OSError: ``strict`` and the disk is full (or read-only).
         """
         state = {t: self._has_files(t) for t in TABLES}
         try:
@@ -178,10 +193,13 @@ class ResultsStore:
                             logger.warning("results: view %s not created (%s)", name, exc)
                 finally:
                     con.close()
-        except (filelock.Timeout, duckdb.IOException) as exc:
+        except (filelock.Timeout, duckdb.IOException, duckdb.TransactionException, OSError) as exc:
             if strict:
                 raise
-            logger.warning("results: views in %s not refreshed (%s); will retry", self.db_path, exc)
+            # a client outside this store holds the file, or the disk is full ("Failed to commit: Could not write
+            # file ...wal": DuckDB rolls back, the old views stay); the parquet files are safe either way
+            logger.warning("results: views in %s not refreshed (%s); will retry",
+                           self.db_path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return False
         self._globbed = state
         return True
@@ -252,7 +270,7 @@ class ResultsStore:
             n = table.num_rows
             table = table.add_column(0, "stage", pa.array([stage] * n, pa.string()))
             table = table.add_column(0, "run_id", pa.array([run_id] * n, pa.string()))
-            _atomic_write(table, dest_dir / Path(path).name)
+            _atomic_write(table, dest_dir / Path(path).name, self.root)
             total += n
         self._after_write("samples")
         return total
@@ -302,7 +320,8 @@ class ResultsStore:
             "key": pa.array(keys, pa.string()),
             "value": pa.array(values, pa.float64()),
         })
-        _atomic_write(table, self.root / "metrics" / f"run_id={run_id}" / f"stage={stage}" / f"{name}.parquet")
+        _atomic_write(table, self.root / "metrics" / f"run_id={run_id}" / f"stage={stage}" / f"{name}.parquet",
+                      self.root)
         self._after_write("metrics")
         return n
 
@@ -341,35 +360,90 @@ class ResultsStore:
             "name": pa.array([name], pa.string()),
             "kind": pa.array([kind], pa.string()),
         })
-        _atomic_write(table, self.root / "runs" / f"run_id={run_id}.parquet")
+        _atomic_write(table, self.root / "runs" / f"run_id={run_id}.parquet", self.root)
         self._after_write("runs")
 
     # ---------------------------------------------------------------- readers
     def sql(self, query: str) -> tuple[list[str], list[tuple]]:
-        """Run ``query`` on a short-lived read-only connection.
+        """Run ``query`` on a short-lived, read-only and confined connection (:meth:`_confined_connection`).
+
+        Only read statements run (:data:`READ_STATEMENTS`: ``SELECT``, ``WITH``, ``FROM``, ``SHOW``, ``DESCRIBE``,
+        ``SUMMARIZE``, ``VALUES``, and ``EXPLAIN`` of those); the query reads no file outside ``<home>/results/`` and writes none.
 
         Returns:
             ``(column_names, rows)``.
 
         Raises:
+            duckdb.PermissionException: a statement that is not a read (``COPY``, ``EXPORT``, ``ATTACH``, ``SET``,
+                ``CREATE``, ``INSERT``, ``INSTALL``...), named with its position; nothing of the query ran. Also
+                DuckDB's own, for a file outside ``<home>/results/`` (``read_csv('/etc/passwd')``).
             duckdb.Error: the query is invalid, or a client outside this store holds the database file.
             filelock.Timeout: another connection of this store kept the lock ``_LOCK_TIMEOUT_S``.
         """
         if any(self._has_files(t) and not self._globbed.get(t) for t in TABLES):
             self.refresh_views(strict=False)
         with self._db_lock():
-            con = duckdb.connect(str(self.db_path), read_only=True)
+            con = self._confined_connection()
             try:
+                _refuse_writes(con, query)
                 rel = con.execute(query)
                 names = [d[0] for d in rel.description] if rel.description else []
                 return names, rel.fetchall()
             finally:
                 con.close()
 
+    def _confined_connection(self) -> duckdb.DuckDBPyConnection:
+        """A read-only connection to ``db_path`` that can read files only under ``<home>/results/`` (the views'
+        parquet files) and cannot change that: DuckDB's ``allowed_directories`` = that folder,
+        ``enable_external_access=false`` (no other file, URL, ``ATTACH``, extension install or load) and
+        ``lock_configuration=true`` (no later ``SET``/``RESET`` undoes them). ``allowed_directories`` grants writes
+        too, so :meth:`sql` also refuses every statement that is not a read (:func:`_refuse_writes`).
+        DuckDB refuses ``allowed_directories`` in ``connect(config=...)`` ("before the database is started"),
+        hence the ``SET`` statements, in this order, before anything else runs."""
+        con = duckdb.connect(str(self.db_path), read_only=True)
+        try:
+            con.execute("SET allowed_directories = [?]", [f"{self.root}/"])
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
     def sql_arrow(self, query: str) -> pa.Table:
         """Like :meth:`sql` but returns a ``pyarrow.Table``."""
         names, rows = self.sql(query)
         return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
+
+
+READ_STATEMENTS = frozenset({"SELECT"})
+"""DuckDB statement types :meth:`ResultsStore.sql` runs (``SHOW``, ``DESCRIBE``, ``SUMMARIZE``, ``VALUES`` and
+``FROM x`` parse as ``SELECT``); ``EXPLAIN [ANALYZE]`` runs when what it explains is one of these
+(``EXPLAIN ANALYZE COPY ... TO`` writes the file)."""
+_EXPLAIN = re.compile(r"^\s*EXPLAIN(\s+ANALYZE)?(\s*\([^)]*\))?\s*", re.IGNORECASE)
+
+
+def _refuse_writes(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """Raise ``duckdb.PermissionException`` naming the first statement of ``query`` whose type is not in
+    :data:`READ_STATEMENTS` (an ``EXPLAIN`` counts as what it explains), before any statement runs
+    (``SELECT 1; COPY ...`` runs neither).
+
+    Raises:
+        duckdb.ParserException: ``query`` does not parse.
+    """
+    statements = con.extract_statements(query)
+    for i, statement in enumerate(statements, 1):
+        kind = statement.type.name
+        if kind == "EXPLAIN":
+            inner = con.extract_statements(_EXPLAIN.sub("", statement.query, count=1))
+            kind = "EXPLAIN " + (inner[0].type.name if len(inner) == 1 else "MULTI")
+            if kind == "EXPLAIN SELECT":
+                continue
+        if kind not in READ_STATEMENTS:
+            where = f"statement {i} of {len(statements)}" if len(statements) > 1 else "the query"
+            raise duckdb.PermissionException(
+                f"the results store is read-only: {where} is of type {kind}; only queries run here "
+                f"(SELECT, WITH, FROM, SHOW, DESCRIBE, SUMMARIZE, and EXPLAIN of those)")
 
 
 def _with_sample_ids(table: pa.Table, checkpoint: str | Mapping[int, str] | None,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Sequence
 
@@ -13,13 +14,32 @@ EXAMPLE_QUERY = (
 )
 
 
+# C0/C1 control characters and DEL, and the Unicode bidirectional controls that reorder a terminal line
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_control(text: str) -> str:
+    """``text`` with every control character written as its Python escape, so model output printed to a terminal
+    can neither move the cursor, clear the screen nor recolour the line (an ANSI ``ESC [2J`` prints as the six
+    characters ``\\x1b[2J``), nor break a table row: newline, carriage return and tab as ``\\n``, ``\\r``,
+    ``\\t``; other C0/C1 characters and DEL as ``\\xNN``; Unicode bidi controls (U+202E...) as ``\\uNNNN``.
+    Other characters (accents, CJK, emoji, ``\\`` itself) are kept."""
+    def escape(match: re.Match) -> str:
+        ch = match.group()
+        return _NAMED.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+    return _CONTROL.sub(escape, text)
+
+
 def format_table(names: list[str], rows: list[tuple], max_width: int = 60) -> str:
-    """Render ``rows`` as a fixed-width text table; cells longer than ``max_width`` are cut with '…'."""
+    """Render ``rows`` as a fixed-width text table; column names and cells are escaped (:func:`escape_control`),
+    and cells longer than ``max_width`` (after escaping) are cut with '…'."""
 
     def cell(value: object) -> str:
-        text = "NULL" if value is None else str(value).replace("\n", "\\n")
+        text = "NULL" if value is None else escape_control(str(value))
         return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
+    names = [escape_control(str(n)) for n in names]
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     line = lambda vals: " | ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731

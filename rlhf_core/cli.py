@@ -5,7 +5,10 @@
   (:func:`overrides_parser`).
 * :func:`run_command` runs a subcommand: ``--help`` exits 0; a bad command line exits 2 (argparse's usage
   line); an **input error** (:data:`INPUT_ERRORS`: a config, data or missing-file error, whose message names
-  the key, file or row) prints one line ``rlhf <name>: error: <message>`` and exits 1; any other exception
+  the key, file or row) prints one line ``rlhf <name>: error: <message>`` and exits 1; so does a full disk or a
+  read-only store (:mod:`rlhf_core.storage`: an ``OSError`` with ``ENOSPC``, ``EDQUOT`` or ``EROFS``, also under a
+  Ray worker's error), naming the path and what was kept; every such line is scrubbed of secrets
+  (:func:`rlhf_core.redact.redact_text`); any other exception
   (``KeyError``, ``AttributeError``...: a bug, or a failing user function) propagates with its traceback.
 
 Import-light on purpose (``rlhf config`` must start fast): no torch here.
@@ -22,7 +25,8 @@ from omegaconf import DictConfig
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.loader import load_config
 from rlhf_core.data import DataError, RemoteUnavailableError
-from rlhf_core.redact import install_log_redaction
+from rlhf_core.redact import install_log_redaction, redact_text
+from rlhf_core.storage import storage_cause
 
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError)
 """Errors caused by the user's input: shown as one line, without a traceback."""
@@ -41,8 +45,20 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
     except SystemExit as exc:  # argparse: --help (0), a usage error (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except INPUT_ERRORS as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        cause = storage_cause(exc)  # a full disk or read-only store, here or in a Ray worker: its one line
+        if cause is None:
+            raise
+        print(f"{prog}: error: {redact_text(_first_line(cause))}", file=sys.stderr)
+        return 1
+
+
+def _first_line(exc: BaseException) -> str:
+    """``str(exc)``'s first line (a storage error's message is one line; Ray appends the worker's traceback)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def overrides_parser(prog: str, config_name: str, description: str, example: str) -> argparse.ArgumentParser:

@@ -17,7 +17,8 @@ For a dotted path, any component counts: everything under ``reward_kwargs.creden
 A secret name's value becomes ``"***"`` unless it is ``None`` or a bool (neither can hold a secret). Free text
 (log lines, markdown, any string value) is scrubbed of (a) the values of this process's environment variables
 with secret names, (b) every secret value :func:`redact` has met in this process, and (c) the password of a
-URL (``https://user:pw@host`` → ``https://user:***@host``) and of ``name=value`` assignments with a secret
+URL (``https://user:pw@host`` → ``https://user:***@host``; a userinfo of 20 characters or more without ``:`` is a
+token: ``https://ghp_...@github.com`` → ``https://***@github.com``, while ``ssh://git@host`` keeps its user) and of ``name=value`` assignments with a secret
 name (``?token=...``, an override ``+a.b.api_key=...``, ``HF_TOKEN=...``).
 
 Not from verl (verl logs its whole config); the rule is ours. Import-light: no torch, no OmegaConf at import.
@@ -45,6 +46,8 @@ MIN_SCRUB_LENGTH = 6
 
 _SPLIT = re.compile(r"[._\-\s/]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+# a URL whose userinfo is one long word, no ':' (`https://ghp_<40 chars>@github.com`): a token, not a user name
+_URL_TOKEN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<token>[^:/@\s]{%d,})@" % 20)
 # `name=value` in a URL query, an override (`+a.b.api_key=v`), a log line (`HF_TOKEN=v`)
 _ASSIGNMENT = re.compile(r"(?P<sep>^|[\s?&;,'\"(\[{+~])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^&#\s,'\"\])}]+)")
 _SEEN: set[str] = set()  # secret values met by redact() in this process
@@ -155,6 +158,7 @@ def redact_text(text: str) -> str:
             text = text.replace(value, SECRET)
     if "://" in text:
         text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{SECRET}@", text)
+        text = _URL_TOKEN.sub(lambda m: f"{m['scheme']}{SECRET}@", text)
     if "=" in text:
         text = _ASSIGNMENT.sub(lambda m: f"{m['sep']}{m['name']}={SECRET}" if is_secret_name(m["name"])
                                else m[0], text)

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf_core.atomic import atomic_write
+from rlhf_core.storage import is_storage_error, storage_error
 
 CORE_COLUMNS: dict[str, pa.DataType] = {
     "step": pa.int64(),
@@ -127,13 +128,24 @@ def samples_table(rows: "list[dict] | pandas.DataFrame") -> pa.Table:
 
 def write_samples_parquet(rows: "list[dict] | pandas.DataFrame", out_dir: str, name: str) -> str:
     """Write ``rows`` to ``<out_dir>/<name>.parquet`` atomically (``name`` may already end in ``.parquet``);
-    creates ``out_dir``; returns the file's path. An existing file of that name is replaced."""
-    os.makedirs(out_dir, exist_ok=True)
+    creates ``out_dir``; returns the file's path. An existing file of that name is replaced.
+
+    Raises:
+        StorageError: a full disk or a read-only file system; no partial file is left, an existing file of that
+            name and the other files of ``out_dir`` are untouched, and the message says so.
+    """
     fname = name if name.endswith(".parquet") else f"{name}.parquet"
     path = os.path.join(out_dir, fname)
     table = samples_table(rows)
-    with atomic_write(path) as fh:
-        pq.write_table(table, fh)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with atomic_write(path) as fh:
+            pq.write_table(table, fh)
+    except OSError as exc:
+        if is_storage_error(exc):
+            raise storage_error(exc, f"samples file ({table.num_rows} row(s))", path,
+                                f"the sample files already in {out_dir}, unchanged; no partial file") from exc
+        raise
     return path
 
 

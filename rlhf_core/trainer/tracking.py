@@ -28,6 +28,8 @@ Raises:
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -38,6 +40,8 @@ import time
 from typing import Any
 
 from rlhf_core.redact import install_log_redaction, redact
+from rlhf_core.storage import (
+    StorageError, is_storage_error, read_only_reason, sqlite_store_path, storage_error)
 
 logger = logging.getLogger(__name__)
 
@@ -93,30 +97,66 @@ class ConsoleSink:
 
 
 class FileSink:
-    """Appends one JSON line per metric to ``path`` (flushed per call, so a crash loses nothing logged)."""
+    """Appends one JSON line per metric to ``path``, each call's lines in one unbuffered write, so a crash loses
+    nothing logged.
+
+    Raises:
+        StorageError: the file cannot be opened (read-only file system) or a write fails for a full disk; the
+            file is cut back to its last whole line, and the message names it and the last step it holds.
+    """
 
     def __init__(self, path: str):
         self.path = path
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._fh = open(path, "a", encoding="utf-8")
+        self._last_step: int | None = None
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._fh = open(path, "ab", buffering=0)
+        except OSError as exc:
+            if is_storage_error(exc):
+                raise storage_error(exc, "metrics file", path, "nothing (no step was logged yet)") from exc
+            raise
 
     def log(self, data: dict[str, Any], step: int) -> None:
         now = time.time()
-        for name, value in scalar_metrics(data).items():
-            self._fh.write(json.dumps({"step": int(step), "name": name, "value": value, "timestamp": now}) + "\n")
-        self._fh.flush()
+        blob = "".join(json.dumps({"step": int(step), "name": name, "value": value, "timestamp": now}) + "\n"
+                       for name, value in scalar_metrics(data).items()).encode("utf-8")
+        start = self._fh.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[self._fh.write(view):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # no half line: the reader takes every line as a whole record
+                os.ftruncate(self._fh.fileno(), start)
+            if is_storage_error(exc):
+                kept = "nothing (no step was logged yet)" if self._last_step is None else \
+                    f"the metrics of steps up to {self._last_step}, in whole lines"
+                raise storage_error(exc, f"metrics of step {int(step)} to", self.path, kept) from exc
+            raise
+        self._last_step = int(step)
 
     def finish(self) -> None:
         self._fh.close()
 
 
 class MlflowSink:
-    """Logs into ``MLFLOW_RUN_ID`` when set, else into a new run (ended with FINISHED by :meth:`finish`)."""
+    """Logs into ``MLFLOW_RUN_ID`` when set, else into a new run (ended with FINISHED by :meth:`finish`).
+
+    Raises:
+        StorageError: ``MLFLOW_TRACKING_URI`` is a ``sqlite:///`` store on a read-only file system (or one this
+            process may not write), before any MLflow call, naming the store.
+    """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any):
         # lazy (this and the two below): mlflow takes seconds to import; only runs with the mlflow sink pay it
         from mlflow.tracking import MlflowClient
 
+        store = sqlite_store_path(os.environ.get("MLFLOW_TRACKING_URI"))
+        reason = read_only_reason(store) if store else None
+        if reason:  # before MLflow's client: it would fail in SQLAlchemy with a long traceback
+            raise StorageError(errno.EROFS if "Read-only" in reason else errno.EACCES,
+                               f"MLflow store {store} not written ({reason}); kept: nothing was logged to it "
+                               f"(set MLFLOW_TRACKING_URI to a writable store, or drop 'mlflow' from trainer.logger)")
         self.client = MlflowClient()
         run_id = os.environ.get("MLFLOW_RUN_ID")
         self.owns_run = not run_id

@@ -1,0 +1,83 @@
+"""Full disks and read-only stores: one line naming the path and what was kept, never a traceback.
+
+A write that fails because the disk is full (``ENOSPC``), a quota is spent (``EDQUOT``) or the file system is
+read-only (``EROFS``) is re-raised as :class:`StorageError` (an ``OSError`` with the same ``errno``) whose message
+is one line: what was being written, its path, why, and what is still there. The ``rlhf`` commands print such an
+error as that one line and exit 1 (:func:`rlhf_core.cli.run_command`), wherever it was raised: in the driver, or
+in a Ray worker (:func:`storage_cause` finds it under Ray's wrapper).
+
+Not from verl (verl lets these errors surface as tracebacks). Import-light: no torch, no MLflow.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""``errno`` values that mean the storage, not the program, refused a write."""
+
+
+class StorageError(OSError):
+    """A write refused by full or read-only storage; ``str()`` is one line (``[Errno N] <what> <path> ...``)."""
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``OSError`` whose ``errno`` is in :data:`STORAGE_ERRNOS`."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
+
+def storage_cause(exc: BaseException) -> OSError | None:
+    """The storage error (:func:`is_storage_error`) that ``exc`` is or wraps: followed through ``__cause__`` and
+    Ray's ``RayTaskError.cause`` (an error raised in a worker), at most 8 levels; None when there is none."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if is_storage_error(seen):
+            return seen  # type: ignore[return-value]
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return None
+
+
+def storage_error(exc: OSError, what: str, path: str | os.PathLike, kept: str) -> StorageError:
+    """A :class:`StorageError` for ``exc`` (same ``errno``): ``"<what> <path> not written (<reason>); kept: <kept>"``.
+
+    Args:
+        exc: the ``OSError`` the write raised (``ENOSPC``, ``EDQUOT``, ``EROFS``).
+        what: what was being written, e.g. ``"metrics file"``.
+        path: the file or folder that was being written.
+        kept: what is still there, e.g. ``"the metrics of steps up to 3 (whole lines)"``.
+    """
+    reason = exc.strerror or os.strerror(exc.errno or 0)
+    return StorageError(exc.errno, f"{what} {os.fspath(path)} not written ({reason}); kept: {kept}")
+
+
+def read_only_reason(path: str | os.PathLike) -> str | None:
+    """Why nothing can be written at ``path`` (a file, or where one would be created), or None when it can.
+
+    Checks ``path`` when it is a file and its nearest existing folder (a SQLite store writes a journal beside its
+    file): ``"Read-only file system"`` when the file system is mounted read-only (``statvfs``' ``ST_RDONLY``),
+    ``"Permission denied"`` when this process may not write there.
+    """
+    target = Path(path)
+    folder = target if target.is_dir() else target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return os.strerror(errno.EROFS)
+    for place in ([target] if target.is_file() else []) + [folder]:
+        if not os.access(place, os.W_OK):
+            return os.strerror(errno.EACCES)
+    return None
+
+
+def sqlite_store_path(uri: str | None) -> str | None:
+    """The file of a ``sqlite:///<path>`` URI (MLflow's SQLite store), or None for any other URI."""
+    if uri and uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]
+    return None
+
+
+__all__ = ["STORAGE_ERRNOS", "StorageError", "is_storage_error", "read_only_reason", "sqlite_store_path",
+           "storage_cause", "storage_error"]
