@@ -16,7 +16,7 @@ from rlhf_core.redact import redact
 
 from .errors import ConfigError
 from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
-from .overrides import apply_overrides
+from .overrides import apply_overrides, parse_override
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
@@ -93,6 +93,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
         raise ConfigError(f"Unknown config '{name}' ({found}): expected one of {list(CONFIG_NAMES)} or a path to a "
                           "YAML file")
     user = _load_mapping(path)
+    redact(OmegaConf.to_container(user, resolve=False))  # remembers its secret values: no error quotes them
     user = _drop_targets(user)
     kind = _kind_of(user, path)
     base = load_base(kind, config_dir)
@@ -104,6 +105,18 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     with open_dict(cfg):
         cfg.merge_with(user)
     return kind, base, cfg
+
+
+def _remember_secrets(overrides: Sequence[str]) -> None:
+    """Make every later message scrub the secret values these overrides set (``+a.api_key=v``, a dict value
+    ``a.reward_kwargs={api_key: v}``): :func:`rlhf_core.redact.redact` remembers them. An override that does not
+    parse is skipped here (:func:`apply_overrides` names it, its text scrubbed by ``ConfigError``)."""
+    for text in overrides:
+        try:
+            ov = parse_override(text)
+        except ConfigError:
+            continue
+        redact({ov.key: ov.value})
 
 
 def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
@@ -121,6 +134,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     key and why. Returns a resolved, complete, typed DictConfig in struct mode backed by the
     dataclasses of ``structured.schema_class(kind)``. Raises ConfigError (a ValueError).
     """
+    _remember_secrets(overrides)
     kind, base, cfg = _load_unresolved(name, config_dir)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
