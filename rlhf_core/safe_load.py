@@ -136,6 +136,20 @@ class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
         super().load_bytes(read_item, _checked_bytes(self.folder, read_item.dest_index.fqn, value))
 
 
+def _unwrapped(call) -> Any:
+    """``call()``, re-raising a :class:`CheckpointError` that DCP wrapped into its ``CheckpointException``."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return call()
+    except CheckpointException as exc:
+        for failure in exc.failures.values():
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(inner, CheckpointError):
+                raise inner from None
+        raise
+
+
 def dcp_load(state_dict: dict, folder: str) -> None:
     """``dcp.load(state_dict, checkpoint_id=folder)`` in place (collective when a process group is up), reading
     ``.metadata`` and non-tensor items without running code (module docstring).
@@ -143,7 +157,9 @@ def dcp_load(state_dict: dict, folder: str) -> None:
     Raises:
         CheckpointError: ``.metadata`` or an item holds other Python objects (naming the folder and the object).
     """
-    dcp.load(state_dict, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(folder))
+    SafeFileSystemReader(folder).read_metadata()  # refused here in one line, before DCP wraps the error
+    _unwrapped(lambda: dcp.load(state_dict, storage_reader=SafeFileSystemReader(folder),
+                                planner=SafeLoadPlanner(folder)))
 
 
 def dcp_load_full(folder: str) -> dict[str, Any]:
@@ -155,7 +171,8 @@ def dcp_load_full(folder: str) -> dict[str, Any]:
     """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    SafeFileSystemReader(folder).read_metadata()
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeFileSystemReader(folder), planner=_SafeEmptyPlanner(folder),
-                     no_dist=True)
+    _unwrapped(lambda: _load_state_dict(state, storage_reader=SafeFileSystemReader(folder),
+                                        planner=_SafeEmptyPlanner(folder), no_dist=True))
     return state
