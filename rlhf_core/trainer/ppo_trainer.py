@@ -22,13 +22,14 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from rlhf_core.agent.layout import multiturn_metrics
-from rlhf_core.algos.advantages import get_adv_estimator
+from rlhf_core.algos.advantages import compute_advantage_without_aborted, get_adv_estimator
 from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn as default_collate
-from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from rlhf_core.metrics.training import (aborted_mask, compute_data_metrics, compute_throughput_metrics,
+                                       compute_timing_metrics)
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
@@ -264,7 +265,9 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
         if "update_actor" in timing:
-            metrics["perf/mfu/actor"] = self._actor_mfu(batch, timing["update_actor"])
+            mfu = self._actor_mfu(batch, timing["update_actor"])
+            if mfu is not None:  # unknown peak or model config: left out, never a false 0
+                metrics["perf/mfu/actor"] = mfu
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
         if self._train_started is not None:
             metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
@@ -350,8 +353,10 @@ class RayPPOTrainer:
         return batch.merge(self.wgs["critic"].execute_dp("compute_values", batch), "critic compute_values")
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
-        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator``; then, with
-        ``algorithm.use_pf_ppo`` (gae), the batch is resampled by :meth:`pf_ppo_resample`."""
+        """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator`` over the responses
+        that ``rollout.over_sample_rate`` did not abort (aborted ones get advantage 0 and stay out of group
+        statistics: ``compute_advantage_without_aborted``); then, with ``algorithm.use_pf_ppo`` (gae), the batch is
+        resampled by :meth:`pf_ppo_resample`."""
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
         if algo.use_kl_in_reward:
@@ -362,7 +367,8 @@ class RayPPOTrainer:
             metrics.update(kl_metrics)
         else:
             rewards = scores
-        advantages, returns = get_adv_estimator(algo.adv_estimator)(
+        advantages, returns = compute_advantage_without_aborted(
+            get_adv_estimator(algo.adv_estimator), aborted_mask(batch),
             token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
             values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
             epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
@@ -389,12 +395,24 @@ class RayPPOTrainer:
         batch.meta["global_steps"] = self.global_steps
         return mean_rank_metrics(_as_list(self.actor_wg.execute_dp("update_actor", batch)))
 
-    def _actor_mfu(self, batch: Batch, seconds: float) -> float:
-        """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``); 0.0 when the model config cannot be read."""
+    def _actor_mfu(self, batch: Batch, seconds: float) -> float | None:
+        """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``) against the actor ranks' peaks, which each rank reports
+        once (``peak_flops``: measured on CPU); ``None`` when the model config cannot be read or a peak is unknown
+        (including a worker group whose workers have no ``peak_flops``)."""
         if not hasattr(self, "_hf_config"):
             self._hf_config = load_hf_config(self.config.actor_rollout_ref.model)
-        return actor_mfu(self._hf_config, batch["attention_mask"].sum(-1).tolist(), seconds,
-                         self.actor_wg.world_size, int(self.config.actor_rollout_ref.actor.ppo_epochs))
+            self._actor_peaks = self._ask_actor_peaks() if self._hf_config is not None else []
+        return actor_mfu(self._hf_config, batch["attention_mask"].sum(-1).tolist(), seconds, self._actor_peaks,
+                         int(self.config.actor_rollout_ref.actor.ppo_epochs))
+
+    def _ask_actor_peaks(self) -> list:
+        """Every actor rank's peak FLOP/s (``peak_flops``); ``[]`` with a warning when the workers have no such
+        method (a custom worker group)."""
+        try:
+            return list(self.actor_wg.execute_all("peak_flops"))
+        except AttributeError as exc:  # Ray re-raises a worker's AttributeError as one
+            logger.warning("perf/mfu/actor left out: the actor workers report no peak_flops (%s)", exc)
+            return []
 
     # ---- testing and checkpoints -----------------------------------------------------------------
     def _should_test(self, is_last: bool) -> bool:
