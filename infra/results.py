@@ -20,7 +20,8 @@ prompt: mean score over its samples) and ``compare_pairs`` (evaluation prompt sc
 runs side by side, paired by ``prompt_id``; filter on ``run_a``/``run_b`` or ``flow_a``/``flow_b``).
 
 Views are (re)created with a brief write connection when the store is opened and when a
-table gets its first file; queries use a read-only connection. While a table has no file,
+table gets its first file; queries use a read-only connection that runs only read statements and reads no file
+outside ``<home>/results/`` (:meth:`ResultsStore.sql`: what ``rlhf results sql`` runs). While a table has no file,
 its view selects from a typed empty relation, so queries work on an empty store.
 
 DuckDB lets one process write a database file, or several read it, never both: every connection this
@@ -256,6 +257,8 @@ class ResultsStore:
 
         Raises:
             ValueError: ``run_id`` or ``stage`` is not a safe folder name.
+            StorageError: a full disk or a read-only file system (one line naming the file; nothing half-written,
+                every file registered before kept).
             FileNotFoundError: a path does not exist.
         """
         _check_name("run_id", run_id)
@@ -294,6 +297,8 @@ class ResultsStore:
 
         Raises:
             ValueError: unsafe ``run_id``/``stage``/``name``, or a row without ``step``.
+            StorageError: a full disk or a read-only file system (one line naming the file; nothing half-written,
+                every file registered before kept).
         """
         _check_name("run_id", run_id)
         _check_name("stage", stage)
@@ -344,6 +349,8 @@ class ResultsStore:
 
         Raises:
             ValueError: unsafe ``run_id`` or ``stage``, or an unknown ``kind``.
+            StorageError: a full disk or a read-only file system (one line naming the file; nothing half-written,
+                every file registered before kept).
         """
         _check_name("run_id", run_id)
         _check_name("stage", stage)
@@ -368,7 +375,8 @@ class ResultsStore:
         """Run ``query`` on a short-lived, read-only and confined connection (:meth:`_confined_connection`).
 
         Only read statements run (:data:`READ_STATEMENTS`: ``SELECT``, ``WITH``, ``FROM``, ``SHOW``, ``DESCRIBE``,
-        ``SUMMARIZE``, ``VALUES``, and ``EXPLAIN`` of those); the query reads no file outside ``<home>/results/`` and writes none.
+        ``SUMMARIZE``, ``VALUES``, and ``EXPLAIN`` of those); the query reads no file outside ``<home>/results/``
+        and writes none.
 
         Returns:
             ``(column_names, rows)``.

@@ -18,8 +18,9 @@ A secret name's value becomes ``"***"`` unless it is ``None`` or a bool (neither
 (log lines, markdown, any string value) is scrubbed of (a) the values of this process's environment variables
 with secret names, (b) every secret value :func:`redact` has met in this process, and (c) the password of a
 URL (``https://user:pw@host`` → ``https://user:***@host``; a userinfo of 20 characters or more without ``:`` is a
-token: ``https://ghp_...@github.com`` → ``https://***@github.com``, while ``ssh://git@host`` keeps its user) and of ``name=value`` assignments with a secret
-name (``?token=...``, an override ``+a.b.api_key=...``, ``HF_TOKEN=...``).
+token: ``https://ghp_...@github.com`` → ``https://***@github.com``, while ``ssh://git@host`` keeps its user) and
+of ``name=value`` assignments with a secret name (``?token=...``, an override ``+a.b.api_key=...``,
+``HF_TOKEN=...``).
 
 Not from verl (verl logs its whole config); the rule is ours. Import-light: no torch, no OmegaConf at import.
 """
