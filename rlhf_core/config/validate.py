@@ -228,6 +228,9 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     rate = _get(cfg, f"{A}.rollout.over_sample_rate")
     if rate is not None and not 0 <= rate < 1:
         errors.append(f"{A}.rollout.over_sample_rate={rate} must be in [0, 1) (the fraction of responses aborted).")
+    elif rate and isinstance(tbs, int) and isinstance(n, int) and tbs > 0 and n > 0 and int(tbs * n * (1 - rate)) < 1:
+        errors.append(f"{A}.rollout.over_sample_rate={rate} keeps int({tbs * n} × (1 − {rate})) = 0 of the {tbs * n} "
+                      f"responses of a step (data.train_batch_size × {A}.rollout.n): every response would be aborted.")
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
         errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "

@@ -177,3 +177,14 @@ def test_without_over_sample_rate_nothing_is_reported_aborted(tmp_path):
     assert metrics["critic/score/mean"] == pytest.approx(4.6 / 8)
     assert metrics["response_length_non_aborted/mean"] == metrics["response_length/mean"] == pytest.approx(14 / 8)
     assert "perf/mfu/actor" not in metrics  # fake workers report no peak: left out, not 0
+
+
+def test_a_rate_that_would_abort_every_response_is_refused_at_load():
+    from rlhf_core.config import ConfigError, load_config
+
+    # the shipped config: 1024 prompts × 1 response. Rate 0.999: int(1024 × 0.001) = 1 kept, accepted;
+    # rate 0.9999: int(1024 × 0.0001) = int(0.1024) = 0 kept, refused before anything starts
+    load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=0.999"])
+    with pytest.raises(ConfigError, match=r"over_sample_rate=0.9999 keeps int\(1024 × \(1 − 0.9999\)\) = 0 of the "
+                                          r"1024 responses"):
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=0.9999"])
