@@ -26,9 +26,11 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlhf_core.protocol import Batch
+from rlhf_core.safe_load import load_state
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +63,15 @@ class RolloutDump:
 
         Raises:
             ValueError: the dump has another number of rows than the batch being generated (naming the file).
+            CheckpointError: the file holds Python objects other than tensors and plain data (it is not run).
         """
         path = self.path(step)
         if not os.path.exists(path):
             return None
-        state = torch.load(path, weights_only=False)
-        out = Batch(state["tensors"], state["non_tensors"], state["meta"])
+        state = load_state(path)  # tensors and plain data only: a dump folder's pickle never runs
+        non_tensors = {k: col["values"] if col["dtype"] == "object" else np.asarray(col["values"], dtype=col["dtype"])
+                       for k, col in state["non_tensors"].items()}
+        out = Batch(state["tensors"], non_tensors, state["meta"])
         if len(out) != rows:
             raise ValueError(f"rollout.skip_rollout: {path} holds {len(out)} responses, this step generates {rows}; "
                              f"remove it or point rollout.skip_dump_dir elsewhere")
@@ -77,9 +82,22 @@ class RolloutDump:
         """Write ``out`` for ``step`` atomically; returns the path."""
         os.makedirs(self.folder, exist_ok=True)
         path = self.path(step)
-        torch.save({"tensors": out.tensors, "non_tensors": out.non_tensors, "meta": out.meta}, path + ".tmp")
+        non_tensors = {k: {"dtype": str(v.dtype), "values": _plain(v.tolist())} for k, v in out.non_tensors.items()}
+        torch.save({"tensors": out.tensors, "non_tensors": non_tensors, "meta": out.meta}, path + ".tmp")
         os.replace(path + ".tmp", path)
         return path
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays (inside lists, tuples and dicts) turned into Python numbers and lists,
+    so that ``torch.load(weights_only=True)`` reads it back."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def abort_slowest(out: Batch, over_sample_rate: float, pad_token_id: int) -> tuple[Batch, int]:
