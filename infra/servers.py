@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from rlhf_core.bind_host import bind_host
+from rlhf_core.distributed.ray_loopback import is_loopback, node_ip_address
 
 
 def prefect_server_command(port: int = 4200, host: str | None = None) -> list[str]:
@@ -30,10 +31,19 @@ def mlflow_server_command(backend_store_uri: str, port: int = 5000, host: str | 
 
 def ray_head_command(port: int = 6379, host: str | None = None) -> list[str]:
     """``ray start --head``: its dashboard (when Ray has one) and client server on ``host``. Other nodes join
-    a head only through an address they can reach: a multi-node head needs ``host`` set to that address."""
+    a head only through an address they can reach: a multi-node head needs ``host`` set to that address.
+
+    A loopback ``host`` (the default) puts every port of the head on ``127.0.0.1`` (checked with ``ss -ltnp`` on
+    Ray 2.60): the command runs under ``env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, without which Ray replaces
+    ``--node-ip-address 127.0.0.1`` by the machine's address and binds its gRPC ports there
+    (:mod:`rlhf_core.distributed.ray_loopback`); no other node can join such a head. A wildcard ``host`` leaves
+    the node address to Ray (the machine's)."""
     host = host or bind_host()
-    return ["ray", "start", "--head", "--port", str(port), "--node-ip-address", host,
-            "--dashboard-host", host, "--ray-client-server-port", "10001"]
+    node_ip = node_ip_address(host)
+    cmd = ["ray", "start", "--head", "--port", str(port)]
+    cmd += ["--node-ip-address", node_ip] if node_ip else []
+    cmd += ["--dashboard-host", host, "--ray-client-server-port", "10001"]
+    return ["env", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0", *cmd] if is_loopback(host) else cmd
 
 
 __all__ = ["mlflow_server_command", "prefect_server_command", "ray_head_command"]

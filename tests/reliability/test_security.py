@@ -46,6 +46,7 @@ def test_server_command_lines_and_ray_kwargs_bind_loopback(monkeypatch):
     assert host_of(mlflow_server_command("sqlite:///x.db", 5000), "--host") == "127.0.0.1"
     head = ray_head_command()
     assert host_of(head, "--dashboard-host") == host_of(head, "--node-ip-address") == "127.0.0.1"
+    assert head[:2] == ["env", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"]  # else Ray swaps 127.0.0.1 for the machine's IP
     kwargs = local_ray_init_kwargs(2)
     assert kwargs["include_dashboard"] is False and kwargs["dashboard_host"] == "127.0.0.1"
     assert kwargs["address"] == "local"  # a new instance, never a `ray start` cluster found in /tmp/ray
@@ -55,6 +56,7 @@ def test_server_command_lines_and_ray_kwargs_bind_loopback(monkeypatch):
     assert host_of(prefect_server_command(), "--host") == "0.0.0.0"
     assert host_of(mlflow_server_command("sqlite:///x.db"), "--host") == "0.0.0.0"
     assert host_of(ray_head_command(), "--dashboard-host") == "0.0.0.0"
+    assert ray_head_command()[:2] == ["ray", "start"] and "--node-ip-address" not in ray_head_command()
     assert local_ray_init_kwargs()["dashboard_host"] == "0.0.0.0"
     assert "_node_ip_address" not in local_ray_init_kwargs()  # a wildcard leaves Ray's default, the machine's address
     assert host_of(mlflow_server_command("sqlite:///x.db", host="10.1.2.3"), "--host") == "10.1.2.3"
