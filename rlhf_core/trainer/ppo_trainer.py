@@ -434,6 +434,14 @@ class RayPPOTrainer:
         load_ppo_checkpoint(self, path)
 
     def shutdown(self) -> None:
+        """Stop the workers and the tracker; the lock of ``default_local_dir`` is released even when that raises
+        (a retry in this same process, e.g. a reused Ray worker, must be able to take it)."""
+        try:
+            self._stop()
+        finally:
+            self.checkpoints.lock.release()
+
+    def _stop(self) -> None:
         if self.wgs:
             try:  # an async checkpoint still being written when fit raised: keep it if it completes
                 self.checkpoints.finish_pending()
@@ -446,7 +454,6 @@ class RayPPOTrainer:
             self._driver_threads_before = None
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
-        self.checkpoints.lock.release()  # default_local_dir is free for the next run
 
 
 def _as_list(out: Any) -> list:

@@ -142,11 +142,18 @@ class SFTTrainer:
         return path
 
     def shutdown(self) -> None:
+        """Stop the workers and the tracker; the lock of ``default_local_dir`` is released even when that raises
+        (a retry in this same process, e.g. a reused Ray worker, must be able to take it)."""
+        try:
+            self._stop()
+        finally:
+            self.checkpoints.lock.release()
+
+    def _stop(self) -> None:
         if self.wg is not None:
             self.wg.shutdown()
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
-        self.checkpoints.lock.release()
 
 
 def _cluster_has_gpu() -> bool:
