@@ -85,3 +85,18 @@ def test_a_real_tiny_actor_update_on_cpu_reports_mfu_between_0_and_1(tiny_model_
     # a positive fraction: before the fix this was exactly 0.0 on CPU. The tiny model's matmuls are far smaller
     # than the peak's GEMM, so the fraction is small (under 1 with a wide margin), never above 1
     assert 0.0 < mfu < 1.0, (mfu, peak)
+
+
+@pytest.mark.parametrize("param_dtype, want", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_a_rank_measures_its_peak_in_the_actors_compute_dtype(param_dtype, want, monkeypatch):
+    from types import SimpleNamespace
+
+    import rlhf_core.workers.fsdp_workers as fw
+
+    asked = []
+    monkeypatch.setattr(fw, "rank_peak_flops", lambda dtype: asked.append(dtype) or 1e9)
+    cfg = load_config("ppo_trainer", [f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={param_dtype}"])
+    worker = SimpleNamespace(actor=object(), role="actor", arr=cfg.actor_rollout_ref)
+    assert fw.ActorRolloutRefWorker.peak_flops(worker) == 1e9 and asked == [want]
+    # and the CPU can be timed in that dtype
+    assert cpu_peak_flops(want) > 0
