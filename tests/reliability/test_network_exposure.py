@@ -182,7 +182,6 @@ def _assert_private(session: Path) -> None:
     assert len(denied) == 2 and not (session / "logs" / "x").exists(), proc.stdout + proc.stderr
 
 
-@pytest.mark.slow
 def test_the_job_api_attack_runs_a_command_against_ray_started_as_before(tmp_path, monkeypatch):
     """Control: Ray started with the product's former ``ray.init`` arguments serves the job API on this machine's
     address, and the request of the test above runs its command there. Without this the refusals above could
