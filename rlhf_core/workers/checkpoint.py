@@ -212,7 +212,9 @@ class FSDPCheckpointManager:
 
     def load(self, local_path: str) -> None:
         """Restore ``load_contents`` from ``local_path`` (collective). Raises ``FileNotFoundError`` if a
-        requested part is missing. Another world size than the saved one is an elastic resume (module docstring)."""
+        requested part is missing, ``CheckpointError`` if a file holds Python objects other than tensors and plain
+        data (read without running them: :mod:`rlhf_core.safe_load`). Another world size than the saved one is an
+        elastic resume (module docstring)."""
         self.wait()
         local_path = os.path.abspath(os.path.expanduser(local_path))
         if "model" in self.load_contents:

@@ -57,7 +57,9 @@ def merge_checkpoint(local_dir: str, target_dir: str, trust_remote_code: bool = 
     (``model_world_size_W_rank_R.pt`` + ``fsdp_config.json``); weights keep their saved dtype.
 
     Raises ``FileNotFoundError`` when ``local_dir`` lacks ``huggingface/config.json`` or any weights, or a verl
-    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model.
+    rank's shard; ``ValueError`` when a merged verl weight's shape differs from the config's model;
+    ``CheckpointError`` when a weights file holds Python objects other than tensors (nothing of it runs:
+    :mod:`rlhf_core.safe_load`).
     ``trust_remote_code`` (verl model_merger's ``--trust-remote-code``; off by default) lets the checkpoint's
     config run its own Python code (``auto_map``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
