@@ -130,4 +130,5 @@ def test_gae_on_two_ranks_per_group(tiny_model_dir, gsm8k_parquet, tmp_path, mon
     assert {"critic/vf_loss", "actor/pg_loss", "global_seqlen/balanced_max"} <= set(m[2])
     # throughput is per worker: tokens ÷ step time ÷ 2
     assert m[2]["perf/throughput"] == pytest.approx(m[2]["perf/total_num_tokens"] / m[2]["perf/time_per_step"] / 2)
-    assert sorted(os.listdir(out / "global_step_2")) == ["actor", "critic", "data.pt", "trainer_state.pt"]
+    assert sorted(os.listdir(out / "global_step_2")) == ["actor", "checkpoint_manifest.json", "critic", "data.pt",
+                                                         "trainer_state.pt"]

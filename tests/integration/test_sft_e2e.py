@@ -56,7 +56,7 @@ def test_sft_loss_decreases_schedule_and_hf_output(tiny_model_dir, sft_files, tm
     assert lr[0] == pytest.approx(3e-4) and lr[1] == pytest.approx(3e-4 + 2.7e-3 / 2) and lr[2] == pytest.approx(3e-3)
     assert lr[7] == pytest.approx(3e-3 * (0.1 + 0.45 * (1 + math.cos(5 * math.pi / 6))))
     assert "val/loss" in m[4] and "val/loss" in m[8] and "val/loss" not in m[3]
-    assert sorted(os.listdir(out / "global_step_4")) == ["actor", "data.pt"]
+    assert sorted(os.listdir(out / "global_step_4")) == ["actor", "checkpoint_manifest.json", "data.pt"]
     assert (out / "latest_checkpointed_iteration.txt").read_text() == "8"
     model = AutoModelForCausalLM.from_pretrained(result["hf_model_dir"])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
