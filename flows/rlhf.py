@@ -10,7 +10,8 @@ or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come 
 ``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
 then the pipeline's own choices, then the ``*_overrides`` parameters (which win). Every
 stage's override list is checked (load_config) when the flow starts, so a typo fails in
-seconds; a ConfigError, DataError or FileNotFoundError in a stage is not retried. When the
+seconds; an input error in a stage (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError, a full
+or read-only disk: ``tasks.plan.is_retriable``) is not retried. When the
 ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs are dropped.
 """
 

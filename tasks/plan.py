@@ -179,11 +179,13 @@ def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path
 
 
 def non_retriable_types() -> tuple[type[BaseException], ...]:
-    """Errors that fail the same way on every try: a bad config, bad data, a missing file."""
-    from rlhf_core.config.errors import ConfigError
-    from rlhf_core.data import DataError
+    """Errors that fail the same way on every try: the ``rlhf`` commands' input errors
+    (:data:`rlhf_core.cli.INPUT_ERRORS`: a bad config, bad data, a missing file, an unreachable hub or remote URL)
+    and a full or read-only store (:class:`rlhf_core.storage.StorageError`)."""
+    from rlhf_core.cli import INPUT_ERRORS
+    from rlhf_core.storage import StorageError
 
-    return (ConfigError, DataError, FileNotFoundError)
+    return (*INPUT_ERRORS, StorageError)
 
 
 def _ray_task_error() -> type[BaseException] | None:
@@ -215,18 +217,25 @@ def _causes(exc: BaseException, depth: int = 0) -> Iterable[BaseException]:
 
 
 def is_retriable(exc: BaseException | None) -> bool:
-    """Whether a failed stage is worth retrying: False for a bad config or bad data.
+    """Whether a failed stage is worth retrying: False for an input error or a full/read-only store.
 
-    ``ConfigError`` (an override typo, impossible batch sizes), ``DataError`` (bad rows, an
-    unreadable dataset) and ``FileNotFoundError`` fail the same way every time, so they are not
-    retried; everything else (a lost Ray worker, a timeout, OOM, a network blip) is. Errors raised
-    on Ray arrive as ``ray.exceptions.RayTaskError``: its ``.cause`` / ``as_instanceof_cause()``
-    are checked too. ``None`` (no exception known) is retriable.
+    The errors of :func:`non_retriable_types` — ``ConfigError`` (an override typo, impossible batch
+    sizes), ``DataError`` (bad rows, an unreadable dataset), ``FileNotFoundError`` (a missing data
+    folder or model), ``RemoteUnavailableError`` (the hub or a remote URL could not be read: no
+    network, a wrong id; the message says how to use local files) — and any ``OSError`` whose errno
+    is ``ENOSPC``/``EDQUOT``/``EROFS`` (:func:`rlhf_core.storage.is_storage_error`) fail the same way
+    on every try, so they are not retried: the flow run fails at once with their message. Everything
+    else (a killed or lost Ray worker, a timeout, OOM, a plain ``ConnectionError``) is retried.
+    Errors raised on Ray arrive as ``ray.exceptions.RayTaskError``: its ``.cause`` /
+    ``as_instanceof_cause()`` are checked too (nested, for a driver on Ray whose worker failed).
+    ``None`` (no exception known) is retriable.
     """
+    from rlhf_core.storage import is_storage_error
+
     if exc is None:
         return True
     bad = non_retriable_types()
-    return not any(isinstance(e, bad) for e in _causes(exc))
+    return not any(isinstance(e, bad) or is_storage_error(e) for e in _causes(exc))
 
 
 def files_digest(paths: Iterable[str | Path]) -> str:

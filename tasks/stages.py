@@ -30,8 +30,9 @@ HOUR = 3600
 def retry_unless_bad_input(_task: Any, _task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn``: retry a failed stage unless its error is non-retriable.
 
-    ``plan.is_retriable`` decides (ConfigError, DataError, FileNotFoundError — also wrapped in a
-    RayTaskError — are not retried). When the exception cannot be read the stage is retried.
+    ``plan.is_retriable`` decides (input errors — ConfigError, DataError, FileNotFoundError,
+    RemoteUnavailableError — and a full or read-only disk, also wrapped in a RayTaskError, are not
+    retried). When the exception cannot be read the stage is retried.
     """
     exc = getattr(state, "data", None)
     if not isinstance(exc, BaseException):

@@ -22,7 +22,8 @@ class DataError(ValueError):
 
 class RemoteUnavailableError(ConnectionError):
     """A remote source (the Hugging Face hub, an fsspec URL) could not be reached; the message says how to use
-    local files instead. A ``ConnectionError``, so the pipeline retries it (a blip) unlike a ``DataError``."""
+    local files instead. A ``ConnectionError``, but an input error: the ``rlhf`` commands print it as one line and
+    the pipeline does not retry it (``tasks.plan.is_retriable``)."""
 
 
 _LAZY = {

@@ -55,7 +55,7 @@ def gsm8k_row(question: str, answer: str, split: str, index: int, where: RowSour
 
 def _copy_from_hub(url: str) -> str:
     """``copy_to_local(url)`` for a hub file; any failure becomes a RemoteUnavailableError saying how to use local
-    files (a ConnectionError: the pipeline retries it, since a nightly run may meet a short outage)."""
+    files (an input error: the pipeline fails at once with this message instead of retrying)."""
     try:
         return copy_to_local(url)
     except Exception as exc:  # noqa: BLE001 - offline, proxy, missing huggingface_hub, 404, rate limit...
