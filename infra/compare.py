@@ -5,8 +5,10 @@ A run's *prompt scores* are the mean score over the samples of each prompt of it
 prompt (``prompt_id``, the hash of the rendered prompt and ``data_source``, else ``uid``); per
 ``data_source`` the comparison reports the mean of each run over the paired prompts, the mean
 difference ``B - A`` with a percentile paired-bootstrap 95 % interval (Efron & Tibshirani 1993,
-ch. 13: resample the paired differences with replacement, seeded), and how many prompts
-improved, regressed or still fail in both.
+ch. 13: resample the paired differences with replacement, seeded), and where each prompt went
+(:func:`prompt_category`): every prompt of either run is counted in exactly one of ``improved``,
+``regressed``, ``still_passing``, ``still_failing`` (the prompts both runs scored) or ``new`` (only
+in B) / ``missing`` (only in A).
 
 Run references (:func:`resolve_run`): a Prefect flow-run id, an MLflow (stage) run id, or
 ``latest`` / ``previous`` (the newest and second-newest runs with an evaluation).
@@ -24,6 +26,8 @@ from infra.results import ResultsStore
 from infra.results_cli import escape_control
 
 PASS_THRESHOLD = 0.5  # a prompt "passes" when its mean score is above this (evaluation's acc rule)
+CHANGE_EPS = 1e-9  # a prompt's score changed when |score_b - score_a| exceeds this (means summed in another order)
+CATEGORIES = ("improved", "regressed", "still_passing", "still_failing")
 _RUN_INDEX = ("(SELECT run_id, any_value(flow_run_id) AS flow_run_id, min(started_at) AS started_at, "
               "any_value(status) AS status, any_value(kind) AS kind FROM runs GROUP BY run_id)")
 
@@ -48,16 +52,19 @@ class SourceComparison:
     """One ``data_source`` of a comparison (scores are per-prompt means over samples)."""
 
     data_source: str
-    n_prompts: int      # prompts present in both runs
-    mean_a: float
+    n_prompts: int      # prompts present in both runs = improved + regressed + still_passing + still_failing
+    mean_a: float       # over the paired prompts (nan when there is none)
     mean_b: float
     diff: float         # mean_b - mean_a
     ci_low: float       # 2.5th percentile of the bootstrap distribution of the mean difference
     ci_high: float      # 97.5th percentile
-    improved: int       # score_b > score_a
-    regressed: int      # score_b < score_a
-    still_failing: int  # both <= PASS_THRESHOLD
-    pairs: pd.DataFrame  # prompt_id, question, prompt, score_a, score_b, diff
+    improved: int       # score_b > score_a (+ CHANGE_EPS)
+    regressed: int      # score_b < score_a (- CHANGE_EPS)
+    still_passing: int  # the same score, above PASS_THRESHOLD
+    still_failing: int  # the same score, at or below PASS_THRESHOLD
+    new: int            # prompts only in B
+    missing: int        # prompts only in A
+    pairs: pd.DataFrame  # prompt_id, question, prompt, score_a, score_b, diff, category
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,24 +177,56 @@ def paired_bootstrap_ci(diffs: np.ndarray, seed: int = 0, n_boot: int = 10000,
     return float(low), float(high)
 
 
+def prompt_category(score_a: float, score_b: float) -> str:
+    """Where one prompt went from run A to run B; each prompt gets exactly one category.
+
+    ``improved`` when its mean score rose (``score_b - score_a > CHANGE_EPS``), ``regressed`` when it fell,
+    else (the same score) ``still_passing`` when it is above :data:`PASS_THRESHOLD`, ``still_failing`` when not.
+    A change counts before pass/fail: a prompt whose score rose from 0 to 0.1 (a format reward) is
+    ``improved`` although it fails in both runs, so the counts add up to the prompts compared.
+    """
+    diff = float(score_b) - float(score_a)
+    if diff > CHANGE_EPS:
+        return "improved"
+    if diff < -CHANGE_EPS:
+        return "regressed"
+    return "still_passing" if float(score_b) > PASS_THRESHOLD else "still_failing"
+
+
 def compare_scores(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0,
                    n_boot: int = 10000) -> list[SourceComparison]:
-    """Pair two prompt-score tables (:func:`prompt_scores`) and summarise per data source."""
-    pairs = a.merge(b, on=["data_source", "prompt_id"], suffixes=("_a", "_b"))
+    """Pair two prompt-score tables (:func:`prompt_scores`) and summarise per data source.
+
+    One :class:`SourceComparison` per ``data_source`` of either table (sorted); a source without a
+    prompt in both has ``n_prompts == 0`` and nan means and interval. Per source,
+    ``improved + regressed + still_passing + still_failing == n_prompts`` (:func:`prompt_category`),
+    ``n_prompts + missing`` is A's prompt count and ``n_prompts + new`` is B's.
+    """
+    keys = ["data_source", "prompt_id"]
+    both = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)
     out = []
-    for ds, grp in pairs.groupby("data_source", sort=True):
+    for ds, rows in both.groupby("data_source", sort=True):
+        grp = rows[rows["_merge"] == "both"]
         diff = (grp["score_b"] - grp["score_a"]).to_numpy(dtype=np.float64)
         low, high = paired_bootstrap_ci(diff, seed=seed, n_boot=n_boot)
+        category = [prompt_category(x, y) for x, y in zip(grp["score_a"], grp["score_b"])]
         table = pd.DataFrame({
             "prompt_id": grp["prompt_id"], "question": grp["question_b"].fillna(grp["question_a"]),
-            "prompt": grp["prompt_b"], "score_a": grp["score_a"], "score_b": grp["score_b"], "diff": diff})
+            "prompt": grp["prompt_b"], "score_a": grp["score_a"], "score_b": grp["score_b"], "diff": diff,
+            "category": pd.Series(category, index=grp.index, dtype=object)})
+        counts = {c: category.count(c) for c in CATEGORIES}
         out.append(SourceComparison(
-            data_source=str(ds), n_prompts=len(grp), mean_a=float(grp["score_a"].mean()),
-            mean_b=float(grp["score_b"].mean()), diff=float(diff.mean()), ci_low=low, ci_high=high,
-            improved=int((diff > 0).sum()), regressed=int((diff < 0).sum()),
-            still_failing=int(((grp["score_a"] <= PASS_THRESHOLD) & (grp["score_b"] <= PASS_THRESHOLD)).sum()),
+            data_source=str(ds), n_prompts=len(grp), mean_a=_mean(grp["score_a"]), mean_b=_mean(grp["score_b"]),
+            diff=_mean(diff), ci_low=low, ci_high=high, **counts,
+            new=int((rows["_merge"] == "right_only").sum()), missing=int((rows["_merge"] == "left_only").sum()),
             pairs=table.sort_values(["diff", "prompt_id"]).reset_index(drop=True)))
     return out
+
+
+def _mean(values: Any) -> float:
+    """The mean of ``values`` as a float; nan when there is none (no numpy warning)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()) if arr.size else float("nan")
 
 
 def compare_runs(store: ResultsStore, ref_a: str, ref_b: str, seed: int = 0,
@@ -224,25 +263,32 @@ def _describe(run: ResolvedRun) -> str:
 
 
 def format_comparison(cmp: Comparison, show: str | None = None, limit: int = 20) -> str:
-    """Text report; ``show`` in ``regressed|improved|failing`` also lists those prompts (worst first)."""
+    """Text report; ``show`` in ``regressed|improved|failing`` (``failing``: ``still_failing``) also lists the
+    prompts of that category (worst first)."""
     lines = [f"A: {_describe(cmp.a)}", f"B: {_describe(cmp.b)}",
              f"paired by prompt; 95% CI: paired bootstrap, {cmp.n_boot} resamples, seed {cmp.seed}", ""]
     header = ("data_source", "prompts", "mean_A", "mean_B", "diff", "95% CI", "improved", "regressed",
-              "still_failing")
+              "still_passing", "still_failing", "new", "missing")
     rows: list[tuple[Any, ...]] = [
-        (escape_control(str(s.data_source)), s.n_prompts, f"{s.mean_a:.4f}", f"{s.mean_b:.4f}", f"{s.diff:+.4f}",
-         f"[{s.ci_low:+.4f}, {s.ci_high:+.4f}]", s.improved, s.regressed, s.still_failing)
+        (escape_control(str(s.data_source)), s.n_prompts,
+         *((f"{s.mean_a:.4f}", f"{s.mean_b:.4f}", f"{s.diff:+.4f}", f"[{s.ci_low:+.4f}, {s.ci_high:+.4f}]")
+           if s.n_prompts else ("-", "-", "-", "-")),
+         s.improved, s.regressed, s.still_passing, s.still_failing, s.new, s.missing)
         for s in cmp.sources]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         lines.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
-    if not cmp.sources:
+    if not any(s.n_prompts for s in cmp.sources):
         lines.append("(no prompt is in both runs)")
+    else:
+        lines.append(f"prompts: scored by both runs = improved + regressed + still_passing + still_failing (a changed "
+                     f"mean score counts first;\n  pass: mean score > {PASS_THRESHOLD:g}); new: only in B; "
+                     "missing: only in A")
     if show:
-        for s in cmp.sources:
+        for s in (s for s in cmp.sources if s.n_prompts):
             p = s.pairs
-            sel = {"regressed": p[p["diff"] < 0], "improved": p[p["diff"] > 0].iloc[::-1],
-                   "failing": p[(p["score_a"] <= PASS_THRESHOLD) & (p["score_b"] <= PASS_THRESHOLD)]}[show]
+            sel = {"regressed": p[p["category"] == "regressed"], "improved": p[p["category"] == "improved"].iloc[::-1],
+                   "failing": p[p["category"] == "still_failing"]}[show]
             lines += ["", f"{show} prompts of {escape_control(str(s.data_source))} ({len(sel)}):"]
             for _, r in sel.head(limit).iterrows():
                 text = escape_control(str(r["question"] if r["question"] is not None else r["prompt"]))

@@ -61,7 +61,7 @@ def test_store_keeps_one_row_per_run_and_sample_ids(results_store, tmp_path):
 
 def test_compare_cli_prints_hand_computed_interval(rlhf_env, results_store, tmp_path, capsys):
     # A scores prompts [1,0,0,0], B [1,0,0,1]: diffs {0,0,0,1} (interval [0, 0.75], see above);
-    # mean A 0.25, mean B 0.5; one prompt improved, none regressed, q1 and q2 fail in both.
+    # mean A 0.25, mean B 0.5; q3 improved, none regressed, q0 still passes, q1 and q2 still fail.
     _eval_run(results_store, tmp_path, "flowA", "evalA", [1, 0, 0, 0], day=0)
     _eval_run(results_store, tmp_path, "flowB", "evalB", [1, 0, 0, 1], day=1)
     assert results_main(["compare", "previous", "latest", "--show", "improved"]) == 0
@@ -69,7 +69,7 @@ def test_compare_cli_prints_hand_computed_interval(rlhf_env, results_store, tmp_
     assert "A: previous = run evalA (flow run flowA), evaluate step 0" in out
     line = next(x for x in out.splitlines() if x.startswith("openai/gsm8k"))
     assert line.split() == ["openai/gsm8k", "4", "0.2500", "0.5000", "+0.2500", "[+0.0000,", "+0.7500]",
-                            "1", "0", "2"]
+                            "1", "0", "1", "2", "0", "0"]
     assert "0.000 -> 1.000  raw 3" in out
     # flow-run ids and stage run ids name the same comparison
     by_flow = compare_runs(results_store, "flowA", "flowB")
