@@ -202,13 +202,7 @@ def _print_learning(run_dir: Path, val_prompts: int) -> None:
     from tasks.common import read_jsonl
 
     rows = [r for f in sorted((run_dir / "metrics").glob("segment_*.jsonl")) for r in read_jsonl(f)]
-    summary = plan.validation_before_after(rows)
-    if summary is None:
-        print("no validation metric was logged (trainer.val_before_train / test_freq)")
-        return
-    print(f"{summary['name']} on {val_prompts} held-out prompts: step {summary['before_step']}: "
-          f"{summary['before']:.3f} -> step {summary['after_step']}: {summary['after']:.3f} "
-          f"(gain {summary['gain']:+.3f})")
+    print(plan.learning_line(plan.validation_before_after(rows), val_prompts))  # baseline: the step-0 validation
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:

@@ -414,7 +414,7 @@ def test_validation_before_after_prefers_acc_and_spans_segments():
     assert (out["before_step"], out["after_step"]) == (0, 9)
     assert out["gain"] == pytest.approx(0.35 - 0.1)
     only_reward = [{"step": 2, "name": "val-core/openai/gsm8k/reward/mean@2", "value": 0.5}]
-    assert plan.validation_before_after(only_reward)["gain"] == 0.0
+    assert plan.validation_before_after(only_reward)["gain"] is None  # no step 0: nothing to compare with
     assert plan.validation_before_after([{"step": 1, "name": "actor/lr", "value": 1.0}]) is None
 
 
