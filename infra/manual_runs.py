@@ -56,13 +56,32 @@ def checkpoints_by_step(folder: str | Path) -> dict[int, str]:
 
 
 def metric_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """Rows of every ``metrics*.jsonl`` below ``folder`` (the core's ``file`` sink)."""
-    from tasks.common import read_jsonl
+    """Rows of every ``metrics*.jsonl`` below ``folder`` (the core's ``file`` sink), the last of each (step,
+    name) only: a run resumed at step K appends the steps after K again, and those rows are the ones kept."""
+    from tasks.common import last_per_step_and_key, read_jsonl
 
     rows: list[dict[str, Any]] = []
     for path in sorted(Path(folder).rglob("metrics*.jsonl")):
         rows.extend(read_jsonl(path))
-    return rows
+    return last_per_step_and_key(rows)
+
+
+def check_run_folder(path: str | Path) -> tuple[Path, list[Path], list[dict[str, Any]]]:
+    """``(folder, sample files, metric rows)`` of a run folder that :func:`register_folder` accepts; reads only.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder. ValueError: no sample file and no metrics in it.
+    """
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"run folder {folder} does not exist")
+    files = sample_files(folder)
+    rows = metric_rows(folder)
+    if not files and not rows:
+        raise ValueError(f"{folder}: no sample parquet files (columns {sorted(SAMPLE_COLUMNS)}) "
+                         f"and no metrics*.jsonl to register (rlhf ppo writes <trainer.default_local_dir>/"
+                         "metrics.jsonl)")
+    return folder, files, rows
 
 
 def register_folder(store: ResultsStore, path: str | Path, stage: str | None = None,
@@ -72,7 +91,8 @@ def register_folder(store: ResultsStore, path: str | Path, stage: str | None = N
 
     Args:
         path: folder holding sample parquet files (``val_step_<N>.parquet`` of ``rlhf ppo``,
-            ``eval_samples.parquet`` of ``rlhf eval``), optionally ``metrics*.jsonl`` and
+            ``eval_samples.parquet`` of ``rlhf eval``) and/or ``metrics*.jsonl`` (``rlhf ppo`` writes
+            ``<trainer.default_local_dir>/metrics.jsonl``), optionally
             ``global_step_<N>`` checkpoint folders (recorded as each step's checkpoint).
         stage: ``ppo``/``evaluate``/``sft``; None guesses ``evaluate`` when an
             ``eval_samples.parquet`` is there, else ``ppo``.
@@ -87,14 +107,7 @@ def register_folder(store: ResultsStore, path: str | Path, stage: str | None = N
     """
     from infra.lineage import flatten_params
 
-    folder = Path(path).expanduser().resolve()
-    if not folder.is_dir():
-        raise FileNotFoundError(f"run folder {folder} does not exist")
-    files = sample_files(folder)
-    rows = metric_rows(folder)
-    if not files and not rows:
-        raise ValueError(f"{folder}: no sample parquet files (columns {sorted(SAMPLE_COLUMNS)}) "
-                         f"and no metrics*.jsonl to register")
+    folder, files, rows = check_run_folder(path)
     stage = stage or ("evaluate" if any(f.name.startswith("eval_samples") for f in files) else "ppo")
     run_id = run_id or "manual-" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
     n_samples = store.register_samples([str(f) for f in files], run_id, stage,

@@ -78,6 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.home import rlhf_home
     from infra.results import ResultsStore
 
+    if args.cmd == "register":  # a refused folder creates nothing: no home folder, no store
+        from infra.manual_runs import check_run_folder
+
+        try:
+            check_run_folder(args.path)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     expected = Path(os.environ.get("RLHF_HOME") or ".rlhf").expanduser().resolve()
     if not (expected / "results").exists():
         # a query from another folder would silently see an empty store: say where we looked

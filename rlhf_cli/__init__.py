@@ -5,7 +5,8 @@ Every subcommand parses its arguments with ``argparse`` (``rlhf <command> --help
 way (:mod:`rlhf_core.cli`): an input error (config, data, missing file) as one line with exit code 1, a bad
 command line with argparse's usage and exit code 2, anything else (a bug) with its traceback.
 Subcommands import their module lazily, so ``rlhf config check`` never imports torch's heavy parts,
-Ray or DuckDB. This package sits above the layers: it may import ``rlhf_core`` and ``infra``.
+Ray or DuckDB; ``rlhf ppo|sft|eval`` parse their command line and load their config before the trainer is
+imported (:mod:`rlhf_core.trainer.commands`): ``--help`` and a bad flag or key answer in about a second. This package sits above the layers: it may import ``rlhf_core`` and ``infra``.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from rlhf_core.cli import run_command
 
 # subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "ppo": ("rlhf_core.trainer.main_ppo", "main", "PPO / GRPO / RLOO / REINFORCE++ training (ppo_trainer.yaml keys)"),
-    "sft": ("rlhf_core.trainer.main_sft", "main", "supervised fine-tuning (sft_trainer.yaml keys)"),
-    "eval": ("rlhf_core.trainer.main_eval", "main", "score a responses parquet (evaluation.yaml keys)"),
+    "ppo": ("rlhf_core.trainer.commands", "ppo_main", "PPO / GRPO / RLOO / REINFORCE++ training (ppo_trainer.yaml keys)"),
+    "sft": ("rlhf_core.trainer.commands", "sft_main", "supervised fine-tuning (sft_trainer.yaml keys)"),
+    "eval": ("rlhf_core.trainer.commands", "eval_main", "score a responses parquet (evaluation.yaml keys)"),
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
     "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k|countdown --out OUT ..."),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func, _ = SUBCOMMANDS[name]
     if name in TRACKED and os.environ.get("RLHF_HOME"):
+        # --help, a bad flag or key answer here, before the tracked runner imports DuckDB, MLflow and torch
+        code = run_command(f"rlhf {name}", getattr(importlib.import_module(module), func).check, rest)
+        if code != 0 or any(a in ("-h", "--help") for a in rest):
+            return code
         module, func = TRACKED[name]
     # every main already runs under run_command; this also covers a module imported with an input error
     return run_command(f"rlhf {name}", lambda args: getattr(importlib.import_module(module), func)(args), rest)

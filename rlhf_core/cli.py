@@ -16,14 +16,20 @@ Import-light on purpose (``rlhf config`` must start fast): no torch here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from typing import Any, Callable, Sequence
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig
 
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.loader import load_config
+from rlhf_core.config.notices import ConfigNotice
 from rlhf_core.data import DataError, RemoteUnavailableError
 from rlhf_core.redact import install_log_redaction, redact_text
 from rlhf_core.storage import storage_cause
@@ -33,9 +39,13 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FileNot
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (SIGINT), as shells report a process killed by it (128 + 2)."""
+
 
 def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Sequence[str]) -> int:
-    """``command(argv)``'s exit code, with the error display described in the module docstring.
+    """``command(argv)``'s exit code, with the error display described in the module docstring; Ctrl-C prints
+    ``<prog>: interrupted`` and returns :data:`INTERRUPTED`.
 
     Raises:
         every exception that is not an input error nor argparse's ``SystemExit`` (shown with a traceback).
@@ -44,6 +54,9 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
         return int(command(list(argv)) or 0)
     except SystemExit as exc:  # argparse: --help (0), a usage error (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:  # Ctrl-C before a command says more (config_command names the checkpoint)
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except INPUT_ERRORS as exc:
         print(f"{prog}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 1
@@ -82,18 +95,80 @@ def setup_logging() -> None:
 
 
 def config_command(prog: str, config_name: str, description: str, example: str, run: Callable[[DictConfig], Any],
-                   report: Callable[[Any], str]) -> Callable[[Sequence[str] | None], int]:
+                   report: Callable[[Any], str], interrupted: Callable[[DictConfig], str] | None = None,
+                   ) -> Callable[[Sequence[str] | None], int]:
     """The ``main(argv) -> int`` of a trainer-style command (``rlhf ppo|sft|eval``): parse the overrides, load
     ``config_name`` with them, ``result = run(config)``, print ``report(result)``; errors as in :func:`run_command`.
-    ``argv`` ``None`` means ``sys.argv[1:]`` (the module run as ``python -m``)."""
+    ``argv`` ``None`` means ``sys.argv[1:]`` (the module run as ``python -m``).
+
+    Ctrl-C (SIGINT) during ``run`` prints one line, ``<prog>: interrupted; <interrupted(config)>`` (e.g. the last
+    checkpoint and how to resume), and returns :data:`INTERRUPTED` (130) — also when the interrupt surfaces as
+    another exception (a Ray worker that got the same SIGINT from the terminal and died first). ``run`` should
+    import what is heavy itself, so that ``--help``, a bad flag or a bad key answer before it is imported.
+    ``main.check(argv)`` parses the command line and loads the config only (for a caller that checks them before
+    importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as :func:`run_command`
+    shows them."""
     def command(args: list[str]) -> int:
         overrides = overrides_parser(prog, config_name, description, example).parse_args(args).overrides
         setup_logging()
-        print(report(run(load_config(config_name, overrides))))
+        config = load_config_with_notices(config_name, overrides)
+        with _sigint_seen() as seen:
+            try:
+                result = run(config)
+            except BaseException as exc:
+                if not (isinstance(exc, KeyboardInterrupt) or (seen and isinstance(exc, Exception))):
+                    raise
+                what = interrupted(config) if interrupted is not None else ""
+                print(f"{prog}: interrupted" + (f"; {what}" if what else ""), file=sys.stderr, flush=True)
+                return INTERRUPTED
+        print(report(result))
         return 0
 
     def main(argv: Sequence[str] | None = None) -> int:
         return run_command(prog, command, sys.argv[1:] if argv is None else argv)
 
     main.__doc__ = f"``{prog} key=value ...``: {description} Returns the exit code."
+    def check(args: list[str]) -> None:
+        overrides = overrides_parser(prog, config_name, description, example).parse_args(args).overrides
+        with warnings.catch_warnings():  # the run that follows shows the notices
+            warnings.simplefilter("ignore")
+            load_config(config_name, overrides)
+
+    main.check = check  # type: ignore[attr-defined]
     return main
+
+
+def load_config_with_notices(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """:func:`~rlhf_core.config.loader.load_config`, printing each key that will change nothing
+    (:class:`~rlhf_core.config.notices.ConfigNotice`) as one ``Notice: ...`` line on stderr, as ``rlhf config check``
+    does; other warnings are shown as usual. Raises what ``load_config`` raises (ConfigError)."""
+    with warnings.catch_warnings(record=True) as caught:
+        config = load_config(config_name, overrides)
+    for w in caught:
+        if issubclass(w.category, ConfigNotice):
+            print(f"Notice: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return config
+
+
+@contextlib.contextmanager
+def _sigint_seen() -> Iterator[list[float]]:
+    """A list that gets one entry per SIGINT received inside the block; SIGINT still raises KeyboardInterrupt
+    (Python's default handler). Outside the main thread, or where SIGINT is not handled by Python's default
+    handler (ignored, or another handler), the list stays empty and the handler is unchanged."""
+    seen: list[float] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield seen
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.append(time.monotonic())
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)

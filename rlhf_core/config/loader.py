@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf_core.redact import redact
 
 from .errors import ConfigError
-from .notices import ConfigNotice, changed_paths, effect_notices, resolve_aliases
+from .notices import ConfigNotice, changed_paths, effect_notices, named_engine_keys, resolve_aliases
 from .overrides import apply_overrides, parse_override
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import schema_paths, to_typed, typed_defaults
@@ -138,6 +138,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     kind, base, cfg = _load_unresolved(name, config_dir)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
+    user_set |= named_engine_keys(overrides)  # e.g. rollout.tensor_model_parallel_size=2 (its default) with hf
     resolve_aliases(cfg, base)
     if kind in ("ppo_trainer", "sft_trainer"):
         try:

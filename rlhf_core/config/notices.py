@@ -6,14 +6,15 @@
   an error naming both.
 * ``effect_notices``: one line per key the user set away from its default whose status is "no effect on CPU"
   (only when the run is on CPU) or "accepted, no effect yet", naming the key and what happens instead; and
-  per vLLM-only rollout key set while ``rollout.name`` is not vllm.
+  per vLLM-only rollout key set while ``rollout.name`` is not vllm (set away from its default, or named in an
+  override at any value: ``named_engine_keys``).
 * ``engine_errors``: ``rollout.name`` names an engine whose package is not importable here.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -66,6 +67,23 @@ def changed_paths(cfg: DictConfig, base: DictConfig) -> set[str]:
     so a key that only follows another through an interpolation does not count)."""
     ours, shipped = flatten(cfg, resolve=False), flatten(base, resolve=False)
     return {p for p, v in ours.items() if p in shipped and v != shipped[p]}
+
+
+def named_engine_keys(overrides: Sequence[str]) -> set[str]:
+    """The engine-only keys (:data:`VLLM_ONLY`) that ``overrides`` set by name, whatever their value: a
+    ``rollout.tensor_model_parallel_size=2`` written on the command line says the user expects it to act, even
+    though 2 is the shipped default, so :func:`effect_notices` names it under another engine."""
+    from .overrides import parse_override
+
+    named = set()
+    for text in overrides:
+        try:
+            override = parse_override(text)
+        except ConfigError:  # apply_overrides has named it already
+            continue
+        if override.op != "delete" and override.key in VLLM_ONLY:
+            named.add(override.key)
+    return named
 
 
 def runs_on_cpu(cfg: DictConfig) -> bool:

@@ -21,7 +21,6 @@ from typing import Any
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from rlhf_core.cli import config_command
 from rlhf_core.config import ConfigError, validate_ppo_config
 from rlhf_core.config.notices import engine_errors
 from rlhf_core.agent.registry import check_datasets
@@ -31,10 +30,12 @@ from rlhf_core.data.rl_dataset import create_rl_dataset
 from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
+from rlhf_core.models.hub import check_hub_models, ppo_model_keys
 from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
+from rlhf_core.trainer.commands import ppo_main
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from rlhf_core.workers.reward_model import RewardModelWorker
@@ -174,18 +175,15 @@ def check_model_paths(config: DictConfig) -> None:
     ``actor_rollout_ref.model.path``, ``critic.model.path`` and ``critic.model.tokenizer_path`` when the critic is
     in use (``critic.enable``; null = for GAE) and ``reward_model.model.path`` when ``reward_model.enable``
     (:func:`~rlhf_core.models.loading.check_local_path`), or a model folder without ``config.json`` or with
-    missing or truncated weights (:func:`~rlhf_core.models.preflight.check_model_files`). Hub ids and remote URLs
-    are left to the loaders.
+    missing or truncated weights (:func:`~rlhf_core.models.preflight.check_model_files`); a hub id (these keys and
+    ``data.tokenizer``) that cannot be loaded here: offline and not cached, or the hub unreachable
+    (:func:`~rlhf_core.models.hub.check_hub_model`). Remote URLs are left to the loaders.
 
     Raises:
         FileNotFoundError: naming the key, its value and the expanded path (the first missing one).
-        ConfigError: naming the key, its value and the missing or truncated file.
+        ConfigError: naming the key, its value and the missing or truncated file, or the hub id and what to do.
     """
-    keys = ["actor_rollout_ref.model.path"]
-    if critic_in_use(config):
-        keys += ["critic.model.path", "critic.model.tokenizer_path"]
-    if config.reward_model.enable:
-        keys.append("reward_model.model.path")
+    keys = ppo_model_keys(config)
     for key in keys:
         path = str(OmegaConf.select(config, key))
         try:
@@ -194,6 +192,7 @@ def check_model_paths(config: DictConfig) -> None:
             raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
         if not key.endswith("tokenizer_path"):
             check_model_files(key, path)
+    check_hub_models(config, keys + ["data.tokenizer"])  # a hub id that cannot load here: one line, in seconds
 
 
 def check_chat_template(config: DictConfig, tokenizer: Any) -> None:
@@ -250,12 +249,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
             "worker_nodes": nodes}
 
 
-main = config_command(
-    "rlhf ppo", "ppo_trainer", "PPO / GRPO / RLOO / REINFORCE++ training with verl's ppo_trainer.yaml keys\n"
-    "(like python -m verl.trainer.main_ppo).",
-    "rlhf ppo data.train_files=train.parquet actor_rollout_ref.model.path=MODEL algorithm.adv_estimator=grpo "
-    "actor_rollout_ref.rollout.n=4", run_ppo,
-    lambda result: f"ppo finished at global step {result['global_step']}; checkpoint: {result['checkpoint_dir']}")
+main = ppo_main  # `rlhf ppo` / `python -m rlhf_core.trainer.main_ppo`: parsed before this module is imported
 
 
 def _as_list(value: Any) -> list:

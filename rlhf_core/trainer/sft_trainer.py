@@ -19,7 +19,6 @@ from typing import Any
 import ray
 from omegaconf import DictConfig
 
-from rlhf_core.cli import config_command
 from rlhf_core.config import validate_sft_config
 from rlhf_core.data import DataError
 from rlhf_core.data.loader import build_dataloader
@@ -28,10 +27,12 @@ from rlhf_core.data.sft_dataset import create_sft_dataset
 from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from rlhf_core.models.hub import check_hub_model
 from rlhf_core.models.loading import load_tokenizer
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
+from rlhf_core.trainer.commands import sft_main
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import mean_rank_metrics
 from rlhf_core.trainer.sft_worker import SFTWorker
@@ -166,12 +167,14 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
 
     Raises:
         ConfigError: before any model is loaded, a broken batch-size rule, a ``model.partial_pretrain`` folder with
-            missing or truncated weights, or a tokenizer without a chat template.
+            missing or truncated weights, a hub id that cannot be loaded here (offline and not cached, or the hub
+            unreachable), or a tokenizer without a chat template.
         DataError: before any model is loaded, a bad data file or fewer training rows than one batch.
     """
     validate_sft_config(config)  # before any model is loaded
     model = config.model
     check_model_files("model.partial_pretrain", str(model.partial_pretrain))
+    check_hub_model("model.partial_pretrain", str(model.partial_pretrain))  # offline hub id: one line, in seconds
     tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.trust_remote_code))
     data = config.data
     if not data.custom_cls.path:  # the built-in SFTDataset renders every prompt (and message list) with it
@@ -191,11 +194,7 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
         trainer.shutdown()
 
 
-main = config_command(
-    "rlhf sft", "sft_trainer", "Supervised fine-tuning with verl's sft_trainer.yaml keys\n"
-    "(like torchrun -m verl.trainer.fsdp_sft_trainer).",
-    "rlhf sft data.train_files=train.parquet model.partial_pretrain=MODEL trainer.total_epochs=1", run_sft,
-    lambda result: f"sft finished at step {result['global_step']}; model: {result['hf_model_dir']}")
+main = sft_main  # `rlhf sft`: parsed (rlhf_core.trainer.commands) before this module is imported
 
 
 def _as_list(value: Any) -> list:
