@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from infra import lineage
 from infra.results import ResultsStore
 from rlhf_core.redact import redact, redact_text
+from tasks.runlog import log_line
 
 HEADLINE_KEYS = {
     "sft": ("val/loss", "train/loss"),
@@ -59,7 +60,8 @@ def headline(store: ResultsStore, stage: str, run_id: str) -> str:
 
 
 def log_stage(store: ResultsStore, stage: str, run_id: str, cached: bool = False) -> str:
-    """Print (the flow logs prints) one line for a finished stage with its headline figures."""
+    """Log one line for a finished stage with its headline figures on the flow run's logger (the Prefect UI's
+    Logs tab: ``tasks.runlog.log_line``); returns the line."""
     _, rows = store.sql("SELECT status, epoch(ended_at) - epoch(started_at) FROM runs "
                         f"WHERE run_id = '{run_id}' ORDER BY ended_at DESC LIMIT 1")
     status, seconds = rows[0] if rows else ("?", None)
@@ -67,8 +69,7 @@ def log_stage(store: ResultsStore, stage: str, run_id: str, cached: bool = False
         f"{seconds:.1f} s" if seconds is not None else "running")
     figures = headline(store, stage, run_id)
     line = f"stage {stage}: {status}, {took}, MLflow run {run_id}" + (f"; {figures}" if figures else "")
-    print(line)
-    return line
+    return log_line(line)
 
 
 def evaluation_table(evaluation: dict[str, float]) -> list[dict[str, Any]]:

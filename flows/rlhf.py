@@ -18,6 +18,7 @@ ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs ar
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -49,7 +50,9 @@ from rlhf_core.config import ConfigError, load_config  # noqa: E402
 from rlhf_core.data.fs import copy_to_local, is_local  # noqa: E402
 from tasks import plan, remote  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
+from tasks.deadline import split_task_options  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
+from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
 
 
@@ -116,7 +119,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
     url = flow_run.get_flow_run_ui_url()  # None in ephemeral mode (no UI)
     with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=flow_run.get_name() or "rlhf",
                               tags={lineage.FLOW_RUN_URL_TAG: url} if url else None) as parent_run_id:
-        ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address)
+        ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address,
+                           timeouts=split_task_options(s.task_options)[1])
         prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id)
         upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task,
@@ -150,14 +154,15 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
                 f"passed vs {baseline_run.run_id}: {r['data_source']} {r['mean_a']:.4f} -> {r['mean_b']:.4f} "
                 f"(diff {r['diff']:+.4f}, 95% CI [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}])"
                 for r in report.gate_summary(cmp))
-            print(f"regression gate: {gate_text}")
+            log_line(f"regression gate: {gate_text}")
         elif s.baseline:
-            print(f"regression gate: no earlier successful run to compare with ({s.baseline})")
+            log_line(f"regression gate: no earlier successful run to compare with ({s.baseline})")
         artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text)
         if failure:
             raise report.RegressionError(failure)
     if lineage.degraded() is not None:
-        print(f"lineage degraded: {lineage.degraded()}; results are in {home} (DuckDB store), not in MLflow")
+        log_line(f"lineage degraded: {lineage.degraded()}; results are in {home} (DuckDB store), not in MLflow",
+                 logging.WARNING)
     return {"parent_run_id": parent_run_id, "flow_run_id": fr_id, "model_path": base_model,
             "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home),
             "lineage_degraded": lineage.degraded()}
@@ -198,18 +203,22 @@ def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dic
 
 
 def _print_learning(run_dir: Path, val_prompts: int) -> None:
-    """Print the core validation metric before and after PPO (greedy accuracy under the learn presets)."""
+    """Log the core validation metric before and after PPO (greedy accuracy under the learn presets) on the
+    flow run's logger (``tasks.runlog.log_line``)."""
     from tasks.common import read_jsonl
 
     rows = [r for f in sorted((run_dir / "metrics").glob("segment_*.jsonl")) for r in read_jsonl(f)]
-    print(plan.learning_line(plan.validation_before_after(rows), val_prompts))  # baseline: the step-0 validation
+    log_line(plan.learning_line(plan.validation_before_after(rows), val_prompts))  # baseline: the step-0 validation
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:
-    """The five stage tasks with the retries/timeouts of pipeline.yaml's ``tasks:`` applied."""
+    """The five stage tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into
+    the flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
+    Prefect's own timeout cannot interrupt a sync task's blocking call and warns on every task run."""
     tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
              "ppo_segment": ppo_segment, "evaluate": evaluate}
-    return tuple(t.with_options(**s.task_options.get(name, {})) for name, t in tasks.items())
+    options = split_task_options(s.task_options)[0]
+    return tuple(t.with_options(**options.get(name, {})) for name, t in tasks.items())
 
 
 def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
@@ -230,7 +239,7 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
         first = 1
         progress_id = create_ppo_progress(s.ppo_steps)
         for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
-            name = f"ppo_segment {i}/{len(bounds)} (steps {first}-{stop})"
+            name = ppo_segment_run_name(i, len(bounds), first, stop)
             upstream = ppo_task.with_options(task_run_name=name).submit(
                 overrides, i, ppo_run_id, ctx, progress_id,
                 wait_for=[upstream] if upstream is not None else None)

@@ -14,9 +14,16 @@ from rlhf_core.bind_host import bind_host
 from rlhf_core.distributed.ray_loopback import is_loopback, node_ip_address
 
 
+PREFECT_ANALYTICS_OFF = "PREFECT_SERVER_ANALYTICS_ENABLED=false"
+
+
 def prefect_server_command(port: int = 4200, host: str | None = None) -> list[str]:
-    """``prefect server start --host HOST --port PORT`` (the UI and API at ``http://HOST:PORT``)."""
-    return [sys.executable, "-m", "prefect", "server", "start", "--host", host or bind_host(), "--port", str(port)]
+    """``env PREFECT_SERVER_ANALYTICS_ENABLED=false prefect server start --host HOST --port PORT`` (the UI and API at
+    ``http://HOST:PORT``). Analytics off, as in embedded mode (``infra.home``): the server would otherwise send
+    telemetry at start (an error line on a machine without internet), and its clients (workers, flow runs) follow
+    the server's setting (``GET /api/admin/settings``)."""
+    return ["env", PREFECT_ANALYTICS_OFF, sys.executable, "-m", "prefect", "server", "start",
+            "--host", host or bind_host(), "--port", str(port)]
 
 
 def mlflow_server_command(backend_store_uri: str, port: int = 5000, host: str | None = None,
@@ -46,4 +53,4 @@ def ray_head_command(port: int = 6379, host: str | None = None) -> list[str]:
     return ["env", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0", *cmd] if is_loopback(host) else cmd
 
 
-__all__ = ["mlflow_server_command", "prefect_server_command", "ray_head_command"]
+__all__ = ["PREFECT_ANALYTICS_OFF", "mlflow_server_command", "prefect_server_command", "ray_head_command"]

@@ -14,10 +14,14 @@ from infra.results import ResultsStore
 
 
 def make_context(home: str, experiment: str, parent_run_id: str | None, flow_run_id: str | None,
-                 run_dir: str, ray_address: str | None = None) -> dict[str, Any]:
-    """The per-flow-run facts every task needs, as a plain (serialisable) dict."""
+                 run_dir: str, ray_address: str | None = None,
+                 timeouts: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The per-flow-run facts every task needs, as a plain (serialisable) dict. ``timeouts``: seconds per
+    stage (pipeline.yaml ``tasks.<stage>.timeout_seconds``), which each stage enforces where its work runs
+    (:mod:`tasks.deadline`); a stage not in it has no limit."""
     return {"home": home, "experiment": experiment, "parent_run_id": parent_run_id,
-            "flow_run_id": flow_run_id, "run_dir": run_dir, "ray_address": ray_address}
+            "flow_run_id": flow_run_id, "run_dir": run_dir, "ray_address": ray_address,
+            "timeouts": dict(timeouts or {})}
 
 
 def _now() -> dt.datetime:

@@ -2,8 +2,8 @@
 
 The core's ``file`` metrics sink appends every step's metrics to ``RLHF_METRICS_FILE``;
 :class:`StepProgress` reads that file while the segment runs on Ray (``run_on_ray``'s
-``on_poll``), prints one short line per new step (the full metrics go to MLflow) and moves the
-flow run's progress artifact to ``step / total_steps``.
+``on_poll``), logs one short line per new step on the task run's logger (``tasks.runlog.log_line``; the
+full metrics go to MLflow) and moves the flow run's progress artifact to ``step / total_steps``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.common import read_jsonl
+from tasks.runlog import log_line
 
 logger = logging.getLogger(__name__)
 SCORE_KEY = "critic/score/mean"
@@ -69,7 +70,7 @@ class StepProgress:
         return out
 
     def poll(self) -> None:
-        """Print and publish the steps that are complete (a step is complete once a later one
+        """Log and publish the steps that are complete (a step is complete once a later one
         started, or once it has its ``timing_s/step``)."""
         steps = self.steps()
         for step in sorted(steps):
@@ -77,7 +78,7 @@ class StepProgress:
             if step in self.seen or not done:
                 continue
             self.seen.add(step)
-            print(step_line(step, self.total, steps[step]), flush=True)
+            log_line(step_line(step, self.total, steps[step]))
             self._publish(step, steps[step])
 
     def finish(self) -> None:
@@ -85,7 +86,7 @@ class StepProgress:
         steps = self.steps()
         for step in sorted(set(steps) - self.seen):
             self.seen.add(step)
-            print(step_line(step, self.total, steps[step]), flush=True)
+            log_line(step_line(step, self.total, steps[step]))
             self._publish(step, steps[step])
 
     def _publish(self, step: int, metrics: dict[str, Any]) -> None:

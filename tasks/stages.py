@@ -4,7 +4,9 @@ Each task opens its MLflow nested run (``tasks.common.stage``), dispatches the h
 Ray (``infra.ray_cluster.run_on_ray``) and registers produced samples / metrics in the
 DuckDB results store. Stages whose output is a pure function of their inputs carry a cache
 key over their input files' digests and write into a folder named by that key, so a cache
-hit points at an existing output.
+hit points at an existing output. Each task enforces its pipeline.yaml ``timeout_seconds`` where
+its work runs (``tasks.deadline``, not Prefect's thread timeout) and names its run after what it
+does (``tasks.runlog``: ``sft · 64 rows, 1 epoch``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import lineage
 from infra.home import remember
-from infra.ray_cluster import run_on_ray
 from infra.results import ResultsStore
 from tasks import plan, remote
 from tasks.common import keep_steps_through, last_per_step_and_key, parquet_files, read_jsonl, stage
+from tasks.deadline import StageDeadline
 from tasks.progress import StepProgress
+from tasks.runlog import build_model_run_name, evaluate_run_name, prepare_data_run_name, sft_run_name
 
 HOUR = 3600
 
@@ -65,7 +68,7 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
                            home=p["ctx"]["home"], **task)
 
 
-@task(name="prepare_data", retries=2, retry_delay_seconds=10, timeout_seconds=HOUR,
+@task(name="prepare_data", task_run_name=prepare_data_run_name, retries=2, retry_delay_seconds=10,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_prepare_key, persist_result=True)
 def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
                  ctx: dict[str, Any], task: str = "gsm8k", countdown: dict[str, int] | None = None) -> dict[str, str]:
@@ -91,6 +94,7 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
 
     if task not in PIPELINE_TASKS:
         raise ValueError(f"unknown pipeline task {task!r}; known: {list(PIPELINE_TASKS)}")
+    deadline = StageDeadline.of("prepare_data", ctx)  # runs here, not on Ray: checked once the data is cut
     out = Path(ctx["home"]) / "data" / task
     params = {"task": task, "gsm8k_dir": gsm8k_dir, "train_prompts": train_prompts, "val_prompts": val_prompts,
               **({"countdown": countdown} if task == "countdown" and countdown else {})}
@@ -107,6 +111,7 @@ def prepare_data(gsm8k_dir: str | None, train_prompts: int, val_prompts: int,
         val = plan.take_rows(splits["test"], str(out / f"test_{val_prompts}{tag}.parquet"), val_prompts)
         if task == "gsm8k_tools":  # the SFT stage reads the traces; PPO ignores the extra column
             train, val = add_tool_traces(train, train), add_tool_traces(val, val)
+        deadline.left()  # StageTimeoutError past tasks.prepare_data.timeout_seconds
         result = {"train": train, "val": val, "run_id": run_id}
         result["train_sha256"] = lineage.log_dataset(run_id, train, f"{task}_train", "training")
         result["val_sha256"] = lineage.log_dataset(run_id, val, f"{task}_val", "validation")
@@ -119,7 +124,7 @@ def _build_key(_ctx: Any, p: dict[str, Any]) -> str:
     return plan.inputs_key("build_model", [p["train_file"]], sizes=p["sizes"], home=p["ctx"]["home"])
 
 
-@task(name="build_model", retries=1, retry_delay_seconds=10, timeout_seconds=HOUR,
+@task(name="build_model", task_run_name=build_model_run_name, retries=1, retry_delay_seconds=10,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_build_key, persist_result=True)
 def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> dict[str, str]:
     """Build the tiny Qwen2-style model + BPE tokenizer from the training text (on Ray).
@@ -132,6 +137,7 @@ def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> 
     Returns:
         ``{"model_path": HF folder $RLHF_HOME/models/tiny-<key>, "run_id": MLflow run}``.
     """
+    deadline = StageDeadline.of("build_model", ctx)
     key = plan.inputs_key("build_model", [train_file], sizes=sizes)[:16]
     out_dir = str(Path(ctx["home"]) / "models" / f"tiny-{key}")
     with stage("build_model", {"sizes": sizes, "train_file": train_file}, ctx) as run_id:
@@ -140,8 +146,7 @@ def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> 
             if Path(out_dir, "config.json").is_file():
                 path = out_dir  # built by a concurrent flow run with the same inputs
             else:
-                path = run_on_ray(remote.build_model_remote, train_file, out_dir, dict(sizes),
-                                  timeout_s=HOUR)
+                path = deadline.run_on_ray(remote.build_model_remote, train_file, out_dir, dict(sizes))
         lineage.log_dir_artifact(run_id, path, "model")
     return {"model_path": path, "run_id": run_id}
 
@@ -151,7 +156,7 @@ def _sft_key(_ctx: Any, p: dict[str, Any]) -> str:
                            overrides=p["overrides"], home=p["ctx"]["home"])
 
 
-@task(name="sft", retries=1, retry_delay_seconds=30, timeout_seconds=6 * HOUR,
+@task(name="sft", task_run_name=sft_run_name, retries=1, retry_delay_seconds=30,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_sft_key, persist_result=True)
 def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
         ctx: dict[str, Any]) -> dict[str, str]:
@@ -166,6 +171,7 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
     """
     from rlhf_core.config import load_config
 
+    deadline = StageDeadline.of("sft", ctx)
     key = _sft_key(None, {"model_path": model_path, "train_file": train_file, "val_file": val_file,
                           "overrides": overrides, "ctx": ctx})[:16]
     out_dir = Path(ctx["home"]) / "sft" / key
@@ -178,14 +184,14 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
         lineage.log_dataset(run_id, val_file, "sft_val", "validation")
         metrics_file.unlink(missing_ok=True)
         env = {**lineage.stage_env(run_id), "RLHF_METRICS_FILE": str(metrics_file)}
-        result = run_on_ray(remote.sft_remote, full, env=env, timeout_s=6 * HOUR)
+        result = deadline.run_on_ray(remote.sft_remote, full, env=env)
         ResultsStore(ctx["home"]).register_metrics(read_jsonl(metrics_file), run_id, "sft")
         hf_dir = result.get("hf_dir") or result["hf_model_dir"]
         lineage.log_dir_artifact(run_id, hf_dir, "hf_model")
     return {"hf_dir": hf_dir, "run_id": run_id}
 
 
-@task(name="ppo_segment", retries=2, retry_delay_seconds=30, timeout_seconds=12 * HOUR,
+@task(name="ppo_segment", retries=2, retry_delay_seconds=30,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
                 ctx: dict[str, Any], progress_id: str | None = None) -> dict[str, Any]:
@@ -203,14 +209,14 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     """
     from rlhf_core.config import load_config
 
+    deadline = StageDeadline.of("ppo_segment", ctx)
     config = load_config("ppo_trainer", overrides)
     run_dir = Path(config.trainer.default_local_dir).parent
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
     keep_steps_through(metrics_file, resume_step(config))  # a retry keeps what its dead attempt logged up to there
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
     progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id)
-    result = run_on_ray(remote.ppo_remote, list(overrides), env=env, timeout_s=12 * HOUR,
-                        on_poll=progress.poll)
+    result = deadline.run_on_ray(remote.ppo_remote, list(overrides), env=env, on_poll=progress.poll)
     progress.finish()
     store = ResultsStore(ctx["home"])
     store.register_metrics(last_per_step_and_key(read_jsonl(metrics_file)), ppo_run_id, "ppo",
@@ -247,7 +253,7 @@ def register_validation_samples(store: ResultsStore, config: Any, run_id: str) -
                                   questions=plan.questions_by_prompt_id(files, val_file))
 
 
-@task(name="evaluate", retries=1, retry_delay_seconds=30, timeout_seconds=2 * HOUR,
+@task(name="evaluate", task_run_name=evaluate_run_name, retries=1, retry_delay_seconds=30,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any],
              checkpoint: str | None = None, val_file: str | None = None,
@@ -267,6 +273,7 @@ def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any],
     """
     from rlhf_core.config import load_config
 
+    deadline = StageDeadline.of("evaluate", ctx)
     out = Path(ctx["run_dir"]) / "evaluate"
     out.mkdir(parents=True, exist_ok=True)
     val_paths = parquet_files(val_samples_dir)
@@ -278,8 +285,7 @@ def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any],
     config = load_config("evaluation", full)
     with stage("evaluate", config, ctx) as run_id:
         lineage.log_dataset(run_id, responses_path, "responses", "evaluation")
-        metrics = run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id),
-                             timeout_s=2 * HOUR)
+        metrics = deadline.run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id))
         lineage.log_metrics(run_id, {lineage_name(k): v for k, v in metrics.items()})
         store = ResultsStore(ctx["home"])
         store.register_metrics([{"step": int(global_step), **metrics}], run_id, "evaluate")

@@ -92,7 +92,11 @@ class OneDNNLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return onednn_product(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        # the product's own new buffer in x's leading shape, not as a view of it: as torch's matmul does
+        # (aten::_unsafe_view). A view output makes FSDP2 warn "returned a view tensor" once per process for the
+        # module whose output it is (the LM head's logits: the whole model's), since an in-place op on a view of a
+        # module output would drop FSDP's pre-backward hook; nothing else refers to this buffer.
+        return torch.ops.aten._unsafe_view(onednn_product(x2, weight, bias), (*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # its products have no derivative: a grad of a grad must fail

@@ -8,7 +8,9 @@ process pool, deploys from ``prefect.yaml``, triggers a tiny run and lets
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import pytest
 import yaml
 
 from conftest_services import pick_free_port
+from infra.servers import prefect_server_command
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -53,10 +56,10 @@ def _run(cmd, env, timeout=300, **kw):
 def prefect_server(tmp_path):
     port = pick_free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RLHF_"))}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_UI_ENABLED="false")
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_UI_ENABLED="false")
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+    # the documented command line (infra.servers): it switches analytics off itself, no PREFECT_* variable is set
+    server = subprocess.Popen(prefect_server_command(port, "127.0.0.1"),
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
     try:
@@ -70,6 +73,8 @@ def prefect_server(tmp_path):
             if server.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"prefect server did not start:\n{(tmp_path / 'server.log').read_text()[-3000:]}")
             time.sleep(1)
+        # no telemetry: the server's setting, which its clients (workers, flow runs) follow as well
+        assert httpx.get(f"{api}/admin/settings", timeout=10).json()["server"]["analytics_enabled"] is False
         yield api, {**env, "PREFECT_API_URL": api}
     finally:
         server.send_signal(signal.SIGTERM)
@@ -93,6 +98,7 @@ def test_deployment_runs_on_a_process_worker(prefect_server, tmp_path, gsm8k_dir
     worker_env = {**env, "RLHF_HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "disabled"}
     worker = subprocess.run([PREFECT, "worker", "start", "--pool", pool, "--run-once"], cwd=REPO,
                             env=worker_env, capture_output=True, text=True, timeout=1800)
+    (tmp_path / "worker.log").write_text(worker.stdout + worker.stderr)  # kept for a look after a failure
     runs = httpx.post(f"{api}/flow_runs/filter", json={"sort": "START_TIME_DESC"}, timeout=30).json()
     started = [r for r in runs if r["parameters"].get("ppo_steps") == TINY["ppo_steps"]]
     assert started, f"no triggered run found; worker said:\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
@@ -102,6 +108,7 @@ def test_deployment_runs_on_a_process_worker(prefect_server, tmp_path, gsm8k_dir
     assert (tmp_path / "home" / "results.duckdb").exists()
     assert (tmp_path / "home" / "mlflow.db").exists()
     _assert_artifacts_and_graph(api, started[0]["id"])
+    _assert_logs_tell_the_story(api, started[0]["id"])
     _assert_registered_policy(tmp_path / "home", started[0]["id"])
 
 
@@ -114,7 +121,8 @@ def _assert_registered_policy(home: Path, flow_run_id: str) -> None:
     [version] = client.search_model_versions("name = 'rlhf'")
     assert str(version.version) == "1" and version.tags["flow_run_id"] == flow_run_id
     ppo = client.get_run(version.run_id)
-    assert ppo.info.run_name == "ppo" and ppo.data.tags["registered_model"] == "rlhf/1"
+    # the stage runs are named with the flow run ("ppo · vivacious-wolverine")
+    assert ppo.info.run_name.startswith("ppo · ") and ppo.data.tags["registered_model"] == "rlhf/1"
     # TINY runs one PPO step in one segment: the policy is merged from the step-1 checkpoint
     assert Path(version.tags["ppo_checkpoint"]).name == "global_step_1"
     assert {"sft_model", "dataset.gsm8k_train.sha256", "dataset.gsm8k_val.sha256"} <= set(version.tags)
@@ -142,9 +150,42 @@ def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
     tasks = httpx.post(f"{api}/task_runs/filter", timeout=30,
                        json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
     names = {t["name"]: t for t in tasks}
-    assert "ppo_segment 1/1 (steps 1-1)" in names, sorted(names)
+    # every task run says what it did (TINY: 16 train and 4 val prompts, the tiny_cpu preset's model, 1 SFT epoch)
+    assert set(names) == {"prepare_data · gsm8k · 16 train, 4 val prompts",
+                          "build_model · 4 layers × 128 hidden, vocab 2000", "sft · 16 rows, 1 epoch",
+                          "ppo_segment 1/1 (steps 1-1)", "evaluate · step 1", "register_model rlhf"}, sorted(names)
     # the graph: every stage after the first waits for the one before it
     [evaluate] = [t for n, t in names.items() if n.startswith("evaluate")]
     [segment] = [t for n, t in names.items() if n.startswith("ppo_segment")]
     assert [i["id"] for i in evaluate["task_inputs"]["wait_for"]] == [segment["id"]]
     assert segment["task_inputs"]["wait_for"], segment["task_inputs"]
+
+
+def _assert_logs_tell_the_story(api: str, flow_run_id: str) -> None:
+    """The flow run's logs, read back from the server (what the UI's Logs tab shows): one line per stage with its
+    figures, the PPO step line, the learning summary, the gate's verdict and the registered model; no WARNING (no
+    Prefect task-timeout warning, nothing else) in a healthy run."""
+    logs, offset = [], 0
+    while True:  # the API returns at most 200 logs per call
+        page = httpx.post(f"{api}/logs/filter", timeout=30, json={
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_ASC", "offset": offset,
+            "limit": 200}).json()
+        logs += page
+        offset += len(page)
+        if len(page) < 200:
+            break
+    messages = [entry["message"] for entry in logs]
+    text = "\n".join(messages)
+    for stage, figure in [("prepare_data", None), ("build_model", None), ("sft", "train/loss"),
+                          ("ppo", "critic/score/mean"), ("evaluate", "test_score/openai/gsm8k")]:
+        [line] = [m for m in messages if m.startswith(f"stage {stage}: ")]
+        # "stage sft: FINISHED, 41.3 s, MLflow run <id>; train/loss 6.93, val/loss 6.87"
+        assert re.match(rf"stage {stage}: FINISHED, \d+\.\d s, MLflow run \w+", line), line
+        if figure:
+            assert re.search(rf"[;,] {re.escape(figure)} -?\d", line), line
+    assert any(re.match(r"ppo step 1/1: score \d\.\d{3}", m) for m in messages), text
+    assert "regression gate: no earlier successful run to compare with (previous-successful)" in messages, text
+    assert any(m.startswith("registered model rlhf version 1 ") for m in messages), text
+    assert any("held-out prompts" in m or m.startswith("no validation metric") for m in messages), text
+    warnings = [(e["level"], e["message"][:300]) for e in logs if e["level"] >= logging.WARNING]
+    assert warnings == [], warnings
