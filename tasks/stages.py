@@ -215,7 +215,8 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
     keep_steps_through(metrics_file, resume_step(config))  # a retry keeps what its dead attempt logged up to there
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
-    progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id)
+    progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id,
+                            config.trainer.total_training_seconds)
     result = deadline.run_on_ray(remote.ppo_remote, list(overrides), env=env, on_poll=progress.poll)
     progress.finish()
     store = ResultsStore(ctx["home"])
