@@ -36,6 +36,17 @@ def timed(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tupl
     return proc, time.monotonic() - start
 
 
+def best_of_3(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, list[float]]:
+    """``rlhf ARGS`` up to three times, stopping at the first run under 2 s: (the last run, each run's seconds)."""
+    tries: list[float] = []
+    for _ in range(3):
+        proc, seconds = timed(args, cwd)
+        tries.append(seconds)
+        if seconds < 2.0:
+            break
+    return proc, tries
+
+
 def closed_port() -> int:
     """A loopback port nobody listens on (bound, then released): a connection to it is refused."""
     with socket.socket() as s:
@@ -47,18 +58,20 @@ def closed_port() -> int:
 @pytest.mark.parametrize("name", ["ppo", "sft", "eval"])
 def test_trainer_help_returns_within_2_s(name, tmp_path):
     """`rlhf ppo --help` took 15 s (sft 16 s, eval 7 s): torch, Ray and transformers were imported first.
-    The parser is now built from an import-light module; 2 s leaves CI room (about 0.4 s here)."""
-    proc, seconds = timed([name, "--help"], tmp_path)
+    The parser is now built from an import-light module: about 0.35 s on an idle 2-core machine. The best of up to
+    three tries counts (a neighbour's load can stretch one try: 2.1 s was seen at load average 14 on 2 cores);
+    the old 7-16 s cannot pass that way."""
+    proc, tries = best_of_3([name, "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: rlhf {name} ") and "KEY=VALUE" in proc.stdout
-    assert seconds < 2.0, f"rlhf {name} --help took {seconds:.1f} s"
+    assert min(tries) < 2.0, f"rlhf {name} --help took {', '.join(f'{t:.1f}' for t in tries)} s"
 
 
 def test_bad_flag_exits_2_quickly(tmp_path):
-    proc, seconds = timed(["ppo", "--bogus-flag"], tmp_path)
+    proc, tries = best_of_3(["ppo", "--bogus-flag"], tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == "rlhf ppo: error: unrecognized arguments: --bogus-flag"
-    assert seconds < 2.0, f"took {seconds:.1f} s"
+    assert min(tries) < 2.0, f"took {', '.join(f'{t:.1f}' for t in tries)} s"
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
