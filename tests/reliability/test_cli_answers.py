@@ -122,7 +122,8 @@ def test_unreachable_hub_id_is_one_line_in_seconds(tmp_path):
                            f"hub id, {endpoint} cannot be reached (ConnectionRefusedError: ")
     assert f"not in the local cache ({tmp_path / 'hf' / 'hub'}): give a local model folder" in line
     assert "HF_HUB_OFFLINE=1" in line
-    assert seconds < 10, f"took {seconds:.1f} s"
+    # about 2 s idle; huggingface_hub's back-off alone is 1+2+4+8+8 = 23 s per file, so 20 s still tells them apart
+    assert seconds < 20, f"took {seconds:.1f} s"
 
     # offline, not cached: says so, without trying the network
     env["HF_HUB_OFFLINE"] = "1"
