@@ -1,7 +1,8 @@
 """The flow run's Prefect artifacts and its one-line-per-stage log.
 
 - markdown ``rlhf-summary``: the stage table (status, duration, MLflow run link), the final
-  validation and evaluation metrics, the regression-gate verdict;
+  validation and evaluation metrics, the regression-gate verdict, the registered model version;
+- link ``mlflow-run``: the parent MLflow run (every MLflow link opens the model-training view);
 - table ``rlhf-evaluation``: one row per ``data_source`` (``test_score``, ``pass@k``);
 - the progress artifact ``ppo-progress`` is created by the flow and moved by the PPO
   segments (``tasks.progress``).
@@ -9,10 +10,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from infra import lineage
 from infra.results import ResultsStore
@@ -27,17 +27,18 @@ HEADLINE_KEYS = {
 
 
 def mlflow_run_url(run_id: str) -> str:
-    """A link to the run in the MLflow UI: the tracking server's when it is one, else the
-    address ``mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI`` serves by default."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    try:
-        if lineage.degraded() is not None:
-            raise ConnectionError(lineage.degraded())
-        exp = lineage.client().get_run(run_id).info.experiment_id
-    except Exception:  # noqa: BLE001 - a link without the experiment still finds nothing worse
-        exp = "0"
-    return f"{base}/#/experiments/{exp}/runs/{run_id}"
+    """A link to the run in the MLflow UI's model-training view (:func:`infra.lineage.run_url`): the tracking
+    server's when it is one, else the address ``mlflow server --backend-store-uri $MLFLOW_TRACKING_URI`` serves
+    by default."""
+    return lineage.run_url(run_id)
+
+
+def link_parent_run(parent_run_id: str) -> None:
+    """Link artifact ``mlflow-run`` of the flow run: its parent MLflow run, model-training view (none when
+    lineage is degraded: there is no MLflow run to open)."""
+    if lineage.degraded() is None:
+        create_link_artifact(mlflow_run_url(parent_run_id), link_text=f"MLflow run {parent_run_id}", key="mlflow-run",
+                             description="the flow run's parent MLflow run (stages nested under it)")
 
 
 def stage_rows(store: ResultsStore, flow_run_id: str) -> list[dict[str, Any]]:
@@ -86,9 +87,11 @@ def evaluation_table(evaluation: dict[str, float]) -> list[dict[str, Any]]:
 
 
 def publish(store: ResultsStore, flow_run_id: str, parent_run_id: str, cached: dict[str, str],
-            ppo_result: dict[str, Any], evaluation: dict[str, float], gate: str | None = None) -> None:
+            ppo_result: dict[str, Any], evaluation: dict[str, float], gate: str | None = None,
+            registered: str | None = None) -> str:
     """Create the summary markdown and the evaluation table artifacts of this flow run (secrets redacted:
-    :mod:`rlhf_core.redact`)."""
+    :mod:`rlhf_core.redact`); ``registered`` is the register_model task's line. Returns the markdown (redacted),
+    which the flow also logs as ``summary.md`` of the parent run."""
     lines = ["# rlhf flow run summary", "",
              f"Parent MLflow run: [{parent_run_id}]({mlflow_run_url(parent_run_id)})", "",
              "| stage | status | duration (s) | MLflow run |", "| --- | --- | --- | --- |"]
@@ -105,9 +108,13 @@ def publish(store: ResultsStore, flow_run_id: str, parent_run_id: str, cached: d
     lines += [f"| {k} | {float(v):.4f} |" for k, v in sorted(evaluation.items())] or ["| (none) | |"]
     if gate:
         lines += ["", "## Regression gate", "", "```", gate, "```"]
+    if registered:
+        lines += ["", "## Model registry", "", registered]
     # the gate text and any value may quote a config or environment value: scrubbed of secrets
-    create_markdown_artifact(redact_text("\n".join(lines)), key="rlhf-summary",
+    markdown = redact_text("\n".join(lines))
+    create_markdown_artifact(markdown, key="rlhf-summary",
                              description=f"stages, final metrics and MLflow runs of flow run {flow_run_id}")
     if evaluation:
         create_table_artifact(redact(evaluation_table(evaluation)), key="rlhf-evaluation",
                               description="evaluation per data_source (mean score over prompts, pass@k)")
+    return markdown

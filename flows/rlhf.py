@@ -43,16 +43,17 @@ from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra import model_registry  # noqa: E402
 from infra.compare import RunNotFoundError  # noqa: E402
-from infra.ray_cluster import check_shared_paths, connect_ray, run_on_ray  # noqa: E402
+from infra.ray_cluster import check_shared_paths, connect_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
 from rlhf_core.cli import run_command  # noqa: E402
 from rlhf_core.config import ConfigError, load_config  # noqa: E402
 from rlhf_core.data.fs import copy_to_local, is_local  # noqa: E402
-from tasks import plan, remote  # noqa: E402
+from tasks import plan  # noqa: E402
 from tasks.common import make_context, stage  # noqa: E402
 from tasks.deadline import split_task_options  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
+from tasks.register import gate_verdict, register_model  # noqa: E402
 from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
 
 
@@ -117,15 +118,23 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
     if s.ray_address or os.environ.get("RAY_ADDRESS"):  # an existing cluster: every node must see the home
         check_shared_paths([str(home)])
     url = flow_run.get_flow_run_ui_url()  # None in ephemeral mode (no UI)
-    with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=flow_run.get_name() or "rlhf",
-                              tags={lineage.FLOW_RUN_URL_TAG: url} if url else None) as parent_run_id:
+    fr_name = flow_run.get_name()
+    source = {lineage.SOURCE_NAME_TAG: f"{Path(__file__).resolve()} (Prefect flow rlhf)",
+              lineage.SOURCE_TYPE_TAG: "LOCAL"}
+    with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=fr_name or "rlhf",
+                              tags={**source, **({lineage.FLOW_RUN_URL_TAG: url} if url else {})}) as parent_run_id:
+        artifacts.link_parent_run(parent_run_id)
+        lineage.log_dict_artifact(parent_run_id, {**s.as_params(), "resolved_overrides": {
+            "sft": s.sft_list(), "evaluate": s.eval_list()}}, "config/pipeline.json")
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address,
-                           timeouts=split_task_options(s.task_options)[1])
-        prepare_data, build_model, sft, ppo_segment, evaluate = _configured_tasks(s)
-        rec = _Recorder(parent_run_id, store, fr_id)
+                           flow_run_name=fr_name, timeouts=split_task_options(s.task_options)[1])
+        prepare_data, build_model, sft, ppo_segment, evaluate, register_model = _configured_tasks(s)
+        rec = _Recorder(parent_run_id, store, fr_id, fr_name)
         upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task,
                                                countdown=s.countdown)
         data = rec("prepare_data", upstream.result())
+        for split, context in (("train", "training"), ("val", "validation")):  # the parent's own dataset inputs
+            lineage.log_dataset(parent_run_id, data[split], f"{s.task}_{split}", context)
         base_model = s.model_path
         if not base_model:
             upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
@@ -139,10 +148,11 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         rec.log("ppo")
         evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
-            evaluation = evaluate.submit(
+            upstream = evaluate.submit(
                 str(run_dir / "val_samples"), s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"),
                 val_file=data["val"], global_step=int(ppo_result.get("global_step") or 0),
-                wait_for=[upstream]).result()
+                wait_for=[upstream])
+            evaluation = upstream.result()
             rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
         _print_learning(run_dir, s.val_prompts)
@@ -157,7 +167,12 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             log_line(f"regression gate: {gate_text}")
         elif s.baseline:
             log_line(f"regression gate: no earlier successful run to compare with ({s.baseline})")
-        artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text)
+        registered = _register(s, ppo_result, model, data, ctx, evaluation, register_model,
+                               gate_verdict(s.baseline is not None, baseline_run is not None, failure), gate_text,
+                               baseline_run.run_id if baseline_run is not None else None, upstream)
+        summary = artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text,
+                                    registered=registered.get("line"))
+        lineage.log_text_artifact(parent_run_id, summary, "summary.md")
         if failure:
             raise report.RegressionError(failure)
     if lineage.degraded() is not None:
@@ -171,18 +186,21 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
 class _Recorder:
     """Tags the parent run with each stage's run and logs one line per stage (flows.artifacts)."""
 
-    def __init__(self, parent_run_id: str, store: ResultsStore, flow_run_id: str):
+    def __init__(self, parent_run_id: str, store: ResultsStore, flow_run_id: str, flow_run_name: str | None = None):
         self.parent_run_id, self.store, self.flow_run_id = parent_run_id, store, flow_run_id
+        self.flow_run_name = flow_run_name
         self.cached: dict[str, str] = {}  # stage -> run id of an earlier flow run (Prefect cache hit)
 
     def __call__(self, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
-        """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's)."""
+        """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's, and
+        a child run of this flow run that points at it: ``lineage.cached_stage_run``)."""
         run_id = output["run_id"]
         lineage.set_tags(self.parent_run_id, {f"stage.{stage_name}.run_id": run_id})
         _, rows = self.store.sql(f"SELECT flow_run_id FROM runs WHERE run_id = '{run_id}'")
         cached = bool(rows) and rows[0][0] != self.flow_run_id
         if cached:
             self.cached[stage_name] = run_id
+            lineage.cached_stage_run(stage_name, run_id, self.parent_run_id, self.flow_run_id, self.flow_run_name)
         artifacts.log_stage(self.store, stage_name, run_id, cached=cached)
         return output
 
@@ -212,11 +230,11 @@ def _print_learning(run_dir: Path, val_prompts: int) -> None:
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:
-    """The five stage tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into
-    the flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
+    """The six tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into the
+    flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
     Prefect's own timeout cannot interrupt a sync task's blocking call and warns on every task run."""
     tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
-             "ppo_segment": ppo_segment, "evaluate": evaluate}
+             "ppo_segment": ppo_segment, "evaluate": evaluate, "register_model": register_model}
     options = split_task_options(s.task_options)[0]
     return tuple(t.with_options(**options.get(name, {})) for name, t in tasks.items())
 
@@ -227,7 +245,7 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
     resolved config); one ppo_segment task per checkpoint boundary, each waiting for the last.
 
     Returns:
-        ``(final segment result, its future)``.
+        ``(final segment result with ``run_id`` = the ppo MLflow run, its future)``.
     """
     result: dict[str, Any] = {}
     bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
@@ -245,15 +263,12 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
                 wait_for=[upstream] if upstream is not None else None)
             result = upstream.result()
             first = stop + 1
-        _publish_policy(s, ppo_run_id, result.get("checkpoint_dir"), model, data, ctx)
-    return result, upstream
+        _reward_chart(ppo_run_id, ctx)
+    return {**result, "run_id": ppo_run_id}, upstream
 
 
-def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_model: str,
-                    data: dict[str, str], ctx: dict[str, Any]) -> None:
-    """On the ppo run: the reward-over-steps PNG, and the final actor checkpoint merged into a
-    Hugging Face folder, logged as ``hf_model`` and registered as a new version of the model
-    named after the experiment (lineage: datasets, SFT parent model, PPO checkpoint)."""
+def _reward_chart(ppo_run_id: str, ctx: dict[str, Any]) -> None:
+    """The reward-over-steps PNG in the run folder and as artifact ``charts/`` of the ppo run."""
     store = ResultsStore(ctx["home"])
     _, rows = store.sql(f"SELECT step, key, value FROM metrics WHERE run_id = '{ppo_run_id}' "
                         "AND (key = 'critic/score/mean' OR key LIKE 'val-core/%')")
@@ -261,15 +276,21 @@ def _publish_policy(s: PipelineSettings, ppo_run_id: str, ckpt: str | None, sft_
         png = model_registry.reward_chart(rows, Path(ctx["run_dir"]) / "reward_over_steps.png")
         if lineage.degraded() is None:  # the chart stays in run_dir either way
             lineage.client().log_artifact(ppo_run_id, png, "charts")
-    actor = Path(ckpt or "") / "actor"
-    if not ckpt or not actor.is_dir():
-        return
-    merged = run_on_ray(remote.merge_remote, str(actor), str(Path(ctx["run_dir"]) / "hf_policy"), timeout_s=3600)
+
+
+def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, data: dict[str, str],
+              ctx: dict[str, Any], evaluation: dict[str, Any], task: Any, verdict: str, gate_text: str | None,
+              baseline_run_id: str | None, upstream: Any) -> dict[str, Any]:
+    """The ``register_model`` task, after evaluation and the gate: the final actor checkpoint merged into a
+    Hugging Face folder, logged as ``hf_model`` of the ppo run and registered as a new version of the model
+    named after the experiment, with its lineage (datasets, SFT parent model, PPO checkpoint), the evaluation
+    and the gate's ``verdict`` (``tasks.register``). Returns the task's result."""
+    ckpt = ppo_result.get("checkpoint_dir")
     tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
             "dataset.gsm8k_train.path": data["train"], "dataset.gsm8k_val.path": data["val"]}
     tags.update({f"dataset.gsm8k_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
-    version = model_registry.register_policy(ppo_run_id, merged, s.experiment, tags)
-    print(f"registered model {s.experiment} version {version} (merged from {ckpt})")
+    return task.submit(ppo_result["run_id"], ckpt, s.experiment, tags, ctx, dict(evaluation), verdict, gate_text,
+                       baseline_run_id, wait_for=[upstream]).result()
 
 
 # every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
@@ -328,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(out["home"])
         print(f"\nResults under {home}")
         print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
+        for line in mlflow_ui_lines(out["parent_run_id"]):
+            print(f"          {line}")
         print(f"  DuckDB: {home / 'results.duckdb'}  (views samples, metrics, runs)")
         print(f"  Try:    {rlhf_command()} results sql \"{report.example_query(out['flow_run_id'])}\"")
         print(f"  Compare with the run before (from a second run on): {rlhf_command()} results compare previous "
@@ -335,6 +358,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
+
+
+def mlflow_ui_lines(parent_run_id: str) -> list[str]:
+    """How to see the parent run in the MLflow UI (model-training view): for a SQLite store, the loopback command
+    that serves the UI on it (``infra.servers.mlflow_server_command``) and the link; for a tracking server, the
+    link. ``[]`` when lineage is degraded (nothing is in MLflow)."""
+    import shlex
+
+    from infra.servers import mlflow_server_command
+
+    if lineage.degraded() is not None:
+        return []
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    lines = [] if uri.startswith(("http://", "https://")) else [f"UI:   {shlex.join(mlflow_server_command(uri))}"]
+    return lines + [f"open: {lineage.run_url(parent_run_id)}"]
 
 
 def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:

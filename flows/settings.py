@@ -97,7 +97,7 @@ def load_preset(name: str | None, config_dir: Path = CONFIG_DIR) -> dict[str, An
 
 PRESET_PIPELINE_KEYS = ("train_prompts", "val_prompts", "sft_epochs", "ppo_steps", "segment_steps")
 COUNTDOWN_KEYS = ("min_numbers", "max_numbers", "max_number")  # a preset's countdown: (generate_countdown's)
-TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate")
+TASK_NAMES = ("prepare_data", "build_model", "sft", "ppo_segment", "evaluate", "register_model")
 TASK_OPTION_KEYS = ("retries", "retry_delay_seconds", "timeout_seconds")
 
 

@@ -32,6 +32,9 @@ def embedded_defaults(home: Path) -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
         "RLHF_MLFLOW_ARTIFACT_ROOT": (home / "mlartifacts").as_uri(),
+        # MLflow's client prints "View run ... at: <url>" when a run on a tracking server ends: a link without
+        # ?workflowType=machine_learning, which opens the GenAI view; the pipeline prints its own (infra.lineage)
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
         "RAY_AUTH_MODE": "disabled",
         "TOKENIZERS_PARALLELISM": "false",
     }

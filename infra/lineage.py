@@ -51,6 +51,17 @@ FLOW_RUN_URL_TAG = "prefect.flow_run_url"
 # MLflow 3 shows an experiment without this tag as a GenAI one; this value opens the model-training view
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+CACHED_FROM_TAG = "rlhf.cached_from_run_id"
+NOTE_TAG = "mlflow.note.content"  # the run's Description in the MLflow UI
+SOURCE_NAME_TAG = "mlflow.source.name"
+SOURCE_TYPE_TAG = "mlflow.source.type"
+ML_VIEW_QUERY = "workflowType=machine_learning"
+"""The query MLflow 3's UI reads to show the model-training view (Runs, Models, metric charts) instead of the GenAI
+one (Traces, Latency, Token usage). The UI routes inside the ``#`` (a hash router), so the query follows the route:
+``/#/experiments/1/runs/<id>?workflowType=machine_learning``. Without it the UI shows the view the browser last
+chose (``mlflow.workflowType`` in its local storage, GenAI at first), whatever ``mlflow.experimentKind`` says."""
+UI_DEFAULT = "http://127.0.0.1:5000"
+"""Where ``mlflow server`` / ``mlflow ui`` serve the UI by default (the links for a SQLite store point there)."""
 ARTIFACT_LIMIT_BYTES = 50 * 2**20
 OFFLINE_PREFIX = "offline-"
 PROBE_TIMEOUT_S = 3.0
@@ -143,6 +154,40 @@ def get_or_create_experiment(name: str) -> str:
         return exp.experiment_id
 
 
+def ui_base() -> str:
+    """The MLflow UI's address: ``$MLFLOW_TRACKING_URI`` when it is an ``http(s)://`` server, else
+    :data:`UI_DEFAULT` (what ``mlflow server --backend-store-uri <the SQLite store>`` serves)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
+
+
+def experiment_url(experiment_id: str) -> str:
+    """Link to an experiment's runs in the MLflow UI's model-training view (:data:`ML_VIEW_QUERY`)."""
+    return f"{ui_base()}/#/experiments/{experiment_id}/runs?{ML_VIEW_QUERY}"
+
+
+def run_url(run_id: str, experiment_id: str | None = None) -> str:
+    """Link to a run in the MLflow UI's model-training view (:data:`ML_VIEW_QUERY`).
+
+    ``experiment_id`` None: looked up in the store; ``"0"`` when lineage is degraded or the run is
+    unknown (the link then finds nothing, and nothing worse)."""
+    if experiment_id is None:
+        experiment_id = "0"
+        if degraded() is None:
+            try:
+                experiment_id = client().get_run(run_id).info.experiment_id
+            except Exception:  # noqa: BLE001 - an unknown run: the link still names it
+                pass
+    return f"{ui_base()}/#/experiments/{experiment_id}/runs/{run_id}?{ML_VIEW_QUERY}"
+
+
+def model_version_url(name: str, version: str) -> str:
+    """Link to a registered model version in the MLflow UI (model-training view)."""
+    from urllib.parse import quote
+
+    return f"{ui_base()}/#/models/{quote(name, safe='')}/versions/{version}?{ML_VIEW_QUERY}"
+
+
 def git_commit(cwd: str | Path | None = None) -> str | None:
     """The HEAD commit of the repository at ``cwd``, or None when unavailable."""
     try:
@@ -226,6 +271,13 @@ def log_dict_artifact(run_id: str, data: Mapping[str, Any], artifact_file: str) 
     client().log_dict(run_id, redact(dict(data)), artifact_file)
 
 
+@_unless_degraded(None)
+def log_text_artifact(run_id: str, text: str, artifact_file: str) -> None:
+    """Save ``text`` (secrets scrubbed: :func:`rlhf_core.redact.redact_text`) as artifact ``artifact_file``
+    (e.g. ``summary.md``) of ``run_id``."""
+    client().log_text(run_id, redact_text(text), artifact_file)
+
+
 @_unless_degraded(lambda: OFFLINE_PREFIX + uuid.uuid4().hex)
 def start_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
               parent_run_id: str | None = None) -> str:
@@ -277,25 +329,72 @@ def _tracked_run(experiment: str, run_name: str, tags: dict[str, str], params: M
         end_run(run_id, status)
 
 
+def stage_run_name(stage_name: str, flow_run_name: str | None) -> str:
+    """A stage run's name: ``ppo · practical-fox`` (the stage and its Prefect flow run's name), so that runs of
+    different flow runs differ in MLflow's charts and tables; the stage alone without a flow run name."""
+    return f"{stage_name} · {flow_run_name}" if flow_run_name else stage_name
+
+
 @contextlib.contextmanager
 def stage_run(stage_name: str, params: Mapping[str, Any], parent_run_id: str | None = None,
-              experiment: str = "rlhf", flow_run_id: str | None = None) -> Iterator[str]:
+              experiment: str = "rlhf", flow_run_id: str | None = None,
+              flow_run_name: str | None = None) -> Iterator[str]:
     """Nested run of one stage, yielding its run id; FINISHED on success, FAILED on error.
 
     Args:
-        stage_name: run name and ``rlhf.stage`` tag, e.g. ``sft``.
+        stage_name: the ``rlhf.stage`` tag, e.g. ``sft``; the run is named :func:`stage_run_name`.
         params: the stage's resolved config (flattened and truncated to MLflow's limits).
         parent_run_id: the flow's parent run; when None, the run is top-level.
         experiment: experiment name used when there is no parent.
+        flow_run_name: the Prefect flow run's name (``practical-fox``), appended to the run name.
     """
-    if parent_run_id and degraded() is None:
-        experiment_id = client().get_run(parent_run_id).info.experiment_id
-        experiment = client().get_experiment(experiment_id).name
+    experiment = _parent_experiment(parent_run_id) or experiment
     tags = {STAGE_TAG: stage_name}
     if flow_run_id:
         tags[FLOW_RUN_TAG] = flow_run_id
-    with _tracked_run(experiment, stage_name, tags, params, parent_run_id) as run_id:
+    with _tracked_run(experiment, stage_run_name(stage_name, flow_run_name), tags, params,
+                      parent_run_id) as run_id:
         yield run_id
+
+
+def _parent_experiment(parent_run_id: str | None) -> str | None:
+    """The experiment name of ``parent_run_id`` (None without a parent or when lineage is degraded)."""
+    if not parent_run_id or degraded() is not None:
+        return None
+    experiment_id = client().get_run(parent_run_id).info.experiment_id
+    return client().get_experiment(experiment_id).name
+
+
+@_unless_degraded(lambda: OFFLINE_PREFIX + uuid.uuid4().hex)
+def cached_stage_run(stage_name: str, source_run_id: str, parent_run_id: str, flow_run_id: str | None = None,
+                     flow_run_name: str | None = None) -> str:
+    """Record a stage that Prefect served from its cache as a FINISHED child of ``parent_run_id`` that points
+    at the run which produced the output (``source_run_id``, of an earlier flow run); returns its id.
+
+    The child is named :func:`stage_run_name`, tagged ``rlhf.cached_from_run_id`` = ``source_run_id``, its
+    description (``mlflow.note.content``) says where the output came from, and it repeats the source run's
+    dataset inputs and its ``dataset.*`` / ``artifact.*`` tags (paths and sha256), so the lineage of a cached
+    model is on this flow run's own tree. A source run missing from the store is said so in the description.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        source = client().get_run(source_run_id)
+    except MlflowException:
+        source = None
+    where = (f"run {source.info.run_name!r} ({source_run_id}) of flow run "
+             f"{source.data.tags.get(FLOW_RUN_TAG) or '?'}" if source else f"run {source_run_id} (not in this store)")
+    tags = {STAGE_TAG: stage_name, CACHED_FROM_TAG: source_run_id,
+            NOTE_TAG: f"Served from Prefect's cache: this stage did not run again; its output is the output of "
+                      f"MLflow {where}.", **({FLOW_RUN_TAG: flow_run_id} if flow_run_id else {})}
+    if source:
+        tags.update({k: v for k, v in source.data.tags.items() if k.startswith(("dataset.", "artifact."))})
+    run_id = start_run(_parent_experiment(parent_run_id) or "rlhf", stage_run_name(stage_name, flow_run_name),
+                       tags, parent_run_id)
+    if source and source.inputs and source.inputs.dataset_inputs:
+        client().log_inputs(run_id, datasets=list(source.inputs.dataset_inputs))
+    end_run(run_id)
+    return run_id
 
 
 def stage_env(run_id: str) -> dict[str, str]:

@@ -14,14 +14,15 @@ from infra.results import ResultsStore
 
 
 def make_context(home: str, experiment: str, parent_run_id: str | None, flow_run_id: str | None,
-                 run_dir: str, ray_address: str | None = None,
+                 run_dir: str, ray_address: str | None = None, flow_run_name: str | None = None,
                  timeouts: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """The per-flow-run facts every task needs, as a plain (serialisable) dict. ``timeouts``: seconds per
+    """The per-flow-run facts every task needs, as a plain (serialisable) dict. ``flow_run_name`` (Prefect's
+    ``practical-fox``) goes into the stage runs' MLflow names (``sft · practical-fox``). ``timeouts``: seconds per
     stage (pipeline.yaml ``tasks.<stage>.timeout_seconds``), which each stage enforces where its work runs
     (:mod:`tasks.deadline`); a stage not in it has no limit."""
     return {"home": home, "experiment": experiment, "parent_run_id": parent_run_id,
             "flow_run_id": flow_run_id, "run_dir": run_dir, "ray_address": ray_address,
-            "timeouts": dict(timeouts or {})}
+            "flow_run_name": flow_run_name, "timeouts": dict(timeouts or {})}
 
 
 def _now() -> dt.datetime:
@@ -44,8 +45,8 @@ def stage(name: str, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> Itera
     flat = lineage.flatten_params(params)
     params_json = json.dumps(flat, sort_keys=True)
     started = _now()
-    with lineage.stage_run(name, params, parent_run_id=ctx.get("parent_run_id"),
-                           experiment=ctx["experiment"], flow_run_id=ctx.get("flow_run_id")) as rid:
+    with lineage.stage_run(name, params, parent_run_id=ctx.get("parent_run_id"), experiment=ctx["experiment"],
+                           flow_run_id=ctx.get("flow_run_id"), flow_run_name=ctx.get("flow_run_name")) as rid:
         lineage.log_dict_artifact(rid, flat, f"config/{name}.json")
         store.index_run(rid, ctx.get("flow_run_id"), name, "RUNNING", started, None, params_json, name=name)
         status = "FAILED"
