@@ -128,6 +128,18 @@ def _assert_registered_policy(home: Path, flow_run_id: str) -> None:
     assert {"sft_model", "dataset.gsm8k_train.sha256", "dataset.gsm8k_val.sha256"} <= set(version.tags)
     assert version.source.endswith("/hf_model")
     assert "hf_model/config.json" in {a.path for a in client.list_artifacts(ppo.info.run_id, "hf_model")}
+    # registered after evaluation and the gate (rlhf/full is gated on previous-successful; the first run has
+    # nothing to compare with): candidate, not champion, and the version says how it scored
+    assert version.tags["regression_gate"] == "no baseline"  # (search results carry no aliases: get the version)
+    assert sorted(client.get_model_version("rlhf", "1").aliases) == ["candidate"]
+    assert 0.0 <= float(version.tags["eval.test_score/openai/gsm8k"]) <= 1.0
+    assert "Regression gate: no baseline; alias champion not moved" in version.description
+    # the parent run: its datasets, source, resolved settings and the summary
+    parent = client.get_run(ppo.data.tags["mlflow.parentRunId"])
+    assert {d.dataset.name for d in parent.inputs.dataset_inputs} == {"gsm8k_train", "gsm8k_val"}
+    assert parent.data.tags["mlflow.source.name"].endswith("flows/rlhf.py (Prefect flow rlhf)")
+    assert {"summary.md", "config"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert ppo.info.run_name == f"ppo · {parent.info.run_name}"
 
 
 def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
@@ -140,7 +152,12 @@ def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
     assert summary["type"] == "markdown"
     for stage in ("| prepare_data |", "| sft |", "| ppo |", "| evaluate |", "test_score/openai/gsm8k"):
         assert stage in summary["data"], summary["data"]
-    assert "/#/experiments/" in summary["data"]  # MLflow run links
+    assert "/#/experiments/" in summary["data"]  # MLflow run links, which open the model-training view
+    assert summary["data"].count("?workflowType=machine_learning") >= 6, summary["data"]  # parent + 5 stages
+    link = by_key["mlflow-run"]["data"]  # a link artifact: Prefect stores "[text](url)" as markdown
+    assert re.fullmatch(r"\[MLflow run \w+\]\(http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+"
+                        r"\?workflowType=machine_learning\)", link), link
+    assert "## Model registry" in summary["data"] and "registered model rlhf version 1" in summary["data"]
     table = by_key["rlhf-evaluation"]
     assert table["type"] == "table"
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
@@ -158,6 +175,7 @@ def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
     [evaluate] = [t for n, t in names.items() if n.startswith("evaluate")]
     [segment] = [t for n, t in names.items() if n.startswith("ppo_segment")]
     assert [i["id"] for i in evaluate["task_inputs"]["wait_for"]] == [segment["id"]]
+    assert [i["id"] for i in names["register_model rlhf"]["task_inputs"]["wait_for"]] == [evaluate["id"]]
     assert segment["task_inputs"]["wait_for"], segment["task_inputs"]
 
 
