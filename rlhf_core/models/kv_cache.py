@@ -35,20 +35,20 @@ class Geometry:
     head_dim: int
 
 
-def geometry(cfg: Mapping[str, Any]) -> Geometry | None:
+def geometry(hf_config: Mapping[str, Any]) -> Geometry | None:
     """The KV geometry of a Hugging Face ``config.json`` dict (a multimodal one's ``text_config``), or None when it
     lacks ``num_hidden_layers``, ``num_attention_heads`` or a head size. ``num_key_value_heads`` defaults to
     ``num_attention_heads`` (multi-head attention), ``head_dim`` to ``hidden_size // num_attention_heads``;
     ``layer_types`` entries ``sliding_attention`` are sliding layers when ``sliding_window`` is set."""
-    cfg = cfg.get("text_config") or cfg
-    layers, heads = cfg.get("num_hidden_layers"), cfg.get("num_attention_heads")
-    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if cfg.get("hidden_size") and heads else None)
+    hf_config = hf_config.get("text_config") or hf_config
+    layers, heads = hf_config.get("num_hidden_layers"), hf_config.get("num_attention_heads")
+    head_dim = hf_config.get("head_dim") or (hf_config["hidden_size"] // heads if hf_config.get("hidden_size") and heads else None)
     if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(head_dim, int)):
         return None
-    window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
-    types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    window = hf_config.get("sliding_window") if isinstance(hf_config.get("sliding_window"), int) else None
+    types = hf_config.get("layer_types") if isinstance(hf_config.get("layer_types"), list) else []
     sliding = sum(t == "sliding_attention" for t in types) if window else 0
-    return Geometry(layers - sliding, sliding, window, int(cfg.get("num_key_value_heads") or heads), head_dim)
+    return Geometry(layers - sliding, sliding, window, int(hf_config.get("num_key_value_heads") or heads), head_dim)
 
 
 def kv_cache_bytes(geo: Geometry, dtype_bytes: int, seq_len: int, sequences: int, tp: int = 1) -> int:
@@ -70,11 +70,11 @@ def _model_geometry(model_cfg: DictConfig) -> Geometry | None:
     if folder is None or not (folder / "config.json").is_file():
         return None
     try:
-        cfg = json.loads((folder / "config.json").read_text())
+        hf_config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None  # check_model_files / the loader name the file
     overrides = {k: v for k, v in dict(model_cfg.override_config).items() if k not in ("model_config", "moe_config")}
-    return geometry({**cfg, **overrides, **dict(model_cfg.override_config.model_config)})
+    return geometry({**hf_config, **overrides, **dict(model_cfg.override_config.model_config)})
 
 
 def _device(config: DictConfig) -> str | None:
