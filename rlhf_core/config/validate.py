@@ -190,21 +190,50 @@ def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int) ->
     return errors
 
 
-def lr_errors(cfg: DictConfig, keys: list[str]) -> list[str]:
-    """A learning rate that is negative, NaN or infinite (0 is allowed: the parameters stay as loaded).
+_LR = "the optimizer's learning rate"
+_TEMP = "the sampling temperature; 0 = greedy"
+# Keys whose value must be a finite number: (key, lowest value or None, whether the lowest is allowed, what it is).
+# A NaN or inf here makes every loss, advantage or parameter NaN at the first step (or, for a temperature, every
+# log-prob); a negative learning rate ascends the loss; verl's dual-clip loss asserts clip_ratio_c > 1 at run time.
+_PPO_FINITE = (
+    (f"{A}.actor.optim.lr", 0, True, _LR),
+    (f"{A}.actor.clip_ratio", 0, True, "the PPO clip range"),
+    (f"{A}.actor.clip_ratio_low", 0, True, "the lower PPO clip range"),
+    (f"{A}.actor.clip_ratio_high", 0, True, "the upper PPO clip range"),
+    (f"{A}.actor.clip_ratio_c", 1, False, "the dual-clip bound"),
+    (f"{A}.actor.entropy_coeff", None, True, "the entropy bonus coefficient"),
+    (f"{A}.actor.kl_loss_coef", None, True, "the KL loss coefficient"),
+    ("algorithm.kl_ctrl.kl_coef", None, True, "the in-reward KL coefficient"),
+    ("algorithm.kl_ctrl.target_kl", None, True, "the adaptive KL controller's target"),
+    ("algorithm.gamma", None, True, "the discount factor"),
+    ("algorithm.lam", None, True, "the GAE lambda"),
+    (f"{A}.rollout.temperature", 0, True, _TEMP),
+    (f"{A}.rollout.val_kwargs.temperature", 0, True, _TEMP),
+)
+_CRITIC_FINITE = (("critic.optim.lr", 0, True, _LR), ("critic.cliprange_value", None, True, "the value clip range"))
 
-    A negative one would ascend the loss; a NaN or inf one turns every parameter into NaN at the first step."""
+
+def finite_errors(cfg: DictConfig, rules: tuple[tuple[str, float | None, bool, str], ...]) -> list[str]:
+    """One line per numeric key of ``rules`` that is NaN, infinite or below its bound, naming the key and the value.
+
+    ``rules``: ``(key, lowest, lowest allowed, what the value is)``; ``lowest`` None means any finite number.
+    Missing, null and non-numeric values are left to the type checks. Example line:
+    ``actor_rollout_ref.actor.clip_ratio=nan must be a finite number >= 0 (the PPO clip range).``"""
     errors = []
-    for key in keys:
-        lr = _get(cfg, key)
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr >= 0):
-            errors.append(f"{key}={lr} must be a finite number >= 0 (the optimizer's learning rate).")
+    for key, low, inclusive, what in rules:
+        v = _get(cfg, key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        in_range = low is None or (v >= low if inclusive else v > low)
+        if not (math.isfinite(v) and in_range):
+            bound = "" if low is None else f" {'>=' if inclusive else '>'} {low}"
+            errors.append(f"{key}={v} must be a finite number{bound} ({what}).")
     return errors
 
 
 def ppo_static_errors(cfg: DictConfig) -> list[str]:
     """Rules that need only the config (no world size)."""
-    errors = lr_errors(cfg, [f"{A}.actor.optim.lr"] + (["critic.optim.lr"] if use_critic(cfg) else []))
+    errors = finite_errors(cfg, _PPO_FINITE + (_CRITIC_FINITE if use_critic(cfg) else ()))
     tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
     if tbs is None or tbs <= 0:
         errors.append(f"data.train_batch_size={tbs} must be > 0.")
@@ -218,9 +247,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
         errors.append(f"{vk}.do_sample=True with {vk}.temperature={_get(cfg, f'{vk}.temperature')}: sampling "
                       f"needs temperature > 0 (or set do_sample=False for greedy validation).")
     for prefix in (f"{A}.rollout", vk):
-        temp, top_p = _get(cfg, f"{prefix}.temperature"), _get(cfg, f"{prefix}.top_p")
-        if temp is not None and temp < 0:
-            errors.append(f"{prefix}.temperature={temp} must be >= 0 (0 = greedy).")
+        top_p = _get(cfg, f"{prefix}.top_p")
         if top_p is not None and not 0 < top_p <= 1:
             errors.append(f"{prefix}.top_p={top_p} must be in (0, 1].")
     if (_get(cfg, f"{vk}.n") or 0) < 1:
@@ -313,7 +340,7 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     elif micro and (tbs // world) % micro:
         errors.append(f"data.train_batch_size={tbs} / world size {world} = {tbs // world} per worker is not "
                       f"divisible by data.micro_batch_size_per_gpu={micro}.")
-    errors += lr_errors(cfg, ["optim.lr"])
+    errors += finite_errors(cfg, (("optim.lr", 0, True, _LR),))
     for key in ("optim.warmup_steps_ratio", "optim.min_lr_ratio", "optim.stable_ratio"):
         v = _get(cfg, key)
         if v is not None and not 0.0 <= v <= 1.0:

@@ -150,7 +150,7 @@ def test_sft_tokenizer_without_chat_template_and_the_data_chat_template_key(tiny
     assert msg.startswith("data.train_batch_size=4 is larger than the 3 training rows")
 
 
-# --- 3. learning rates that are negative or not finite --------------------------------------------------------------
+# --- 3. learning rates, loss coefficients and temperatures that are negative or not finite --------------------------------------------------------------
 
 @pytest.mark.parametrize("key, value, shown, extra", [
     ("actor_rollout_ref.actor.optim.lr", "-0.001", "-0.001", []),
@@ -171,6 +171,42 @@ def test_bad_sft_learning_rate_and_zero_is_allowed(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"optim\.lr=-1e-05 must be a finite number >= 0"):
         load_config("sft_trainer", _sft_overrides(tiny_model_dir, train, "optim.lr=-1e-5"))
     assert load_config("sft_trainer", _sft_overrides(tiny_model_dir, train, "optim.lr=0")).optim.lr == 0
+
+
+@pytest.mark.parametrize("key, value, shown, rule", [
+    ("actor_rollout_ref.actor.clip_ratio", "nan", "nan", " >= 0 (the PPO clip range)"),
+    ("actor_rollout_ref.actor.clip_ratio_low", "inf", "inf", " >= 0 (the lower PPO clip range)"),
+    ("actor_rollout_ref.actor.clip_ratio_high", "-0.2", "-0.2", " >= 0 (the upper PPO clip range)"),
+    ("actor_rollout_ref.actor.clip_ratio_c", "inf", "inf", " > 1 (the dual-clip bound)"),
+    ("actor_rollout_ref.actor.clip_ratio_c", "1.0", "1.0", " > 1 (the dual-clip bound)"),
+    ("algorithm.kl_ctrl.kl_coef", "nan", "nan", " (the in-reward KL coefficient)"),
+    ("actor_rollout_ref.actor.kl_loss_coef", "inf", "inf", " (the KL loss coefficient)"),
+    ("actor_rollout_ref.actor.entropy_coeff", "-inf", "-inf", " (the entropy bonus coefficient)"),
+    ("actor_rollout_ref.rollout.temperature", "nan", "nan", " >= 0 (the sampling temperature; 0 = greedy)"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", "inf", "inf",
+     " >= 0 (the sampling temperature; 0 = greedy)"),
+])
+def test_non_finite_loss_and_sampling_values_name_the_key(tiny_model_dir, tmp_path, key, value, shown, rule):
+    # nan or inf in a clip range, a KL or entropy coefficient or a temperature makes every loss or log-prob NaN at
+    # the first step; the one rule over a table of keys names each at config load, as the learning rate is named
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    msg = ppo_error(ppo_overrides(tiny_model_dir, data, f"{key}={value}"), ConfigError)
+    assert msg == f"Invalid config:\n  - {key}={shown} must be a finite number{rule}."
+
+
+def test_zero_temperatures_and_coefficients_are_allowed(tiny_model_dir, tmp_path):
+    # the control: greedy sampling (temperature 0, as verl's val_kwargs default), no KL and no entropy bonus, a
+    # negative entropy coefficient and a dual-clip bound just above 1 all load
+    from rlhf_core.config import load_config
+
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    cfg = load_config("ppo_trainer", ppo_overrides(
+        tiny_model_dir, data, "actor_rollout_ref.rollout.temperature=0",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0", "algorithm.kl_ctrl.kl_coef=0",
+        "actor_rollout_ref.actor.kl_loss_coef=0", "actor_rollout_ref.actor.entropy_coeff=-0.01",
+        "actor_rollout_ref.actor.clip_ratio_c=1.01"))
+    assert (cfg.actor_rollout_ref.rollout.temperature, cfg.actor_rollout_ref.actor.clip_ratio_c) == (0, 1.01)
+    assert cfg.actor_rollout_ref.actor.entropy_coeff == -0.01
 
 
 # --- 4. a rollout KV cache that cannot fit --------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def test_sampling_parameters_must_be_in_range():
     with pytest.raises(ConfigError) as err:
         load_config("ppo_trainer", ["actor_rollout_ref.rollout.temperature=-1",
                                     "actor_rollout_ref.rollout.val_kwargs.top_p=0"])
-    assert "actor_rollout_ref.rollout.temperature=-1 must be >= 0" in str(err.value)
+    assert "actor_rollout_ref.rollout.temperature=-1 must be a finite number >= 0" in str(err.value)
     assert "actor_rollout_ref.rollout.val_kwargs.top_p=0 must be in (0, 1]" in str(err.value)
 
 
