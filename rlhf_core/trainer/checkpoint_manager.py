@@ -14,11 +14,13 @@ Nothing a resume might need is deleted (issue 32):
 
 * ``resume_mode=auto`` resumes from the step the tracker names only when it is complete
   (:mod:`.checkpoint_integrity`); else from the newest complete step before it, with a warning naming both; with
-  none, it stops naming the tracker's step and what is missing. ``resume_path`` refuses an incomplete step.
-  Both happen on the driver, before any worker starts.
-* A save of step N over a ``global_step_N`` folder the tracker does not name removes it only when it is partial
-  (what a killed attempt leaves); a complete one (e.g. a newer step of a run this one fell back from) is moved
-  aside to ``global_step_N.kept-<time>``, with a warning.
+  none, it stops naming the tracker's step and what is missing. Without a tracker (deleted), it resumes from the
+  newest complete step that has a manifest, with a warning naming the missing tracker and the step; with none it
+  starts fresh. ``resume_path`` refuses an incomplete step. Both happen on the driver, before any worker starts.
+* A save of step N over an existing ``global_step_N`` folder that is not the tracker's complete step removes it
+  only when it is partial and was never complete (no manifest: what a killed attempt leaves); a complete one (e.g.
+  a newer step of a run this one fell back from), a damaged one (it has a manifest) or the tracker's incomplete one
+  is moved aside to ``global_step_N.kept-<time>``, with a warning. New files never mix with old ones.
 * Retention counts only complete checkpoints of a component, and leaves partial ones alone.
 
 Retention (``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; ``remove_previous_ckpt_in_save`` means keep 1)
@@ -41,7 +43,7 @@ import torch
 
 from rlhf_core.atomic import atomic_write, atomic_write_text
 from rlhf_core.safe_load import CheckpointError, load_state
-from rlhf_core.trainer.checkpoint_integrity import is_complete, step_problems, write_manifest
+from rlhf_core.trainer.checkpoint_integrity import MANIFEST, is_complete, step_problems, write_manifest
 from rlhf_core.trainer.checkpoint_lock import CheckpointDirLock
 
 logger = logging.getLogger(__name__)
@@ -181,7 +183,7 @@ class CheckpointManager:
     def _resolve_auto(self, components: tuple[str, ...]) -> str | None:
         tracked = read_tracker(self.root)
         if tracked is None:
-            return None
+            return self._resolve_without_tracker(components)
         path = step_dir(self.root, tracked)
         problems = step_problems(path, components)
         if not problems:
@@ -194,9 +196,23 @@ class CheckpointManager:
                                   f"a complete checkpoint ({_summary(problems)}), and no complete checkpoint before "
                                   f"it exists in {self.root}; nothing was deleted")
         logger.warning("%s names global step %d, which is not a complete checkpoint (%s): resuming from %s, the "
-                       "newest complete one before it; nothing is deleted", TRACKER_FILE, tracked, _summary(problems),
-                       fallback)
+                       "newest complete one before it; %s", TRACKER_FILE, tracked, _summary(problems), fallback,
+                       _fate_of_damaged(path, tracked))
         return fallback
+
+    def _resolve_without_tracker(self, components: tuple[str, ...]) -> str | None:
+        """No tracker: the newest ``global_step_N`` that has a manifest and is complete (e.g. the tracker was
+        deleted), with a warning; None (a fresh start) when there is none (a first save's half-written folder, or
+        nothing). Without a tracker a step needs its manifest: the checks of a step written before manifests
+        existed would pass a component folder a killed first save left empty."""
+        steps = [step_dir(self.root, s) for s in sorted(list_step_dirs(self.root), reverse=True)]
+        newest = next((p for p in steps if os.path.exists(os.path.join(p, MANIFEST)) and is_complete(p, components)),
+                      None)
+        if newest is not None:
+            logger.warning("%s is missing, but %s holds global_step_* folders: resuming from %s, the newest complete "
+                           "one (to start from scratch instead, set trainer.resume_mode=disable or use another "
+                           "trainer.default_local_dir)", os.path.join(self.root, TRACKER_FILE), self.root, newest)
+        return newest
 
     @staticmethod
     def load_dataloader_state(ckpt_dir: str) -> dict | None:
@@ -239,8 +255,9 @@ class CheckpointManager:
         """
         self.finish_pending()
         path = step_dir(self.root, global_step)
-        if os.path.isdir(path) and find_latest_checkpoint(self.root) != path:
-            self._clear_untracked(path, tuple(save_fns))
+        tracked = find_latest_checkpoint(self.root) == path
+        if os.path.isdir(path) and (not tracked or not is_complete(path, tuple(save_fns))):
+            self._clear_untracked(path, tuple(save_fns), tracked)
         os.makedirs(path, exist_ok=True)
         part = "?"
         try:
@@ -261,15 +278,16 @@ class CheckpointManager:
         return path
 
     @staticmethod
-    def _clear_untracked(path: str, components: tuple[str, ...]) -> None:
-        """Make room for a new ``path`` the tracker does not name: a partial folder (a killed attempt's leftovers,
-        which must not mix with the new files) is removed; a complete one is a user's checkpoint and is moved
-        aside."""
-        if is_complete(path, components):
+    def _clear_untracked(path: str, components: tuple[str, ...], tracked: bool) -> None:
+        """Make room for a new ``path``: a folder that is complete, was complete once (it has a manifest: a user's
+        checkpoint damaged since) or that the tracker names is moved aside to ``<path>.kept-<time>``; any other
+        (a killed attempt's half-written leftovers, which must not mix with the new files) is removed."""
+        complete = is_complete(path, components)
+        if complete or tracked or os.path.exists(os.path.join(path, MANIFEST)):
             kept = f"{path}.kept-{time.strftime('%Y%m%d-%H%M%S')}"
             os.rename(path, kept)
-            logger.warning("%s is a complete checkpoint the tracker does not name (a run resumed from an earlier "
-                           "step is writing this step again): moved it to %s", path, kept)
+            logger.warning("%s is a %s checkpoint (a run resumed from an earlier step is writing this step again): "
+                           "moved it to %s", path, "complete" if complete else "damaged", kept)
         else:
             logger.info("removing %s before writing it again (partial, and the tracker does not name it)", path)
             shutil.rmtree(path)
@@ -325,6 +343,16 @@ class CheckpointManager:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
         return removed
+
+
+def _fate_of_damaged(path: str, step: int) -> str:
+    """What happens to the tracker's incomplete step folder ``path`` after a fallback (for the warning)."""
+    if not os.path.isdir(path):
+        return "nothing is deleted"
+    if os.path.exists(os.path.join(path, MANIFEST)):
+        return f"{path} stays as it is until this run saves step {step}, which first moves it to {path}.kept-<time>"
+    return (f"{path} stays as it is until this run saves step {step}, which first moves it to {path}.kept-<time> "
+            f"while the tracker names it, else removes it (it has no manifest: it may never have been written whole)")
 
 
 def _summary(problems: list[str], limit: int = 3) -> str:

@@ -4,6 +4,8 @@
   steps 2 and 4 intact, the tracker says 6, ``global_step_6`` gone: ``resume_mode=auto`` resumes from 4 with a
   warning naming both, and after the run's next saves steps 2 and 4 are still there.
 * A complete step the tracker does not name is moved aside by a save of the same step, never deleted.
+* The tracker deleted: ``auto`` resumes from the newest complete step, with a warning naming the missing tracker.
+* A damaged step the tracker named (resumed from before it) is moved aside whole when the retrain saves that step.
 * Real sharded checkpoints (``FSDPCheckpointManager``, DCP): a missing or truncated shard, with or without the
   manifest, makes ``resume_path`` fail on the driver, before the worker factory is called, naming the file; with
   ``auto`` and nothing complete before it, the error names the tracker's step and the file.
@@ -150,6 +152,61 @@ def test_an_intact_sharded_step_resumes_with_and_without_manifest(tmp_path):
         step = _sharded_step(root, 3, manifest)
         assert CheckpointManager(str(root)).resolve_resume("auto") == str(step)
         assert (step / "checkpoint_manifest.json").exists() == manifest
+
+
+def test_a_deleted_tracker_resumes_from_the_newest_complete_step(tmp_path, caplog):
+    # steps 2 and 4 written, then the tracker is deleted: auto resumes from 4 (the newest complete), never from scratch
+    _fit(make_config(tmp_path, total_training_steps=4, save_freq=2, test_freq=-1))
+    root = tmp_path / "ckpt"
+    for step in (2, 4):  # a step folder rewritten by a fresh start would lose this file
+        (root / f"global_step_{step}" / "NOTE").write_text("mine")
+    (root / "latest_checkpointed_iteration.txt").unlink()
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
+        resumed = _fit(make_config(tmp_path, total_training_steps=5, save_freq=2, test_freq=-1))
+    assert (f"{root / 'latest_checkpointed_iteration.txt'} is missing, but {root} holds global_step_* folders: "
+            f"resuming from {root / 'global_step_4'}, the newest complete one") in caplog.text
+    assert resumed.global_steps == 5
+    assert os.listdir(root / "global_step_4") and _steps(root) == ["global_step_2", "global_step_4", "global_step_5"]
+    assert all((root / f"global_step_{s}" / "NOTE").read_text() == "mine" for s in (2, 4))  # none rewritten/moved
+    # a damaged newest step is skipped; a folder without a manifest (a killed first save's) is none: a fresh start
+    (root / "global_step_5" / "actor" / "state.json").unlink()
+    (root / "latest_checkpointed_iteration.txt").unlink()
+    assert CheckpointManager(str(root)).resolve_resume("auto") == str(root / "global_step_4")
+    bare = tmp_path / "bare"
+    (bare / "global_step_1" / "actor").mkdir(parents=True)
+    assert CheckpointManager(str(bare)).resolve_resume("auto") is None
+
+
+def _writer(text):
+    def save(path):
+        os.makedirs(path)
+        Path(path, "w.bin").write_text(text)
+    return save
+
+
+@pytest.mark.parametrize("next_save", [4, 3], ids=["tracker-still-names-it", "after-an-earlier-save"])
+def test_a_damaged_tracked_step_is_moved_aside_when_its_step_is_saved_again(tmp_path, caplog, next_save):
+    root = tmp_path / "ckpt"
+    mgr = CheckpointManager(str(root))
+    for step in (2, 4):
+        mgr.save(step, {"actor": _writer(f"first run, step {step}")}, {"epoch": 0})
+    (root / "global_step_4" / "NOTE").write_text("mine")
+    (root / "global_step_4" / "actor" / "w.bin").unlink()  # the tracker's step 4 loses a file: damaged
+    damaged = root / "global_step_4"
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
+        assert mgr.resolve_resume("auto", components=("actor",)) == str(root / "global_step_2")
+    assert (f"resuming from {root / 'global_step_2'}, the newest complete one before it; {damaged} stays as it is "
+            f"until this run saves step 4, which first moves it to {damaged}.kept-<time>") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
+        for step in range(next_save, 5):  # the retrain saves 4 (save_freq 2) or 3 and then 4 (save_freq 1)
+            mgr.save(step, {"actor": _writer(f"second run, step {step}")}, {"epoch": 0})
+    kept = [n for n in os.listdir(root) if n.startswith("global_step_4.kept-")]
+    assert len(kept) == 1 and f"{damaged} is a damaged checkpoint" in caplog.text
+    assert f"moved it to {root / kept[0]}" in caplog.text
+    assert (root / kept[0] / "NOTE").read_text() == "mine"  # the damaged folder is whole, not overwritten
+    assert (damaged / "actor" / "w.bin").read_text() == "second run, step 4" and not (damaged / "NOTE").exists()
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "4"
 
 
 _HOLDER = """
