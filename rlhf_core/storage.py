@@ -6,12 +6,17 @@ is one line: what was being written, its path, why, and what is still there. The
 error as that one line and exit 1 (:func:`rlhf_core.cli.run_command`), wherever it was raised: in the driver, or
 in a Ray worker (:func:`storage_cause` finds it under Ray's wrapper).
 
+A full disk does not always arrive as an ``OSError``: ``torch.save`` into a file (and so DCP, which also wraps
+every rank's error in its ``CheckpointException``) reports a failed write as ``RuntimeError: ... unexpected pos``.
+:func:`full_disk_cause` recognises such a failure by the space left where it was writing.
+
 Not from verl (verl lets these errors surface as tracebacks). Import-light: no torch, no MLflow.
 """
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -28,16 +33,53 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 def storage_cause(exc: BaseException) -> OSError | None:
-    """The storage error (:func:`is_storage_error`) that ``exc`` is or wraps: followed through ``__cause__`` and
-    Ray's ``RayTaskError.cause`` (an error raised in a worker), at most 8 levels; None when there is none."""
+    """The storage error (:func:`is_storage_error`) that ``exc`` is or wraps: followed through ``__cause__``,
+    Ray's ``RayTaskError.cause`` (an error raised in a worker) and each rank's error of DCP's ``CheckpointException``,
+    at most 8 levels; None when there is none."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             return None
         if is_storage_error(seen):
             return seen  # type: ignore[return-value]
+        failures = getattr(seen, "failures", None)  # DCP's CheckpointException: {rank: (error, traceback)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                inner = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(inner, BaseException) and storage_cause(inner) is not None:
+                    return storage_cause(inner)
         seen = getattr(seen, "cause", None) or seen.__cause__
     return None
+
+
+FULL_DISK_SLACK = 1 << 20
+"""Bytes: a write that failed with less than this free where it was writing failed because the disk is full."""
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged writer may still use on the file system of ``path`` (its nearest existing folder;
+    ``shutil.disk_usage``' ``free``, i.e. ``statvfs`` ``f_bavail × f_frsize``)."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def full_disk_cause(exc: BaseException, path: str | os.PathLike) -> OSError | None:
+    """The storage error behind a failed write to ``path``, or None when the failure is not the storage's.
+
+    :func:`storage_cause` when ``exc`` is or wraps one; else, when less than :data:`FULL_DISK_SLACK` bytes are
+    free at ``path`` (:func:`free_bytes`; call it before removing what the failed write left), an ``OSError``
+    ``ENOSPC`` standing for ``exc`` (``torch.save``' ``unexpected pos``, DCP's ``CheckpointException``).
+    """
+    cause = storage_cause(exc)
+    if cause is not None:
+        return cause
+    try:
+        full = free_bytes(path) < FULL_DISK_SLACK
+    except OSError:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if full else None
 
 
 def storage_error(exc: OSError, what: str, path: str | os.PathLike, kept: str) -> StorageError:
@@ -79,5 +121,5 @@ def sqlite_store_path(uri: str | None) -> str | None:
     return None
 
 
-__all__ = ["STORAGE_ERRNOS", "StorageError", "is_storage_error", "read_only_reason", "sqlite_store_path",
-           "storage_cause", "storage_error"]
+__all__ = ["FULL_DISK_SLACK", "STORAGE_ERRNOS", "StorageError", "free_bytes", "full_disk_cause", "is_storage_error",
+           "read_only_reason", "sqlite_store_path", "storage_cause", "storage_error"]

@@ -43,6 +43,7 @@ import torch
 
 from rlhf_core.atomic import atomic_write, atomic_write_text
 from rlhf_core.safe_load import CheckpointError, load_state
+from rlhf_core.storage import StorageError, free_bytes, full_disk_cause
 from rlhf_core.trainer.checkpoint_integrity import MANIFEST, is_complete, step_problems, write_manifest
 from rlhf_core.trainer.checkpoint_lock import CheckpointDirLock
 
@@ -249,9 +250,11 @@ class CheckpointManager:
             the local ``global_step_N`` directory.
 
         Raises:
-            OSError: a component failed to write (e.g. ``ENOSPC``, a full disk), same ``errno``, naming the step
-                folder, the component and the last complete checkpoint; the partial step folder is removed first
-                and the tracker is untouched.
+            StorageError: a component failed to write because the disk is full or read-only (``ENOSPC``, also as
+                DCP's ``unexpected pos``; ``EDQUOT``; ``EROFS``), same ``errno``, naming the step folder, the
+                component, the bytes free and the last complete checkpoint; the partial step folder is removed first
+                and the tracker is untouched (:meth:`finish_pending` likewise for ``async_save``). Other errors
+                propagate unchanged.
         """
         self.finish_pending()
         path = step_dir(self.root, global_step)
@@ -267,11 +270,11 @@ class CheckpointManager:
                 if state is not None:
                     with atomic_write(os.path.join(path, part)) as fh:
                         torch.save(state, fh)
-        except OSError as exc:  # e.g. ENOSPC: drop the partial step folder (never the one the tracker names)
-            self._discard_partial(path)
-            raise OSError(exc.errno, f"checkpoint {path}: writing {part!r} failed ({exc.strerror or exc}); the partial "
-                                     f"checkpoint was removed, the last complete one is still "
-                                     f"{find_latest_checkpoint(self.root)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a full disk here or in a worker: one line (else re-raised)
+            failed = self._write_failed(path, part, exc)
+            if failed is None:
+                raise
+            raise failed from exc
         self._pending = (global_step, path, list(wait_fns or []), tuple(save_fns))
         if wait_fns is None:
             self.finish_pending()
@@ -292,10 +295,27 @@ class CheckpointManager:
             logger.info("removing %s before writing it again (partial, and the tracker does not name it)", path)
             shutil.rmtree(path)
 
-    def _discard_partial(self, path: str) -> None:
-        """Remove the step folder ``path`` whose write failed, unless the tracker names it (a re-save of that step)."""
-        if find_latest_checkpoint(self.root) != path:
-            shutil.rmtree(path, ignore_errors=True)
+    def _write_failed(self, path: str, part: str, exc: Exception) -> StorageError | None:
+        """The error to raise instead of ``exc``, raised while writing ``part`` of the step folder ``path``.
+
+        A storage failure (:func:`rlhf_core.storage.full_disk_cause`: ``ENOSPC``/``EDQUOT``/``EROFS`` here or in a
+        worker, or DCP's ``unexpected pos`` with the disk full) removes ``path`` unless the tracker names it (a
+        re-save of that step) and becomes one :class:`StorageError` line naming the folder, the cause (with the
+        bytes free, from the worker) and the last complete checkpoint; None for any other error (re-raise it)."""
+        cause = full_disk_cause(exc, path)
+        if cause is None:
+            return None
+        reason = cause.strerror or os.strerror(cause.errno)
+        if "bytes free" not in reason:
+            reason = f"{reason}: {free_bytes(path)} bytes free on its disk"
+        last = find_latest_checkpoint(self.root)
+        if last == path:
+            return StorageError(cause.errno, f"checkpoint {path}: writing {part!r} failed ({reason}); the tracker "
+                                             f"names this step, so its folder was left as it is")
+        shutil.rmtree(path, ignore_errors=True)
+        kept = f"the last complete one is still {last}" if last else f"no complete checkpoint exists in {self.root}"
+        return StorageError(cause.errno, f"checkpoint {path}: writing {part!r} failed ({reason}); the partial "
+                                         f"checkpoint was removed, {kept}")
 
     def finish_pending(self) -> str | None:
         """Complete the last save: wait for its components, then the manifest, tracker, upload, prune; returns its
@@ -304,8 +324,14 @@ class CheckpointManager:
         if pending is None:
             return None
         global_step, path, wait_fns, components = pending
-        for wait in wait_fns:
-            wait()
+        try:
+            for wait in wait_fns:
+                wait()
+        except Exception as exc:  # noqa: BLE001 - a full disk while a worker wrote in the background: one line
+            failed = self._write_failed(path, "/".join(components), exc)
+            if failed is None:
+                raise
+            raise failed from exc
         write_manifest(path, global_step, components)
         write_tracker(self.root, global_step)
         if self.hdfs_dir:

@@ -13,7 +13,9 @@ per rank, are not carried over but re-derived on every rank from the seed, the r
 (:func:`derive_seed`), and a log line says so. Such a run is not bit-identical to one that kept W ranks.
 
 Writes go to ``<local_path>.tmp`` and are renamed into place by rank 0 once every rank has finished, so a
-crash never leaves a half-written ``local_path`` (an older checkpoint at that path is replaced only then).
+crash never leaves a half-written ``local_path`` (an older checkpoint at that path is replaced only then). A write
+that fails on a full disk (DCP reports it as ``RuntimeError: ... unexpected pos``, not as ``ENOSPC``:
+:func:`rlhf_core.storage.full_disk_cause`) raises a ``StorageError`` ``ENOSPC`` giving the bytes that were free.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rlhf_core.atomic import replace_directory
 from rlhf_core.faults import fault_point
 from rlhf_core.safe_load import dcp_load, load_state
+from rlhf_core.storage import StorageError, free_bytes, full_disk_cause
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank, world_size
 from rlhf_core.workers.optim import keep_optimizer_implementation
@@ -144,6 +147,10 @@ class FSDPCheckpointManager:
         With ``async_save`` the state is first copied (model/optimizer shards, RNG, scheduler, and the full
         weights for ``hf_model``), then written by a background thread over a checkpoint-only gloo group while
         training goes on; :meth:`wait` blocks until it is on disk. A previous pending save is waited for first.
+
+        Raises:
+            StorageError: the disk filled up (``ENOSPC``; the message gives the bytes free when the write failed);
+                ``<local_path>.tmp`` is removed and ``local_path`` untouched (with ``async_save``, from :meth:`wait`).
         """
         local_path = os.path.abspath(os.path.expanduser(local_path))
         self.wait()
@@ -182,9 +189,17 @@ class FSDPCheckpointManager:
                 torch.save(extra, self._extra_path(tmp))
             if rank() == 0:
                 self._save_hf(os.path.join(tmp, "huggingface"), full)
-        except BaseException:  # e.g. ENOSPC: leave no half-written <path>.tmp behind; <path> itself is untouched
+        except BaseException as exc:  # e.g. ENOSPC: leave no half-written <path>.tmp behind; <path> is untouched
+            # DCP's CheckpointException is a BaseException, not an Exception
+            stop = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            disk_full = None if stop else full_disk_cause(exc, tmp)
+            free = free_bytes(tmp) if disk_full is not None else 0  # measured before the clean-up frees space again
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            if disk_full is None:
+                raise
+            reason = disk_full.strerror or os.strerror(disk_full.errno)
+            raise StorageError(disk_full.errno, f"{reason}: {free} bytes free on the disk of {local_path} when the "
+                                                f"write failed") from exc
         _barrier(pg)
         if rank() == 0:
             replace_directory(tmp, local_path)

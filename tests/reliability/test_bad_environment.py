@@ -24,20 +24,50 @@ def _closed_port() -> int:
 
 
 # ---- full disk during a checkpoint write -----------------------------------------------------------------------
-def test_full_disk_during_checkpoint_write_keeps_the_last_one(tiny_model_dir, tmp_path, monkeypatch):
-    import torch
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``mount(size_bytes) -> folder``: a real tmpfs at ``tmp_path/disk`` of that size (again: resized in place);
+    unmounted afterwards. Skips, saying why, where this process may not mount (it needs root)."""
+    mnt = tmp_path / "disk"
 
+    def mount(size: int):
+        mounted = os.path.ismount(mnt)
+        mnt.mkdir(exist_ok=True)
+        opts = (["-o", f"remount,size={size}"] if mounted else ["-t", "tmpfs", "-o", f"size={size}", "tmpfs"])
+        proc = subprocess.run(["mount", *opts, str(mnt)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+        return mnt
+
+    yield mount
+    if os.path.ismount(mnt):
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fit_one_more_half(mount, disk) -> tuple[int, int]:
+    """Shrink the tmpfs ``disk`` (holding one checkpoint) to what it uses plus half of it: the next checkpoint,
+    as big as the first, fills it half way through. Returns the bytes used and the bytes then free."""
+    import shutil
+
+    used = shutil.disk_usage(disk).used  # tmpfs counts whole 4 KiB pages: the first checkpoint, as stored
+    mount(used + used // 2)
+    return used, shutil.disk_usage(disk).free
+
+
+def test_full_disk_during_checkpoint_write_keeps_the_last_one(tiny_model_dir, tmp_path, tmpfs):
+    """A real full disk: the checkpoint folder is a tmpfs sized to the first checkpoint and a half. DCP reports the
+    failed write as ``RuntimeError: ... unexpected pos`` (not ENOSPC); the save names the disk as full anyway."""
     from rlhf_core.config import load_config
     from rlhf_core.distributed import LocalWorkerGroup
+    from rlhf_core.storage import StorageError
     from rlhf_core.trainer.checkpoint_manager import CheckpointManager, find_latest_checkpoint
-    from rlhf_core.workers import checkpoint as worker_ckpt
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
     data = write_parquet(tmp_path / "train.parquet", good_rows(4))
     cfg = load_config("ppo_trainer", ppo_overrides(tiny_model_dir, data))
     wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
     wg.execute_all("init_model")
-    root = tmp_path / "ckpt"
+    root = tmpfs(64 << 20) / "ckpt"
     mgr = CheckpointManager(str(root))
 
     def save(step):
@@ -45,26 +75,21 @@ def test_full_disk_during_checkpoint_write_keeps_the_last_one(tiny_model_dir, tm
                         {"epoch": 0, "batches_done": step})
 
     save(1)
-    before = listing(root)
-    real_save = torch.save
-
-    def disk_full(obj, f, *args, **kwargs):  # the worker's extra-state write: half the bytes, then ENOSPC
-        if isinstance(f, str) and "extra_state" in f:
-            with open(f, "wb") as fh:
-                fh.write(b"\0" * 64)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f)
-        return real_save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(worker_ckpt.torch, "save", disk_full)
-    with pytest.raises(OSError) as info:
+    before = {p: (root / p).stat().st_size for p in listing(root)}
+    used, free = fit_one_more_half(tmpfs, root.parent)
+    assert used // 2 <= free < used // 2 + 4096  # half a checkpoint is free (the size rounded up to a 4 KiB page)
+    with pytest.raises(StorageError) as info:
         save(2)
-    assert info.value.errno == errno.ENOSPC
-    assert str(info.value).startswith(
-        f"[Errno {errno.ENOSPC}] checkpoint {root}/global_step_2: writing 'actor' failed (No space left on device); "
-        f"the partial checkpoint was removed, the last complete one is still {root}/global_step_1")
-    assert listing(root) == before  # no global_step_2, no actor.tmp; the tracker still names step 1
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC and "\n" not in message
+    assert message.startswith(f"[Errno {errno.ENOSPC}] checkpoint {root}/global_step_2: writing 'actor' failed (No "
+                              f"space left on device: ")
+    free = int(message.split("No space left on device: ")[1].split(" ")[0])
+    assert 0 <= free < 1 << 20  # the disk was full when the write failed
+    assert message.endswith(f"bytes free on the disk of {root}/global_step_2/actor when the write failed); the "
+                            f"partial checkpoint was removed, the last complete one is still {root}/global_step_1")
+    assert {p: (root / p).stat().st_size for p in listing(root)} == before  # no global_step_2, no actor.tmp
     assert find_latest_checkpoint(str(root)) == str(root / "global_step_1")
-    monkeypatch.setattr(worker_ckpt.torch, "save", real_save)
     wg.execute_all("load_checkpoint", str(root / "global_step_1" / "actor"))  # still loadable
 
 
