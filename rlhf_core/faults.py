@@ -14,6 +14,8 @@ and goes on, so the fault fires once per run. The points:
   tracker ``latest_checkpointed_iteration.txt``;
 * ``driver`` — the PPO driver between steps: step ``<step> - 1`` is complete (metrics logged, checkpoint written
   when due), step ``<step>`` has not started.
+* ``validate`` — the PPO driver at the start of a validation at global step ``<step>`` (``Validator.validate``: in a
+  segment, or in the ``validate`` task's validation-only run of the checkpoint of step ``<step>``).
 
 Without ``RLHF_FAULT`` a call is one dictionary lookup. Tests: ``tests/reliability/test_faults.py``.
 """
@@ -25,7 +27,7 @@ import signal
 
 FAULT_ENV = "RLHF_FAULT"
 MARKER_ENV = "RLHF_FAULT_MARKER"
-POINTS = ("generate", "update_actor", "checkpoint_write", "driver")
+POINTS = ("generate", "update_actor", "checkpoint_write", "driver", "validate")
 _STEP_DIR = re.compile(r"global_step_(\d+)$")
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlhf_core.faults import fault_point
 from rlhf_core.metrics.samples import trajectory_columns, write_samples_parquet
 from rlhf_core.metrics.validation import process_validation_metrics, val_metrics_to_names
 from rlhf_core.protocol import Batch
@@ -45,6 +46,7 @@ class Validator:
         ``val-aux/reward/num_errors``: the samples scored 0 because their score could not be computed."""
         if self.val_reward_fn is None or self.val_dataloader is None:
             return {}
+        fault_point("validate", int(global_step))  # test-only (RLHF_FAULT); free when unset
         rows: list[dict[str, Any]] = []
         if hasattr(self.val_dataloader, "batches_done"):
             # a ResumableDataLoader: epoch e is a seeded shuffle (data.validation_shuffle); the order of a validation
