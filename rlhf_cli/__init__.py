@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "ppo": ("rlhf_core.trainer.commands", "ppo_main", "PPO / GRPO / RLOO / REINFORCE++ training (ppo_trainer.yaml keys)"),
     "sft": ("rlhf_core.trainer.commands", "sft_main", "supervised fine-tuning (sft_trainer.yaml keys)"),
     "eval": ("rlhf_core.trainer.commands", "eval_main", "score a responses parquet (evaluation.yaml keys)"),
+    "generate": ("rlhf_core.trainer.commands", "generate_main", "responses of a model to a prompts parquet (generation.yaml keys)"),
     "config": ("rlhf_core.config.cli", "main", "show or check a resolved config: rlhf config show|check [overrides]"),
     "data": ("rlhf_core.data.cli", "main", "prepare datasets: rlhf data gsm8k|countdown --out OUT ..."),
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),

@@ -68,6 +68,19 @@ def evaluation_remote(overrides: list[str]) -> dict[str, Any]:
     return _plain(run_evaluation(load_config("evaluation", overrides)))
 
 
+def generation_remote(overrides: list[str]) -> dict[str, Any]:
+    """``run_generation(load_config("generation", overrides))`` (``rlhf generate``): returns ``output_path`` (the
+    responses parquet written), ``rows`` (its prompts) and ``responses`` (per row: ``data.n_samples``)."""
+    import pyarrow.parquet as pq
+
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.main_generation import run_generation
+
+    config = load_config("generation", overrides)
+    path = run_generation(config)
+    return {"output_path": path, "rows": pq.read_metadata(path).num_rows, "responses": int(config.data.n_samples)}
+
+
 def merge_remote(actor_dir: str, target_dir: str) -> str:
     """``merge_checkpoint(actor_dir, target_dir)``: an actor checkpoint as a loadable HF folder."""
     from rlhf_core.workers.merger import merge_checkpoint

@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf_core.redact import redact
 
 from .errors import ConfigError
+from .generation_keys import validate_generation_config
 from .notices import ConfigNotice, changed_paths, effect_notices, named_engine_keys, resolve_aliases
 from .overrides import apply_overrides, parse_override
 from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
@@ -22,7 +23,7 @@ from .structured import schema_paths, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
 from .yaml_file import read_yaml_mapping
 
-CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
+CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation", "generation")
 
 
 def config_dir() -> str:
@@ -41,12 +42,15 @@ def _kind_of(user: DictConfig, path: Path) -> str:
     keys = set(user.keys())
     if "actor_rollout_ref" in keys or "algorithm" in keys or "critic" in keys:
         return "ppo_trainer"
+    if "rollout" in keys or ("data" in keys and "n_samples" in user.data):
+        return "generation"
     if "optim" in keys or "model" in keys:
         return "sft_trainer"
     if "data" in keys and "path" in user.data:
         return "evaluation"
-    raise ConfigError(f"Cannot tell which config {path} extends: name it ppo_trainer.yaml, sft_trainer.yaml or "
-                      f"evaluation.yaml, or include actor_rollout_ref (PPO), model/optim (SFT) or data.path.")
+    raise ConfigError(f"Cannot tell which config {path} extends: name it ppo_trainer.yaml, sft_trainer.yaml, "
+                      f"evaluation.yaml or generation.yaml, or include actor_rollout_ref (PPO), rollout (generation), "
+                      f"model/optim (SFT) or data.path.")
 
 
 def load_base(name: str, config_dir: str | None = None) -> DictConfig:
@@ -122,7 +126,7 @@ def _remember_secrets(overrides: Sequence[str]) -> None:
 def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
     """Load a config, apply verl-style overrides, resolve, convert deprecated keys and validate.
 
-    ``name``: "ppo_trainer", "sft_trainer", "evaluation" (from ``config_dir``, default the repo's
+    ``name``: "ppo_trainer", "sft_trainer", "evaluation", "generation" (from ``config_dir``, default the repo's
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
     ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are
@@ -157,6 +161,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         validate_ppo_config(cfg)
     elif kind == "sft_trainer":
         validate_sft_config(cfg)
+    elif kind == "generation":
+        validate_generation_config(cfg)
     for notice in effect_notices(cfg, user_set, kind):
         warnings.warn(notice, ConfigNotice, stacklevel=2)
     return to_typed(kind, cfg)

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
+from .generation_keys import GEN_CHOICES, GEN_EFFECT, GEN_NULL_OK, GEN_SUPPORT, GEN_TYPES
 from .status06 import (BACKEND_VALUES, CHOICES06, EFFECT06, EFFECT_IN, NO_EFFECT_ON_CPU, NO_EFFECT_YET, OPEN06,
                        SUPPORT06)
 
@@ -205,6 +206,12 @@ OPEN_PATHS = (_A + "model.override_config.model_config", _A + "rollout.engine_kw
 SUPPORT.update(SUPPORT06)
 EFFECT.update(EFFECT06)
 CHOICES.update(CHOICES06)
+# configs/generation.yaml's keys (rlhf_core/config/generation_keys.py)
+TYPES.update(GEN_TYPES)
+NULL_OK.update(GEN_NULL_OK)
+CHOICES.update(GEN_CHOICES)
+SUPPORT.update(GEN_SUPPORT)
+EFFECT_IN["generation"] = GEN_EFFECT
 
 
 def is_open(path: str) -> bool:

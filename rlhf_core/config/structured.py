@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from .errors import ConfigError
 from .schema import NULL_OK, OPEN_PATHS, TYPES, flatten
 
-SCHEMA_NAMES = ("ppo_trainer", "sft_trainer", "evaluation")
+SCHEMA_NAMES = ("ppo_trainer", "sft_trainer", "evaluation", "generation")
 _SEP = "__"
 _SCALARS = {bool: bool, int: int, float: float, str: str}
 

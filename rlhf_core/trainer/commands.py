@@ -1,10 +1,11 @@
-"""``rlhf ppo|sft|eval``: the command line, import-light.
+"""``rlhf ppo|sft|eval|generate``: the command line, import-light.
 
 Each ``main(argv) -> int`` here parses the command line, loads and validates the config, and runs the cheap
 checks that need no torch (a hub id that cannot load here, :mod:`rlhf_core.models.hub`) **before** the trainer
 module is imported: torch, Ray and transformers take 7-16 s to import, so ``--help``, a bad flag, an unknown key
 or an unreachable hub id answer in about a second. ``rlhf_core.trainer.main_ppo`` / ``main_sft`` / ``main_eval``
-re-export these ``main`` functions (``python -m rlhf_core.trainer.main_ppo`` works as before).
+re-export these ``main`` functions (``python -m rlhf_core.trainer.main_ppo`` works as before; ``main_generation.main``
+calls ``generate_main``).
 
 Ctrl-C (SIGINT) during ``rlhf ppo`` or ``rlhf sft`` prints one line naming the last complete checkpoint under
 ``trainer.default_local_dir`` and how to resume (:func:`resume_hint`), and exits 130.
@@ -82,6 +83,15 @@ def _run_sft(config: DictConfig) -> dict[str, Any]:
     return run_sft(config)
 
 
+def _run_generation(config: DictConfig) -> str:
+    from rlhf_core.models.hub import check_hub_model
+
+    check_hub_model("model.path", str(config.model.path))  # before 10 s of imports
+    from rlhf_core.trainer.main_generation import run_generation
+
+    return run_generation(config)
+
+
 def _run_eval(config: DictConfig) -> dict[str, float]:
     from rlhf_core.trainer.evaluation import run_evaluation
 
@@ -109,3 +119,11 @@ eval_main = config_command(
     "as JSON\n(verl's evaluation.yaml keys; like python -m verl.trainer.main_eval).",
     "rlhf eval data.path=responses.parquet data.response_key=responses", _run_eval,
     lambda metrics: json.dumps(metrics, indent=2, sort_keys=True))
+
+generate_main = config_command(
+    "rlhf generate", "generation", "Generate data.n_samples responses per prompt of a parquet with any model and write\n"
+    "the rows plus a responses column (verl's generation.yaml keys; like python -m verl.trainer.main_generation);\n"
+    "rlhf eval data.path=<data.output_path> scores it.",
+    "rlhf generate data.path=test.parquet model.path=MODEL data.output_path=responses.parquet data.n_samples=4 "
+    "rollout.temperature=1.0 rollout.response_length=256", _run_generation,
+    lambda path: f"responses written: {path}")
