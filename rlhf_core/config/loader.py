@@ -102,13 +102,27 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     kind = _kind_of(user, path)
     base = load_base(kind, config_dir)
     known = set(all_paths(base))
-    for key in flatten(user, resolve=False):
+    for key, value in flatten(user, resolve=False).items():
         if key not in known and not is_open(key):
             raise unknown_key_error(key, known, f" (in {path})")
+        _refuse_value_for_section(base, key, value, path, kind)
     cfg = copy.deepcopy(base)
     with open_dict(cfg):
         cfg.merge_with(user)
     return kind, base, cfg
+
+
+def _refuse_value_for_section(base: DictConfig, key: str, value: object, path: Path, kind: str) -> None:
+    """ConfigError (one line naming the file and the key) when the user file sets ``key``, a section of the shipped
+    config (e.g. ``trainer: 5``), to a value rather than to keys below it; merged, it would delete every key of the
+    section, ``null`` too (``trainer:`` with nothing below it). Free-form sections are left alone."""
+    section = OmegaConf.select(base, key, throw_on_resolution_failure=False)
+    if is_open(key) or not isinstance(section, DictConfig) or isinstance(value, dict):
+        return
+    sub = ", ".join(f"{key}.{k}" for k in list(section.keys())[:2])
+    shown = "null" if value is None else repr(value)
+    raise ConfigError(f"{path}: {key} is a section of {kind}.yaml (keys such as {sub}), not a value: got "
+                      f"{key}: {shown}; set its keys on the lines below it, indented, or remove the line")
 
 
 def _remember_secrets(overrides: Sequence[str]) -> None:

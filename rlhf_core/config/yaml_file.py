@@ -1,5 +1,6 @@
 """Reading a YAML file that must hold a mapping (a config, ``pipeline.yaml``, a preset): one error line naming the
-file, and the line and column of a syntax error, instead of PyYAML's multi-line traceback."""
+file, and the line and column of a syntax error or the key and lines of a duplicate key, instead of PyYAML's (or
+OmegaConf's) multi-line messages."""
 
 from __future__ import annotations
 
@@ -21,14 +22,37 @@ def yaml_syntax_error(path: str | Path, exc: yaml.YAMLError) -> str:
     return f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
+def _duplicate_key(node: yaml.Node, prefix: str = "", seen: set[int] | None = None) -> str | None:
+    """``<dotted key> (lines A and B)`` for the first key that a mapping of the composed ``node`` holds twice (1-based
+    lines, as editors count), or None; PyYAML's ``safe_load`` would keep the last one silently."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already walked
+        return None
+    seen.add(id(node))
+    children: list[tuple[str, yaml.Node]] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if name is not None and name != "<<":
+                if name in first:
+                    return f"'{prefix}{name}' (lines {first[name]} and {key_node.start_mark.line + 1})"
+                first[name] = key_node.start_mark.line + 1
+            children.append((f"{prefix}{name}.", value_node))
+    elif isinstance(node, yaml.SequenceNode):
+        children = [(f"{prefix.rstrip('.')}[{i}].", item) for i, item in enumerate(node.value)]
+    return next((d for child_prefix, child in children if (d := _duplicate_key(child, child_prefix, seen))), None)
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of the YAML file ``path`` (``{}`` for an empty file), parsed with ``yaml.safe_load``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ConfigError: (a ``ValueError``) one line naming ``path``: it cannot be read (the OS reason), it is not
-            valid YAML (with the 1-based line and column, :func:`yaml_syntax_error`), or its top level is not a
-            mapping of ``key: value`` lines (naming the type found, e.g. ``list``).
+            valid YAML (with the 1-based line and column, :func:`yaml_syntax_error`), a mapping holds a key twice
+            (naming the dotted key and both lines), or its top level is not a mapping of ``key: value`` lines
+            (naming the type found, e.g. ``list``).
     """
     if not Path(path).exists():
         raise FileNotFoundError(f"{path}: no such file")
@@ -36,10 +60,17 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        duplicate = _duplicate_key(node) if node is not None else None
+        if duplicate:
+            raise ConfigError(f"{path}: duplicate key {duplicate}: keep one of them")
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_syntax_error(path, exc)) from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -150,7 +150,7 @@ def test_sft_tokenizer_without_chat_template_and_the_data_chat_template_key(tiny
     assert msg.startswith("data.train_batch_size=4 is larger than the 3 training rows")
 
 
-# --- 3. learning rates, loss coefficients and temperatures that are negative or not finite --------------------------------------------------------------
+# --- 3. learning rates, loss coefficients and temperatures that are negative or not finite -----------------------
 
 @pytest.mark.parametrize("key, value, shown, extra", [
     ("actor_rollout_ref.actor.optim.lr", "-0.001", "-0.001", []),
@@ -286,7 +286,21 @@ def test_realistic_tiny_run_passes_the_kv_check(tiny_model_dir, tmp_path):
                                        "start any token (while scanning for the next token)"),
     ("- data.train_batch_size=4\n", "{path}: must hold a mapping of 'key: value' lines at the top level, got a list"),
     ("data.train_batch_size=4\n", "{path}: must hold a mapping of 'key: value' lines at the top level, got a str"),
-], ids=["bad_indent", "tab", "list", "scalar"])
+    # a key given twice (PyYAML would keep the last silently; OmegaConf wrote 4 lines): the dotted key and both lines
+    ("trainer:\n  total_epochs: 2\nalgorithm:\n  adv_estimator: grpo\ntrainer:\n  total_epochs: 3\n",
+     "{path}: duplicate key 'trainer' (lines 1 and 5): keep one of them"),
+    ("algorithm:\n  kl_ctrl:\n    kl_coef: 0.1\n    type: fixed\n    kl_coef: 0.2\n",
+     "{path}: duplicate key 'algorithm.kl_ctrl.kl_coef' (lines 3 and 5): keep one of them"),
+    # a value where the shipped config has a section (merged, it deleted every key of it: 32 lines)
+    ("algorithm:\n  adv_estimator: grpo\ntrainer: 5\n",
+     "{path}: trainer is a section of ppo_trainer.yaml (keys such as trainer.total_epochs, "
+     "trainer.total_training_steps), not a value: got trainer: 5; set its keys on the lines below it, indented, "
+     "or remove the line"),
+    ("algorithm:\n  kl_ctrl:\n", "{path}: algorithm.kl_ctrl is a section of ppo_trainer.yaml (keys such as "
+     "algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef), not a value: got algorithm.kl_ctrl: null; set its keys on "
+     "the lines below it, indented, or remove the line"),
+], ids=["bad_indent", "tab", "list", "scalar", "duplicate", "nested_duplicate", "value_for_section",
+        "empty_section"])
 def test_rlhf_config_check_names_the_bad_yaml_file(tmp_path, capsys, text, expected):
     from rlhf_core.config.cli import main
 
