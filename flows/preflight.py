@@ -1,0 +1,155 @@
+"""Checks of an experiment before any stage runs (``rlhf pipeline --dry-run``, and the flow's own start).
+
+Every stage config loads; the first rows of every data file are read through fsspec (nothing is copied) and checked
+against verl's schema; the model resolves (a local folder with ``config.json``, or a URL that can be reached); the
+reward function file imports and has the named function; every evaluation suite has rows. Nothing is trained and
+no Ray is started. A failed check raises one line naming the experiment file and the dotted field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+from flows.experiment import ExperimentError
+from flows.settings import PipelineSettings, validate_overrides
+
+HEAD_ROWS = 5  # rows read from each data file
+
+
+def _head(url: str, rows: int = HEAD_ROWS) -> Any:
+    """The first ``rows`` rows of the parquet file ``url`` (any fsspec URL or path), as a pyarrow Table.
+
+    Raises:
+        FileNotFoundError: no such file. DataError: not parquet, or no rows.
+    """
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlhf_core.data import DataError
+
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{url} does not exist")
+    try:
+        with fs.open(path, "rb") as fh:
+            reader = pq.ParquetFile(fh)
+            batch = next(reader.iter_batches(batch_size=rows), None)
+            table = pa.Table.from_batches([batch]) if batch is not None else reader.schema_arrow.empty_table()
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{url}: not a readable parquet file ({exc})") from exc
+    if table.num_rows == 0:
+        raise DataError(f"{url}: the file has no rows")
+    return table
+
+
+def _rl_file(url: str, prompt_key: str) -> str:
+    from rlhf_core.data.prepare import check_rl_table
+
+    table = _head(url)
+    check_rl_table(table, url, prompt_key)
+    return f"{url}: first {table.num_rows} rows in verl's RL schema"
+
+
+def _sft_file(url: str) -> str:
+    table = _head(url)
+    return f"{url}: first {table.num_rows} rows read (columns {', '.join(table.column_names)})"
+
+
+def _model(path: str | None, sizes: dict[str, Any]) -> str:
+    import fsspec
+
+    from rlhf_core.data.fs import copy_to_local, is_local
+
+    if path is None:
+        return f"built by build_model from the training text ({sizes or 'default sizes'})"
+    if is_local(path):
+        from pathlib import Path
+
+        folder = Path(copy_to_local(path))
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: no Hugging Face model folder here (no config.json)")
+        return f"{path}: a local Hugging Face folder"
+    try:
+        fs, inner = fsspec.core.url_to_fs(path)
+        found = fs.exists(inner.rstrip("/") + "/config.json") or fs.exists(inner)
+    except Exception as exc:  # noqa: BLE001 - any client error means: cannot be reached
+        raise FileNotFoundError(f"{path} cannot be reached: {type(exc).__name__}: {exc}") from None
+    if not found:
+        raise FileNotFoundError(f"{path} cannot be reached (no such file or folder)")
+    return f"{path}: reachable"
+
+
+def _reward(path: str, name: str) -> str:
+    from rlhf_core.data.fs import copy_to_local
+
+    local = copy_to_local(path)
+    spec = importlib.util.spec_from_file_location("rlhf_reward_preflight", local)
+    if spec is None or spec.loader is None:
+        raise ExperimentError(f"{path} is not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's file: any error on import is reported in one line
+        raise ExperimentError(f"{path} does not import: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(module, name, None)):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise ExperimentError(f"{path} has no function {name!r} (reward.name); it defines {found}")
+    return f"{path}: {name} found"
+
+
+def checks(s: PipelineSettings) -> list[tuple[str, Callable[[], str]]]:
+    """``[(dotted field, check)]`` of an experiment's settings; each check returns its line or raises."""
+    from rlhf_core.data.generators import GENERATORS
+
+    out: list[tuple[str, Callable[[], str]]] = [("stage configs", lambda: (validate_overrides(s), "sft, ppo and "
+                                                 "evaluation overrides load")[1])]
+    if s.generator is not None:
+        def generator() -> str:
+            wrong = GENERATORS[str(s.generator)].missing_source(s.generator_args)
+            if wrong:
+                raise FileNotFoundError(wrong)
+            return f"{s.generator} {s.generator_args}"
+        out.append(("data.generator", generator))
+    for key, files in (("data.train_files", s.train_files), ("data.val_files", s.val_files)):
+        out += [(f"{key}[{i}]", lambda f=f: _rl_file(f, s.prompt_key)) for i, f in enumerate(files)]
+    for key, files in (("sft.train_files", s.sft_train_files), ("sft.val_files", s.sft_val_files)):
+        out += [(f"{key}[{i}]", lambda f=f: _sft_file(f)) for i, f in enumerate(files)]
+    for j, suite in enumerate(s.suites):
+        out += [(f"evaluation.suites[{j}].files[{i}]", lambda f=f: _rl_file(f, s.prompt_key))
+                for i, f in enumerate(suite["files"])]
+    out.append(("model.path", lambda: _model(s.model_path, s.model_sizes)))
+    if s.reward_path is not None:
+        out.append(("reward.path", lambda: _reward(str(s.reward_path), s.reward_name)))
+    return out
+
+
+def run_checks(s: PipelineSettings, say: Callable[[str], Any] | None = None) -> int:
+    """Run :func:`checks` in order, calling ``say`` with ``"ok   <field>: <line>"`` for each.
+
+    Returns:
+        The number of checks run.
+
+    Raises:
+        ExperimentError: the first failed check, one line ``<experiment file>: <field>: <why>`` (a ConfigError
+            from ``validate_overrides`` is raised as it is: it names the stage and the file already).
+    """
+    from rlhf_core.cli import INPUT_ERRORS
+    from rlhf_core.config import ConfigError
+
+    items = checks(s)
+    for field, check in items:
+        try:
+            line = check()
+        except ConfigError as exc:
+            if field == "stage configs":
+                raise
+            raise ExperimentError(f"{s.experiment_file}: {field}: {exc}") from None
+        except (*INPUT_ERRORS, OSError) as exc:
+            raise ExperimentError(f"{s.experiment_file}: {field}: {exc}") from None
+        if say is not None:
+            say(f"ok   {field}: {line}")
+    return len(items)
