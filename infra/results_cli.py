@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+import unicodedata
 from typing import Sequence
 
 EXAMPLE_QUERY = (
@@ -14,32 +14,45 @@ EXAMPLE_QUERY = (
 )
 
 
-# C0/C1 control characters and DEL, and the Unicode bidirectional controls that reorder a terminal line
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Unicode categories escaped: controls (C0, DEL, C1), format characters (bidi controls U+202A-U+202E and
+# U+2066-U+2069, zero-width U+200B-U+200F, soft hyphen U+00AD, BOM U+FEFF, ...), line and paragraph separators
+# (U+2028, U+2029, which some terminals and editors break lines at) and lone surrogates (unprintable)
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def _escape_char(ch: str) -> str:
+    if ch in _NAMED:
+        return _NAMED[ch]
+    if unicodedata.category(ch) not in _ESCAPED_CATEGORIES:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def escape_control(text: str) -> str:
-    """``text`` with every control character written as its Python escape, so model output printed to a terminal
-    can neither move the cursor, clear the screen nor recolour the line (an ANSI ``ESC [2J`` prints as the six
-    characters ``\\x1b[2J``), nor break a table row: newline, carriage return and tab as ``\\n``, ``\\r``,
-    ``\\t``; other C0/C1 characters and DEL as ``\\xNN``; Unicode bidi controls (U+202E...) as ``\\uNNNN``.
-    Other characters (accents, CJK, emoji, ``\\`` itself) are kept."""
-    def escape(match: re.Match) -> str:
-        ch = match.group()
-        return _NAMED.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-    return _CONTROL.sub(escape, text)
+    """``text`` with every control, format and separator character written as its Python escape, so model output
+    printed to a terminal can neither move the cursor, clear the screen nor recolour the line (an ANSI ``ESC [2J``
+    prints as the six characters ``\\x1b[2J``), reorder or hide text, nor break a table row: newline, carriage
+    return and tab as ``\\n``, ``\\r``, ``\\t``; every other character of Unicode category Cc (C0/C1, DEL), Cf
+    (bidi controls U+202E..., zero-width U+200B-U+200F, U+00AD, U+FEFF), Zl/Zp (U+2028, U+2029) or Cs as ``\\xNN``,
+    ``\\uNNNN`` or ``\\UNNNNNNNN``. Other characters (accents, CJK, emoji, ``\\`` itself) are kept."""
+    return "".join(map(_escape_char, text))
 
 
 def format_table(names: list[str], rows: list[tuple], max_width: int = 60) -> str:
-    """Render ``rows`` as a fixed-width text table; column names and cells are escaped (:func:`escape_control`),
-    and cells longer than ``max_width`` (after escaping) are cut with '…'."""
+    """Render ``rows`` as a fixed-width text table, columns joined by `` | ``; column names and cells are escaped
+    (:func:`escape_control`, and ``|`` as ``\\|``, so every ``|`` of a row line is a column border and every line
+    one row), and cells longer than ``max_width`` (after escaping) are cut with '…'."""
+
+    def escaped(value: object) -> str:
+        return escape_control(str(value)).replace("|", "\\|")
 
     def cell(value: object) -> str:
-        text = "NULL" if value is None else escape_control(str(value))
+        text = "NULL" if value is None else escaped(value)
         return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
-    names = [escape_control(str(n)) for n in names]
+    names = [escaped(n) for n in names]
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     line = lambda vals: " | ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731

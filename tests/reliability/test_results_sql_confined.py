@@ -128,3 +128,29 @@ def test_model_text_is_printed_with_control_characters_escaped(store, tmp_path):
 def test_escape_control_keeps_ordinary_text():
     assert escape_control("héllo 世界 🙂 a\\b") == "héllo 世界 🙂 a\\b"
     assert escape_control("\x00\x7f\x85\u2066") == r"\x00\x7f\x85\u2066"
+
+
+@pytest.mark.parametrize("char, shown", [
+    ("\u2028", r"\u2028"), ("\u2029", r"\u2029"),  # line and paragraph separators (Zl, Zp)
+    ("\u200b", r"\u200b"), ("\u200c", r"\u200c"), ("\u200d", r"\u200d"), ("\u200e", r"\u200e"),
+    ("\u200f", r"\u200f"),  # zero-width space/non-joiner/joiner, LRM, RLM
+    ("\u00ad", r"\xad"), ("\ufeff", r"\ufeff"),  # soft hyphen, BOM
+    ("\u202a", r"\u202a"), ("\u202b", r"\u202b"), ("\u202c", r"\u202c"), ("\u202d", r"\u202d"),
+    ("\u202e", r"\u202e"), ("\u2066", r"\u2066"), ("\u2067", r"\u2067"), ("\u2068", r"\u2068"),
+    ("\u2069", r"\u2069"),  # bidi embeddings, overrides and isolates
+    ("\U000e0041", r"\U000e0041"), ("\ud800", r"\ud800"),  # a tag character (Cf, above U+FFFF), a lone surrogate
+])
+def test_format_and_separator_characters_are_escaped(char, shown):
+    assert escape_control(f"a{char}b") == f"a{shown}b"
+
+
+def test_a_cell_cannot_fake_a_column_or_a_row(store, capsys):
+    # each cell hides a column border or a line break; the header too. Printed, every ' | ' is a border (two per
+    # line for three columns) and the table is exactly header, rule, one row, count.
+    rc, out, err = _run("SELECT 'a | b' AS \"x | y\", 'c' || chr(10) || 'd | e' AS p, "
+                        "'f' || chr(8232) || 'g' || chr(8233) || 'h|' AS q", capsys)
+    assert (rc, err) == (0, "")
+    header, rule, row, count = out.splitlines()
+    assert header.split(" | ") == [r"x \| y", "p" + " " * 8, "q"]  # widths: 6, 9 (c \ n d _ \ | _ e), 17
+    assert row.split(" | ") == [r"a \| b", r"c\nd \| e", r"f\u2028g\u2029h\|"]
+    assert rule == "-" * 6 + "-+-" + "-" * 9 + "-+-" + "-" * 17 and count == "(1 row)"
