@@ -6,8 +6,9 @@
 * :func:`run_command` runs a subcommand: ``--help`` exits 0; a bad command line exits 2 (argparse's usage
   line); an **input error** (:data:`INPUT_ERRORS`: a config, data or missing-file error, whose message names
   the key, file or row) prints one line ``rlhf <name>: error: <message>`` and exits 1; so does a full disk or a
-  read-only store (:mod:`rlhf_core.storage`: an ``OSError`` with ``ENOSPC``, ``EDQUOT`` or ``EROFS``, also under a
-  Ray worker's error), naming the path and what was kept; every such line is scrubbed of secrets
+  read-only store (:mod:`rlhf_core.storage`: an ``OSError`` with ``ENOSPC``, ``EDQUOT`` or ``EROFS``), naming the
+  path and what was kept; either also when raised in a Ray worker (:func:`user_error` unwraps Ray's error, whose
+  text is the remote traceback in colour); every such line is scrubbed of secrets
   (:func:`rlhf_core.redact.redact_text`); any other exception
   (``KeyError``, ``AttributeError``...: a bug, or a failing user function) propagates with its traceback.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import signal
 import sys
 import threading
@@ -57,20 +59,40 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
     except KeyboardInterrupt:  # Ctrl-C before a command says more (config_command names the checkpoint)
         print(f"{prog}: interrupted", file=sys.stderr)
         return INTERRUPTED
-    except INPUT_ERRORS as exc:
-        print(f"{prog}: error: {redact_text(str(exc))}", file=sys.stderr)
-        return 1
     except Exception as exc:
-        cause = storage_cause(exc)  # a full disk or read-only store, here or in a Ray worker: its one line
+        cause = user_error(exc)  # an input error or a full disk, here or in a Ray worker: its one line
         if cause is None:
             raise
-        print(f"{prog}: error: {redact_text(_first_line(cause))}", file=sys.stderr)
+        text = str(cause) if cause is exc and isinstance(exc, INPUT_ERRORS) else one_line(cause)  # raised here
+        print(f"{prog}: error: {redact_text(text)}", file=sys.stderr)
         return 1
 
 
-def _first_line(exc: BaseException) -> str:
-    """``str(exc)``'s first line (a storage error's message is one line; Ray appends the worker's traceback)."""
-    text = str(exc).strip()
+def user_error(exc: BaseException) -> BaseException | None:
+    """The input error (:data:`INPUT_ERRORS`) or storage error (:func:`rlhf_core.storage.storage_cause`) that
+    ``exc`` is or wraps, or None. Under Ray's ``RayTaskError`` (an error raised in a worker or a driver on Ray,
+    whose ``str`` is the remote traceback in ANSI colours) the innermost such error is returned: its ``.cause``,
+    followed through nested wrappers, at most 8 levels (storage errors also through ``__cause__``)."""
+    found: BaseException | None = None
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, INPUT_ERRORS):
+            found = seen
+        seen = getattr(seen, "cause", None)
+        if not isinstance(seen, BaseException):
+            seen = None
+    return found if found is not None else storage_cause(exc)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def one_line(exc: BaseException) -> str:
+    """``str(exc)``'s first line without ANSI escape sequences (an input or storage error's message is one line;
+    Ray appends the worker's traceback and colours its header)."""
+    text = _ANSI.sub("", str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 

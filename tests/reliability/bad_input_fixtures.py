@@ -54,6 +54,19 @@ def ppo_overrides(model_dir: str, train_file: str, *extra: str) -> list[str]:
             "trainer.total_epochs=1", *extra]
 
 
+def rlhf_ppo(model_dir: str, train_file: str, ckpt: str | os.PathLike, *extra: str):
+    """Run a real ``rlhf ppo`` subprocess on :func:`ppo_overrides` (no validation) writing checkpoints to ``ckpt``,
+    in the data file's folder; returns the ``subprocess.CompletedProcess`` (text output captured)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CI": "true"}
+    env.pop("RLHF_HOME", None)
+    args = ppo_overrides(model_dir, train_file, f"trainer.default_local_dir={ckpt}", "trainer.test_freq=-1", *extra)
+    return subprocess.run([str(Path(sys.executable).parent / "rlhf"), "ppo", *args], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=Path(train_file).parent)
+
+
 def ppo_error(overrides: list[str], expected: type[BaseException] = Exception) -> str:
     """Run ``run_ppo`` on the config and return its error message; asserts that it failed before Ray started
     (so before any worker, and so any model, was loaded) and that no checkpoint folder was created."""

@@ -93,6 +93,45 @@ def test_full_disk_during_checkpoint_write_keeps_the_last_one(tiny_model_dir, tm
     wg.execute_all("load_checkpoint", str(root / "global_step_1" / "actor"))  # still loadable
 
 
+@pytest.mark.slow
+def test_rlhf_ppo_on_a_disk_that_fills_during_a_checkpoint_stops_in_one_line(tiny_model_dir, tmp_path, tmpfs):
+    """A real ``rlhf ppo`` saves step 1 on a tmpfs; the tmpfs is shrunk to that checkpoint and a half, and a
+    resumed run (loading step 1) fills it while saving step 2: one line naming the step folder, the bytes free and
+    step 1, exit 1, no traceback; no step 2 folder; the tracker and step 1's files unchanged."""
+    import hashlib
+
+    from bad_input_fixtures import rlhf_ppo
+
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    ckpt = tmpfs(64 << 20) / "ckpt"
+    first = rlhf_ppo(tiny_model_dir, data, ckpt, "trainer.total_training_steps=1", "trainer.save_freq=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    step1 = ckpt / "global_step_1"
+
+    def digests():
+        return {p: hashlib.sha256((step1 / p).read_bytes()).hexdigest() for p in listing(step1)
+                if (step1 / p).is_file()}
+
+    before = digests()
+    used, free = fit_one_more_half(tmpfs, ckpt.parent)
+    assert free < used  # the next checkpoint, as big as this one, cannot fit
+    proc = rlhf_ppo(tiny_model_dir, data, ckpt, "trainer.total_training_steps=2", "trainer.save_freq=1",
+                    "trainer.resume_mode=auto")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"resuming from {step1} (global step 1)" in proc.stderr  # step 1 loaded
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rlhf ppo: error:")]
+    assert len(errors) == 1 and proc.stderr.endswith(errors[0] + "\n"), proc.stderr[-3000:]
+    assert errors[0].startswith(f"rlhf ppo: error: [Errno {errno.ENOSPC}] checkpoint {ckpt}/global_step_2: writing "
+                                f"'actor' failed (No space left on device: "), errors[0]
+    assert errors[0].endswith(f" bytes free on the disk of {ckpt}/global_step_2/actor when the write failed); the "
+                              f"partial checkpoint was removed, the last complete one is still {step1}"), errors[0]
+    assert int(errors[0].split("No space left on device: ")[1].split(" ")[0]) < 1 << 20  # it was full
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("global_step")) == ["global_step_1"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert digests() == before  # step 1, which the run loaded, is byte for byte what it was
+
+
 # ---- unreachable Ray cluster -------------------------------------------------------------------------------------
 def test_unreachable_ray_address_fails_fast_naming_it(tiny_model_dir, tmp_path):
     from rlhf_core.data import RemoteUnavailableError

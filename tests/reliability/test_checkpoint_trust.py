@@ -114,6 +114,40 @@ def test_a_pickle_as_a_dcp_item_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
+def test_rlhf_ppo_resume_refuses_a_worker_pickle_in_one_line(tiny_model_dir, tmp_path):
+    """End to end: a real ``rlhf ppo`` saves step 1; a payload planted in the actor worker's extra state (the
+    manifest updated to its size, as an attacker would) is refused by the worker on resume; Ray's colourful
+    traceback is unwrapped to one line naming the file, exit 1, and the payload never ran."""
+    import json
+
+    from bad_input_fixtures import good_rows, rlhf_ppo, write_parquet
+
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    ckpt = tmp_path / "ckpt"
+    first = rlhf_ppo(tiny_model_dir, data, ckpt, "trainer.total_training_steps=1", "trainer.save_freq=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    marker = tmp_path / "pwned"
+    raw = _torch_bytes({"rng": Payload(str(marker)), "lr_scheduler": None, "counters": {}})
+    _assert_payload_is_live(raw, marker, lambda b: torch.load(io.BytesIO(b), weights_only=False))
+    planted = ckpt / "global_step_1" / "actor" / "extra_state_world_size_1_rank_0.pt"
+    planted.write_bytes(raw)
+    manifest = ckpt / "global_step_1" / "checkpoint_manifest.json"
+    listed = json.loads(manifest.read_text())
+    listed["files"]["actor/extra_state_world_size_1_rank_0.pt"] = len(raw)  # the driver's size check passes
+    manifest.write_text(json.dumps(listed))
+    proc = rlhf_ppo(tiny_model_dir, data, ckpt, "trainer.total_training_steps=2", "trainer.save_freq=1",
+                    "trainer.resume_mode=auto")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower() and "refused" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"rlhf ppo: error: {planted}: refused to load"), proc.stderr
+    assert "\x1b" not in errors[0] and proc.stderr.endswith(errors[0] + "\n")  # no colour, nothing after it
+    assert "posix.system" in errors[0]
+    assert not marker.exists()  # the payload did not run, on the driver nor in the worker
+    assert not (ckpt / "global_step_2").exists()
+
+
 @pytest.mark.parametrize("layout", ["verl shard", "dcp metadata"])
 def test_rlhf_merge_refuses_a_planted_pickle(tmp_path, capsys, layout):
     from rlhf_core.workers.merger import main as merge_main
