@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "merge": ("rlhf_core.workers.merger", "main", "merge an FSDP checkpoint into a Hugging Face directory"),
     "results": ("infra.results_cli", "main", "results store: rlhf results sql|compare|register|path"),
     "pipeline": ("flows.rlhf", "main", "run the whole Prefect flow locally (what `make demo` runs)"),
+    "experiment": ("flows.from_verl", "main", "experiment files: rlhf experiment from-verl SCRIPT.sh [--out FILE]"),
     "deploy": ("flows.deploy", "main", "an experiment file as Prefect deployment rlhf/<name>: rlhf deploy FILE"),
 }
 
