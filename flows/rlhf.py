@@ -54,7 +54,7 @@ from tasks.deadline import split_task_options  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
 from tasks.register import gate_verdict, register_model  # noqa: E402
-from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft  # noqa: E402
+from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft, validate  # noqa: E402
 
 
 @flow(name="rlhf", log_prints=True)
@@ -128,7 +128,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             "sft": s.sft_list(), "evaluate": s.eval_list()}}, "config/pipeline.json")
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address,
                            flow_run_name=fr_name, timeouts=split_task_options(s.task_options)[1])
-        prepare_data, build_model, sft, ppo_segment, evaluate, register_model = _configured_tasks(s)
+        prepare_data, build_model, sft, ppo_segment, validate, evaluate, register_model = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id, fr_name)
         upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task,
                                                countdown=s.countdown)
@@ -144,14 +144,14 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             upstream = sft.submit(base_model, data["train"], data["val"], s.sft_list(), ctx,
                                   wait_for=[upstream])
             model = rec("sft", upstream.result())["hf_dir"]
-        ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream)
+        ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream, validate)
         rec.log("ppo")
         evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
-            upstream = evaluate.submit(
-                str(run_dir / "val_samples"), s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"),
-                val_file=data["val"], global_step=int(ppo_result.get("global_step") or 0),
-                wait_for=[upstream])
+            upstream = evaluate.submit(  # generates with the final model on every suite, then scores
+                s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"), val_file=data["val"],
+                global_step=int(ppo_result.get("global_step") or 0), suites=s.suites,
+                ppo_overrides=ppo_result["overrides"], model_path=model, wait_for=[upstream])
             evaluation = upstream.result()
             rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
@@ -225,27 +225,35 @@ def _print_learning(run_dir: Path, val_prompts: int) -> None:
     flow run's logger (``tasks.runlog.log_line``)."""
     from tasks.common import read_jsonl
 
-    rows = [r for f in sorted((run_dir / "metrics").glob("segment_*.jsonl")) for r in read_jsonl(f)]
+    folder = run_dir / "metrics"  # in-segment validations (test_freq) and the validate tasks' files
+    files = [f for pattern in ("segment_*.jsonl", "validate_step_*.jsonl") for f in sorted(folder.glob(pattern))]
+    rows = [r for f in files for r in read_jsonl(f)]
     log_line(plan.learning_line(plan.validation_before_after(rows), val_prompts))  # baseline: the step-0 validation
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:
-    """The six tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into the
+    """The seven tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into the
     flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
     Prefect's own timeout cannot interrupt a sync task's blocking call and warns on every task run."""
     tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
-             "ppo_segment": ppo_segment, "evaluate": evaluate, "register_model": register_model}
+             "ppo_segment": ppo_segment, "validate": validate, "evaluate": evaluate, "register_model": register_model}
     options = split_task_options(s.task_options)[0]
     return tuple(t.with_options(**options.get(name, {})) for name, t in tasks.items())
 
 
 def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
-             ctx: dict[str, Any], ppo_task: Any = ppo_segment, upstream: Any = None) -> tuple[dict[str, Any], Any]:
+             ctx: dict[str, Any], ppo_task: Any = ppo_segment, upstream: Any = None,
+             validate_task: Any = validate) -> tuple[dict[str, Any], Any]:
     """One ``ppo`` MLflow run (and ``runs`` row, whose params are the last segment's whole
-    resolved config); one ppo_segment task per checkpoint boundary, each waiting for the last.
+    resolved config); one ppo_segment task per checkpoint boundary, each followed by a ``validate`` task of its
+    checkpoint (``validate · step 10``), each waiting for the last. ``trainer.val_before_train`` (the preset's or
+    the user's) becomes a ``validate`` task of the starting model at step 0 before the first segment; the segments
+    themselves run without it (``plan.segment_overrides``) and, unless ``trainer.test_freq`` was set, without
+    validation (``plan.ppo_overrides``).
 
     Returns:
-        ``(final segment result with ``run_id`` = the ppo MLflow run, its future)``.
+        ``(final segment result with ``run_id`` = the ppo MLflow run, its last validation's ``val-*`` metrics
+        in ``metrics`` and ``overrides`` = the last segment's list, the future of the last task)``.
     """
     result: dict[str, Any] = {}
     bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
@@ -254,17 +262,28 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
     with stage("ppo", load_config("ppo_trainer", lists[-1]), ctx) as ppo_run_id:
         lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
         lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
+
+        def check(overrides: list[str], checkpoint: str | None, step: int, after: Any) -> Any:
+            return validate_task.submit(overrides, checkpoint, step, ppo_run_id, ctx,
+                                        wait_for=[after] if after is not None else None)
+
+        if load_config("ppo_trainer", lists[0]).trainer.val_before_train:
+            upstream = check(lists[0], None, 0, upstream)
+            upstream.result()
         first = 1
         progress_id = create_ppo_progress(s.ppo_steps)
         for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
             name = ppo_segment_run_name(i, len(bounds), first, stop)
             upstream = ppo_task.with_options(task_run_name=name).submit(
-                overrides, i, ppo_run_id, ctx, progress_id,
+                plan.segment_overrides(overrides), i, ppo_run_id, ctx, progress_id,
                 wait_for=[upstream] if upstream is not None else None)
             result = upstream.result()
+            if result.get("checkpoint_dir"):  # none: the segment trained nothing (a run resumed past its end)
+                upstream = check(overrides, result["checkpoint_dir"], int(result["global_step"]), upstream)
+                result = {**result, "metrics": {**(result.get("metrics") or {}), **upstream.result()["metrics"]}}
             first = stop + 1
         _reward_chart(ppo_run_id, ctx)
-    return {**result, "run_id": ppo_run_id}, upstream
+    return {**result, "run_id": ppo_run_id, "overrides": lists[-1]}, upstream
 
 
 def _reward_chart(ppo_run_id: str, ctx: dict[str, Any]) -> None:

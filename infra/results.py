@@ -234,7 +234,7 @@ class ResultsStore:
     def register_samples(
         self, parquet_paths: Iterable[str], run_id: str, stage: str,
         checkpoint: str | Mapping[int, str] | None = None,
-        questions: Mapping[str, str] | None = None,
+        questions: Mapping[str, str] | None = None, suite: str | None = None,
     ) -> int:
         """Copy sample parquet files into the store, adding ``run_id``, ``stage``, ``prompt_id``,
         ``question`` and ``checkpoint`` columns.
@@ -251,6 +251,9 @@ class ResultsStore:
                 column is kept where this gives none.
             questions: ``{prompt_id: raw question}``; a file's own ``question`` column is kept
                 for rows this does not cover.
+            suite: an evaluation suite: each row's ``data_source`` becomes ``<suite>/<data_source>`` (so
+                comparisons and the regression gate, which group by ``data_source``, work per suite) and a ``suite``
+                column is added; ``prompt_id`` stays that of the original data source (a prompt keeps its id).
 
         Returns:
             Number of rows registered.
@@ -267,6 +270,12 @@ class ResultsStore:
         total = 0
         for path in parquet_paths:
             table = _with_sample_ids(pq.read_table(path), checkpoint, questions or {})
+            if suite is not None:
+                sources = [f"{suite}/{d}" for d in table.column("data_source").to_pylist()]
+                table = table.set_column(table.column_names.index("data_source"), "data_source",
+                                         pa.array(sources, pa.string()))
+                table = table.drop_columns([c for c in ("suite",) if c in table.column_names])
+                table = table.append_column("suite", pa.array([suite] * table.num_rows, pa.string()))
             for col in ("run_id", "stage"):
                 if col in table.column_names:
                     table = table.drop_columns([col])

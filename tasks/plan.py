@@ -150,7 +150,10 @@ def ppo_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str
 
     Every segment uses the same checkpoint folder and ``resume_mode=auto``, so segment k
     (or a retry of it) continues from the latest checkpoint. ``save_freq`` equals the
-    segment size, so each boundary is also a regular checkpoint step.
+    segment size, so each boundary is also a regular checkpoint step. Validation is the
+    ``validate`` task's (:func:`validate_overrides`, one per checkpoint): ``trainer.test_freq`` is -1 here
+    unless the preset or the user set it (those layers win), and the flow runs the segments with
+    :func:`segment_overrides` (no ``val_before_train`` inside a segment).
     """
     run = Path(run_dir)
     pipeline = as_overrides({
@@ -161,14 +164,32 @@ def ppo_overrides(preset: Sequence[str], user: Sequence[str], *, model_path: str
         "algorithm.adv_estimator": adv_estimator,
         "trainer.total_training_steps": total_steps,
         "trainer.save_freq": segment_steps,
-        "trainer.test_freq": segment_steps,
         "trainer.default_local_dir": str(run / "checkpoints"),
         "trainer.validation_data_dir": str(run / "val_samples"),
         "trainer.project_name": experiment,
         "trainer.experiment_name": "ppo",
     })
     segment = as_overrides({"trainer.stop_after_step": stop_after_step, "trainer.resume_mode": "auto"})
-    return merge_overrides(preset, pipeline, user, segment)
+    # validation is the validate task's: no test_freq inside segments, unless the preset or the user set one
+    return merge_overrides(["trainer.test_freq=-1"], preset, pipeline, user, segment)
+
+
+def segment_overrides(ppo_list: Sequence[str]) -> list[str]:
+    """A ppo_segment's overrides: ``ppo_list`` with ``trainer.val_before_train=False`` (the step-0 validation is
+    the ``validate`` task's; a segment, or a retry of one, never validates before its first step)."""
+    return merge_overrides(ppo_list, ["trainer.val_before_train=False"])
+
+
+def validate_overrides(ppo_list: Sequence[str], checkpoint: str | None) -> list[str]:
+    """The ``validate`` task's overrides: the PPO run's ``ppo_list`` in verl's validation-only mode
+    (``trainer.val_only`` + ``val_before_train``) on ``checkpoint`` (a ``global_step_N`` folder:
+    ``resume_mode=resume_path``, so the trainer loads its weights and logs at step N), or on the starting model at
+    step 0 when ``checkpoint`` is None (``resume_mode=disable``). ``del_local_ckpt_after_load`` is off: validating
+    a checkpoint never removes it."""
+    where = ({"trainer.resume_mode": "resume_path", "trainer.resume_from_path": checkpoint} if checkpoint
+             else {"trainer.resume_mode": "disable"})
+    return merge_overrides(ppo_list, as_overrides({"trainer.val_only": True, "trainer.val_before_train": True,
+                                                   "trainer.del_local_ckpt_after_load": False, **where}))
 
 
 def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path: str,
@@ -176,6 +197,71 @@ def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path
     """Overrides for ``evaluation``: score ``responses_path``, write samples to ``samples_dir``."""
     pipeline = as_overrides({"data.path": responses_path, "output.samples_dir": samples_dir})
     return merge_overrides(preset, pipeline, user)
+
+DEFAULT_SUITE = "val"
+SUITE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def resolve_suites(suites: Sequence[dict[str, Any]], val_file: str, ppo_config: Any) -> list[dict[str, Any]]:
+    """The evaluation suites with every sampling setting filled in: ``name, files, n, temperature, top_p, top_k,
+    do_sample, response_length, labelled``. ``[]`` is one suite ``val`` over ``val_file`` sampled as the PPO
+    validation does (``actor_rollout_ref.rollout.val_kwargs``), ``labelled`` False: its metrics and samples keep
+    the names of runs before suites existed (``test_score/<data_source>``), so a regression gate compares across
+    that change. A named suite is ``labelled``: ``test_score/<suite>/<data_source>``. ``temperature`` 0 is greedy
+    (``do_sample`` False); ``response_length`` None is the PPO config's ``data.max_response_length``.
+
+    Raises:
+        ConfigError: a suite without files, or whose name is not made of letters, digits and ``_.-`` (it names a
+            folder and a DuckDB file), naming ``evaluation.suites[i]``.
+    """
+    max_len = int(ppo_config.data.max_response_length)
+    if not suites:
+        kw = ppo_config.actor_rollout_ref.rollout.val_kwargs
+        return [{"name": DEFAULT_SUITE, "files": [val_file], "n": int(kw.n), "temperature": float(kw.temperature),
+                 "top_p": float(kw.top_p), "top_k": int(kw.top_k), "do_sample": bool(kw.do_sample),
+                 "response_length": max_len, "labelled": False}]
+    out = []
+    for i, suite in enumerate(suites):
+        name = str(suite["name"])
+        if not name or not set(name) <= SUITE_NAME_CHARS:
+            raise ConfigError(f"evaluation.suites[{i}].name={name!r}: use letters, digits and _.- only")
+        if not suite["files"]:
+            raise ConfigError(f"evaluation.suites[{i}] ({name}): no files")
+        temperature = float(suite["temperature"])
+        length = suite["response_length"]
+        out.append({"name": name, "files": [str(f) for f in suite["files"]], "n": int(suite["n"]),
+                    "temperature": temperature, "top_p": float(suite["top_p"]), "top_k": -1,
+                    "do_sample": temperature > 0, "response_length": max_len if length is None else int(length),
+                    "labelled": True})
+    return out
+
+
+def generation_overrides(suite: dict[str, Any], data_path: str, output_path: str, model_path: str,
+                         ppo_config: Any) -> list[str]:
+    """``generation`` (verl ``main_generation``) overrides that answer ``data_path`` with ``model_path`` as
+    :func:`resolve_suites`'s ``suite`` says; prompt length, prompt key, chat-template arguments, device and dtype
+    as the PPO run had them."""
+    rollout, data = ppo_config.actor_rollout_ref.rollout, ppo_config.data
+    return as_overrides({
+        "data.path": data_path, "data.output_path": output_path, "data.n_samples": suite["n"],
+        "data.prompt_key": str(data.prompt_key), "model.path": model_path,
+        "rollout.temperature": suite["temperature"], "rollout.top_p": suite["top_p"], "rollout.top_k": suite["top_k"],
+        "rollout.do_sample": suite["do_sample"], "rollout.response_length": suite["response_length"],
+        "rollout.prompt_length": int(data.max_prompt_length), "rollout.dtype": str(rollout.dtype),
+        "trainer.device": str(ppo_config.trainer.device)})
+
+
+def suite_metric_names(metrics: dict[str, float], suite: str, data_sources: Iterable[str]) -> dict[str, float]:
+    """Evaluation metrics of one suite named after it: ``test_score/<ds>`` -> ``test_score/<suite>/<ds>`` (likewise
+    ``pass@k/<ds>``, ``pass@k/num_prompts/<ds>``, ``reward/num_errors/<ds>``: the data source that ends the name, the
+    longest when several do). A key that ends with no data source keeps its name."""
+    sources = sorted({str(d) for d in data_sources}, key=len, reverse=True)
+    out = {}
+    for key, value in metrics.items():
+        ds = next((d for d in sources if key.endswith("/" + d)), None)
+        out[key if ds is None else f"{key[:-len(ds)]}{suite}/{ds}"] = value
+    return out
+
 
 
 def non_retriable_types() -> tuple[type[BaseException], ...]:

@@ -14,10 +14,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import lineage, model_registry
-from tasks import remote
 from tasks.deadline import StageDeadline
 from tasks.runlog import log_line
-from tasks.stages import retry_unless_bad_input
+from tasks.stages import merged_policy, retry_unless_bad_input
 
 
 def gate_verdict(gate_on: bool, baseline_found: bool, failure: str | None) -> str:
@@ -60,7 +59,8 @@ def publish_version(ppo_run_id: str, hf_dir: str | Path, model_name: str, lineag
 def register_model(ppo_run_id: str, checkpoint_dir: str | None, model_name: str, lineage_tags: dict[str, Any],
                    ctx: dict[str, Any], evaluation: dict[str, float], verdict: str, detail: str | None = None,
                    baseline_run_id: str | None = None) -> dict[str, Any]:
-    """Merge the actor of ``checkpoint_dir`` into a Hugging Face folder (``<run_dir>/hf_policy``, on Ray) and
+    """Merge the actor of ``checkpoint_dir`` into a Hugging Face folder (``<run_dir>/hf_policy``, on Ray, unless the
+    evaluate task already did: ``tasks.stages.merged_policy``) and
     :func:`publish_version` it. Runs after evaluation and the regression gate (``verdict``: see
     :func:`gate_verdict`).
 
@@ -73,9 +73,9 @@ def register_model(ppo_run_id: str, checkpoint_dir: str | None, model_name: str,
         line = f"model not registered: no actor checkpoint in {checkpoint_dir}"
         log_line(line)
         return {"version": None, "aliases": [], "url": None, "line": line, "hf_dir": None}
-    # tasks.register_model.timeout_seconds, enforced on the merge's Ray job (tasks.deadline)
-    merged = StageDeadline.of("register_model", ctx).run_on_ray(remote.merge_remote, str(actor),
-                                                                str(Path(ctx["run_dir"]) / "hf_policy"))
+    # tasks.register_model.timeout_seconds, enforced on the merge's Ray job (tasks.deadline); the evaluate task's
+    # merge of the same checkpoint is reused
+    merged = merged_policy(str(checkpoint_dir), ctx["run_dir"], StageDeadline.of("register_model", ctx))
     out = publish_version(ppo_run_id, merged, model_name, lineage_tags, evaluation, verdict, detail, baseline_run_id)
     return {**out, "hf_dir": merged}
 

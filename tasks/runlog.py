@@ -85,10 +85,16 @@ def ppo_segment_run_name(segment: int, segments: int, first_step: int, last_step
     return f"ppo_segment {segment}/{segments} (steps {first_step}-{last_step})"
 
 
+def validate_run_name(parameters: Mapping[str, Any]) -> str:
+    """``validate · step 10``: the global step of the checkpoint validated (0: the starting model)."""
+    return f"validate · step {int(parameters['global_step'])}"
+
+
 def evaluate_run_name(parameters: Mapping[str, Any]) -> str:
     """``evaluate · step 20``: the PPO step whose validation responses are scored."""
     return f"evaluate · step {int(parameters['global_step'])}"
 
 
-__all__ = ["build_model_run_name", "evaluate_run_name", "log_line", "parquet_rows", "ppo_segment_run_name",
-           "prepare_data_run_name", "sft_run_name"]
+__all__ = ["build_model_run_name", "evaluate_run_name", "log_line", "parquet_rows",
+           "ppo_segment_run_name",
+           "prepare_data_run_name", "sft_run_name", "validate_run_name"]

@@ -1,4 +1,4 @@
-"""The pipeline's Prefect tasks: prepare_data, build_model, sft, ppo_segment, evaluate.
+"""The pipeline's Prefect tasks: prepare_data, build_model, sft, ppo_segment, validate, evaluate.
 
 Each task opens its MLflow nested run (``tasks.common.stage``), dispatches the heavy work to
 Ray (``infra.ray_cluster.run_on_ray``) and registers produced samples / metrics in the
@@ -25,7 +25,8 @@ from tasks import plan, remote
 from tasks.common import keep_steps_through, last_per_step_and_key, parquet_files, read_jsonl, stage
 from tasks.deadline import StageDeadline
 from tasks.progress import StepProgress
-from tasks.runlog import build_model_run_name, evaluate_run_name, prepare_data_run_name, sft_run_name
+from tasks.runlog import (build_model_run_name, evaluate_run_name, log_line, prepare_data_run_name, sft_run_name,
+                          validate_run_name)
 
 HOUR = 3600
 
@@ -228,6 +229,51 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     return result
 
 
+@task(name="validate", task_run_name=validate_run_name, retries=1, retry_delay_seconds=30,
+      retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
+def validate(overrides: list[str], checkpoint: str | None, global_step: int, ppo_run_id: str,
+             ctx: dict[str, Any]) -> dict[str, Any]:
+    """Validate one PPO checkpoint (or, ``checkpoint=None``, the starting model at step 0) on Ray: the PPO trainer in
+    verl's validation-only mode (:func:`tasks.plan.validate_overrides`), which loads the checkpoint's actor weights
+    and logs ``val-core/*``/``val-aux/*`` at its global step. A failure here is retried on its own: the segment
+    that wrote the checkpoint is not run again.
+
+    Args:
+        overrides: the PPO run's overrides (those of the segment that wrote ``checkpoint``).
+        checkpoint: a complete ``global_step_N`` folder; None = the starting model (``val_before_train``).
+        global_step: ``N`` (0 for the starting model): the step the metrics are logged at.
+        ppo_run_id: the ``ppo`` MLflow run the metrics go to.
+
+    Returns:
+        ``{"metrics": {val-core/..., val-aux/...}, "global_step": N, "checkpoint_dir": checkpoint}``; the metrics are
+        also in DuckDB (stage ``ppo``, file ``validate_step_<N>``) with the samples
+        (:func:`register_validation_samples`).
+
+    Raises:
+        ValueError: the trainer validated another step than ``global_step`` (a checkpoint folder of another step).
+    """
+    from rlhf_core.config import load_config
+
+    deadline = StageDeadline.of("validate", ctx)
+    full = plan.validate_overrides(overrides, checkpoint)
+    config = load_config("ppo_trainer", full)  # fails here, before Ray, on a bad key
+    metrics_file = Path(config.trainer.default_local_dir).parent / "metrics" / f"validate_step_{int(global_step)}.jsonl"
+    metrics_file.unlink(missing_ok=True)  # a retry validates again from the start
+    env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
+    result = deadline.run_on_ray(remote.ppo_remote, full, env=env)
+    if int(result["global_step"]) != int(global_step):
+        raise ValueError(f"validate: {checkpoint} validated at step {result['global_step']}, expected {global_step}")
+    store = ResultsStore(ctx["home"])
+    store.register_metrics(last_per_step_and_key(read_jsonl(metrics_file)), ppo_run_id, "ppo",
+                           name=f"validate_step_{int(global_step)}")
+    register_validation_samples(store, config, ppo_run_id)
+    metrics = {k: v for k, v in (result.get("metrics") or {}).items() if k.startswith("val-")}
+    core = sorted(k for k in metrics if k.startswith("val-core/"))
+    log_line(f"validate · step {int(global_step)}: " + (", ".join(f"{k} {metrics[k]:.3f}" for k in core[:4])
+                                                       or "no validation data"))
+    return {"metrics": metrics, "global_step": int(global_step), "checkpoint_dir": checkpoint}
+
+
 def resume_step(config: Any) -> int | None:
     """The global step a PPO run with ``config`` resumes from (``trainer.resume_mode``: for ``auto`` the tracker's
     checkpoint, or the newest complete one before it when that one is incomplete), or None when it starts from
@@ -254,47 +300,110 @@ def register_validation_samples(store: ResultsStore, config: Any, run_id: str) -
                                   questions=plan.questions_by_prompt_id(files, val_file))
 
 
+def merged_policy(checkpoint: str, run_dir: str, deadline: StageDeadline) -> str:
+    """The actor of ``checkpoint`` merged into a Hugging Face folder ``<run_dir>/hf_policy`` (on Ray), once per flow
+    run: ``hf_policy.source`` records the actor folder it was merged from, so the evaluate and register_model tasks
+    share one merge (a different checkpoint is merged again).
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` has no ``actor`` folder.
+    """
+    from rlhf_core.atomic import atomic_write_text
+
+    actor, target = Path(checkpoint) / "actor", Path(run_dir) / "hf_policy"
+    stamp = target.with_name("hf_policy.source")
+    if not actor.is_dir():
+        raise FileNotFoundError(f"{checkpoint}: no actor checkpoint to merge")
+    if stamp.is_file() and stamp.read_text() == str(actor) and (target / "config.json").is_file():
+        return str(target)
+    stamp.unlink(missing_ok=True)
+    merged = deadline.run_on_ray(remote.merge_remote, str(actor), str(target))
+    atomic_write_text(stamp, str(actor))
+    return merged
+
+
 @task(name="evaluate", task_run_name=evaluate_run_name, retries=1, retry_delay_seconds=30,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
-def evaluate(val_samples_dir: str, overrides: list[str], ctx: dict[str, Any],
-             checkpoint: str | None = None, val_file: str | None = None,
-             global_step: int = 0) -> dict[str, Any]:
-    """Score the final model's responses with ``evaluation.yaml`` semantics.
+def evaluate(overrides: list[str], ctx: dict[str, Any], checkpoint: str | None = None,
+             val_file: str | None = None, global_step: int = 0, suites: list[dict[str, Any]] | None = None,
+             ppo_overrides: list[str] | None = None, model_path: str | None = None) -> dict[str, Any]:
+    """Generate with the final model on every evaluation suite, then score each suite with ``evaluation.yaml``
+    semantics (per ``data_source``, pass@k).
 
-    The responses parquet is built from the last PPO validation step's samples (greedy or
-    sampled per ``val_kwargs``): one row per prompt with the list of its N responses.
+    The final model is ``checkpoint``'s actor merged into a Hugging Face folder (:func:`merged_policy`, reused by
+    register_model), or ``model_path`` when there is no checkpoint. Each suite's files are concatenated into
+    ``<run_dir>/evaluate/<suite>/prompts.parquet``, answered by ``tasks.remote.generation_remote`` (verl
+    ``main_generation`` keys: :func:`tasks.plan.generation_overrides`) into ``responses.parquet``, and scored by
+    ``evaluation_remote``.
 
     Args:
-        checkpoint: the checkpoint that produced the responses (recorded on every sample).
-        val_file: the validation parquet (for the raw questions of the samples).
-        global_step: the PPO step of the responses: the ``step`` of the metrics rows.
+        overrides: evaluation overrides (the task adds ``data.path`` and ``output.samples_dir``).
+        checkpoint: the final PPO checkpoint (``global_step_N``), recorded on every sample.
+        val_file: the validation parquet (the default suite's file).
+        global_step: the PPO step of the final model: the ``step`` of the metrics rows.
+        suites: ``[{name, files, n, temperature, top_p, response_length}]``; None or [] = one suite ``val``
+            (:func:`tasks.plan.resolve_suites`).
+        ppo_overrides: the PPO run's overrides (prompt length, chat template, dtype, device; ``val_kwargs``).
+        model_path: the model evaluated when ``checkpoint`` is None.
 
     Returns:
-        The evaluation metrics (per data_source), also in DuckDB ``metrics`` (stage evaluate).
+        The metrics of every suite (``test_score/<suite>/<data_source>``, ``pass@k/<suite>/<data_source>``, ...;
+        the default suite without ``<suite>/``), also on the evaluate MLflow run and in DuckDB ``metrics`` (stage
+        evaluate, file ``metrics_<suite>``); samples in DuckDB with their suite (``infra.results`` ``suite``).
+
+    Raises:
+        ConfigError: a bad suite (before any model loads); see :func:`tasks.plan.resolve_suites`.
+        ValueError: neither ``checkpoint`` nor ``model_path``.
     """
+    import pandas as pd
+    from omegaconf import OmegaConf
+
     from rlhf_core.config import load_config
+    from rlhf_core.data.fs import copy_to_local
 
     deadline = StageDeadline.of("evaluate", ctx)
+    ppo_config = load_config("ppo_trainer", list(ppo_overrides or []))
+    resolved = plan.resolve_suites(list(suites or []), str(val_file), ppo_config)
     out = Path(ctx["run_dir"]) / "evaluate"
-    out.mkdir(parents=True, exist_ok=True)
-    val_paths = parquet_files(val_samples_dir)
-    samples = plan.latest_validation_samples(val_paths)
-    responses_path = out / "responses.parquet"
-    plan.responses_from_samples(samples).to_parquet(responses_path)
-    full = plan.eval_overrides([], overrides, responses_path=str(responses_path),
-                               samples_dir=str(out / "samples"))
-    config = load_config("evaluation", full)
-    with stage("evaluate", config, ctx) as run_id:
-        lineage.log_dataset(run_id, responses_path, "responses", "evaluation")
-        metrics = deadline.run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id))
-        lineage.log_metrics(run_id, {lineage_name(k): v for k, v in metrics.items()})
+    config = load_config("evaluation", plan.eval_overrides([], overrides, responses_path=str(out / "<suite>"),
+                                                           samples_dir=str(out / "<suite>" / "samples")))
+    if not checkpoint and not model_path:
+        raise ValueError("evaluate: no checkpoint and no model_path to evaluate")
+    params = {**OmegaConf.to_container(config, resolve=True), "suites": resolved, "checkpoint": checkpoint}
+    metrics: dict[str, float] = {}
+    with stage("evaluate", params, ctx) as run_id:
+        model = merged_policy(checkpoint, ctx["run_dir"], deadline) if checkpoint else str(model_path)
         store = ResultsStore(ctx["home"])
-        store.register_metrics([{"step": int(global_step), **metrics}], run_id, "evaluate")
-        sample_files = parquet_files(out / "samples")
-        store.register_samples(sample_files, run_id, "evaluate", checkpoint=checkpoint,
-                               questions=plan.questions_by_prompt_id(val_paths, val_file))
-        for f in sample_files:
-            lineage.client().log_artifact(run_id, f, "samples")
+        for suite in resolved:
+            folder = out / suite["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            prompts = folder / "prompts.parquet"
+            pd.concat([pd.read_parquet(copy_to_local(f)) for f in suite["files"]],
+                      ignore_index=True).to_parquet(prompts)
+            responses = folder / "responses.parquet"
+            deadline.run_on_ray(remote.generation_remote, plan.generation_overrides(
+                suite, str(prompts), str(responses), model, ppo_config))
+            full = plan.eval_overrides([], overrides, responses_path=str(responses),
+                                       samples_dir=str(folder / "samples"))
+            lineage.log_dataset(run_id, responses, f"responses_{suite['name']}", "evaluation")
+            raw = deadline.run_on_ray(remote.evaluation_remote, full, env=lineage.stage_env(run_id))
+            label = suite["name"] if suite["labelled"] else None
+            named = raw if label is None else plan.suite_metric_names(
+                raw, label, pd.read_parquet(responses, columns=["data_source"])["data_source"])
+            metrics.update(named)
+            store.register_metrics([{"step": int(global_step), **named}], run_id, "evaluate",
+                                   name=f"metrics_{suite['name']}")
+            sample_files = parquet_files(folder / "samples")
+            kept = [str(Path(f).with_name(f"{suite['name']}.parquet")) for f in sample_files]
+            for src, dst in zip(sample_files, kept):  # one DuckDB file per suite (they are named by file)
+                Path(src).replace(dst)
+            store.register_samples(kept, run_id, "evaluate", checkpoint=checkpoint, suite=label,
+                                   questions=plan.questions_by_prompt_id(kept, str(prompts)))
+            for f in kept:
+                lineage.client().log_artifact(run_id, f, "samples")
+            log_line(f"evaluate · {suite['name']}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted(named.items()) if k.startswith("test_score/")))
+        lineage.log_metrics(run_id, {lineage_name(k): v for k, v in metrics.items()}, step=int(global_step))
     return metrics
 
 
@@ -307,4 +416,4 @@ def lineage_name(key: str) -> str:
     return sanitize_mlflow_name(key)
 
 
-__all__ = ["prepare_data", "build_model", "sft", "ppo_segment", "evaluate"]
+__all__ = ["prepare_data", "build_model", "sft", "ppo_segment", "validate", "evaluate"]

@@ -79,13 +79,17 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     # evaluation metrics are queryable, at the last PPO step
     _, ev = store.sql("SELECT step, key FROM metrics WHERE stage = 'evaluate' ORDER BY key")
     assert ("test_score/openai/gsm8k" in {k for _, k in ev}) and {s for s, _ in ev} == {2}
-    # every sample has a prompt id, and the same prompts have the same ids in ppo and evaluate
+    # every sample has a prompt id, a question and its checkpoint; evaluate generated anew with the final model
+    # (issue 33): its prompts are the dataset's chat messages, not the trainer's rendered template, so its ids are
+    # its own (the same in every run's evaluate, which is what comparisons pair)
     _, ids = store.sql("SELECT stage, count(DISTINCT prompt_id), count(question), count(checkpoint), count(*) "
                        "FROM samples WHERE stage = 'evaluate' OR step = 2 GROUP BY stage ORDER BY stage")
     assert [r[1] for r in ids] == [8, 8] and all(r[2] == r[4] and r[3] == r[4] for r in ids)
-    _, same = store.sql("SELECT count(DISTINCT prompt_id) FROM samples s WHERE stage = 'evaluate' "
-                        "AND prompt_id IN (SELECT prompt_id FROM samples WHERE stage = 'ppo')")
-    assert same == [(8,)]
+    _, ckpt = store.sql("SELECT DISTINCT checkpoint FROM samples WHERE stage = 'evaluate'")
+    assert len(ckpt) == 1 and ckpt[0][0].endswith("checkpoints/global_step_2")  # the final model's checkpoint
+    # validation is its own task: one validate_step_<N> metrics file per checkpoint, the segments validate nothing
+    _, vals = store.sql("SELECT DISTINCT step FROM metrics WHERE stage = 'ppo' AND key LIKE 'val-core/%' ORDER BY 1")
+    assert vals == [(1,), (2,)]
 
 
 @pytest.mark.slow

@@ -170,11 +170,15 @@ def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
     # every task run says what it did (TINY: 16 train and 4 val prompts, the tiny_cpu preset's model, 1 SFT epoch)
     assert set(names) == {"prepare_data · gsm8k · 16 train, 4 val prompts",
                           "build_model · 4 layers × 128 hidden, vocab 2000", "sft · 16 rows, 1 epoch",
-                          "ppo_segment 1/1 (steps 1-1)", "evaluate · step 1", "register_model rlhf"}, sorted(names)
-    # the graph: every stage after the first waits for the one before it
+                          "ppo_segment 1/1 (steps 1-1)", "validate · step 1", "evaluate · step 1",
+                          "register_model rlhf"}, sorted(names)
+    # the graph: every stage after the first waits for the one before it; the segment's checkpoint is validated by
+    # its own task (issue 33), which evaluate waits for
     [evaluate] = [t for n, t in names.items() if n.startswith("evaluate")]
     [segment] = [t for n, t in names.items() if n.startswith("ppo_segment")]
-    assert [i["id"] for i in evaluate["task_inputs"]["wait_for"]] == [segment["id"]]
+    validate = names["validate · step 1"]
+    assert [i["id"] for i in validate["task_inputs"]["wait_for"]] == [segment["id"]]
+    assert [i["id"] for i in evaluate["task_inputs"]["wait_for"]] == [validate["id"]]
     assert [i["id"] for i in names["register_model rlhf"]["task_inputs"]["wait_for"]] == [evaluate["id"]]
     assert segment["task_inputs"]["wait_for"], segment["task_inputs"]
 

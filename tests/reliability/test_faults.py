@@ -268,3 +268,86 @@ def test_driver_killed_between_steps(world, reference, caplog):
     released = [r.getMessage() for r in caplog.records if "released what a dead driver" in r.getMessage()]
     assert len(released) == 1 and "placement groups ['ppo_remote-" in released[0], released
     assert not any(p.startswith(f"global_step_{STEPS}") for p in out.at_retry[0]["tree"])  # step 2 never began
+
+
+def test_validate_killed_is_retried_without_retraining(world, reference):
+    """Issue 33: validation is its own task. A segment without in-segment validation (the pipeline's
+    ``trainer.test_freq=-1``) checkpoints step 2; the ``validate`` task's first attempt is SIGKILLed at the start of
+    its validation (``RLHF_FAULT=validate:2``); Prefect retries ``validate`` alone: the segment ran once, its
+    checkpoint and metrics file are untouched, and the retry's val-core numbers at step 2 are the reference run's
+    in-segment validation of the same weights (greedy: ``val_kwargs`` default). Then ``evaluate`` generates with the
+    merged step-2 policy on two suites and scores each under its own name."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from infra import lineage
+    from infra.results import ResultsStore
+    from tasks import plan
+    from tasks.common import make_context, read_jsonl, stage
+    from tasks.stages import evaluate, ppo_segment, validate
+
+    name = "validate"
+    run_dir = world.home / "runs" / name
+    marker = run_dir / "fault_fired"
+    overrides = plan.merge_overrides(_overrides(world.model, world.train, world.val, run_dir),
+                                     ["trainer.test_freq=-1"])
+    suites = [{"name": "held_out", "files": [str(world.val)], "n": 2, "temperature": 1.0, "top_p": 1.0,
+               "response_length": None},
+              {"name": "train.greedy", "files": [str(world.train)], "n": 1, "temperature": 0.0, "top_p": 1.0,
+               "response_length": 4}]
+
+    @flow(name="faults-validate")
+    def segment_then_validate(ctx: dict[str, Any], ppo_run_id: str) -> tuple:
+        seg = ppo_segment.with_options(retry_delay_seconds=0)(
+            plan.segment_overrides(overrides), 1, ppo_run_id, ctx, return_state=True)
+        result = seg.result()
+        files = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
+        seg_rows = read_jsonl(run_dir / "metrics" / "segment_1.jsonl")
+        val = validate.with_options(retry_delay_seconds=0)(
+            overrides, result["checkpoint_dir"], result["global_step"], ppo_run_id, ctx, return_state=True)
+        ev = evaluate(["ray_init.num_cpus=2"], ctx, checkpoint=result["checkpoint_dir"], val_file=str(world.val),
+                      global_step=result["global_step"], suites=suites,
+                      ppo_overrides=plan.merge_overrides(overrides, ["data.max_prompt_length=1024"]))
+        return (seg.state_details.task_run_id, val.state_details.task_run_id, val.result(), files, seg_rows, ev)
+
+    os.environ.update(RLHF_FAULT=f"validate:{STEPS}", RLHF_FAULT_MARKER=str(marker))
+    try:
+        with lineage.pipeline_run(world.experiment, name, {}) as parent:
+            ctx = make_context(str(world.home), world.experiment, parent, name, str(run_dir))
+            with stage("ppo", {"faults.run": name}, ctx) as ppo_run_id:
+                seg_id, val_id, val, files, seg_rows, ev = segment_then_validate(ctx, ppo_run_id)
+    finally:
+        os.environ.pop("RLHF_FAULT", None)
+        os.environ.pop("RLHF_FAULT_MARKER", None)
+    # the fault fired once, in the validate task's first attempt; validate ran twice, the segment once
+    assert marker.read_text().startswith(f"validate:{STEPS} pid=")
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(seg_id).run_count == 1
+        val_run = client.read_task_run(val_id)
+        assert val_run.run_count == 2 and val_run.name == f"validate · step {STEPS}"
+    # nothing of the segment was redone: its checkpoint files and its metrics file are as it left them
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()} == files
+    assert read_jsonl(run_dir / "metrics" / "segment_1.jsonl") == seg_rows
+    assert not [r for r in seg_rows if r["name"].startswith("val-")]  # test_freq=-1: no in-segment validation
+    # the retry validated the step-2 weights: the same numbers as the reference's in-segment validation at step 2
+    ref_val = {k: v for k, v in reference.result["metrics"].items() if k.startswith("val-core/")}
+    assert ref_val and {k: v for k, v in val["metrics"].items() if k.startswith("val-core/")} == ref_val
+    assert val["global_step"] == STEPS and val["checkpoint_dir"].endswith(f"global_step_{STEPS}")
+    store = ResultsStore(world.home)
+    _, rows = store.sql(f"SELECT DISTINCT step FROM metrics WHERE run_id = '{ppo_run_id}' AND key LIKE 'val-core/%'")
+    assert rows == [(STEPS,)]
+    _, rows = store.sql(f"SELECT step, count(*) FROM samples WHERE run_id = '{ppo_run_id}' GROUP BY step")
+    assert rows == [(STEPS, 2)]  # 2 validation prompts x val_kwargs.n=1, registered once
+    # evaluate: both suites under their names, in DuckDB (metrics and samples) and on the evaluate MLflow run
+    assert {k for k in ev if k.startswith("test_score/")} == {"test_score/held_out/openai/gsm8k",
+                                                               "test_score/train.greedy/openai/gsm8k"}
+    assert ev["pass@2/num_prompts/held_out/openai/gsm8k"] == 2.0  # 2 prompts, 2 responses each
+    assert ev["pass@1/num_prompts/train.greedy/openai/gsm8k"] == 2 * STEPS
+    _, rows = store.sql("SELECT suite, data_source, count(*), count(DISTINCT prompt_id) FROM samples "
+                        "WHERE stage = 'evaluate' GROUP BY ALL ORDER BY suite")
+    assert rows == [("held_out", "held_out/openai/gsm8k", 4, 2),
+                    ("train.greedy", "train.greedy/openai/gsm8k", 2 * STEPS, 2 * STEPS)]
+    _, [(eval_run,)] = store.sql("SELECT DISTINCT run_id FROM metrics WHERE stage = 'evaluate'")
+    logged = lineage.client().get_run(eval_run).data.metrics
+    assert logged["test_score/held_out/openai/gsm8k"] == ev["test_score/held_out/openai/gsm8k"]
+    assert (run_dir / "hf_policy" / "config.json").is_file()  # merged once, for register_model to reuse

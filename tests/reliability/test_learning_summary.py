@@ -61,3 +61,19 @@ def test_later_first_validation_is_not_a_baseline_and_only_step_0_is_not_an_afte
     assert plan.learning_line(only_0, 64) == (f"{ACC} on 64 held-out prompts: step 0: 0.050; no validation after "
                                               "training (trainer.test_freq)")
     assert plan.learning_line(None, 64) == "no validation metric was logged (trainer.val_before_train / test_freq)"
+
+
+def test_the_flow_reads_the_validate_tasks_files(tmp_path, capsys):
+    """Issue 33: validation is the validate task's (``metrics/validate_step_<N>.jsonl``; segments write none): the
+    flow's summary compares its step-0 file with its last one."""
+    from flows.rlhf import _print_learning
+
+    (tmp_path / "metrics").mkdir()
+    for step, value in ((0, 0.05), (10, 0.20), (20, 0.35)):
+        (tmp_path / "metrics" / f"validate_step_{step}.jsonl").write_text(
+            json.dumps({"step": step, "name": ACC, "value": value}) + "\n")
+    (tmp_path / "metrics" / "segment_1.jsonl").write_text(
+        json.dumps({"step": 10, "name": "critic/score/mean", "value": 0.9}) + "\n")
+    _print_learning(tmp_path, 64)
+    assert capsys.readouterr().out.strip() == (
+        f"{ACC} on 64 held-out prompts: step 0: 0.050 -> step 20: 0.350 (gain +0.300)")
