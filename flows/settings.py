@@ -139,13 +139,14 @@ def config_file_overrides(path: str | None, field: str, config_name: str) -> lis
     from rlhf_core.config.schema import flatten
 
     try:
-        load_config(path)
         raw = read_yaml_mapping(path)
+        raw = {k: v for k, v in raw.items() if k not in ("defaults", "hydra")}
+        out = [f"{k}={_render(v)}" for k, v in flatten(raw, resolve=False).items()
+               if k.rsplit(".", 1)[-1] != "_target_"]
+        load_config(config_name, out)  # its keys checked against the shipped config (unknown key: a suggestion)
     except (ConfigError, FileNotFoundError) as exc:
         raise ExperimentError(f"{field}: {path}: {exc}") from None
-    raw = {k: v for k, v in raw.items() if k not in ("defaults", "hydra")}
-    return [f"{k}={_render(v)}" for k, v in flatten(raw, resolve=False).items()
-            if k.rsplit(".", 1)[-1] != "_target_"]
+    return out
 
 
 def _reward_overrides(exp: Experiment) -> list[str]:

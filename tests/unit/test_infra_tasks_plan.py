@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.settings import load_preset, resolve_settings
+from flows.settings import resolve_settings
 from tasks import plan
 
 
@@ -109,28 +109,20 @@ def test_take_rows(tmp_path):
 def test_resolve_settings_defaults_and_params(monkeypatch):
     monkeypatch.setenv("GSM8K_DIR", "/data/gsm8k")
     s = resolve_settings({})
-    assert s.preset == "tiny_cpu" and s.adv_estimator == "grpo" and s.gsm8k_dir == "/data/gsm8k"
-    assert "actor_rollout_ref.rollout.name=hf" in s.preset_ppo
-    assert s.model_sizes["hidden_size"] == 128  # configs/presets/tiny_cpu.yaml
+    assert s.adv_estimator == "grpo" and s.generator_args["source_dir"] == "/data/gsm8k"
+    assert "actor_rollout_ref.rollout.name=hf" in s.experiment_ppo
+    assert s.model_sizes["hidden_size"] == 128  # experiments/gsm8k_tiny.yaml
     s = resolve_settings({"ppo_steps": 3, "segment_steps": 1, "preset": None, "skip_sft": True,
                           "ppo_overrides": ["a=1"]})
     assert (s.ppo_steps, s.segment_steps, s.sft_enabled, s.ppo_overrides) == (3, 1, False, ["a=1"])
-    assert s.preset == "tiny_cpu"  # None means "not given": pipeline.yaml's preset applies
+    assert s.experiment_file.endswith("experiments/gsm8k_tiny.yaml")  # None means "not given": the default
     assert s.task_options["ppo_segment"]["retries"] >= 1  # a failed segment is retried (resumes)
     with pytest.raises(ValueError, match="segment_steps"):
         resolve_settings({"segment_steps": 0})
-    with pytest.raises(FileNotFoundError, match="tiny_cpu"):
-        load_preset("no_such_preset")
+    with pytest.raises(ValueError, match="no_such_preset"):
+        resolve_settings({"preset": "no_such_preset"})
 
 
-def test_task_options_are_validated():
-    from flows.settings import _task_options
-
-    assert _task_options({"sft": {"retries": 3}}) == {"sft": {"retries": 3}}
-    with pytest.raises(ValueError, match="unknown stage"):
-        _task_options({"spt": {"retries": 3}})
-    with pytest.raises(ValueError, match="retires"):
-        _task_options({"sft": {"retires": 3}})
 
 
 PRESET_PPO = ["data.train_batch_size=8", "custom_reward_function.reward_kwargs={format_score:0.1}",
@@ -152,11 +144,11 @@ def test_drop_preset_reward_kwargs(user, dropped):
 
 def test_user_reward_path_drops_preset_kwargs_but_keeps_users_own():
     s = resolve_settings({"ppo_overrides": ["custom_reward_function.path=/my/reward.py"]})
-    assert not [o for o in s.preset_ppo if "reward_kwargs" in o]
-    assert "actor_rollout_ref.rollout.name=hf" in s.preset_ppo  # the rest of the preset stays
+    assert not [o for o in s.experiment_ppo if "reward_kwargs" in o]
+    assert "actor_rollout_ref.rollout.name=hf" in s.experiment_ppo  # the rest of the preset stays
     final = s.ppo_list(model_path="/m", train_file="/t", val_file="/v", run_dir="/r", stop_after_step=1)
     assert not [o for o in final if "reward_kwargs" in o]
-    assert resolve_settings({}).preset_ppo[-1] == "custom_reward_function.reward_kwargs={format_score:0.1}"
+    assert resolve_settings({}).experiment_ppo[-1] == "custom_reward_function.reward_kwargs={format_score:0.1}"
     own = ["custom_reward_function.path=/my/reward.py", "custom_reward_function.reward_kwargs={scale:2}"]
     s = resolve_settings({"ppo_overrides": own})
     final = s.ppo_list(model_path="/m", train_file="/t", val_file="/v", run_dir="/r", stop_after_step=1)
@@ -326,12 +318,12 @@ def test_gsm8k_dir_recorded_under_the_home_is_the_last_fallback(monkeypatch, tmp
 
     monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GSM8K_DIR", raising=False)
-    assert remembered("gsm8k_dir") is None and resolve_settings({}).gsm8k_dir is None
+    assert remembered("gsm8k_dir") is None and resolve_settings({}).generator_args["source_dir"] is None
     remember("gsm8k_dir", "/data/gsm8k")  # what prepare_data records after `make demo`
-    assert resolve_settings({}).gsm8k_dir == "/data/gsm8k"
+    assert resolve_settings({}).generator_args["source_dir"] == "/data/gsm8k"
     monkeypatch.setenv("GSM8K_DIR", "/env/gsm8k")  # anything the user gives wins
-    assert resolve_settings({}).gsm8k_dir == "/env/gsm8k"
-    assert resolve_settings({"gsm8k_dir": "/param"}).gsm8k_dir == "/param"
+    assert resolve_settings({}).generator_args["source_dir"] == "/env/gsm8k"
+    assert resolve_settings({"gsm8k_dir": "/param"}).generator_args["source_dir"] == "/param"
 
 
 @pytest.mark.parametrize("value", ["~/data/train.parquet", "a,b", "#1", "it's", "end\\", "q\\'x", "x=y",
@@ -350,7 +342,7 @@ def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
     s = resolve_settings({"preset": "countdown"})
     assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
         "countdown", 20000, 500, 100000, 100000)
-    assert "trainer.total_training_seconds=480" in s.preset_ppo
+    assert "trainer.total_training_seconds=480" in s.experiment_ppo
     validate_overrides(s)  # the shipped countdown preset is valid for every stage
     assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
     assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
@@ -365,40 +357,15 @@ def test_tools_preset_is_valid_and_its_tool_config_loads_from_the_checkout():
     s = resolve_settings({"preset": "tiny_cpu_tools"})
     assert s.task == "gsm8k_tools"
     validate_overrides(s)  # every stage's list is valid, the multi-turn SFT and async tool-agent PPO included
-    rollout = load_config("ppo_trainer", s.preset_ppo).actor_rollout_ref.rollout
+    rollout = load_config("ppo_trainer", s.experiment_ppo).actor_rollout_ref.rollout
     assert (rollout.mode, rollout.multi_turn.enable) == ("async", True)
     # the path is relative to the checkout, which Ray ships as every stage's working directory
     repo = Path(__file__).resolve().parents[2]
     assert list(load_tools(repo / rollout.multi_turn.tool_config_path)) == ["calc_gsm8k_reward"]
 
 
-def test_preset_with_unknown_pipeline_key_is_refused(tmp_path):
-    (tmp_path / "presets").mkdir()
-    (tmp_path / "pipeline.yaml").write_text("preset: bad\n")
-    (tmp_path / "presets" / "bad.yaml").write_text("pipeline: {val_promts: 5}\n")
-    with pytest.raises(ValueError, match="val_promts"):
-        resolve_settings({}, config_dir=tmp_path)
 
 
-def test_preset_countdown_arguments_are_checked_and_reach_the_settings(tmp_path):
-    assert resolve_settings({"preset": "countdown"}).countdown == load_preset("countdown")["countdown"]
-    assert resolve_settings({}).countdown == {}  # tiny_cpu has none: generate_countdown's defaults
-    (tmp_path / "presets").mkdir()
-    (tmp_path / "pipeline.yaml").write_text(Path(__file__).resolve().parents[2].joinpath(
-        "configs", "pipeline.yaml").read_text().replace("preset: tiny_cpu", "preset: bad"))
-    for body, match in (("countdown: {max_numbr: 5}\n", "max_numbr"), ("countdown: {max_number: '20'}\n", "'20'"),
-                        ("countdown: 99\n", "must be a mapping"),  # not a block of keys
-                        ("countdown: {min_numbers: 3, max_numbers: 2}\n", "min_numbers <= max_numbers"),
-                        ("countdown: {max_number: 1}\n", "max_number must be >= 2")):  # generator limits, up front
-        (tmp_path / "presets" / "bad.yaml").write_text("task: countdown\n" + body)
-        with pytest.raises(ValueError, match=match):
-            resolve_settings({}, config_dir=tmp_path)
-    # a misspelt task, and a countdown: block on a GSM8K preset, fail here too, not in prepare_data
-    for body, match in (("task: countdwn\n", "unknown task 'countdwn'"),
-                        ("countdown: {max_number: 20}\n", "needs task: countdown")):
-        (tmp_path / "presets" / "bad.yaml").write_text(body)
-        with pytest.raises(ValueError, match=match):
-            resolve_settings({}, config_dir=tmp_path)
 
 
 def test_validation_before_after_prefers_acc_and_spans_segments():

@@ -1,0 +1,205 @@
+"""Experiment files (issue 33): the schema, the generator registry, settings from an experiment, and
+``rlhf pipeline --experiment FILE --dry-run`` with each bad input of the issue refused in one line."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import fsspec
+import pandas as pd
+import pytest
+
+from flows.experiment import ExperimentError, experiment_for_flow, load_experiment
+from flows.settings import resolve_settings
+from rlhf_core.config import ConfigError
+from rlhf_core.data.generators import GENERATORS, Generator, register
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rows(n: int) -> list[dict]:
+    return [{"prompt": [{"role": "user", "content": f"what is {i}+1?"}], "data_source": "toy",
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(n)]
+
+
+def test_unknown_fields_get_a_did_you_mean_naming_the_file_and_dotted_field(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("name: x\ndata: {generator: countdown}\nevaluation:\n  suites:\n    - {name: a, files: [a.parquet], "
+                 "temprature: 0.5}\n")
+    with pytest.raises(ExperimentError) as err:
+        load_experiment(f)
+    assert str(err.value).startswith(f"{f}: evaluation.suites[0].temprature: unknown field; did you mean "
+                                     "'temperature'?")
+    with pytest.raises(ExperimentError, match=r"<experiment text>: modle: unknown field; did you mean 'model'\?"):
+        load_experiment("name: x\nmodle: {path: m}\n")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\ndata: {generator: countdown}\nppo: {total_steps: '3'}\n", "ppo.total_steps: must be an integer, got str '3'"),
+    ("name: x\ndata: {generator: countdown}\nsft: {enabled: 1}\n", "sft.enabled: must be true or false, got int 1"),
+    ("name: x\ndata: {generator: countdown}\nppo: {overrides: a=1}\n", "ppo.overrides: must be a list of strings"),
+    ("name: x\ndata: {generator: countdown}\nppo: {overrides: [1]}\n", "ppo.overrides[0]: must be a string, got int 1"),
+    ("data: {generator: countdown}\n", "name: required"),
+    ("name: x\ndata: {generator: countdwn}\n", "data.generator: unknown generator 'countdwn'; did you mean 'countdown'?"),
+    ("name: x\ndata: {generator: countdown, generator_args: {max_numbr: 9}}\n", "data.generator_args: unknown argument"),
+    ("name: x\n", "data.train_files: no files"),
+    ("name: x\ndata: {generator: countdown}\nppo: {segment_steps: 0}\n", "ppo.segment_steps: must be >= 1, got 0"),
+    ("name: x\ndata: {generator: countdown}\nreward: {path: r.txt}\n", "reward.path: must be a .py file"),
+])
+def test_wrong_values_are_one_line_naming_the_field(text, message):
+    with pytest.raises(ExperimentError) as err:
+        load_experiment(text)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_relative_paths_resolve_against_the_files_folder_urls_stay_and_sha256_is_the_texts(tmp_path):
+    text = ("name: mine\nmodel: {path: ../models/m}\ndata:\n  train_files: [data/t.parquet, s3://b/t.parquet]\n"
+            "  val_files: [file:///abs/v.parquet]\nreward: {path: reward.py, name: score}\n")
+    (tmp_path / "exp").mkdir()
+    f = tmp_path / "exp" / "mine.yaml"
+    f.write_text(text)
+    e = load_experiment(f)
+    assert e.model.path == str(tmp_path / "models" / "m")
+    assert e.data.train_files == [str(tmp_path / "exp" / "data" / "t.parquet"), "s3://b/t.parquet"]
+    assert e.data.val_files == ["file:///abs/v.parquet"] and e.reward.path == str(tmp_path / "exp" / "reward.py")
+    assert e.sha256 == hashlib.sha256(text.encode()).hexdigest() and e.source == str(f)
+    # the same text with another base_dir (what a deployment carries): paths follow base_dir
+    assert load_experiment(text, base_dir="/srv/x").model.path == "/srv/models/m"
+    assert e.ppo.total_steps == 20 and e.tasks.sft.retries == 1  # defaults from flows/experiment.py
+
+
+def test_flow_content_wins_and_a_wrong_digest_is_refused(tmp_path):
+    text = "name: a\ndata: {generator: countdown}\n"
+    exp = experiment_for_flow("experiments/other.yaml", text, hashlib.sha256(text.encode()).hexdigest())
+    assert exp.name == "a"
+    with pytest.raises(ConfigError, match="content sha256 .* is not the expected experiment_sha256 0+"):
+        experiment_for_flow(None, text, "0" * 64)
+    assert experiment_for_flow(preset="tiny_cpu").sha256 == load_experiment(REPO / "experiments/gsm8k_tiny.yaml").sha256
+    with pytest.raises(ConfigError, match="preset 'nope'"):
+        experiment_for_flow(preset="nope")
+
+
+def test_generator_registry():
+    assert set(GENERATORS) >= {"gsm8k", "gsm8k_tools", "countdown"}
+    with pytest.raises(ValueError, match="already registered"):
+        register("countdown", GENERATORS["countdown"])
+    with pytest.raises(ValueError, match="max_number must be >= 2"):
+        GENERATORS["countdown"].check_args({"max_number": 1})
+    with pytest.raises(ValueError, match="min_numbers must be int"):
+        GENERATORS["countdown"].check_args({"min_numbers": "2"})
+    assert isinstance(GENERATORS["gsm8k"], Generator) and GENERATORS["countdown"].input_files({}) == []
+
+
+def test_shipped_experiments_carry_todays_presets_and_parameters_still_win(monkeypatch):
+    monkeypatch.setenv("GSM8K_DIR", "/data/gsm8k")
+    s = resolve_settings({})
+    assert (s.experiment, s.generator, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
+        "rlhf", "gsm8k", 2048, 64, 20, 10)
+    assert s.generator_args == {"source_dir": "/data/gsm8k"} and s.model_sizes["vocab_size"] == 2000
+    assert s.experiment_ppo[-1] == "custom_reward_function.reward_kwargs={format_score:0.1}"
+    # the PPO config filters overlong prompts: the filter_prompts task does it, the ppo stage reads them as they are
+    assert s.prefilter and s.filter_cfg == {"max_prompt_length": 256, "workers": 1, "prompt_key": "prompt",
+                                            "template_kwargs": {}}
+    ppo = s.ppo_list(model_path="m", train_file="t", val_file="v", run_dir="/r", stop_after_step=10)
+    assert ppo[-1] == "data.filter_overlong_prompts=False"
+    c = resolve_settings({"preset": "countdown", "val_prompts": 600, "gsm8k_dir": "/ignored"})
+    assert (c.generator_args, c.train_prompts, c.val_prompts, c.model_sizes["vocab_size"], c.prefilter) == (
+        {"min_numbers": 2, "max_numbers": 2, "max_number": 99}, 20000, 600, 400, False)
+    assert "trainer.total_training_seconds=480" in c.experiment_ppo
+
+
+def test_layering_config_file_then_fields_then_overrides_then_run_time(tmp_path):
+    """shipped -> the experiment's config file -> reward.path/name -> its overrides -> the flow's ppo_overrides."""
+    (tmp_path / "ppo_trainer.yaml").write_text("data: {max_prompt_length: 100, max_response_length: 30}\n"
+                                               "custom_reward_function: {name: from_config}\n")
+    (tmp_path / "r.py").write_text("def score(**kw):\n    return 0.0\n")
+    (tmp_path / "exp.yaml").write_text(
+        "name: x\ndata: {generator: countdown}\nreward: {path: r.py, name: score}\n"
+        "ppo: {config: ppo_trainer.yaml, overrides: [data.max_response_length=40, trainer.device=cpu]}\n")
+    s = resolve_settings({"experiment_file": str(tmp_path / "exp.yaml"),
+                          "ppo_overrides": ["data.max_response_length=50"]})
+    from rlhf_core.config import load_config
+
+    cfg = load_config("ppo_trainer", s.ppo_list(model_path="m", train_file="t", val_file="v", run_dir="/r",
+                                                stop_after_step=1))
+    assert cfg.data.max_prompt_length == 100  # the config file
+    assert cfg.custom_reward_function.name == "score"  # reward.name beats the config file
+    assert cfg.custom_reward_function.path == str(tmp_path / "r.py")
+    assert cfg.data.max_response_length == 50  # run time beats the experiment's overrides (40) and file (30)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndata: {generator: countdown}\nppo: {config: ppo_trainer2.yaml}\n")
+    (tmp_path / "ppo_trainer2.yaml").write_text("data: {max_promt_length: 1}\n")
+    with pytest.raises(ConfigError, match=r"ppo.config: .*ppo_trainer2.yaml.*max_promt_length"):
+        resolve_settings({"experiment_file": str(bad)})
+
+
+# ---- rlhf pipeline --experiment FILE --dry-run ----------------------------------------------------------------
+
+def _experiment(tmp_path: Path, extra: str = "", train: str = "memory://exp/train.parquet") -> Path:
+    with fsspec.open("memory://exp/train.parquet", "wb") as fh:
+        fh.write(pd.DataFrame(_rows(8)).to_parquet())
+    pd.DataFrame(_rows(3)).to_parquet(tmp_path / "val.parquet")
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    return float(solution_str.strip() == ground_truth)\n")
+    f = tmp_path / "exp.yaml"
+    f.write_text(f"name: mine\ndata:\n  train_files: [{train}]\n  val_files: [val.parquet]\n"
+                 "reward: {path: reward.py}\nppo:\n  overrides: [trainer.device=cpu]\n" + extra)
+    return f
+
+
+def _dry_run(f: Path, capsys) -> tuple[int, list[str], str]:
+    from flows.rlhf import main
+
+    rc = main(["--experiment", str(f), "--dry-run"])
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err.strip()
+
+
+def test_dry_run_checks_every_input_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    f = _experiment(tmp_path, "evaluation:\n  suites:\n    - {name: easy, files: [val.parquet], n: 4}\n")
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 0, err
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        "ok   stage configs", "ok   data.train_files[0]", "ok   data.val_files[0]",
+        "ok   evaluation.suites[0].files[0]", "ok   model.path", "ok   reward.path"]
+    assert "memory://exp/train.parquet: first 5 rows in verl's RL schema" in lines[1]
+    assert lines[-1].startswith(f"dry run: 6 checks passed for {f}")
+    assert not (tmp_path / "home" / "ray").exists() and not (tmp_path / "home" / "data").exists()
+
+
+@pytest.mark.parametrize("case", ["unknown field", "missing url", "no prompt column", "prompt string",
+                                  "no reward function", "model unreachable", "empty suite"])
+def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_path, capsys, case, monkeypatch):
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    extra, train, field = "", "memory://exp/train.parquet", ""
+    if case == "unknown field":
+        extra, field = "evaluaton: {}\n", "evaluaton: unknown field; did you mean 'evaluation'?"
+    elif case == "missing url":
+        train, field = "memory://exp/nope.parquet", "data.train_files[0]: memory://exp/nope.parquet does not exist"
+    elif case in ("no prompt column", "prompt string"):
+        rows = _rows(2)
+        rows = ([{k: v for k, v in r.items() if k != "prompt"} for r in rows] if case == "no prompt column"
+                else [{**r, "prompt": "what is 1+1?"} for r in rows])
+        with fsspec.open("memory://exp/bad.parquet", "wb") as fh:
+            fh.write(pd.DataFrame(rows).to_parquet())
+        train = "memory://exp/bad.parquet"
+        field = ("data.train_files[0]: memory://exp/bad.parquet: missing column 'prompt'" if case == "no prompt column"
+                 else "data.train_files[0]: memory://exp/bad.parquet row 0: column 'prompt' is a string where verl "
+                      "has a list of chat messages")
+    elif case == "no reward function":
+        extra, field = "", "reward.path: "
+    elif case == "model unreachable":
+        extra, field = "model: {path: 'memory://nowhere/model'}\n", "model.path: memory://nowhere/model cannot be reached"
+    elif case == "empty suite":
+        pd.DataFrame(_rows(1)).iloc[:0].to_parquet(tmp_path / "empty.parquet")
+        extra = "evaluation:\n  suites:\n    - {name: empty, files: [empty.parquet]}\n"
+        field = f"evaluation.suites[0].files[0]: {tmp_path / 'empty.parquet'}: the file has no rows"
+    f = _experiment(tmp_path, extra, train)
+    if case == "no reward function":
+        (tmp_path / "reward.py").write_text("def score(**kw):\n    return 0.0\n")
+        field = f"reward.path: {tmp_path / 'reward.py'} has no function 'compute_score' (reward.name); it defines ['score']"
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"rlhf pipeline: error: {f}: {field}"), err
