@@ -1,18 +1,21 @@
-"""The ``rlhf`` flow: prepare_data → build_model → sft → ppo_segment ×K → evaluate.
+"""The ``rlhf`` flow: prepare_data → build_model → filter_prompts → sft → (ppo_segment → validate) ×K → evaluate
+→ register_model, for one experiment file (``flows/experiment.py``; the built-in demos are in ``experiments/``).
 
 Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
 ``$RLHF_HOME``)::
 
     python -m flows.rlhf                      # what `make demo` calls; the same as `rlhf pipeline`
+    rlhf pipeline --experiment experiments/countdown.yaml [--dry-run]
     rlhf pipeline --ppo-steps 2 --train-prompts 64   # `rlhf pipeline --help` lists every option
 
-or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from
-``configs/pipeline.yaml``; override lists come from ``configs/presets/<preset>.yaml``,
-then the pipeline's own choices, then the ``*_overrides`` parameters (which win). Every
-stage's override list is checked (load_config) when the flow starts, so a typo fails in
-seconds; an input error in a stage (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError, a full
-or read-only disk: ``tasks.plan.is_retriable``) is not retried. When the
-ppo overrides set ``custom_reward_function.path``, the preset's reward_kwargs are dropped.
+or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from the experiment file
+(default ``experiments/gsm8k_tiny.yaml``); a stage's overrides are the experiment's (its config file, the fields
+that map to keys, its ``overrides``), then the pipeline's own choices, then the ``*_overrides`` parameters (which
+win). Every stage's override list, the first rows of every data file, the model and the reward function are
+checked when the flow starts (``flows.preflight``), so a bad input fails in seconds; an input error in a stage
+(ConfigError, DataError, FileNotFoundError, RemoteUnavailableError, a full or read-only disk:
+``tasks.plan.is_retriable``) is not retried. When the ppo overrides set ``custom_reward_function.path``, the
+experiment's reward_kwargs are dropped.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import get_current_settings  # noqa: E402
 
 from flows import artifacts, report  # noqa: E402
-from flows.settings import PipelineSettings, resolve_settings, validate_overrides  # noqa: E402
+from flows.preflight import run_checks  # noqa: E402
+from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
 from infra import model_registry  # noqa: E402
@@ -54,11 +58,16 @@ from tasks.deadline import split_task_options  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
 from tasks.register import gate_verdict, register_model  # noqa: E402
-from tasks.stages import build_model, evaluate, lineage_name, ppo_segment, prepare_data, sft, validate  # noqa: E402
+from tasks.stages import (build_model, evaluate, filter_prompts, lineage_name, ppo_segment, prepare_data,  # noqa: E402
+                          sft, validate)
 
 
 @flow(name="rlhf", log_prints=True)
 def rlhf(
+    experiment_file: str | None = None,
+    experiment_content: str | None = None,
+    experiment_sha256: str | None = None,
+    experiment_base_dir: str | None = None,
     train_prompts: int | None = None,
     val_prompts: int | None = None,
     sft_epochs: int | None = None,
@@ -78,7 +87,11 @@ def rlhf(
     baseline: str | None = None,
     max_regression: float | None = None,
 ) -> dict[str, Any]:
-    """Post-train a model with SFT then PPO-family RL, and evaluate it.
+    """Post-train a model with SFT then PPO-family RL, and evaluate it: the experiment ``experiment_content`` (its
+    YAML text, which wins; a deployment carries it) or ``experiment_file`` (default ``experiments/gsm8k_tiny.yaml``;
+    ``preset=NAME`` is ``experiments/<NAME>.yaml``), with the other parameters as run-time overrides of its fields
+    (``flows.settings``). ``experiment_sha256``, when given, must be the content's digest (else ConfigError);
+    ``experiment_base_dir`` is the folder relative paths in the content are resolved against.
 
     ``baseline`` (``previous-successful`` | a flow-run or MLflow run id | None) turns on the
     regression gate: after evaluation the run is compared with the baseline prompt by prompt,
@@ -91,7 +104,7 @@ def rlhf(
         "evaluation": metrics, "home": str}``.
     """
     s = resolve_settings(locals())
-    validate_overrides(s)  # a typo in any override list fails here, before data/SFT (ConfigError)
+    run_checks(s)  # configs, data heads, model, reward: a bad input fails here in one line, before any stage
     home = rlhf_home()
     fr_id = str(flow_run.get_id() or "local")
     store = ResultsStore(home)
@@ -128,20 +141,23 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             "sft": s.sft_list(), "evaluate": s.eval_list()}}, "config/pipeline.json")
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address,
                            flow_run_name=fr_name, timeouts=split_task_options(s.task_options)[1])
-        prepare_data, build_model, sft, ppo_segment, validate, evaluate, register_model = _configured_tasks(s)
+        (prepare_data, build_model, sft, ppo_segment, validate, evaluate, register_model,
+         filter_prompts) = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id, fr_name)
-        upstream: Any = prepare_data.submit(s.gsm8k_dir, s.train_prompts, s.val_prompts, ctx, task=s.task,
-                                               countdown=s.countdown)
+        upstream: Any = prepare_data.submit(s.data_spec(), ctx)
         data = rec("prepare_data", upstream.result())
         for split, context in (("train", "training"), ("val", "validation")):  # the parent's own dataset inputs
-            lineage.log_dataset(parent_run_id, data[split], f"{s.task}_{split}", context)
+            lineage.log_dataset(parent_run_id, data[split], f"{s.generator or 'data'}_{split}", context)
         base_model = s.model_path
         if not base_model:
             upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
             base_model = rec("build_model", upstream.result())["model_path"]
+        if s.prefilter:  # after build_model: a built model's tokenizer is trained on the prepared data
+            upstream = filter_prompts.submit(data, base_model, s.filter_cfg, ctx, wait_for=[upstream])
+            data = rec("filter_prompts", upstream.result())
         model = base_model
-        if s.sft_enabled:
-            upstream = sft.submit(base_model, data["train"], data["val"], s.sft_list(), ctx,
+        if s.sft_enabled:  # SFT reads the unfiltered prepared files (or the experiment's SFT files)
+            upstream = sft.submit(base_model, data["sft_train"], data["sft_val"], s.sft_list(), ctx,
                                   wait_for=[upstream])
             model = rec("sft", upstream.result())["hf_dir"]
         ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream, validate)
@@ -232,11 +248,12 @@ def _print_learning(run_dir: Path, val_prompts: int) -> None:
 
 
 def _configured_tasks(s: PipelineSettings) -> tuple:
-    """The seven tasks with the retries of pipeline.yaml's ``tasks:`` applied. Their ``timeout_seconds`` go into the
+    """The eight tasks with the retries of the experiment's ``tasks:`` applied. Their ``timeout_seconds`` go into the
     flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
     Prefect's own timeout cannot interrupt a sync task's blocking call and warns on every task run."""
     tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
-             "ppo_segment": ppo_segment, "validate": validate, "evaluate": evaluate, "register_model": register_model}
+             "ppo_segment": ppo_segment, "validate": validate, "evaluate": evaluate, "register_model": register_model,
+             "filter_prompts": filter_prompts}
     options = split_task_options(s.task_options)[0]
     return tuple(t.with_options(**options.get(name, {})) for name, t in tasks.items())
 
@@ -314,18 +331,22 @@ def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, d
 
 # every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
 PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
-    "train_prompts": (int, "rows of the GSM8K train split used, the first N (pipeline.yaml data.train_prompts)"),
-    "val_prompts": (int, "rows of the test split used for validation, the first N (data.val_prompts)"),
+    "experiment_file": (str, "the experiment file (YAML; schema: flows/experiment.py); default "
+                             "experiments/gsm8k_tiny.yaml. Also --experiment FILE"),
+    "train_prompts": (int, "rows of the training data used, the first N (data.train_max_samples)"),
+    "val_prompts": (int, "rows of the validation data used, the first N (data.val_max_samples)"),
     "sft_epochs": (int, "SFT epochs (sft.epochs; trainer.total_epochs of the sft stage)"),
     "ppo_steps": (int, "PPO iterations in all (ppo.total_steps; trainer.total_training_steps)"),
     "segment_steps": (int, "PPO steps per ppo_segment task, each ending in a checkpoint (ppo.segment_steps)"),
     "adv_estimator": (str, "algorithm.adv_estimator: gae, grpo, rloo, reinforce_plus_plus, remax, ... "
                            "(ppo.adv_estimator)"),
-    "preset": (str, "configs/presets/<PRESET>.yaml, whose override lists come first (default tiny_cpu)"),
-    "model_path": (str, "a Hugging Face causal-LM folder to start from; unset: build the tiny model from the data"),
-    "gsm8k_dir": (str, "folder with GSM8K's train.jsonl and test.jsonl (gsm8k tasks); unset: $GSM8K_DIR, else the hub"),
+    "preset": (str, "experiments/<PRESET>.yaml (tiny_cpu = gsm8k_tiny, tiny_cpu_tools = gsm8k_tools, countdown)"),
+    "model_path": (str, "a Hugging Face causal-LM folder or URL to start from (model.path)"),
+    "gsm8k_dir": (str, "folder with GSM8K's train.jsonl and test.jsonl (data.generator_args.source_dir of the "
+                       "gsm8k generators); unset: $GSM8K_DIR, else the hub"),
     "ray_address": (str, "an existing Ray cluster (auto or ray://host:port); unset: embedded local Ray"),
-    "experiment": (str, "MLflow experiment name, also trainer.project_name (default rlhf)"),
+    "experiment": (str, "MLflow experiment name, also trainer.project_name (default: the experiment's name). "
+                        "Also --experiment-name"),
     "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over preset and pipeline)"),
     "ppo_overrides": ("list", "ppo_trainer.yaml overrides for every ppo_segment (they win)"),
     "eval_overrides": ("list", "evaluation.yaml overrides for the evaluate stage (they win)"),
@@ -342,10 +363,15 @@ def pipeline_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="also: python -m flows.rlhf [options]; an option left out takes its "
-                                            "value from configs/pipeline.yaml")
+                                            "value from the experiment file")
+    parser.add_argument("--dry-run", action="store_true", default=None,
+                        help="check the experiment (every stage config, the first rows of every data file, the "
+                             "model, the reward function, the suites), print one line per check; trains nothing")
     for name, (kind, help_) in PIPELINE_OPTIONS.items():
         flag = "--" + name.replace("_", "-")
-        if kind == "flag":
+        if name == "experiment":  # --experiment FILE (a .yaml or existing file) or NAME: main() tells them apart
+            parser.add_argument("--experiment", "--experiment-name", dest=name, metavar="FILE|NAME", help=help_)
+        elif kind == "flag":
             parser.add_argument(flag, action="store_true", default=None, help=help_)
         elif kind == "list":
             parser.add_argument(flag, nargs="*", metavar="KEY=VALUE", help=help_)
@@ -359,6 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
     def command(args: list[str]) -> int:
         params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
+        name = params.get("experiment")
+        if name and (name.endswith((".yaml", ".yml")) or Path(name).is_file()):  # --experiment FILE
+            params["experiment_file"] = params.pop("experiment")
+        if params.pop("dry_run", None):
+            s = resolve_settings(params)
+            n = run_checks(s, say=print)
+            print(f"dry run: {n} checks passed for {s.experiment_file} (sha256 {s.experiment_sha256[:12]}); "
+                  "nothing was trained")
+            return 0
         error = check_parameters(params)
         if error:  # before Prefect starts its server: the message naming the parameter, exit 2 (a usage error)
             print(f"rlhf pipeline: error: {error}", file=sys.stderr)
@@ -418,28 +453,28 @@ def _local(path: str) -> Path | None:
 
 
 def check_parameters(params: dict[str, Any]) -> str | None:
-    """What is wrong with the flow parameters (None when they are usable): the check's whole message, whose
-    first line names the stage or parameter and whose next lines, if any, each bad key and why.
+    """What is wrong with the flow parameters and their experiment (None when they are usable): the check's whole
+    message, whose first line names the parameter (or the experiment file and field) and whose next lines, if
+    any, each bad key and why.
 
-    Runs the flow's own checks (settings, every stage's override list, the baseline run id)
-    plus the existence of ``model_path`` and, for the GSM8K tasks, of ``gsm8k_dir``'s ``train.jsonl`` and
-    ``test.jsonl`` (local paths and ``file://`` URLs), without starting any service.
+    Runs the flow's own checks (the experiment, every stage's override list, the first rows of every data file,
+    the model, the reward function: ``flows.preflight``; the baseline run id) plus a ``model_path`` or ``gsm8k_dir``
+    parameter's existence (local paths and ``file://`` URLs), without starting any service.
     """
+    from rlhf_core.data.generators import GENERATORS
+
     try:
         s = resolve_settings(params)
-        validate_overrides(s)
-        gsm8k_task = s.task in ("gsm8k", "gsm8k_tools")  # countdown generates its data: gsm8k_dir is not read
-        for name in ("model_path", "gsm8k_dir") if gsm8k_task else ("model_path",):
-            value = getattr(s, name)
-            local = _local(value) if value else None
-            if local is not None and not local.exists():
-                return f"{name}: {value} does not exist"
-        folder = _local(s.gsm8k_dir) if gsm8k_task and s.gsm8k_dir else None
-        if folder is not None:  # what preprocess_gsm8k reads
-            missing = [f for f in ("train.jsonl", "test.jsonl") if not (folder / f).is_file()]
-            if missing:
-                return (f"gsm8k_dir: {s.gsm8k_dir} has no {' or '.join(missing)} (GSM8K's original question/answer "
-                        "jsonl files)")
+        value = params.get("model_path")
+        local = _local(value) if value else None
+        if local is not None and not local.exists():
+            return f"model_path: {value} does not exist"
+        gen = GENERATORS.get(s.generator or "")
+        wrong = gen.missing_source(s.generator_args) if gen is not None else None
+        if wrong:  # what the generator would read (e.g. GSM8K's jsonl files)
+            return f"gsm8k_dir: {wrong}" if params.get("gsm8k_dir") else (
+                f"{s.experiment_file}: data.generator_args.source_dir: {wrong}")
+        run_checks(s)
         if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
             report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
     except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:

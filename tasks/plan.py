@@ -89,7 +89,6 @@ def merge_overrides(*lists: Iterable[str]) -> list[str]:
     return list(out.values())
 
 
-PIPELINE_TASKS = ("gsm8k", "gsm8k_tools", "countdown")  # a preset's task: what prepare_data makes
 REWARD_PATH_KEY = "custom_reward_function.path"
 REWARD_KWARGS_KEY = "custom_reward_function.reward_kwargs"
 _UNSET = {"", "null", "none", "~", "''", '""'}
@@ -198,6 +197,7 @@ def eval_overrides(preset: Sequence[str], user: Sequence[str], *, responses_path
     pipeline = as_overrides({"data.path": responses_path, "output.samples_dir": samples_dir})
     return merge_overrides(preset, pipeline, user)
 
+
 DEFAULT_SUITE = "val"
 SUITE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -261,7 +261,6 @@ def suite_metric_names(metrics: dict[str, float], suite: str, data_sources: Iter
         ds = next((d for d in sources if key.endswith("/" + d)), None)
         out[key if ds is None else f"{key[:-len(ds)]}{suite}/{ds}"] = value
     return out
-
 
 
 def non_retriable_types() -> tuple[type[BaseException], ...]:

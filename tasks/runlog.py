@@ -39,9 +39,17 @@ def _count(n: Any) -> str:
 
 
 def prepare_data_run_name(parameters: Mapping[str, Any]) -> str:
-    """``prepare_data · gsm8k · 64 train, 8 val prompts`` (``all`` where a count ``<= 0`` keeps every row)."""
-    return (f"prepare_data · {parameters['task']} · {_count(parameters['train_prompts'])} train, "
-            f"{_count(parameters['val_prompts'])} val prompts")
+    """``prepare_data · gsm8k · 64 train, 8 val prompts`` (the generator, or ``files``; ``all`` where a count
+    ``<= 0`` keeps every row)."""
+    data = parameters["data"]
+    return (f"prepare_data · {data['generator'] or 'files'} · {_count(data['train_prompts'])} train, "
+            f"{_count(data['val_prompts'])} val prompts")
+
+
+def filter_prompts_run_name(parameters: Mapping[str, Any]) -> str:
+    """``filter_prompts · <= 256 tokens, 4 workers`` (the PPO config's data.max_prompt_length and workers)."""
+    cfg = parameters["cfg"]
+    return f"filter_prompts · <= {cfg['max_prompt_length']} tokens, {cfg['workers']} workers"
 
 
 def build_model_run_name(parameters: Mapping[str, Any]) -> str:
@@ -95,6 +103,6 @@ def evaluate_run_name(parameters: Mapping[str, Any]) -> str:
     return f"evaluate · step {int(parameters['global_step'])}"
 
 
-__all__ = ["build_model_run_name", "evaluate_run_name", "log_line", "parquet_rows",
+__all__ = ["build_model_run_name", "evaluate_run_name", "filter_prompts_run_name", "log_line", "parquet_rows",
            "ppo_segment_run_name",
            "prepare_data_run_name", "sft_run_name", "validate_run_name"]
