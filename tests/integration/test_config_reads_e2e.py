@@ -1,7 +1,8 @@
 """Proof of effect, not of name: every key marked "supported" is read, by full path, in a real run.
 
 Each entry point runs once on the tiny model with ``RLHF_CONFIG_READS`` set (rlhf_core/config/reads.py): PPO
-with GRPO and with GAE (one Ray instance started here, so its workers record too), SFT and offline evaluation.
+with GRPO and with GAE (one Ray instance started here, so its workers record too), SFT, offline evaluation and
+``rlhf generate``'s ``run_generation``.
 A key whose docs/CONFIG_KEYS.md status is "supported" must be read by one of these runs, or be listed in
 ``EFFECT_TESTS`` with the test that shows its effect (keys only read on paths these short runs do not take:
 LoRA, a reward model, the KL controller...). The test named there must exist.
@@ -102,6 +103,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":
                    "tests/unit/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
+    "generation": {},  # a default run reads every supported key of generation.yaml
 }
 
 
@@ -137,6 +139,7 @@ def recorded(tiny_model_dir, gsm8k_parquet, sft_files, tmp_path_factory):  # noq
     import ray
 
     from rlhf_core.trainer.evaluation import run_evaluation
+    from rlhf_core.trainer.main_generation import run_generation
     from rlhf_core.trainer.main_ppo import run_ppo
     from rlhf_core.trainer.sft_trainer import run_sft
 
@@ -159,6 +162,10 @@ def recorded(tiny_model_dir, gsm8k_parquet, sft_files, tmp_path_factory):  # noq
         os.environ[reads.ENV] = files["evaluation"]
         run_evaluation(load_config("evaluation", [f"data.path={_eval_parquet(out / 'resp.parquet')}",
                                                   f"output.samples_dir={out / 'eval'}"]))
+        os.environ[reads.ENV] = files["generation"]
+        run_generation(load_config("generation", [f"data.path={gsm8k_parquet[1]}", f"model.path={tiny_model_dir}",
+                                                  f"data.output_path={out / 'gen.parquet'}", "data.n_samples=2",
+                                                  "rollout.response_length=8"]))
     finally:
         if ray.is_initialized():
             ray.shutdown()

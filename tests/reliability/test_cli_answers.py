@@ -55,7 +55,7 @@ def closed_port() -> int:
 
 
 # ------------------------------------------------------------------ help and argument errors, before heavy imports
-@pytest.mark.parametrize("name", ["ppo", "sft", "eval"])
+@pytest.mark.parametrize("name", ["ppo", "sft", "eval", "generate"])
 def test_trainer_help_returns_within_2_s(name, tmp_path):
     """`rlhf ppo --help` took 15 s (sft 16 s, eval 7 s): torch, Ray and transformers were imported first.
     The parser is now built from an import-light module: about 0.35 s on an idle 2-core machine. The best of up to
@@ -76,7 +76,8 @@ def test_bad_flag_exits_2_quickly(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["ppo", "--help"], ["sft", "--help"], ["eval", "--help"], ["ppo", "--bogus"],
-                                  ["ppo", "no.such_key=1"], ["sft", "no.such_key=1"]])
+                                  ["ppo", "no.such_key=1"], ["sft", "no.such_key=1"], ["generate", "--help"],
+                                  ["generate", "no.such_key=1"]])
 def test_help_and_argument_errors_import_no_torch_ray_or_transformers(args, tmp_path):
     """The cause of the slow help, checked directly (timing on a loaded machine varies): after `rlhf ARGS`
     answers, none of the heavy packages is in ``sys.modules``; with RLHF_HOME (the tracked runner) too."""

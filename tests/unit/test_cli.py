@@ -34,7 +34,7 @@ def test_every_subcommand_has_help(name, capsys):
 
 
 @pytest.mark.parametrize("name,config_name", [("ppo", "ppo_trainer"), ("sft", "sft_trainer"),
-                                              ("eval", "evaluation")])
+                                              ("eval", "evaluation"), ("generate", "generation")])
 def test_trainer_help_documents_overrides_and_where_keys_are(name, config_name, capsys):
     assert rlhf_cli.main([name, "-h"]) == 0
     out = capsys.readouterr().out

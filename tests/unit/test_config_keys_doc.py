@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_core.config import load_base
+from rlhf_core.config.loader import CONFIG_NAMES
 from rlhf_core.config.keys_doc import render_markdown, yaml_keys
 from rlhf_core.config.schema import CHOICES, LIST_CHOICES, SUPPORT, TYPES, all_paths
 
@@ -31,5 +32,5 @@ def test_doc_lists_every_leaf_key_once():
 @pytest.mark.parametrize("table", [SUPPORT, CHOICES, LIST_CHOICES, TYPES], ids=["SUPPORT", "CHOICES", "LIST", "TYPES"])
 def test_schema_tables_name_existing_keys(table):
     # a typo in a table would silently check nothing
-    known = set().union(*(all_paths(load_base(n)) for n in ("ppo_trainer", "sft_trainer", "evaluation")))
+    known = set().union(*(all_paths(load_base(n)) for n in CONFIG_NAMES))
     assert sorted(set(table) - known) == []
