@@ -133,6 +133,17 @@ def _is_known(key: str, known: set[str]) -> bool:
     return key in known or is_open(key) or any(k.startswith(key + ".") or key.startswith(k + ".") for k in known)
 
 
+def _value(word: str, refs: list[str]) -> Any:
+    """The override's value by Hydra's grammar; with an unexpanded reference Hydra cannot parse (``$(pwd)/m``),
+    the text after ``=`` as written."""
+    try:
+        return parse_override(word).value
+    except ConfigError:
+        if refs:
+            return word.split("=", 1)[1]
+        raise
+
+
 def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
     node = doc
     *parents, leaf = dotted.split(".")
@@ -233,7 +244,7 @@ class _Converter:
         """Put ``word``'s value in the experiment field ``dotted``; False when it stays an override."""
         if refs and dotted not in PATH_FIELDS or dotted == "model.path" and cmd.stage == "ppo" and self.has_sft:
             return False
-        value = parse_override(word).value
+        value = _value(word, refs)
         if dotted in LIST_FIELDS and not isinstance(value, list):
             value = [value]
         if dotted in ("ppo.total_steps", "sft.epochs") and not isinstance(value, int):
@@ -255,7 +266,7 @@ def _suite(cmd: Command, conv: Conversion, doc: dict[str, Any]) -> dict[str, Any
             conv.unexpanded.setdefault(ref, []).append(f"generation {key}")
         if "=" in word and GPU_KEYS.search(key) and word.split("=", 1)[1] not in ("1", "0"):
             conv.gpu.append(f"generation: {word}")
-        value = parse_override(word).value if "=" in word else None
+        value = _value(word, cmd.unexpanded.get(word, [])) if "=" in word else None
         if key in SUITE_KEYS and (key == "data.path" or not cmd.unexpanded.get(word)):
             suite[SUITE_KEYS[key]] = value if key != "data.path" or isinstance(value, list) else [value]
         elif key == "model.path" and _get(doc, "model.path") is None:
@@ -361,7 +372,8 @@ def _emit(node: Any, indent: int = 0) -> list[str]:
             if isinstance(value, Commented):
                 lines.append(f"{pad}# {value.text}  # {value.why}")
             elif isinstance(value, (dict, list)) and value:
-                lines += [f"{pad}{key}:", *_emit(value, indent + 2)]
+                empty = "" if _plain(value) else (" []" if isinstance(value, list) else " {}")  # all commented out
+                lines += [f"{pad}{key}:{empty}", *_emit(value, indent + 2)]
             else:
                 lines.append(f"{pad}{key}: {_scalar(value)}")
         return lines

@@ -89,12 +89,13 @@ class _Expander:
                 break  # a comment runs to the end of the line
             elif c == "$":
                 ref, i, value = self._reference(text, i)
-                out.append(ref if value is None else _requote(value, quote == '"'))
+                # left as written: quoted when unquoted, so that `$(( 2 * 3 ))` stays one word as in bash
+                out.append((ref if quote else shlex.quote(ref)) if value is None else _requote(value, quote == '"'))
             elif c == "`":
                 end = text.find("`", i + 1)
                 end = len(text) - 1 if end < 0 else end
                 self.missing.append(text[i:end + 1])
-                out.append(text[i:end + 1])
+                out.append(text[i:end + 1] if quote else shlex.quote(text[i:end + 1]))
                 i = end + 1
             else:
                 out.append(c)

@@ -97,6 +97,16 @@ def test_a_hand_written_script_is_converted_as_derived_by_hand(tmp_path, capsys)
     assert exp.ppo.total_steps == 7 and exp.reward.path == str(out.parent / "reward.py")
 
 
+def test_a_command_substitution_in_a_lifted_path_is_kept_as_written():
+    conv = convert("D=$(pwd)/data\npython3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$(pwd)/m "
+                   "data.train_files=$D/t.parquet trainer.total_training_steps=$(( 2 * 3 ))\n", "s.sh")
+    assert conv.doc["model"]["path"] == "$(pwd)/m" and conv.doc["data"]["train_files"] == ["$(pwd)/data/t.parquet"]
+    # a step count that only a shell could compute stays an override, commented out, never a guessed number
+    assert "ppo" not in conv.doc or "total_steps" not in conv.doc["ppo"]
+    assert "# - trainer.total_training_steps=$(( 2 * 3 ))  # unexpanded $(( 2 * 3 ))" in render(conv)
+    assert set(conv.unexpanded) == {"$(pwd)", "$(( 2 * 3 ))"}
+
+
 def test_an_existing_out_file_is_not_replaced_without_force(tmp_path, capsys):
     script, out = _write(tmp_path, HAND_SCRIPT), _write(tmp_path, "name: mine\n", "mine.yaml")
     assert rlhf_main(["experiment", "from-verl", str(script), "--out", str(out)]) == 1
