@@ -57,6 +57,7 @@ def greedy_reference(model_dir, question: str, max_new_tokens: int) -> str:
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+@pytest.mark.slow  # two fresh interpreters (torch, transformers): 31 s at load average 11, 98 s at 21, on 2 cores
 def test_rlhf_generate_writes_verl_responses_and_rlhf_eval_scores_them(tiny_model_dir, tmp_path):
     data = prompts_parquet(tmp_path / "test.parquet")
     out = tmp_path / "gen" / "responses.parquet"
