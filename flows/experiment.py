@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from rlhf_core.config import ConfigError
-from rlhf_core.config.yaml_file import yaml_syntax_error
+from rlhf_core.config.yaml_file import parse_yaml_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -300,9 +298,9 @@ def load_experiment(path_or_text: str | os.PathLike, base_dir: str | os.PathLike
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        ExperimentError: (a ConfigError) one line naming the file and the dotted field: not valid YAML, an unknown
-            field (with a did-you-mean), a value of the wrong type, no ``name``, a step count below 1, an unknown
-            generator, data given both ways or not at all, a suite without a name or files.
+        ExperimentError: (a ConfigError) one line naming the file and the dotted field: not valid YAML, a key given
+            twice, an unknown field (with a did-you-mean), a value of the wrong type, no ``name``, a step count below
+            1, an unknown generator, data given both ways or not at all, a suite without a name or files.
     """
     text_given = not isinstance(path_or_text, os.PathLike) and (
         "\n" in str(path_or_text) or not (os.path.isfile(str(path_or_text))
@@ -317,9 +315,9 @@ def load_experiment(path_or_text: str | os.PathLike, base_dir: str | os.PathLike
         text, source = file.read_text(encoding="utf-8"), str(file)
         folder = Path(base_dir) if base_dir else file.resolve().parent
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ExperimentError(yaml_syntax_error(source, exc)) from None
+        raw = parse_yaml_text(text, source)  # a key given twice is refused, not silently the last one
+    except ConfigError as exc:
+        raise ExperimentError(str(exc)) from None
     reader = _Reader(source, folder.expanduser().resolve())
     exp = reader.build(Experiment, {} if raw is None else raw, "")
     exp = dataclasses.replace(exp, source=source, base_dir=str(reader.base_dir), text=text,

@@ -1,4 +1,4 @@
-"""Reading a YAML file that must hold a mapping (a config, ``pipeline.yaml``, a preset): one error line naming the
+"""Reading a YAML file that must hold a mapping (a config, an experiment file): one error line naming the
 file, and the line and column of a syntax error or the key and lines of a duplicate key, instead of PyYAML's (or
 OmegaConf's) multi-line messages."""
 
@@ -44,6 +44,27 @@ def _duplicate_key(node: yaml.Node, prefix: str = "", seen: set[int] | None = No
     return next((d for child_prefix, child in children if (d := _duplicate_key(child, child_prefix, seen))), None)
 
 
+def parse_yaml_text(text: str, source: str | Path) -> Any:
+    """The YAML document ``text`` (``yaml.safe_load`` semantics; None when empty), read from ``source`` (a path or a
+    label such as ``<experiment text>``, used in the messages).
+
+    Raises:
+        ConfigError: one line naming ``source``: not valid YAML (1-based line and column), or a mapping holds a key
+            twice (the dotted key and both lines; PyYAML would keep the last one silently).
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        duplicate = _duplicate_key(node) if node is not None else None
+        if duplicate:
+            raise ConfigError(f"{source}: duplicate key {duplicate}: keep one of them")
+        return loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_syntax_error(source, exc)) from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of the YAML file ``path`` (``{}`` for an empty file), parsed with ``yaml.safe_load``.
 
@@ -60,17 +81,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        duplicate = _duplicate_key(node) if node is not None else None
-        if duplicate:
-            raise ConfigError(f"{path}: duplicate key {duplicate}: keep one of them")
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_syntax_error(path, exc)) from None
-    finally:
-        loader.dispose()
+    data = parse_yaml_text(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):

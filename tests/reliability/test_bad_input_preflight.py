@@ -323,15 +323,20 @@ def test_a_broken_shipped_config_in_config_dir_is_named(tmp_path, capsys):
     assert err.count("\n") == 1
 
 
-def test_a_broken_preset_is_named(tmp_path):
-    from flows.settings import load_preset
+@pytest.mark.parametrize("text, expected", [
+    ("name: mine\nppo:\n  - a=1\n  b: 2\n", "{path} line 4, column 3: not valid YAML: expected <block end>, but found "
+                                             "'?' (while parsing a block collection)"),
+    ("name: mine\ndata: {generator: countdown}\nppo:\n  total_steps: 5\n  total_steps: 6\n",
+     "{path}: duplicate key 'ppo.total_steps' (lines 4 and 5): keep one of them"),
+], ids=["not_yaml", "duplicate"])
+def test_a_broken_experiment_file_is_named(tmp_path, text, expected):
+    from flows.experiment import load_experiment
 
-    (tmp_path / "presets").mkdir()
-    (tmp_path / "presets" / "mine.yaml").write_text("ppo:\n  - a=1\n  b: 2\n")
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        load_preset("mine", tmp_path)
-    assert str(info.value) == (f"{tmp_path / 'presets' / 'mine.yaml'} line 3, column 3: not valid YAML: expected "
-                               "<block end>, but found '?' (while parsing a block collection)")
+        load_experiment(path)
+    assert str(info.value) == expected.format(path=path)
 
 
 # --- 6. a dataset smaller than one batch ----------------------------------------------------------------------------

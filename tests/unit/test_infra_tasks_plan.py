@@ -11,6 +11,8 @@ import pytest
 from flows.settings import resolve_settings
 from tasks import plan
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.parametrize("total,seg,expected", [
     (4, 2, [2, 4]), (5, 2, [2, 4, 5]), (1, 3, [1]), (3, 1, [1, 2, 3]), (6, 6, [6])])
@@ -39,8 +41,8 @@ def test_ppo_overrides_segment_and_user_precedence(tmp_path):
     d = dict(x.split("=", 1) for x in o)
     assert d["trainer.stop_after_step"] == "4"  # the segment boundary beats any user value
     assert d["trainer.resume_mode"] == "auto"
-    assert d["trainer.save_freq"] == "2"  # pipeline beats preset: boundaries are checkpoints
-    assert d["data.train_batch_size"] == "16"  # user beats preset
+    assert d["trainer.save_freq"] == "2"  # pipeline beats the experiment: boundaries are checkpoints
+    assert d["data.train_batch_size"] == "16"  # user beats the experiment
     assert d["trainer.total_training_steps"] == "5"
     assert d["algorithm.adv_estimator"] == "grpo"
     assert d["trainer.default_local_dir"] == str(tmp_path / "checkpoints")
@@ -336,32 +338,35 @@ def test_override_value_reads_back_through_hydras_grammar(value):
     assert plan.override_value("plain") == "plain" and plan.override_value("~/x") == "'~/x'"
 
 
-def test_countdown_preset_sets_task_and_pipeline_values_params_still_win():
+def test_countdown_experiment_sets_generator_and_sizes_params_still_win():
     from flows.settings import validate_overrides
 
-    s = resolve_settings({"preset": "countdown"})
-    assert (s.task, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
+    s = resolve_settings({"experiment_file": str(REPO / "experiments" / "countdown.yaml")})
+    assert (s.generator, s.train_prompts, s.val_prompts, s.ppo_steps, s.segment_steps) == (
         "countdown", 20000, 500, 100000, 100000)
+    assert s.generator_args == {"min_numbers": 2, "max_numbers": 2, "max_number": 99}
     assert "trainer.total_training_seconds=480" in s.experiment_ppo
-    validate_overrides(s)  # the shipped countdown preset is valid for every stage
-    assert resolve_settings({"preset": "countdown", "val_prompts": 600}).val_prompts == 600
-    assert resolve_settings({}).task == "gsm8k"  # presets without `task` keep GSM8K
+    validate_overrides(s)  # the shipped countdown experiment is valid for every stage
+    assert resolve_settings({"experiment_file": str(REPO / "experiments" / "countdown.yaml"),
+                             "val_prompts": 600}).val_prompts == 600
+    # preset=countdown (the name before experiment files) is the same file
+    assert resolve_settings({"preset": "countdown"}).experiment_sha256 == s.experiment_sha256
+    assert resolve_settings({}).generator == "gsm8k"  # the default experiment keeps GSM8K
 
 
-def test_tools_preset_is_valid_and_its_tool_config_loads_from_the_checkout():
-
+def test_tools_experiment_is_valid_and_its_tool_config_loads_from_the_checkout():
     from flows.settings import validate_overrides
     from rlhf_core.config import load_config
     from rlhf_core.tools import load_tools
 
-    s = resolve_settings({"preset": "tiny_cpu_tools"})
-    assert s.task == "gsm8k_tools"
+    s = resolve_settings({"experiment_file": str(REPO / "experiments" / "gsm8k_tools.yaml")})
+    assert (s.experiment, s.generator) == ("gsm8k_tools", "gsm8k_tools")
+    assert resolve_settings({"preset": "tiny_cpu_tools"}).experiment_sha256 == s.experiment_sha256  # the old name
     validate_overrides(s)  # every stage's list is valid, the multi-turn SFT and async tool-agent PPO included
     rollout = load_config("ppo_trainer", s.experiment_ppo).actor_rollout_ref.rollout
     assert (rollout.mode, rollout.multi_turn.enable) == ("async", True)
     # the path is relative to the checkout, which Ray ships as every stage's working directory
-    repo = Path(__file__).resolve().parents[2]
-    assert list(load_tools(repo / rollout.multi_turn.tool_config_path)) == ["calc_gsm8k_reward"]
+    assert list(load_tools(REPO / rollout.multi_turn.tool_config_path)) == ["calc_gsm8k_reward"]
 
 
 
@@ -385,14 +390,29 @@ def test_validation_before_after_prefers_acc_and_spans_segments():
     assert plan.validation_before_after([{"step": 1, "name": "actor/lr", "value": 1.0}]) is None
 
 
-def test_countdown_cache_key_follows_the_generator_arguments():
+def test_prepare_data_cache_key_follows_the_generator_arguments_and_the_input_bytes(tmp_path):
     from tasks.stages import _prepare_key
 
-    base = {"task": "countdown", "train_prompts": 100, "val_prompts": 10, "ctx": {"home": "/h"}}
-    plain = _prepare_key(None, base)
-    assert _prepare_key(None, {**base, "countdown": {}}) == plain  # {} = the defaults: earlier runs' cache stays valid
-    two = _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 2}})
-    assert two != plain and two != _prepare_key(None, {**base, "countdown": {"min_numbers": 2, "max_numbers": 3}})
+    def key(data: dict, home: str = "/h") -> str | None:
+        return _prepare_key(None, {"data": data, "ctx": {"home": home}})
+
+    countdown = resolve_settings({"experiment_file": str(REPO / "experiments" / "countdown.yaml")}).data_spec()
+    plain = key(countdown)
+    assert plain == key(dict(countdown)) and plain != key(countdown, home="/other")
+    two = key({**countdown, "generator_args": {"min_numbers": 2, "max_numbers": 3, "max_number": 99}})
+    assert two != plain and two != key({**countdown, "generator_args": {"min_numbers": 3, "max_numbers": 3,
+                                                                         "max_number": 99}})
+    assert key({**countdown, "train_prompts": 100}) != plain
+    # files: the key is the bytes' digest, not the name or the time (an unchanged nightly input is not prepared again)
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    train.write_bytes(b"one"), val.write_bytes(b"two")
+    files = {**countdown, "generator": None, "generator_args": {}, "train_files": [str(train)],
+             "val_files": [str(val)]}
+    first = key(files)
+    train.write_bytes(b"one")  # rewritten, same bytes
+    assert key(files) == first
+    train.write_bytes(b"One")
+    assert key(files) != first
 
 
 def test_a_users_critic_model_beats_the_pipelines(tmp_path):
