@@ -65,21 +65,29 @@ class DeploymentSpec:
 
 
 def deployment_spec(path: str | Path, pool: str | None = None, name: str | None = None,
-                    schedule: bool = True) -> DeploymentSpec:
+                    schedule: bool = True, check_configs: bool = True) -> DeploymentSpec:
     """The deployment for the experiment file at ``path`` (nothing contacted).
 
     ``pool`` overrides the file's ``work_pool``, ``name`` its ``name`` (the deployment's name); ``schedule=False``
     drops the file's ``schedule``. The file is checked by the experiment loader exactly as the flow will read the
-    deployed parameters (its text, with its folder as the base for relative paths).
+    deployed parameters (its text, with its folder as the base for relative paths), and, with ``check_configs``,
+    every stage's config is composed and validated as the flow's first check does (a typo fails now, not at the
+    nightly run). Data, model and reward files are not read here: the worker's machine may see other paths than
+    this one; the flow's preflight checks them when each run starts.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ConfigError: the loader refused the file (its message names the file and field), or its cron is invalid.
+        ConfigError: the loader refused the file (its message names the file and field), its cron or timezone is
+            invalid, or a stage's composed config is (the stage on the first line, then each bad key).
     """
     from flows.experiment import load_experiment  # the one loader (schema, defaults, did-you-mean, digest)
 
     file = Path(path).expanduser().resolve()
     experiment = load_experiment(file)  # what the flow reads back: its text, digest and folder
+    if check_configs:
+        from flows.settings import resolve_settings, validate_overrides
+
+        validate_overrides(resolve_settings({}, experiment))  # the flow's first check, on any machine
     when = experiment.schedule if schedule else None
     sched = None if when is None else {"cron": when.cron, "timezone": when.timezone, "active": when.active}
     if sched is not None:

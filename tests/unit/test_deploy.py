@@ -77,18 +77,24 @@ def _deploy(args: list[str], tmp_path: Path, api_url: str | None) -> tuple[subpr
     return proc, time.monotonic() - start
 
 
-@pytest.mark.parametrize("case", ["bad_cron", "bad_timezone", "unknown_field"])
+@pytest.mark.parametrize("case", ["bad_cron", "bad_timezone", "unknown_field", "bad_override"])
 def test_a_bad_file_is_refused_in_one_line(case, tmp_path, capsys):
     text = {"bad_cron": EXPERIMENT.replace("30 1 * * *", "30 1 * *"),
             "bad_timezone": EXPERIMENT.replace("Europe/Paris", "Europe/Pariss"),
-            "unknown_field": EXPERIMENT.replace("work_pool:", "work_pol:")}[case]
+            "unknown_field": EXPERIMENT.replace("work_pool:", "work_pol:"),
+            # a stage config the flow's first check refuses: refused at deploy time, not at the nightly run
+            "bad_override": EXPERIMENT.replace("ppo: {", "ppo: {overrides: [actor_rollout_ref.actor.clip_ratio=nan], ")
+            }[case]
     file = _write(tmp_path, text)
     assert main([str(file)]) == 1  # before PREFECT_API_URL is even looked at
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1, err
+    # one line; a stage config's refusal: the stage's line, then one line per bad key (rlhf pipeline's format)
+    assert out == "" and len(err.strip().splitlines()) == (2 if case == "bad_override" else 1), err
     expected = {"bad_cron": [f"rlhf deploy: error: {file}: schedule.cron: Invalid cron string", "30 1 * *"],
                 "bad_timezone": [f"rlhf deploy: error: {file}: schedule.timezone: Invalid timezone", "Europe/Pariss"],
-                "unknown_field": [f"rlhf deploy: error: {file}", "work_pol", "work_pool"]}[case]  # did-you-mean
+                "unknown_field": [f"rlhf deploy: error: {file}", "work_pol", "work_pool"],  # did-you-mean
+                "bad_override": [f"rlhf deploy: error: ppo stage (ppo_trainer): invalid overrides ({file}",
+                                 "actor_rollout_ref.actor.clip_ratio", "nan"]}[case]
     for part in expected:
         assert part in err, err
 
@@ -111,3 +117,19 @@ def test_no_server_is_refused_in_one_line(case, tmp_path):
     # a refused connection answers at once, without client retries: the seconds are the imports (about 5 s idle,
     # 20-28 s at load average 12 on 2 cores)
     assert seconds < 45, seconds
+
+
+@pytest.mark.slow  # imports every module flows/rlhf.py imports (MLflow, Ray...): 5-15 s
+def test_parameter_schema_is_prefects_own():
+    """flow_parameter_schema reads only the rlhf function's source; it must stay what Prefect derives from the whole
+    file (a flow parameter whose annotation needs one of the file's imports would break the shortcut)."""
+    from prefect.utilities.callables import parameter_schema_from_entrypoint
+
+    from flows.deploy import flow_parameter_schema
+
+    schema = flow_parameter_schema()
+    assert schema == parameter_schema_from_entrypoint(str(REPO / "flows/rlhf.py") + ":rlhf").model_dump_for_openapi()
+    # what a deployment's run form offers (issue 33's parameters first, with their types)
+    assert list(schema["properties"])[:4] == ["experiment_file", "experiment_content", "experiment_sha256",
+                                              "experiment_base_dir"]
+    assert schema["properties"]["ppo_steps"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
