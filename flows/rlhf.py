@@ -329,10 +329,11 @@ def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, d
                        baseline_run_id, wait_for=[upstream]).result()
 
 
-# every flow parameter as a command-line option: (type or "flag" or "list", help); None = configs/pipeline.yaml
+# the flow parameters that are command-line options: (type or "flag" or "list", help); an option left out is None =
+# the experiment file's value. experiment_content/experiment_sha256/experiment_base_dir are a deployment's (rlhf deploy)
 PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
     "experiment_file": (str, "the experiment file (YAML; schema: flows/experiment.py); default "
-                             "experiments/gsm8k_tiny.yaml. Also --experiment FILE"),
+                             "experiments/gsm8k_tiny.yaml. Also --experiment FILE.yaml"),
     "train_prompts": (int, "rows of the training data used, the first N (data.train_max_samples)"),
     "val_prompts": (int, "rows of the validation data used, the first N (data.val_max_samples)"),
     "sft_epochs": (int, "SFT epochs (sft.epochs; trainer.total_epochs of the sft stage)"),
@@ -345,9 +346,9 @@ PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
     "gsm8k_dir": (str, "folder with GSM8K's train.jsonl and test.jsonl (data.generator_args.source_dir of the "
                        "gsm8k generators); unset: $GSM8K_DIR, else the hub"),
     "ray_address": (str, "an existing Ray cluster (auto or ray://host:port); unset: embedded local Ray"),
-    "experiment": (str, "MLflow experiment name, also trainer.project_name (default: the experiment's name). "
-                        "Also --experiment-name"),
-    "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over preset and pipeline)"),
+    "experiment": (str, "the MLflow experiment's name, also trainer.project_name (default: the experiment file's "
+                        "name field)"),
+    "sft_overrides": ("list", "sft_trainer.yaml overrides for the sft stage (they win over the experiment's)"),
     "ppo_overrides": ("list", "ppo_trainer.yaml overrides for every ppo_segment (they win)"),
     "eval_overrides": ("list", "evaluation.yaml overrides for the evaluate stage (they win)"),
     "skip_sft": ("flag", "skip the sft stage (PPO starts from the base model)"),
@@ -370,7 +371,11 @@ def pipeline_parser() -> argparse.ArgumentParser:
     for name, (kind, help_) in PIPELINE_OPTIONS.items():
         flag = "--" + name.replace("_", "-")
         if name == "experiment":  # --experiment FILE (a .yaml or existing file) or NAME: main() tells them apart
-            parser.add_argument("--experiment", "--experiment-name", dest=name, metavar="FILE|NAME", help=help_)
+            parser.add_argument("--experiment", dest="experiment_or_file", metavar="FILE|NAME",
+                                help="a value ending in .yaml/.yml, or an existing file: the experiment file (as "
+                                     "--experiment-file); anything else: the MLflow experiment's name (as "
+                                     "--experiment-name)")
+            parser.add_argument("--experiment-name", dest=name, metavar="NAME", help=help_)
         elif kind == "flag":
             parser.add_argument(flag, action="store_true", default=None, help=help_)
         elif kind == "list":
@@ -380,14 +385,28 @@ def pipeline_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def pipeline_params(argv: list[str]) -> dict[str, Any]:
+    """The flow parameters (and ``dry_run``) an ``rlhf pipeline`` command line gives, the options left out omitted.
+    ``--experiment X`` is the experiment file when ``X`` ends in ``.yaml``/``.yml`` or names an existing file, else
+    the MLflow experiment's name; ``--experiment-name X`` is always the name.
+
+    Raises:
+        SystemExit: argparse's usage error (exit 2) or ``--help`` (exit 0).
+    """
+    params = {k: v for k, v in vars(pipeline_parser().parse_args(argv)).items() if v is not None}
+    given = params.pop("experiment_or_file", None)
+    if given and (given.endswith((".yaml", ".yml")) or Path(given).is_file()):  # --experiment FILE
+        params["experiment_file"] = given
+    elif given:  # --experiment NAME: the MLflow experiment (as --experiment-name)
+        params["experiment"] = given
+    return params
+
+
 def main(argv: list[str] | None = None) -> int:
     """``rlhf pipeline [--option value ...]`` (or ``python -m flows.rlhf``): run the flow locally and say where
     the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
     def command(args: list[str]) -> int:
-        params = {k: v for k, v in vars(pipeline_parser().parse_args(args)).items() if v is not None}
-        name = params.get("experiment")
-        if name and (name.endswith((".yaml", ".yml")) or Path(name).is_file()):  # --experiment FILE
-            params["experiment_file"] = params.pop("experiment")
+        params = pipeline_params(args)
         if params.pop("dry_run", None):
             s = resolve_settings(params)
             n = run_checks(s, say=print)

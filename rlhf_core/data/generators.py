@@ -72,22 +72,31 @@ def countdown(out_dir: str, n_train: int, n_val: int, min_numbers: int = 3, max_
     return {"train": splits["train"], "val": splits["test"]}
 
 
+def _local_folder(folder: str | None) -> Path | None:
+    """``folder`` as a local ``Path`` (a plain path or a ``file://`` URL, ``~`` expanded); None for the hub or a
+    remote URL."""
+    from rlhf_core.data.fs import copy_to_local, is_local
+
+    return Path(copy_to_local(folder)) if folder and is_local(folder) else None  # local: nothing is copied
+
+
 def _gsm8k_inputs(args: dict[str, Any]) -> list[str] | None:
-    folder = gsm8k_source(args.get("source_dir"))
-    if not folder or "://" in folder:
+    folder = _local_folder(gsm8k_source(args.get("source_dir")))
+    if folder is None:
         return None
-    return [str(p) for p in sorted(Path(folder).glob("*")) if p.suffix in (".jsonl", ".parquet")]
+    return [str(p) for p in sorted(folder.glob("*")) if p.suffix in (".jsonl", ".parquet")]
 
 
 def _gsm8k_missing(args: dict[str, Any]) -> str | None:
-    folder = gsm8k_source(args.get("source_dir"))
-    if not folder or "://" in folder:  # the hub, or a URL: read when the stage runs
+    given = gsm8k_source(args.get("source_dir"))
+    folder = _local_folder(given)
+    if folder is None:  # the hub, or a remote URL: read when the stage runs
         return None
-    if not Path(folder).exists():
-        return f"{folder} does not exist"
-    missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(folder) / f).is_file()]
+    if not folder.exists():
+        return f"{given} does not exist"
+    missing = [f for f in ("train.jsonl", "test.jsonl") if not (folder / f).is_file()]
     if missing:
-        return f"{folder} has no {' or '.join(missing)} (GSM8K's original question/answer jsonl files)"
+        return f"{given} has no {' or '.join(missing)} (GSM8K's original question/answer jsonl files)"
     return None
 
 

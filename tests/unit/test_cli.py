@@ -46,13 +46,29 @@ def test_pipeline_help_documents_every_flow_parameter(capsys):
     from flows.rlhf import PIPELINE_OPTIONS, rlhf as flow
 
     params = list(inspect.signature(flow.fn).parameters)
-    assert len(params) == 18 and list(PIPELINE_OPTIONS) == params  # 16 + baseline, max_regression (gate)
+    deployment_only = ["experiment_content", "experiment_sha256", "experiment_base_dir"]  # rlhf deploy sets them
+    assert len(params) == 22 and list(PIPELINE_OPTIONS) == [p for p in params if p not in deployment_only]
     assert rlhf_cli.main(["pipeline", "--help"]) == 0
     out = capsys.readouterr().out
     assert "python -m flows.rlhf" not in out.splitlines()[0]
-    for name in params:
+    for name in PIPELINE_OPTIONS:
         assert f"--{name.replace('_', '-')}" in out, name
         assert PIPELINE_OPTIONS[name][1].split()[0] in out, name  # its help text, not only the flag
+
+
+def test_pipeline_experiment_option_is_a_file_when_it_looks_like_one_else_the_mlflow_name(tmp_path):
+    from flows.rlhf import pipeline_params
+
+    assert pipeline_params(["--experiment", "experiments/countdown.yaml"]) == {
+        "experiment_file": "experiments/countdown.yaml"}
+    assert pipeline_params(["--experiment", "learn"]) == {"experiment": "learn"}
+    extensionless = tmp_path / "nightly"  # an existing file without .yaml is a file too
+    extensionless.write_text("name: x\n")
+    assert pipeline_params(["--experiment", str(extensionless)]) == {"experiment_file": str(extensionless)}
+    assert pipeline_params(["--experiment-name", "x.yaml", "--experiment-file", "e.yaml"]) == {
+        "experiment": "x.yaml", "experiment_file": "e.yaml"}  # --experiment-name is always the name
+    assert pipeline_params(["--experiment", "e.yaml", "--experiment-name", "learn", "--dry-run"]) == {
+        "experiment_file": "e.yaml", "experiment": "learn", "dry_run": True}
 
 
 def test_merge_accepts_verls_command_form(tmp_path, capsys):
@@ -109,25 +125,28 @@ def test_pipeline_bad_override_value_names_the_key_and_the_reason():
     # config:"), dropping the line that says which key and why
     from flows.rlhf import check_parameters
 
-    error = check_parameters({"preset": "countdown", "ppo_overrides": ["data.train_batch_size=abc"]})
+    countdown = str(Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml")
+    error = check_parameters({"experiment_file": countdown, "ppo_overrides": ["data.train_batch_size=abc"]})
     assert "ppo stage" in error and "data.train_batch_size='abc': expected int, got str" in error
-    assert check_parameters({"preset": "countdown"}) is None
+    assert check_parameters({"experiment_file": countdown}) is None
 
 
 def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path):
     # a folder that exists but holds no GSM8K used to pass the check and fail in prepare_data, after the services
-    # had started; the countdown task generates its data and ignores gsm8k_dir
+    # had started; the countdown generator makes its data and ignores gsm8k_dir
     from flows.rlhf import check_parameters
+
+    countdown = str(Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml")
 
     (tmp_path / "train.jsonl").write_text("")
     error = check_parameters({"gsm8k_dir": str(tmp_path)})
     assert error == f"gsm8k_dir: {tmp_path} has no test.jsonl (GSM8K's original question/answer jsonl files)"
     # a file:// URL is the same local folder (it used to skip the check and fail in prepare_data)
     assert check_parameters({"gsm8k_dir": f"file://{tmp_path}"}).startswith(f"gsm8k_dir: file://{tmp_path} has no")
-    assert check_parameters({"preset": "countdown", "gsm8k_dir": str(tmp_path)}) is None
+    assert check_parameters({"experiment_file": countdown, "gsm8k_dir": str(tmp_path)}) is None
     # countdown does not read gsm8k_dir at all: a missing folder (the Makefile's default GSM8K_DIR in a clone without
     # ../shared) must not stop `make learn`
-    assert check_parameters({"preset": "countdown", "gsm8k_dir": str(tmp_path / "absent")}) is None
+    assert check_parameters({"experiment_file": countdown, "gsm8k_dir": str(tmp_path / "absent")}) is None
     absent = tmp_path / "absent"
     assert check_parameters({"gsm8k_dir": str(absent)}) == f"gsm8k_dir: {absent} does not exist"
     (tmp_path / "test.jsonl").write_text("")
