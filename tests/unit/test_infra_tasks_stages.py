@@ -50,32 +50,30 @@ def test_prepare_data_cuts_subsets_and_logs_lineage(ctx, gsm8k_dir, mlflow_clien
     assert ResultsStore(ctx["home"]).sql("SELECT stage, status FROM runs")[1] == [("prepare_data", "FINISHED")]
 
 
-def test_evaluate_scores_the_last_validation_step(ctx, ray_local, tmp_path, mlflow_client):
-    val_dir = tmp_path / "val_samples"
-    val_dir.mkdir()
-    rows = []
-    for step, answers in ((1, ["7", "8"]), (2, ["#### 7", "#### 3"])):
-        for j, ans in enumerate(answers):
-            rows.append({"step": step, "data_source": "openai/gsm8k", "uid": "q1", "sample_idx": j,
-                         "prompt": "What is 3+4?", "response": ans, "ground_truth": "7", "score": 0.0})
-    pd.DataFrame(rows).to_parquet(val_dir / "val.parquet")
-    metrics = evaluate.fn(str(val_dir), [], ctx, checkpoint="/ckpt/global_step_2", global_step=2)
-    # step 2 only: responses "#### 7" (correct) and "#### 3" (wrong) -> mean score 0.5
-    assert metrics["test_score/openai/gsm8k"] == pytest.approx(0.5)
-    run = _children(mlflow_client, ctx)["evaluate"]
-    assert run.data.metrics["test_score/openai/gsm8k"] == pytest.approx(0.5)
-    _, got = ResultsStore(ctx["home"]).sql(
-        "SELECT sample_idx, response, score FROM samples WHERE stage = 'evaluate' ORDER BY sample_idx")
-    assert got == [(0, "#### 7", 1.0), (1, "#### 3", 0.0)]
+def test_evaluate_generates_with_the_model_and_scores_the_default_suite(ctx, ray_local, tmp_path, mlflow_client,
+                                                                        tiny_model_dir, gsm8k_dir):
+    """Issue 33: evaluate generates anew with the model (no checkpoint: ``model_path``) on the default suite (the
+    val file, sampled as ``val_kwargs`` says: 2 responses per prompt) and scores it; the default suite keeps the
+    names of runs before suites (``test_score/<data_source>``). Named suites: tests/reliability/test_faults.py."""
+    from rlhf_core.data.gsm8k import preprocess_gsm8k
+
+    val = tmp_path / "val.parquet"
+    pd.read_parquet(preprocess_gsm8k(str(gsm8k_dir), str(tmp_path / "full"))["test"]).head(2).to_parquet(val)
+    ppo = ["data.max_prompt_length=1024", "data.max_response_length=4", "actor_rollout_ref.rollout.val_kwargs.n=2",
+           "actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+           "actor_rollout_ref.rollout.dtype=float32", "trainer.device=cpu"]
+    metrics = evaluate.fn(["ray_init.num_cpus=1"], ctx, val_file=str(val), global_step=3, ppo_overrides=ppo,
+                          model_path=str(tiny_model_dir))
+    assert metrics["pass@2/num_prompts/openai/gsm8k"] == 2.0 and 0.0 <= metrics["test_score/openai/gsm8k"] <= 1.0
     store = ResultsStore(ctx["home"])
-    # the evaluation metrics are queryable too, at the PPO step of the responses
-    assert ("test_score/openai/gsm8k", 2, 0.5) in store.sql(
+    assert store.sql("SELECT count(*), count(DISTINCT prompt_id), count(question), max(length(response)) > 0 "
+                     "FROM samples WHERE stage = 'evaluate'")[1] == [(4, 2, 4, True)]
+    assert ("test_score/openai/gsm8k", 3, metrics["test_score/openai/gsm8k"]) in store.sql(
         "SELECT key, step, value FROM metrics WHERE stage = 'evaluate'")[1]
-    assert store.sql("SELECT DISTINCT checkpoint FROM samples WHERE stage = 'evaluate'")[1] == [
-        ("/ckpt/global_step_2",)]
-    # the whole resolved evaluation config, in DuckDB and as an MLflow artifact; the samples as an artifact
+    run = _children(mlflow_client, ctx)["evaluate"]
+    assert run.data.metrics["test_score/openai/gsm8k"] == metrics["test_score/openai/gsm8k"]
     _, [(params,)] = store.sql("SELECT params_json FROM runs WHERE stage = 'evaluate'")
-    assert "custom_reward_function.name" in params
+    assert "custom_reward_function.name" in params and "suites" in params
     assert {a.path for a in mlflow_client.list_artifacts(run.info.run_id)} >= {"config", "samples"}
 
 
