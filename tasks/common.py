@@ -18,7 +18,7 @@ def make_context(home: str, experiment: str, parent_run_id: str | None, flow_run
                  timeouts: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The per-flow-run facts every task needs, as a plain (serialisable) dict. ``flow_run_name`` (Prefect's
     ``practical-fox``) goes into the stage runs' MLflow names (``sft · practical-fox``). ``timeouts``: seconds per
-    stage (pipeline.yaml ``tasks.<stage>.timeout_seconds``), which each stage enforces where its work runs
+    stage (the experiment's ``tasks.<stage>.timeout_seconds``), which each stage enforces where its work runs
     (:mod:`tasks.deadline`); a stage not in it has no limit."""
     return {"home": home, "experiment": experiment, "parent_run_id": parent_run_id,
             "flow_run_id": flow_run_id, "run_dir": run_dir, "ray_address": ray_address,

@@ -1,4 +1,4 @@
-"""A stage's time limit (``timeout_seconds`` of pipeline.yaml ``tasks:``), enforced where its work runs.
+"""A stage's time limit (``tasks.<stage>.timeout_seconds`` of the experiment file), enforced where its work runs.
 
 Prefect runs a sync task in a worker thread, where its own ``timeout_seconds`` cannot interrupt a blocking
 call (a Ray ``get``, a file read): Prefect warns once per task run and the timeout only fires after the call
@@ -20,7 +20,7 @@ class StageTimeoutError(TimeoutError):
 
 def split_task_options(task_options: Mapping[str, Mapping[str, float]]
                        ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """pipeline.yaml's ``tasks:`` (``{stage: {retries, retry_delay_seconds, timeout_seconds}}``) split into the
+    """The experiment's ``tasks:`` (``{stage: {retries, retry_delay_seconds, timeout_seconds}}``) split into the
     options Prefect applies (``Task.with_options``) and the time limits the stages enforce themselves.
 
     Returns:
@@ -38,7 +38,7 @@ class StageDeadline:
     """The time limit of one attempt of a stage, counted from construction (monotonic clock).
 
     Args:
-        stage: the task's name in pipeline.yaml ``tasks:`` (``sft``, ``ppo_segment``, ...).
+        stage: the task's name in the experiment's ``tasks:`` (``sft``, ``ppo_segment``, ...).
         seconds: the limit in seconds; None = no limit.
     """
 
@@ -53,9 +53,9 @@ class StageDeadline:
         return cls(stage, ctx["timeouts"].get(stage))
 
     def message(self, cancelled: bool = False) -> str:
-        """``stage sft: timed out after 21600 s (pipeline.yaml tasks.sft.timeout_seconds)``, plus ``; its Ray job
-        was cancelled`` when ``cancelled``."""
-        return (f"stage {self.stage}: timed out after {self.seconds:g} s (pipeline.yaml "
+        """``stage sft: timed out after 21600 s (the experiment's tasks.sft.timeout_seconds)``, plus ``; its Ray
+        job was cancelled`` when ``cancelled``."""
+        return (f"stage {self.stage}: timed out after {self.seconds:g} s (the experiment's "
                 f"tasks.{self.stage}.timeout_seconds)" + ("; its Ray job was cancelled" if cancelled else ""))
 
     def left(self) -> float | None:

@@ -4,7 +4,7 @@ Each task opens its MLflow nested run (``tasks.common.stage``), dispatches the h
 Ray (``infra.ray_cluster.run_on_ray``) and registers produced samples / metrics in the
 DuckDB results store. Stages whose output is a pure function of their inputs carry a cache
 key over their input files' digests and write into a folder named by that key, so a cache
-hit points at an existing output. Each task enforces its pipeline.yaml ``timeout_seconds`` where
+hit points at an existing output. Each task enforces its ``tasks.<stage>.timeout_seconds`` where
 its work runs (``tasks.deadline``, not Prefect's thread timeout) and names its run after what it
 does (``tasks.runlog``: ``sft · 64 rows, 1 epoch``).
 """

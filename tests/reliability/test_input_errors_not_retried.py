@@ -1,7 +1,7 @@
 """Input errors fail a pipeline stage at once; crashes are still retried (issue 36).
 
 A pipeline whose data could not be read was retried three times over 92 s before its clear message. Each test
-runs a real stage task with the retries and retry delay of the shipped ``configs/pipeline.yaml`` (so a retry
+runs a real stage task with the retries and retry delay of the default experiment (``flows/experiment.py``; a retry
 would wait ``retry_delay_seconds``) in a Prefect flow against a temporary Prefect API, and reads the task run's
 ``run_count`` back from Prefect: one attempt for an input error, two for a transient crash.
 """
@@ -18,12 +18,19 @@ from conftest_services import *  # noqa: F401,F403 - rlhf_env, prefect_harness, 
 
 
 def _shipped_options(stage: str) -> dict[str, float]:
-    """The Prefect options of ``stage`` in configs/pipeline.yaml (what ``rlhf pipeline`` applies)."""
+    """The Prefect options of ``stage`` in the default experiment (what ``rlhf pipeline`` applies)."""
     from flows.settings import resolve_settings
 
     opts = resolve_settings({}).task_options[stage]
     assert opts["retries"] >= 1 and opts["retry_delay_seconds"] >= 10  # a retry would be seen in the timing
     return {"retries": opts["retries"], "retry_delay_seconds": opts["retry_delay_seconds"]}
+
+
+def _gsm8k(source_dir: str | None, n_train: int = 8, n_val: int = 4) -> dict[str, Any]:
+    """``prepare_data``'s ``data`` argument for the gsm8k generator (``PipelineSettings.data_spec()``)."""
+    return {"generator": "gsm8k", "generator_args": {"source_dir": source_dir}, "train_files": [], "val_files": [],
+            "train_prompts": n_train, "val_prompts": n_val, "sft_train_files": [], "sft_val_files": [],
+            "suites": [], "prompt_key": "prompt"}
 
 
 def _ctx(home: Path, name: str) -> dict[str, Any]:
@@ -62,10 +69,11 @@ def test_unreachable_hub_fails_prepare_data_once_with_its_message(prefect_harnes
     from tasks.stages import prepare_data
 
     # huggingface_hub's own offline mode (HF_HUB_OFFLINE=1, read per request): every hub request is refused, as
-    # on a machine without network. gsm8k_dir=None is what `rlhf pipeline` does without GSM8K_DIR.
+    # on a machine without network. source_dir=None is what `rlhf pipeline` does without GSM8K_DIR.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("GSM8K_DIR", raising=False)
     opts = _shipped_options("prepare_data")
-    state, run_count, seconds = _run(prepare_data.with_options(**opts), None, 8, 4, _ctx(rlhf_env, "hub"))
+    state, run_count, seconds = _run(prepare_data.with_options(**opts), _gsm8k(None), _ctx(rlhf_env, "hub"))
     exc = _error(state)
     assert isinstance(exc, RemoteUnavailableError)
     assert str(exc).startswith("could not read openai/gsm8k from the Hugging Face hub (hf://datasets/openai/gsm8k/")
@@ -81,7 +89,7 @@ def test_missing_data_folder_fails_prepare_data_once_naming_the_file(prefect_har
 
     missing = tmp_path / "no_such_gsm8k"
     opts = _shipped_options("prepare_data")
-    state, run_count, seconds = _run(prepare_data.with_options(**opts), str(missing), 8, 4, _ctx(rlhf_env, "dir"))
+    state, run_count, seconds = _run(prepare_data.with_options(**opts), _gsm8k(str(missing)), _ctx(rlhf_env, "dir"))
     exc = _error(state)
     assert isinstance(exc, FileNotFoundError) and str(missing / "train.jsonl") in str(exc)
     assert run_count == 1 and seconds < opts["retries"] * opts["retry_delay_seconds"]
@@ -104,7 +112,7 @@ def test_a_transient_crash_is_still_retried(prefect_harness, rlhf_env, gsm8k_dir
 
     monkeypatch.setattr(gsm8k, "preprocess_gsm8k", reset_once)
     task = prepare_data.with_options(**{**_shipped_options("prepare_data"), "retry_delay_seconds": 0})
-    state, run_count, _ = _run(task, str(gsm8k_dir), 8, 4, _ctx(rlhf_env, "transient"))
+    state, run_count, _ = _run(task, _gsm8k(str(gsm8k_dir)), _ctx(rlhf_env, "transient"))
     assert state.is_completed(), state
     assert run_count == 2 and len(calls) == 2
     assert len(pd.read_parquet(state.result()["train"])) == 8  # the retry did the work

@@ -52,7 +52,7 @@ def test_a_stage_past_its_timeout_is_cancelled_on_ray_and_named(ray_local, tmp_p
     with pytest.raises(StageTimeoutError) as info:
         StageDeadline("sft", 5).run_on_ray(_sleep_after_writing_pid, str(pid_file), 600)
     took = time.monotonic() - started
-    assert str(info.value) == ("stage sft: timed out after 5 s (pipeline.yaml tasks.sft.timeout_seconds); "
+    assert str(info.value) == ("stage sft: timed out after 5 s (the experiment's tasks.sft.timeout_seconds); "
                                "its Ray job was cancelled")
     assert 5 <= took < 20, took  # the limit, plus at most a few seconds of cancelling
     pid = int(pid_file.read_text())  # the job had started: it was running when the limit came
@@ -66,7 +66,7 @@ def test_a_deadline_that_passed_refuses_before_the_next_step():
     deadline = StageDeadline("prepare_data", 0.05)
     assert 0 < deadline.left() <= 0.05
     time.sleep(0.06)
-    with pytest.raises(StageTimeoutError, match=r"^stage prepare_data: timed out after 0.05 s \(pipeline.yaml "
+    with pytest.raises(StageTimeoutError, match=r"^stage prepare_data: timed out after 0.05 s \(the experiment's "
                                                 r"tasks.prepare_data.timeout_seconds\)$"):
         deadline.left()
     assert StageDeadline("evaluate", None).left() is None
@@ -82,26 +82,36 @@ def test_task_options_split_into_prefect_options_and_stage_limits():
     assert timeouts == {"sft": 60.0}
 
 
-def test_the_pipeline_tasks_carry_no_prefect_timeout_and_the_flow_context_carries_pipeline_yaml_limits():
+def test_the_pipeline_tasks_carry_no_prefect_timeout_and_the_flow_context_carries_the_experiments_limits(tmp_path):
     """Prefect warns on every sync task run that has a ``timeout_seconds`` (it runs in a worker thread): none of the
-    configured tasks has one; the limits of configs/pipeline.yaml reach the tasks through the context."""
-    import yaml
-
+    configured tasks has one; the experiment's ``tasks:`` limits (defaults in flows/experiment.py, or the file's)
+    reach the tasks through the context, its retries the Prefect options."""
     from flows.rlhf import _configured_tasks
-    from flows.settings import CONFIG_DIR, resolve_settings
+    from flows.settings import resolve_settings
     from tasks.common import make_context
 
     s = resolve_settings({})
     tasks = {t.name: t for t in _configured_tasks(s)}
-    assert {"prepare_data", "build_model", "sft", "ppo_segment", "evaluate"} <= set(tasks)
+    assert set(tasks) == {"prepare_data", "build_model", "filter_prompts", "sft", "ppo_segment", "validate",
+                          "evaluate", "register_model"}
     assert {name: t.timeout_seconds for name, t in tasks.items()} == dict.fromkeys(tasks)  # all None
-    raw = yaml.safe_load((CONFIG_DIR / "pipeline.yaml").read_text())["tasks"]
-    # pipeline.yaml's retries still apply (prepare_data 2, sft 1, ppo_segment 2, ...)
-    assert {name: t.retries for name, t in tasks.items()} == {name: raw[name]["retries"] for name in tasks}
-    assert tasks["prepare_data"].retries == 2 and tasks["ppo_segment"].retries == 2
+    # the shipped defaults (flows/experiment.py TasksSpec), written out here
+    assert {name: (t.retries, t.retry_delay_seconds) for name, t in tasks.items()} == {
+        "prepare_data": (2, 10), "build_model": (1, 10), "filter_prompts": (2, 10), "sft": (1, 30),
+        "ppo_segment": (2, 30), "validate": (1, 30), "evaluate": (1, 30), "register_model": (1, 30)}
     ctx = make_context("/h", "rlhf", None, None, "/h/run", timeouts=split_task_options(s.task_options)[1])
-    assert ctx["timeouts"] == {name: float(opts["timeout_seconds"]) for name, opts in raw.items()}
-    assert ctx["timeouts"]["ppo_segment"] == 43200.0
+    assert ctx["timeouts"] == {"prepare_data": 3600.0, "build_model": 3600.0, "filter_prompts": 3600.0,
+                               "sft": 21600.0, "ppo_segment": 43200.0, "validate": 7200.0, "evaluate": 7200.0,
+                               "register_model": 3600.0}
+    # an experiment file's own options: the fields it sets win, the others keep their defaults
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\ndata: {generator: countdown}\n"
+                    "tasks:\n  sft: {retries: 4, timeout_seconds: 60}\n  evaluate: {timeout_seconds: null}\n")
+    s = resolve_settings({"experiment_file": str(mine)})
+    tasks = {t.name: t for t in _configured_tasks(s)}
+    assert (tasks["sft"].retries, tasks["sft"].retry_delay_seconds, tasks["ppo_segment"].retries) == (4, 30, 2)
+    timeouts = split_task_options(s.task_options)[1]
+    assert timeouts["sft"] == 60.0 and "evaluate" not in timeouts and timeouts["validate"] == 7200.0
 
 
 def test_task_run_names_say_what_each_stage_did(tmp_path):
@@ -109,10 +119,13 @@ def test_task_run_names_say_what_each_stage_did(tmp_path):
 
     train = tmp_path / "train_64.parquet"
     pd.DataFrame({"prompt": [f"q{i}" for i in range(64)]}).to_parquet(train)
-    assert runlog.prepare_data_run_name({"task": "gsm8k", "train_prompts": 64, "val_prompts": 8}) == \
+    assert runlog.prepare_data_run_name({"data": {"generator": "gsm8k", "train_prompts": 64, "val_prompts": 8}}) == \
         "prepare_data · gsm8k · 64 train, 8 val prompts"
-    assert runlog.prepare_data_run_name({"task": "countdown", "train_prompts": 0, "val_prompts": -1}) == \
+    assert runlog.prepare_data_run_name({"data": {"generator": "countdown", "train_prompts": 0,
+                                                  "val_prompts": -1}}) == \
         "prepare_data · countdown · all train, all val prompts"  # <= 0 keeps every row
+    assert runlog.prepare_data_run_name({"data": {"generator": None, "train_prompts": 5, "val_prompts": -1}}) == \
+        "prepare_data · files · 5 train, all val prompts"  # the experiment's train_files/val_files
     assert runlog.build_model_run_name({"sizes": {"vocab_size": 2000, "hidden_size": 128, "num_layers": 4}}) == \
         "build_model · 4 layers × 128 hidden, vocab 2000"
     assert runlog.build_model_run_name({"sizes": {}}) == "build_model · default sizes"
@@ -132,7 +145,8 @@ def test_every_stage_task_names_its_runs_with_a_callable_prefect_calls_with_the_
     from tasks.stages import build_model, evaluate, prepare_data, sft
 
     for task, params, name in [
-        (prepare_data, {"task": "gsm8k", "train_prompts": 16, "val_prompts": 4}, "prepare_data · gsm8k · 16 train, 4 val prompts"),
+        (prepare_data, {"data": {"generator": "gsm8k", "train_prompts": 16, "val_prompts": 4}},
+         "prepare_data · gsm8k · 16 train, 4 val prompts"),
         (build_model, {"sizes": {"num_layers": 2}}, "build_model · 2 layers"),
         (evaluate, {"global_step": 1}, "evaluate · step 1"),
     ]:
