@@ -24,9 +24,10 @@ demo: install
 	$(BIN)/python -m flows.rlhf
 
 # Proof that the RL learns: Countdown (a task only a reward can teach), a tiny model warmed up on format-only
-# answers, GRPO for a 480 s wall-clock budget (the preset's); prints greedy accuracy on 500 held-out problems before and after.
+# answers, GRPO for a 480 s wall-clock budget (experiments/countdown.yaml); prints greedy accuracy on 500 held-out
+# problems before and after. MLflow experiment `learn` (the experiment file's own name is `countdown`).
 learn: install
-	$(BIN)/python -m flows.rlhf --preset countdown --experiment learn
+	$(BIN)/python -m flows.rlhf --experiment experiments/countdown.yaml --experiment-name learn
 
 # Everything CI runs: unit tests, then the slow end-to-end tests (Ray, Prefect, MLflow, DuckDB for real), each
 # over $(TEST_WORKERS) pytest-xdist processes (2 cores: the e2e tests spend much of their time starting services).

@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO / "bench"))
 def build(args, tmp: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench_ppo_step import SIZES, preset_model_sizes
+    from bench_ppo_step import SIZES, demo_model_sizes
     from rlhf_core.data.readers import read_parquet_rows
     from rlhf_core.data.gsm8k import preprocess_gsm8k
     from rlhf_core.models.tiny import build_tiny_model, gsm8k_texts
 
-    sizes = {**preset_model_sizes(), **SIZES[args.size]}
+    sizes = {**demo_model_sizes(), **SIZES[args.size]}
     model_dir = build_tiny_model(gsm8k_texts(args.gsm8k_dir, "train", limit=2000), tmp / "model", **sizes)
     rows = read_parquet_rows(preprocess_gsm8k(args.gsm8k_dir, str(tmp / "gsm8k"))["train"])[:args.prompts]
     tok = AutoTokenizer.from_pretrained(model_dir)

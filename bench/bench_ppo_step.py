@@ -3,7 +3,7 @@
     python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf] [--rounds K]
 
 Workload (FIELD-NOTES "Peers, for comparison"): a tiny random Qwen2 built on GSM8K text (the sizes of
-``configs/presets/tiny_cpu.yaml`` unless overridden), 8 GSM8K train prompts × 4 samples × up to 32 new tokens
+``experiments/gsm8k_tiny.yaml``'s ``model.tiny`` unless overridden), 8 GSM8K train prompts × 4 samples × up to 32 new tokens
 (temperature 1, stop at EOS), one optimizer step per batch (GRPO advantages, no KL, no reference model, fp32).
 
 Peers, each in its own subprocess (so one peer's process group or accelerate state cannot touch another's):
@@ -45,7 +45,7 @@ from ppo_step_peers import run_hf, run_trl, step_summary, sync_device  # bench/ 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = ("ours", "ours_ray", "trl", "hf")
 # --size: model sizes of the cost curve (build_tiny_model arguments; parameter counts with vocab 2000)
-SIZES = {"1m": {},  # the tiny_cpu preset: hidden 128, 4 layers, ~1.04 M
+SIZES = {"1m": {},  # the gsm8k_tiny experiment: hidden 128, 4 layers, ~1.04 M
          "20m": {"hidden_size": 384, "intermediate_size": 1152, "num_layers": 11, "num_attention_heads": 6,
                  "num_key_value_heads": 2},
          "100m": {"hidden_size": 768, "intermediate_size": 2304, "num_layers": 14, "num_attention_heads": 12,
@@ -53,11 +53,11 @@ SIZES = {"1m": {},  # the tiny_cpu preset: hidden 128, 4 layers, ~1.04 M
 
 
 # ---- shared set-up ---------------------------------------------------------------------------------------------
-def preset_model_sizes() -> dict[str, int]:
-    """The ``model:`` section of ``configs/presets/tiny_cpu.yaml`` (the demo's tiny model)."""
+def demo_model_sizes() -> dict[str, int]:
+    """``model.tiny`` of ``experiments/gsm8k_tiny.yaml`` (the demo's tiny model)."""
     import yaml
 
-    return dict(yaml.safe_load((REPO / "configs" / "presets" / "tiny_cpu.yaml").read_text())["model"])
+    return dict(yaml.safe_load((REPO / "experiments" / "gsm8k_tiny.yaml").read_text())["model"]["tiny"])
 
 
 def prepare(args, tmp: Path) -> dict:
@@ -70,7 +70,7 @@ def prepare(args, tmp: Path) -> dict:
     from rlhf_core.models.tiny import build_tiny_model, gsm8k_texts
 
     hf_logging.disable_progress_bar()
-    sizes = {**preset_model_sizes(), **SIZES[args.size or "1m"]}
+    sizes = {**demo_model_sizes(), **SIZES[args.size or "1m"]}
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)

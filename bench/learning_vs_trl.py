@@ -3,17 +3,17 @@
     python bench/learning_vs_trl.py --workdir /tmp/learn-bench [--seconds 480] [--lr 3e-4] [--trl-lr 3e-4]
                                     [--peers ours,trl] [--seed 0] [--threads 2] [--set KEY=VALUE ...] [--steps N]
 
-Task: Countdown as the preset ``configs/presets/countdown.yaml`` sets it (``countdown:`` arguments of
+Task: Countdown as the experiment ``experiments/countdown.yaml`` sets it (``data.generator_args``: arguments of
 ``rlhf_core.data.countdown.generate_countdown``, seed 0: 20000 train, 500 held-out test problems). Set-up, done once
-per ``--workdir`` and shared by both peers: the tiny model (the preset's ``model:`` sizes) built on the task text,
-then the preset's warm-up SFT (``rlhf sft`` with the preset's ``sft`` overrides) on format-only answers that are
+per ``--workdir`` and shared by both peers: the tiny model (the experiment's ``model.tiny`` sizes) built on the task
+text, then its warm-up SFT (``rlhf sft`` with the experiment's ``sft.overrides``) on format-only answers that are
 never solutions. ``--peers none`` only prepares (and prints the warm-up's accuracy): run it first when the peers
 are to be started side by side on one ``--workdir``, so they do not both prepare it.
 
 Peers, each from that warmed-up checkpoint, each in its own process, one after the other (or side by side, as
 two invocations with ``--threads 1``):
 
-* ``ours``: ``rlhf ppo`` with the preset's ``ppo`` overrides (GRPO, 32 prompts × n=8 per batch in mini-batches of
+* ``ours``: ``rlhf ppo`` with the experiment's ``ppo.overrides`` (GRPO, 32 prompts × n=8 per batch in mini-batches of
   8 prompts, response ≤ 12 tokens, no KL, HF rollout), then ``ray_init.num_cpus=--threads``, then ``--set``, and
   ``trainer.total_training_seconds=--seconds``.
 * ``trl``: TRL ``GRPOTrainer`` with the same prompts (same shuffled order is not guaranteed), reward (the Countdown
@@ -38,22 +38,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PRESET = REPO / "configs" / "presets" / "countdown.yaml"
+EXPERIMENT = REPO / "experiments" / "countdown.yaml"
 MAX_NEW_TOKENS = 12
 
 
-def _preset() -> dict:
-    import yaml
+def _experiment() -> Any:
+    """``experiments/countdown.yaml`` (``flows.experiment.load_experiment``)."""
+    if str(REPO) not in sys.path:  # run as a script: bench/ is on the path, the checkout is not
+        sys.path.insert(0, str(REPO))
+    from flows.experiment import load_experiment
 
-    return yaml.safe_load(PRESET.read_text())
+    return load_experiment(EXPERIMENT)
 
 
-def _preset_seconds() -> float:
-    """The preset's ``trainer.total_training_seconds`` (its ``ppo`` overrides)."""
+def _budget_seconds() -> float:
+    """The experiment's ``trainer.total_training_seconds`` (its ``ppo.overrides``)."""
     key = "trainer.total_training_seconds="
-    return float(next(o for o in _preset()["ppo"] if o.startswith(key))[len(key):])
+    return float(next(o for o in _experiment().ppo.overrides if o.startswith(key))[len(key):])
 
 
 def _rlhf(argv: list[str], log: Path) -> None:
@@ -74,14 +78,13 @@ def prepare(work: Path) -> Path:
     warm = work / "sft" / "hf_model"
     if (warm / "config.json").exists():
         return warm
-    preset = _preset()
-    pipe = preset["pipeline"]
-    files = generate_countdown(str(work / "data"), pipe["train_prompts"], pipe["val_prompts"], seed=0,
-                               **(preset.get("countdown") or {}))
-    model = build_model_remote(files["train"], str(work / "model"), preset["model"])  # the flow's build_model
-    _rlhf(["sft", *preset["sft"], f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
+    exp = _experiment()
+    files = generate_countdown(str(work / "data"), exp.data.train_max_samples, exp.data.val_max_samples, seed=0,
+                               **exp.data.generator_args)
+    model = build_model_remote(files["train"], str(work / "model"), dict(exp.model.tiny))  # the flow's build_model
+    _rlhf(["sft", *exp.sft.overrides, f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
            f"data.val_files={files['test']}", f"trainer.default_local_dir={work / 'sft'}",
-           f"trainer.total_epochs={pipe['sft_epochs']}", "trainer.logger=[console]",
+           f"trainer.total_epochs={exp.sft.epochs}", "trainer.logger=[console]",
            "trainer.project_name=learn", "trainer.experiment_name=sft"], work / "sft.log")
     return warm
 
@@ -126,15 +129,15 @@ def greedy_accuracy(model_dir: Path, rows: list[dict], state_dict_file: Path | N
 
 
 def ppo_overrides(extra: list[str], threads: int) -> list[str]:
-    """The preset's ``ppo`` overrides, then ``ray_init.num_cpus=threads``, then ``extra`` (later wins)."""
-    return [*_preset()["ppo"], f"ray_init.num_cpus={threads}", *extra]
+    """The experiment's ``ppo.overrides``, then ``ray_init.num_cpus=threads``, then ``extra`` (later wins)."""
+    return [*_experiment().ppo.overrides, f"ray_init.num_cpus={threads}", *extra]
 
 
 def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra: list[str] | None = None,
              threads: int = 2, steps: int = 100000) -> dict:
     """GRPO with our trainer for ``seconds`` of training; returns ``{"steps", "weights", "wall_s"}``.
 
-    ``extra`` overrides come after the preset's (e.g. ``actor_rollout_ref.actor.ppo_mini_batch_size=8``);
+    ``extra`` overrides come after the experiment's (e.g. ``actor_rollout_ref.actor.ppo_mini_batch_size=8``);
     ``threads`` is the CPUs Ray may use (one actor rank: its intra-op threads); ``steps`` ends the run earlier than
     the budget (``trainer.total_training_steps``)."""
     out = work / f"ours_lr{lr}_s{seed}"
@@ -209,14 +212,14 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", required=True, type=Path)
-    p.add_argument("--seconds", type=float, default=_preset_seconds(),
-                   help="training wall-clock budget per peer (default: the preset's trainer.total_training_seconds)")
-    p.add_argument("--lr", type=float, default=3e-4, help="our learning rate (the preset's)")
+    p.add_argument("--seconds", type=float, default=_budget_seconds(),
+                   help="training wall-clock budget per peer (default: the experiment's trainer.total_training_seconds)")
+    p.add_argument("--lr", type=float, default=3e-4, help="our learning rate (the experiment's)")
     p.add_argument("--trl-lr", type=float, default=None, help="TRL's learning rate (default: --lr)")
     p.add_argument("--peers", default="ours,trl", help="ours,trl | ours | trl | none (prepare only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override for ours after the preset's (repeatable); TRL mirrors n, batch and mini-batch")
+                   help="an override for ours after the experiment's (repeatable); TRL mirrors n, batch and mini-batch")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for each peer (ours: ray_init.num_cpus)")
     p.add_argument("--steps", type=int, default=100000,
                    help="ours only: stop after this many GRPO steps if the budget lasts longer (A/B of two checkouts)")

@@ -3,8 +3,8 @@
     python bench/update_vs_trl.py --workdir W [--seed 0] [--lr 3e-4]
 
 ``W`` is a workdir prepared by ``bench/learning_vs_trl.py --workdir W --peers none`` (the Countdown data and the
-warmed-up checkpoint). From that checkpoint, with the preset's ``ppo`` overrides (32 prompts × n=8, 4 mini-batches
-of 8 prompts, response ≤ 12 tokens):
+warmed-up checkpoint). From that checkpoint, with the Countdown experiment's ``ppo.overrides`` (32 prompts × n=8,
+4 mini-batches of 8 prompts, response ≤ 12 tokens):
 
 1. our worker (``ActorRolloutRefWorker``, the FSDP2 path ``rlhf ppo`` runs) samples 8 responses to each of 32
    training prompts (rows ``32·seed`` to ``32·seed + 31``), computes the old log-probs, and the Countdown rewards
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-N, P, T, MINI = 8, 48, 12, 64  # the preset's rollout.n, max_prompt_length, max_response_length, mini-batch rows
+N, P, T, MINI = 8, 48, 12, 64  # experiments/countdown.yaml's rollout.n, max_prompt_length, max_response_length, mini-batch rows
 
 
 def _unwrap(name: str) -> str:

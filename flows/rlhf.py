@@ -237,7 +237,7 @@ def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dic
 
 
 def _print_learning(run_dir: Path, val_prompts: int) -> None:
-    """Log the core validation metric before and after PPO (greedy accuracy under the learn presets) on the
+    """Log the core validation metric before and after PPO (greedy accuracy under experiments/countdown.yaml) on the
     flow run's logger (``tasks.runlog.log_line``)."""
     from tasks.common import read_jsonl
 
@@ -263,8 +263,8 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
              validate_task: Any = validate) -> tuple[dict[str, Any], Any]:
     """One ``ppo`` MLflow run (and ``runs`` row, whose params are the last segment's whole
     resolved config); one ppo_segment task per checkpoint boundary, each followed by a ``validate`` task of its
-    checkpoint (``validate · step 10``), each waiting for the last. ``trainer.val_before_train`` (the preset's or
-    the user's) becomes a ``validate`` task of the starting model at step 0 before the first segment; the segments
+    checkpoint (``validate · step 10``), each waiting for the last. ``trainer.val_before_train`` (the experiment's or
+    the run's) becomes a ``validate`` task of the starting model at step 0 before the first segment; the segments
     themselves run without it (``plan.segment_overrides``) and, unless ``trainer.test_freq`` was set, without
     validation (``plan.ppo_overrides``).
 

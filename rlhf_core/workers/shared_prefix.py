@@ -5,8 +5,8 @@ prompt ``rollout.n`` times, and the plain forward runs its tokens through the mo
 row's keys and values from its prompt's (an index, so gradients from all ``n`` responses flow back into the one
 prompt pass), and runs the responses against them. The response logits equal the plain forward's up to float
 rounding (tests/unit/test_workers_shared_prefix.py: log-probs and gradients to 1e-5), and the update's arithmetic
-shrinks with the repeated prompt tokens (Countdown preset: 256 rows of 31 + ≤ 12 tokens become 32 prompts + 256
-responses). With ``use_remove_padding`` the prompt pass runs the prompts' valid tokens only
+shrinks with the repeated prompt tokens (Countdown, experiments/countdown.yaml: 256 rows of 31 + ≤ 12 tokens become
+32 prompts + 256 responses). With ``use_remove_padding`` the prompt pass runs the prompts' valid tokens only
 (``packing.packed_prompt_pass``). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).
 
 Whether the shared path can run is decided from the model alone, before any forward; whether it runs for a

@@ -1,5 +1,6 @@
-"""The tools preset end to end: `python -m flows.rlhf --preset tiny_cpu_tools` (multi-turn GSM8K data with SFT
-tool traces, SFT, one GRPO step with the tool agent loop), then the turns and tool calls in DuckDB's `samples`.
+"""The tools experiment end to end: `python -m flows.rlhf --experiment experiments/gsm8k_tools.yaml` (multi-turn
+GSM8K data with SFT tool traces, the overlong filter, SFT, one GRPO step with the tool agent loop), then the turns and
+tool calls in DuckDB's `samples`.
 
 Starts from the session's tiny model (``--model-path``: no build_model stage) and skips evaluation, to keep it short.
 """
@@ -13,25 +14,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VAL_PROMPTS, VAL_N = 4, 2  # val_kwargs.n=2 in configs/presets/tiny_cpu_tools.yaml
+VAL_PROMPTS, VAL_N = 4, 2  # val_kwargs.n=2 in experiments/gsm8k_tools.yaml
 
 
 @pytest.mark.slow
-def test_tools_preset_flow_records_turns_and_tool_calls(tmp_path, gsm8k_dir, tiny_model_dir):
+def test_tools_experiment_flow_records_turns_and_tool_calls(tmp_path, gsm8k_dir, tiny_model_dir):
     from infra.results import ResultsStore
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RLHF_", "RAY_ADDRESS"))}
     env.update(RLHF_HOME=str(home), GSM8K_DIR=str(gsm8k_dir), RAY_AUTH_MODE="disabled")
-    cmd = [sys.executable, "-m", "flows.rlhf", "--preset", "tiny_cpu_tools", "--model-path", tiny_model_dir,
-           "--train-prompts", "16", "--val-prompts", str(VAL_PROMPTS), "--ppo-steps", "1", "--segment-steps", "1",
-           "--sft-epochs", "1", "--skip-evaluate"]
+    cmd = [sys.executable, "-m", "flows.rlhf", "--experiment", "experiments/gsm8k_tools.yaml",
+           "--model-path", tiny_model_dir, "--train-prompts", "16", "--val-prompts", str(VAL_PROMPTS),
+           "--ppo-steps", "1", "--segment-steps", "1", "--sft-epochs", "1", "--skip-evaluate"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
 
     store = ResultsStore(home)
     _, runs = store.sql("SELECT stage, status FROM runs WHERE kind = 'stage' ORDER BY stage")
-    assert runs == [("ppo", "FINISHED"), ("prepare_data", "FINISHED"), ("sft", "FINISHED")]
+    assert runs == [("filter_prompts", "FINISHED"), ("ppo", "FINISHED"), ("prepare_data", "FINISHED"),
+                    ("sft", "FINISHED")]
     names, rows = store.sql("SELECT prompt, num_turns, tool_calls, tool_failures, score FROM samples "
                             "WHERE stage = 'ppo' AND step = 1")
     assert names == ["prompt", "num_turns", "tool_calls", "tool_failures", "score"]

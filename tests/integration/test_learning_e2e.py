@@ -1,7 +1,7 @@
 """Does the RL learn? A short version of ``make learn`` (issue 15), asserting a rise well beyond seed noise.
 
-The task, model sizes, warm-up and GRPO settings are the ``countdown`` preset's (``configs/presets/countdown.yaml``)
-with fewer train problems, fewer held-out problems and a step budget instead of the preset's wall-clock budget, so
+The task, model sizes, warm-up and GRPO settings are the ``countdown`` experiment's (``experiments/countdown.yaml``)
+with fewer train problems, fewer held-out problems and a step budget instead of its wall-clock budget, so
 the figure does not depend on the machine's load (:data:`SHORT`; about 6 minutes at one thread with another job
 beside it). The warm-up SFT
 sees only unsolvable prompts with non-solutions (format only): every rise comes from the reward. Accuracy is our
@@ -17,35 +17,35 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from flows.experiment import Experiment, load_experiment
 from rlhf_core.trainer.tracking import read_metrics_jsonl
 
-PRESET = Path(__file__).resolve().parents[2] / "configs" / "presets" / "countdown.yaml"
+EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml"
 N_TRAIN, N_TEST = 4000, 300
 SHORT = {"sft_steps": 300, "grpo_steps": 25}
 ACC = "val-core/countdown/acc/mean@1"
 MIN_GAIN = 0.08  # seeds 0 and 1 gained +0.143 and +0.173; one accuracy on 300 problems has an SE of about 0.026
 
 
-def _sft(preset: dict, model: str, files: dict, out: Path) -> str:
+def _sft(exp: Experiment, model: str, files: dict, out: Path) -> str:
     from rlhf_core.config import load_config
     from rlhf_core.trainer.sft_trainer import run_sft
 
     cfg = load_config("sft_trainer", [
-        *preset["sft"], f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
+        *exp.sft.overrides, f"model.partial_pretrain={model}", f"data.train_files={files['train']}",
         f"data.val_files={files['test']}", f"trainer.total_training_steps={SHORT['sft_steps']}",
         "trainer.total_epochs=1", "trainer.logger=[console]", f"trainer.default_local_dir={out}",
         "trainer.project_name=learn", "trainer.experiment_name=sft"])
     return run_sft(cfg)["hf_model_dir"]
 
 
-def _grpo(preset: dict, model: str, files: dict, out: Path, seed: int) -> dict[int, dict]:
+def _grpo(exp: Experiment, model: str, files: dict, out: Path, seed: int) -> dict[int, dict]:
     from rlhf_core.config import load_config
     from rlhf_core.trainer.main_ppo import run_ppo
 
     cfg = load_config("ppo_trainer", [
-        *preset["ppo"], f"actor_rollout_ref.model.path={model}", f"data.train_files={files['train']}",
+        *exp.ppo.overrides, f"actor_rollout_ref.model.path={model}", f"data.train_files={files['train']}",
         f"data.val_files={files['test']}", f"data.val_batch_size={N_TEST}", "algorithm.adv_estimator=grpo",
         f"data.seed={seed}", "trainer.total_training_seconds=null",
         f"trainer.total_training_steps={SHORT['grpo_steps']}", "trainer.val_before_train=True",
@@ -63,16 +63,17 @@ def learning_run(work: Path, seed: int) -> tuple[float, float, int]:
     from rlhf_core.data.countdown import generate_countdown
     from tasks.remote import build_model_remote
 
-    preset = yaml.safe_load(PRESET.read_text())
-    files = generate_countdown(str(work / "data"), N_TRAIN, N_TEST, seed=0, **preset["countdown"])
-    model = build_model_remote(files["train"], str(work / "model"), preset["model"])  # the flow's build_model
+    exp = load_experiment(EXPERIMENT)
+    assert exp.data.generator == "countdown"
+    files = generate_countdown(str(work / "data"), N_TRAIN, N_TEST, seed=0, **exp.data.generator_args)
+    model = build_model_remote(files["train"], str(work / "model"), dict(exp.model.tiny))  # the flow's build_model
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the warm-up runs in this process: one thread, as `make test` has it
     try:
-        warm = _sft(preset, model, files, work / "sft")
+        warm = _sft(exp, model, files, work / "sft")
     finally:
         torch.set_num_threads(threads)
-    metrics = _grpo(preset, warm, files, work / "grpo", seed)
+    metrics = _grpo(exp, warm, files, work / "grpo", seed)
     last = max(metrics)
     return metrics[0][ACC], metrics[last][ACC], last
 

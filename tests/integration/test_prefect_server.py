@@ -167,9 +167,11 @@ def _assert_artifacts_and_graph(api: str, flow_run_id: str) -> None:
     tasks = httpx.post(f"{api}/task_runs/filter", timeout=30,
                        json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
     names = {t["name"]: t for t in tasks}
-    # every task run says what it did (TINY: 16 train and 4 val prompts, the tiny_cpu preset's model, 1 SFT epoch)
+    # every task run says what it did (TINY: 16 train and 4 val prompts, experiments/gsm8k_tiny.yaml's model and
+    # overlong filter, 1 SFT epoch)
     assert set(names) == {"prepare_data · gsm8k · 16 train, 4 val prompts",
-                          "build_model · 4 layers × 128 hidden, vocab 2000", "sft · 16 rows, 1 epoch",
+                          "build_model · 4 layers × 128 hidden, vocab 2000",
+                          "filter_prompts · <= 256 tokens, 1 workers", "sft · 16 rows, 1 epoch",
                           "ppo_segment 1/1 (steps 1-1)", "validate · step 1", "evaluate · step 1",
                           "register_model rlhf"}, sorted(names)
     # the graph: every stage after the first waits for the one before it; the segment's checkpoint is validated by
@@ -198,8 +200,8 @@ def _assert_logs_tell_the_story(api: str, flow_run_id: str) -> None:
             break
     messages = [entry["message"] for entry in logs]
     text = "\n".join(messages)
-    for stage, figure in [("prepare_data", None), ("build_model", None), ("sft", "train/loss"),
-                          ("ppo", "critic/score/mean"), ("evaluate", "test_score/openai/gsm8k")]:
+    for stage, figure in [("prepare_data", None), ("build_model", None), ("filter_prompts", None),
+                          ("sft", "train/loss"), ("ppo", "critic/score/mean"), ("evaluate", "test_score/openai/gsm8k")]:
         [line] = [m for m in messages if m.startswith(f"stage {stage}: ")]
         # "stage sft: FINISHED, 41.3 s, MLflow run <id>; train/loss 6.93, val/loss 6.87"
         assert re.match(rf"stage {stage}: FINISHED, \d+\.\d s, MLflow run \w+", line), line

@@ -147,7 +147,7 @@ def test_drop_preset_reward_kwargs(user, dropped):
 def test_user_reward_path_drops_preset_kwargs_but_keeps_users_own():
     s = resolve_settings({"ppo_overrides": ["custom_reward_function.path=/my/reward.py"]})
     assert not [o for o in s.experiment_ppo if "reward_kwargs" in o]
-    assert "actor_rollout_ref.rollout.name=hf" in s.experiment_ppo  # the rest of the preset stays
+    assert "actor_rollout_ref.rollout.name=hf" in s.experiment_ppo  # the rest of the experiment's overrides stays
     final = s.ppo_list(model_path="/m", train_file="/t", val_file="/v", run_dir="/r", stop_after_step=1)
     assert not [o for o in final if "reward_kwargs" in o]
     assert resolve_settings({}).experiment_ppo[-1] == "custom_reward_function.reward_kwargs={format_score:0.1}"
@@ -211,7 +211,7 @@ def test_validate_overrides_fails_fast_on_a_typo():
     from flows.settings import validate_overrides
     from rlhf_core.config.errors import ConfigError
 
-    validate_overrides(resolve_settings({}))  # the shipped preset + pipeline choices are valid
+    validate_overrides(resolve_settings({}))  # the default experiment + pipeline choices are valid
     validate_overrides(resolve_settings({"ppo_overrides": ["custom_reward_function.path=/my/reward.py"]}))
     with pytest.raises(ConfigError, match=r"ppo stage.*actor_rollout_ref\.rollout\.nn"):
         validate_overrides(resolve_settings({"ppo_overrides": ["actor_rollout_ref.rollout.nn=4"]}))
