@@ -152,8 +152,8 @@ def check_server(url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
     try:
         response = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise DeployError(f"Prefect server at {url} did not answer within {timeout_s:g} s "
-                          f"({type(exc).__name__}: {exc or 'no reply'}); is it running?") from None
+        raise DeployError(f"Prefect server at {url} is not reachable ({type(exc).__name__}: {exc or 'no reply'}; "
+                          f"waited at most {timeout_s:g} s): is it running?") from None
     if response.status_code != 200:
         raise DeployError(f"Prefect server at {url} answered /health with HTTP {response.status_code}")
 
