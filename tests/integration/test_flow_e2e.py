@@ -19,7 +19,7 @@ import pytest
 
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = {"prepare_data", "build_model", "sft", "ppo", "evaluate"}
+STAGES = {"prepare_data", "build_model", "filter_prompts", "sft", "ppo", "evaluate"}
 PPO_METRICS = {"critic/score/mean", "actor/pg_loss", "actor/entropy", "timing_s/gen", "perf/throughput"}
 
 
@@ -68,7 +68,8 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     assert PPO_METRICS <= {k for (k,) in keys}
     _, runs = store.sql("SELECT stage, status FROM runs ORDER BY stage")
     assert all(status == "FINISHED" for _, status in runs)
-    assert sorted(s for s, _ in runs) == ["build_model", "evaluate", "flow", "ppo", "prepare_data", "sft"]
+    assert sorted(s for s, _ in runs) == ["build_model", "evaluate", "filter_prompts", "flow", "ppo", "prepare_data",
+                                          "sft"]
     # one row per run id; the flow run's row has its name and parameters
     assert store.sql("SELECT count(*) = count(DISTINCT run_id) FROM runs")[1] == [(True,)]
     _, [(kind, name, params)] = store.sql("SELECT kind, name, params_json FROM runs WHERE stage = 'flow'")
@@ -104,8 +105,10 @@ def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
     # the final validation and evaluation metrics are summarised on the parent run
     assert "val-core/openai/gsm8k/reward/mean_at_2" in parent.data.metrics
     assert "test_score/openai/gsm8k" in parent.data.metrics
-    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    # stage runs are named '<stage> · <flow run>' and tagged rlhf.stage
+    children = {r.data.tags["rlhf.stage"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(children) == STAGES
+    assert all(r.info.run_name.startswith(f"{stage} · ") for stage, r in children.items())
     assert all(r.info.status == "FINISHED" for r in children.values())
 
     ppo = children["ppo"]
@@ -116,10 +119,14 @@ def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
     assert ppo.data.params["algorithm.adv_estimator"] == "grpo"
     assert any(k.startswith("val-core/openai/gsm8k/reward/mean") for k in ppo.data.metrics)
 
-    prep = children["prepare_data"]
-    train_path = Path(prep.data.tags["dataset.gsm8k_train.path"])
-    digest = hashlib.sha256(train_path.read_bytes()).hexdigest()
-    for run in (prep, children["sft"], ppo):
+    prep, filtered = children["prepare_data"], children["filter_prompts"]
+    sha = lambda tags, name: hashlib.sha256(Path(tags[f"dataset.{name}.path"]).read_bytes()).hexdigest()  # noqa: E731
+    assert prep.data.tags["dataset.gsm8k_train.sha256"] == sha(prep.data.tags, "gsm8k_train")
+    # PPO trains on the filter_prompts output (overlong prompts dropped with the model's tokenizer)
+    digest = sha(filtered.data.tags, "filtered_train")
+    assert filtered.data.tags["dataset.filtered_train.sha256"] == digest
+    assert int(filtered.data.params["train.kept"]) + int(filtered.data.params["train.dropped"]) == 64
+    for run in (prep, filtered, children["sft"], ppo):
         contexts = {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
                     for i in run.inputs.dataset_inputs}
         assert "training" in contexts.values() and "validation" in contexts.values()
@@ -159,9 +166,14 @@ def test_second_run_reuses_cached_stages(flow_home, gsm8k_dir):
     runs, parents = _parents(client)
     assert len(parents) == 2
     first, second = parents
-    for stage in ("prepare_data", "build_model", "sft"):
+    for stage in ("prepare_data", "build_model", "filter_prompts", "sft"):
         assert second.data.tags[f"stage.{stage}.run_id"] == first.data.tags[f"stage.{stage}.run_id"]
-    new_children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == second.info.run_id}
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == second.info.run_id]
+    cached = {r.data.tags["rlhf.stage"]: r.data.tags["rlhf.cached_from_run_id"] for r in children
+              if "rlhf.cached_from_run_id" in r.data.tags}  # records pointing at the first run's stage runs
+    assert cached == {stage: first.data.tags[f"stage.{stage}.run_id"]
+                      for stage in ("prepare_data", "build_model", "filter_prompts", "sft")}
+    new_children = {r.data.tags["rlhf.stage"]: r for r in children if "rlhf.cached_from_run_id" not in r.data.tags}
     assert set(new_children) == {"ppo"}
     # the new ppo run trained from the cached SFT model: its registered version names the first run's one
     versions = {str(v.version): v for v in client.search_model_versions("name = 'rlhf'")}
@@ -186,7 +198,7 @@ def test_gae_flow_starts_its_critic_from_the_sft_model(tmp_path, gsm8k_dir):
     home = tmp_path / "home"
     _run_flow(home, gsm8k_dir, "--ppo-steps", "1", "--skip-evaluate", "--adv-estimator", "gae")
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
-    runs = {r.info.run_name: r for r in _parents(client)[0]}
+    runs = {r.data.tags["rlhf.stage"]: r for r in _parents(client)[0] if "rlhf.stage" in r.data.tags}
     sft_model = runs["sft"].data.tags["artifact.hf_model.path"]
     params = runs["ppo"].data.params
     assert params["algorithm.adv_estimator"] == "gae"
