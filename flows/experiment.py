@@ -239,7 +239,9 @@ class _Reader:
     def fail(self, where: str, message: str) -> ExperimentError:
         return ExperimentError(f"{self.source}: {where}: {message}")
 
-    def build(self, cls: type, raw: Any, where: str) -> Any:
+    def build(self, cls: type, raw: Any, where: str, base: Any = None) -> Any:
+        """``cls`` from the mapping ``raw``; fields ``raw`` leaves out keep ``base``'s values (the enclosing
+        field's default, e.g. a stage's own task options), else ``cls``'s defaults."""
         if not isinstance(raw, Mapping):
             raise self.fail(where or "(top level)", f"must be a mapping of fields, got {type(raw).__name__} {raw!r}")
         hints = typing.get_type_hints(cls)
@@ -252,8 +254,12 @@ class _Reader:
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 raise self.fail(dotted, f"unknown field{hint} (known: {', '.join(fields)})")
             f = fields[key]
-            values[key] = self.value(hints[key], value, dotted, bool(f.metadata.get("path")))
-        return cls(**values)
+            if dataclasses.is_dataclass(hints[key]) and f.default_factory is not dataclasses.MISSING:
+                values[key] = self.build(hints[key], {} if value is None else value, dotted,
+                                         base=f.default_factory())
+            else:
+                values[key] = self.value(hints[key], value, dotted, bool(f.metadata.get("path")))
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)
 
     def value(self, tp: Any, value: Any, where: str, path: bool) -> Any:
         origin, args = typing.get_origin(tp), typing.get_args(tp)

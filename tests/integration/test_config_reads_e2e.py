@@ -43,8 +43,6 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     "ppo_trainer": {
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
-        # the interpolation actor_rollout_ref.rollout.response_length: ${data.max_response_length} carries it
-        "data.max_response_length": "tests/unit/test_config_overrides.py::test_interpolations_resolve_after_overrides",
         "data.filter_overlong_prompts_workers": "tests/unit/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
         "critic.forward_micro_batch_size": _DEPRECATED,
         # vLLM engine arguments (the e2e runs use the hf rollout)

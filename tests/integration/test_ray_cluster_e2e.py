@@ -156,7 +156,7 @@ def test_two_concurrent_flow_runs_on_a_two_node_cluster(two_node_cluster, tmp_pa
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf")
-    runs = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'ppo'")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlhf.stage` = 'ppo'")  # stage runs: "ppo · <flow run>"
     ppo = {r.data.params["trainer.nnodes"]: r for r in runs}
     assert len(runs) == 2 and set(ppo) == {"1", "2"}, [r.data.params.get("trainer.nnodes") for r in runs]
     multi, single = ppo["2"], ppo["1"]

@@ -80,6 +80,19 @@ def test_flow_content_wins_and_a_wrong_digest_is_refused(tmp_path):
         experiment_for_flow(preset="nope")
 
 
+def test_a_partial_task_option_keeps_the_stages_own_defaults():
+    # flows/experiment.py TasksSpec: ppo_segment defaults to (2 retries, 30 s, 43200 s), prepare_data to
+    # (2, 10 s, 3600 s); a file that sets one field of a stage changes that field only (the generic
+    # TaskOptions defaults, 1 retry and 30 s, are not what a stage gets)
+    exp = load_experiment("name: x\ndata: {generator: countdown}\n"
+                          "tasks: {ppo_segment: {timeout_seconds: 100}, prepare_data: {retries: 3}}\n")
+    assert (exp.tasks.ppo_segment.retries, exp.tasks.ppo_segment.retry_delay_seconds,
+            exp.tasks.ppo_segment.timeout_seconds) == (2, 30, 100)
+    assert (exp.tasks.prepare_data.retries, exp.tasks.prepare_data.retry_delay_seconds,
+            exp.tasks.prepare_data.timeout_seconds) == (3, 10, 3600)
+    assert exp.tasks.sft.timeout_seconds == 21600  # a stage the file leaves out: all its own defaults
+
+
 def test_generator_registry():
     assert set(GENERATORS) >= {"gsm8k", "gsm8k_tools", "countdown"}
     with pytest.raises(ValueError, match="already registered"):
