@@ -41,8 +41,18 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+# The end-to-end modules that take longest on 2 cores (CI's --durations), started first so that pytest-xdist's
+# workers do not end the run with one of them alone on one worker while the other idles (longest first).
+LONGEST_FIRST = ("test_ray_cluster_e2e.py", "test_deploy_experiment.py", "test_prefect_server.py",
+                 "test_learning_e2e.py", "test_faults.py", "test_flow_e2e.py", "test_flow_tools_e2e.py",
+                 "test_config_reads_e2e.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip ``gpu``-marked tests cleanly when no CUDA device is present."""
+    """Start the longest end-to-end modules first (a stable sort: a module's tests stay together and in order),
+    and skip ``gpu``-marked tests cleanly when no CUDA device is present."""
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))
     try:
         import torch
 

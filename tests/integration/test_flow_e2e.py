@@ -1,6 +1,6 @@
 """The whole `rlhf` flow on real GSM8K prompts, embedded services, then SQL and MLflow checks.
 
-Runs ``python -m flows.rlhf`` in a subprocess exactly as ``make demo`` does (embedded Ray,
+Runs ``python -m flows.rlhf`` in a subprocess exactly as ``rlhf pipeline`` does (embedded Ray,
 Prefect ephemeral mode, MLflow SQLite and DuckDB under a temporary ``RLHF_HOME``), with two
 PPO segments so the second one resumes from the first one's checkpoint; then a second, shorter
 run of the same inputs that takes its first three stages from Prefect's cache. Last, a separate run of an
