@@ -147,7 +147,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         upstream: Any = prepare_data.submit(s.data_spec(), ctx)
         data = rec("prepare_data", upstream.result())
         for split, context in (("train", "training"), ("val", "validation")):  # the parent's own dataset inputs
-            lineage.log_dataset(parent_run_id, data[split], f"{s.generator or 'data'}_{split}", context)
+            lineage.log_dataset(parent_run_id, data[split], f"{s.data_label}_{split}", context)
         base_model = s.model_path
         if not base_model:
             upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
@@ -277,8 +277,8 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
     lists = [s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
                         run_dir=run_dir, stop_after_step=stop) for stop in bounds]
     with stage("ppo", load_config("ppo_trainer", lists[-1]), ctx) as ppo_run_id:
-        lineage.log_dataset(ppo_run_id, data["train"], "gsm8k_train", "training")
-        lineage.log_dataset(ppo_run_id, data["val"], "gsm8k_val", "validation")
+        lineage.log_dataset(ppo_run_id, data["train"], f"{s.data_label}_train", "training")
+        lineage.log_dataset(ppo_run_id, data["val"], f"{s.data_label}_val", "validation")
 
         def check(overrides: list[str], checkpoint: str | None, step: int, after: Any) -> Any:
             return validate_task.submit(overrides, checkpoint, step, ppo_run_id, ctx,
@@ -323,8 +323,8 @@ def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, d
     and the gate's ``verdict`` (``tasks.register``). Returns the task's result."""
     ckpt = ppo_result.get("checkpoint_dir")
     tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
-            "dataset.gsm8k_train.path": data["train"], "dataset.gsm8k_val.path": data["val"]}
-    tags.update({f"dataset.gsm8k_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
+            f"dataset.{s.data_label}_train.path": data["train"], f"dataset.{s.data_label}_val.path": data["val"]}
+    tags.update({f"dataset.{s.data_label}_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
     return task.submit(ppo_result["run_id"], ckpt, s.experiment, tags, ctx, dict(evaluation), verdict, gate_text,
                        baseline_run_id, wait_for=[upstream]).result()
 

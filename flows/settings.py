@@ -72,6 +72,12 @@ class PipelineSettings:
     reward_path: str | None = None     # the PPO config's custom_reward_function.path / .name (checked by preflight)
     reward_name: str = "compute_score"
 
+    @property
+    def data_label(self) -> str:
+        """The name the data carry in MLflow (``<label>_train``/``<label>_val`` datasets and registered-model tags):
+        the generator's name, or ``data`` for the experiment's own files (as ``prepare_data`` names them)."""
+        return self.generator or "data"
+
     def data_spec(self) -> dict[str, Any]:
         """The ``prepare_data`` task's ``data`` argument (what the prepared files are a function of)."""
         return {"generator": self.generator, "generator_args": dict(self.generator_args),

@@ -45,7 +45,7 @@ def register_policy(run_id: str, hf_dir: str | Path, model_name: str,
     the folder itself (it must stay where it is, on storage the MLflow users can read).
 
     Args:
-        lineage_tags: e.g. ``{"sft_model": path, "ppo_checkpoint": path, "dataset.gsm8k_train.sha256":
+        lineage_tags: e.g. ``{"sft_model": path, "ppo_checkpoint": path, "dataset.<data>_train.sha256":
             hex}``; set on the model version as tags.
 
     Returns ``"none"`` (nothing registered) when lineage is degraded (:func:`infra.lineage.degraded`).

@@ -225,7 +225,7 @@ def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> 
     key = plan.inputs_key("build_model", [train_file], sizes=sizes)[:16]
     out_dir = str(Path(ctx["home"]) / "models" / f"tiny-{key}")
     with stage("build_model", {"sizes": sizes, "train_file": train_file}, ctx) as run_id:
-        lineage.log_dataset(run_id, train_file, "gsm8k_train", "training")
+        lineage.log_dataset(run_id, train_file, "tokenizer_text", "training")  # the text its tokenizer learns
         with filelock.FileLock(f"{out_dir}.lock", timeout=HOUR):
             if Path(out_dir, "config.json").is_file():
                 path = out_dir  # built by a concurrent flow run with the same inputs
