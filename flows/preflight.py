@@ -12,7 +12,7 @@ import importlib.util
 from typing import Any, Callable
 
 from flows.experiment import ExperimentError
-from flows.settings import PipelineSettings, validate_overrides
+from flows.settings import PipelineSettings, ppo_config, validate_overrides
 
 HEAD_ROWS = 5  # rows read from each data file
 
@@ -124,7 +124,24 @@ def checks(s: PipelineSettings) -> list[tuple[str, Callable[[], str]]]:
     out.append(("model.path", lambda: _model(s.model_path, s.model_sizes)))
     if s.reward_path is not None:
         out.append(("reward.path", lambda: _reward(str(s.reward_path), s.reward_name)))
+    out.append(("ppo rollout engine", lambda: _engine(s)))
     return out
+
+
+def _engine(s: PipelineSettings) -> str:
+    """``actor_rollout_ref.rollout.name``'s package is importable here (vllm, sglang), as ``rlhf config check`` and
+    ``main_ppo`` require; skipped on an existing Ray cluster, whose workers may have packages this machine lacks."""
+    from rlhf_core.config import ConfigError
+    from rlhf_core.config.notices import engine_errors
+
+    cfg = ppo_config(s)
+    name = cfg.actor_rollout_ref.rollout.name
+    if s.ray_address not in (None, "", "local"):
+        return f"{name} (not checked: the workers run on the Ray cluster at {s.ray_address})"
+    errors = engine_errors(cfg)
+    if errors:
+        raise ConfigError(f"ppo.overrides: {errors[0]}")
+    return f"{name} (importable here)"
 
 
 def run_checks(s: PipelineSettings, say: Callable[[str], Any] | None = None) -> int:

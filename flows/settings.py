@@ -249,9 +249,11 @@ def resolve_settings(params: Mapping[str, Any], experiment: Experiment | None = 
     if s.ppo_steps < 1 or s.segment_steps < 1:
         raise ExperimentError(f"ppo_steps ({s.ppo_steps}) and segment_steps ({s.segment_steps}) must be >= 1")
     if s.max_regression < 0:
-        raise ValueError(f"max_regression must be >= 0 (an absolute score drop), got {s.max_regression}")
+        raise ExperimentError(f"{s.experiment_file}: regression_gate.max_regression (or --max-regression) must be "
+                              f">= 0 (an absolute score drop), got {s.max_regression}")
     if s.baseline is not None and not s.evaluate_enabled:
-        raise ValueError(f"baseline={s.baseline!r} needs the evaluate stage (skip_evaluate is set)")
+        raise ExperimentError(f"{s.experiment_file}: regression_gate.baseline={s.baseline!r} needs the evaluate "
+                              "stage (evaluation.enabled is false or --skip-evaluate is set)")
     return s
 
 

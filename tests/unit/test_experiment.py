@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from pathlib import Path
 
 import fsspec
@@ -157,7 +158,8 @@ def _experiment(tmp_path: Path, extra: str = "", train: str = "memory://exp/trai
                                         "    return float(solution_str.strip() == ground_truth)\n")
     f = tmp_path / "exp.yaml"
     f.write_text(f"name: mine\ndata:\n  train_files: [{train}]\n  val_files: [val.parquet]\n"
-                 "reward: {path: reward.py}\nppo:\n  overrides: [trainer.device=cpu]\n" + extra)
+                 "reward: {path: reward.py}\nppo:\n  overrides: [trainer.device=cpu, actor_rollout_ref.rollout.name=hf]\n"
+                 + extra)
     return f
 
 
@@ -176,14 +178,15 @@ def test_dry_run_checks_every_input_and_trains_nothing(tmp_path, capsys, monkeyp
     assert rc == 0, err
     assert [line.split(":")[0] for line in lines[:-1]] == [
         "ok   stage configs", "ok   data.train_files[0]", "ok   data.val_files[0]",
-        "ok   evaluation.suites[0].files[0]", "ok   model.path", "ok   reward.path"]
+        "ok   evaluation.suites[0].files[0]", "ok   model.path", "ok   reward.path", "ok   ppo rollout engine"]
     assert "memory://exp/train.parquet: first 5 rows in verl's RL schema" in lines[1]
-    assert lines[-1].startswith(f"dry run: 6 checks passed for {f}")
+    assert lines[-2] == "ok   ppo rollout engine: hf (importable here)"
+    assert lines[-1].startswith(f"dry run: 7 checks passed for {f}")
     assert not (tmp_path / "home" / "ray").exists() and not (tmp_path / "home" / "data").exists()
 
 
 @pytest.mark.parametrize("case", ["unknown field", "missing url", "no prompt column", "prompt string",
-                                  "no reward function", "model unreachable", "empty suite"])
+                                  "no reward function", "model unreachable", "empty suite", "engine not installed"])
 def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_path, capsys, case, monkeypatch):
     monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
     extra, train, field = "", "memory://exp/train.parquet", ""
@@ -209,7 +212,14 @@ def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_pa
         pd.DataFrame(_rows(1)).iloc[:0].to_parquet(tmp_path / "empty.parquet")
         extra = "evaluation:\n  suites:\n    - {name: empty, files: [empty.parquet]}\n"
         field = f"evaluation.suites[0].files[0]: {tmp_path / 'empty.parquet'}: the file has no rows"
+    elif case == "engine not installed":  # verl's default engine: the ppo stage would fail after data and SFT
+        if importlib.util.find_spec("vllm") is not None:
+            pytest.skip("vllm is installed here")
+        extra, field = ("", "ppo rollout engine: ppo.overrides: actor_rollout_ref.rollout.name='vllm' needs the "
+                            "'vllm' package")
     f = _experiment(tmp_path, extra, train)
+    if case == "engine not installed":
+        f.write_text(f.read_text().replace(", actor_rollout_ref.rollout.name=hf", ""))
     if case == "no reward function":
         (tmp_path / "reward.py").write_text("def score(**kw):\n    return 0.0\n")
         field = f"reward.path: {tmp_path / 'reward.py'} has no function 'compute_score' (reward.name); it defines ['score']"

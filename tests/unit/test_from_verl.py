@@ -156,6 +156,9 @@ def cpu_local(doc: dict, model_dir: str, data_dir: Path) -> dict:
             key = re.sub(r"^\+*", "", item.split("=", 1)[0])
             if key in CPU_VALUES:
                 overrides[i] = f"{item.split('=', 1)[0]}={CPU_VALUES[key]}"
+    ppo = doc.setdefault("ppo", {}).setdefault("overrides", [])  # a script that never names the engine: verl's vllm
+    if not any(re.sub(r"^\+*", "", o.split("=", 1)[0]) == "actor_rollout_ref.rollout.name" for o in ppo):
+        ppo.append("actor_rollout_ref.rollout.name=hf")
     return doc
 
 

@@ -290,13 +290,19 @@ def test_cli_checks_parameters_before_any_service(monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(flow_mod, "rlhf", no_flow)
     cases = [(["--ppo-steps", "0"], "ppo_steps (0)"),
              (["--model-path", str(tmp_path / "nope")], "model_path: "),
-             (["--max-regression", "-1"], "max_regression must be >= 0"),
+             (["--max-regression", "-1"], "regression_gate.max_regression (or --max-regression) must be >= 0"),
              (["--baseline", "no-such-run"], "baseline: run 'no-such-run'"),
              (["--ppo-overrides", "actor_rollout_ref.rollout.nn=4"], "ppo stage")]
     for argv, expected in cases:
         assert flow_mod.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expected in err, (argv, err)
+    # --dry-run resolves the same settings: the gate's errors are one line there too (was a ValueError traceback)
+    for argv, expected in [(["--max-regression", "-1"], "must be >= 0"),
+                           (["--baseline", "previous-successful", "--skip-evaluate"], "needs the evaluate stage")]:
+        assert flow_mod.main([*argv, "--dry-run"]) == 1
+        out = capsys.readouterr()
+        assert len(out.err.strip().splitlines()) == 1 and expected in out.err and "Traceback" not in out.err, out
 
 
 def test_questions_by_prompt_id_pairs_validation_order_and_checks_text(tmp_path):
