@@ -38,7 +38,7 @@ learn: install
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m slow --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m slow --durations=15
 
 test-fast: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"

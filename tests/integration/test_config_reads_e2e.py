@@ -174,7 +174,6 @@ def recorded(tiny_model_dir, gsm8k_parquet, sft_files, tmp_path_factory):  # noq
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIG_NAMES)
-@pytest.mark.xdist_group("config_reads")  # one worker records the runs (make test: --dist loadgroup)
 def test_every_supported_key_is_read_by_a_run_or_has_an_effect_test(recorded, name):
     covered = EFFECT_TESTS[name]
     unread = [p for p in _supported(name) if not _read(p, recorded[name]) and p not in covered]

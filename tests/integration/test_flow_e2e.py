@@ -59,7 +59,6 @@ def _parents(client, experiment: str = "rlhf"):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("flow_home")  # one worker builds flow_home (make test: --dist loadgroup)
 def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
     from infra.results import ResultsStore
 
@@ -105,7 +104,6 @@ def test_duckdb_holds_scored_samples_metrics_and_runs(flow_home):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("flow_home")  # one worker builds flow_home (make test: --dist loadgroup)
 def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
     from mlflow import MlflowClient
 
@@ -165,7 +163,6 @@ def test_mlflow_holds_parent_nested_runs_inputs_and_metrics(flow_home):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("flow_home")  # one worker builds flow_home (make test: --dist loadgroup)
 def test_second_run_reuses_cached_stages(flow_home, gsm8k_dir):
     """Same inputs again: prepare_data, build_model and sft come from Prefect's cache (their output folders are
     keyed by input digests); the parent run points at the runs that made them, and only ppo runs anew (one step,
