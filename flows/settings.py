@@ -74,9 +74,11 @@ class PipelineSettings:
 
     @property
     def data_label(self) -> str:
-        """The name the data carry in MLflow (``<label>_train``/``<label>_val`` datasets and registered-model tags):
-        the generator's name, or ``data`` for the experiment's own files (as ``prepare_data`` names them)."""
-        return self.generator or "data"
+        """:func:`rlhf_core.data.generators.data_label` of this experiment's generator (as ``prepare_data``
+        names the data)."""
+        from rlhf_core.data.generators import data_label
+
+        return data_label(self.generator)
 
     def data_spec(self) -> dict[str, Any]:
         """The ``prepare_data`` task's ``data`` argument (what the prepared files are a function of)."""

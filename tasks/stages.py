@@ -93,13 +93,13 @@ def prepare_data(data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         DataError: a missing ``prompt``/``data_source``/``reward_model.ground_truth`` column, a prompt that is a
             string, an empty file (one line naming file, row and column). FileNotFoundError: a missing file.
     """
-    from rlhf_core.data.generators import GENERATORS
+    from rlhf_core.data.generators import GENERATORS, data_label
     from rlhf_core.data.prepare import gather
 
     deadline = StageDeadline.of("prepare_data", ctx)  # runs here, not on Ray: checked once the data is written
     key = (_prepare_key(None, {"data": data, "ctx": ctx}) or plan.inputs_key("prepare_data", [], data=data))[:16]
     out = Path(ctx["home"]) / "data" / "prepared" / key
-    label = data["generator"] or "data"
+    label = data_label(data["generator"])
     with stage("prepare_data", data, ctx) as run_id:
         train_files, val_files = data["train_files"], data["val_files"]
         n_train, n_val = int(data["train_prompts"]), int(data["val_prompts"])

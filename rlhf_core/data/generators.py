@@ -131,6 +131,12 @@ class Generator:
 GENERATORS: dict[str, Generator] = {}
 
 
+def data_label(generator: str | None) -> str:
+    """The name an experiment's data carry in MLflow (``<label>_train``/``<label>_val`` datasets and registered-model
+    tags): the generator's name, or ``data`` for the experiment's own files."""
+    return generator or "data"
+
+
 def register(name: str, generator: Generator) -> None:
     """Add a generator under ``name``.
 
