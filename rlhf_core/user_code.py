@@ -70,4 +70,29 @@ def exec_user_file(path: str, key: str, module_name: str) -> ModuleType:
     return module
 
 
-__all__ = ["exec_user_file", "file_sha256", "resolve_user_file"]
+_extensions: dict[str, ModuleType] = {}  # absolute path -> module, per process
+
+
+def import_extensions(paths, key: str = "trainer.extensions") -> list[ModuleType]:
+    """Execute each extension file of ``paths`` (a list of Python file paths) once per process, in order.
+
+    Extensions register what the config names: ``register_adv_est`` (``algorithm.adv_estimator``),
+    ``register_policy_loss`` (``policy_loss.loss_mode``), reward managers (``reward_model.reward_manager``).
+    ``load_config`` calls this before checking choices, and every worker before building its models, so a
+    registered name is accepted and found in every process. A file already executed here is not run again.
+
+    Raises:
+        FileNotFoundError: as :func:`resolve_user_file`, naming ``key``.
+        Exception: whatever the file raises while executing (see :func:`exec_user_file`).
+    """
+    modules = []
+    for path in list(paths or []):
+        resolved = resolve_user_file(str(path), key)
+        if resolved not in _extensions:
+            name = "rlhf_extension_" + hashlib.sha256(resolved.encode()).hexdigest()[:16]
+            _extensions[resolved] = exec_user_file(resolved, key, name)
+        modules.append(_extensions[resolved])
+    return modules
+
+
+__all__ = ["exec_user_file", "file_sha256", "import_extensions", "resolve_user_file"]

@@ -188,6 +188,11 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     return decorator
 
 
+def registered_policy_losses() -> list[str]:
+    """The names ``policy_loss.loss_mode`` accepts now: the built-in losses and any registered since (sorted)."""
+    return _POLICY_LOSSES.names()
+
+
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The :data:`PolicyLossFn` registered under ``name``.
 

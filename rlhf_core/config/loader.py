@@ -9,25 +9,21 @@ from pathlib import Path
 from typing import Sequence
 
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlhf_core.redact import redact
 
 from .errors import ConfigError
-from .generation_keys import validate_generation_config
 from .notices import ConfigNotice, changed_paths, effect_notices, named_engine_keys, resolve_aliases
 from .overrides import apply_overrides, parse_override
-from .schema import all_paths, check_schema, flatten, is_open, unknown_key_error
-from .structured import schema_paths, to_typed, typed_defaults
-from .validate import convert_deprecated, validate_ppo_config, validate_sft_config
+from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
+from .structured import schema_paths, shipped_defaults, to_typed, typed_defaults
+from .validate import convert_deprecated, validate_generation_config, validate_ppo_config, validate_sft_config
 from .yaml_file import read_yaml_mapping
 
-CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation", "generation")
-
-
 def config_dir() -> str:
-    """Absolute path of the repository's ``configs/`` folder.
+    """Absolute path of the repository's ``configs/`` folder (the YAML generated from the config classes).
 
     Found relative to this file (``rlhf_core/config/`` → ``../../configs``), which is the checkout
     in an editable install; ``RLHF_CONFIG_DIR`` overrides it.
@@ -54,8 +50,15 @@ def _kind_of(user: DictConfig, path: Path) -> str:
 
 
 def load_base(name: str, config_dir: str | None = None) -> DictConfig:
-    """The shipped config ``name`` (one of CONFIG_NAMES), unresolved, unvalidated."""
-    path = Path(config_dir or globals()["config_dir"]()) / f"{name}.yaml"
+    """The shipped config ``name`` (one of CONFIG_NAMES), unresolved, unvalidated: the defaults of its config
+    classes, or the YAML file ``<config_dir>/<name>.yaml`` when a folder is given (``--config-dir`` or
+    ``RLHF_CONFIG_DIR``), whose keys must be keys of the classes."""
+    folder = config_dir or os.environ.get("RLHF_CONFIG_DIR")
+    if not folder:
+        if name not in CONFIG_NAMES:
+            raise ConfigError(f"Unknown config '{name}'; known configs: {list(CONFIG_NAMES)}")
+        return shipped_defaults(name)
+    path = Path(folder) / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"Config '{name}' not found at {path}; known configs: {list(CONFIG_NAMES)}")
     return _load_mapping(path)
@@ -157,7 +160,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
     user_set |= named_engine_keys(overrides)  # e.g. rollout.tensor_model_parallel_size=2 (its default) with hf
-    resolve_aliases(cfg, base)
+    resolve_aliases(cfg, base, kind)
+    _import_extensions(cfg)  # before the choices are checked: their registered names are valid values
     if kind in ("ppo_trainer", "sft_trainer"):
         try:
             convert_deprecated(cfg, sft=kind == "sft_trainer")
@@ -168,7 +172,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         OmegaConf.resolve(base)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
-    errors = check_schema(cfg, base, sft=kind == "sft_trainer") + _shape_errors(kind, cfg, overrides)
+    errors = check_schema(cfg, kind) + _shape_errors(kind, cfg, overrides)
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
     if kind == "ppo_trainer":  # on the user's values, so messages quote them as typed (1, not 1.0)
@@ -180,6 +184,22 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     for notice in effect_notices(cfg, user_set, kind):
         warnings.warn(notice, ConfigNotice, stacklevel=2)
     return to_typed(kind, cfg)
+
+
+def _import_extensions(cfg: DictConfig) -> None:
+    """Run the files of ``trainer.extensions`` (:func:`rlhf_core.user_code.import_extensions`); ConfigError naming
+    the key and the file when one is missing or raises."""
+    paths = OmegaConf.select(cfg, "trainer.extensions", default=None)
+    if not paths:
+        return
+    from rlhf_core.user_code import import_extensions
+
+    try:
+        import_extensions(OmegaConf.to_container(paths, resolve=True) if isinstance(paths, ListConfig) else paths)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from exc
+    except Exception as exc:  # the user's file raised while running: name it, keep the cause
+        raise ConfigError(f"trainer.extensions: running {paths!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:

@@ -19,15 +19,20 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
-from .schema import EFFECT, EFFECT_IN, NO_EFFECT_ON_CPU, flatten
+from .schema import CONFIG_NAMES, flatten, specs
+from .spec import NO_EFFECT_ON_CPU, NO_EFFECT_YET
 
-# (reference spelling, verl 0.6 spelling)
-ALIASES = (("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"),
-           ("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"))
 _R = "actor_rollout_ref.rollout."
-# rollout keys read only by the vllm engine (rlhf_core/workers/rollout/vllm_rollout.py engine_kwargs)
-VLLM_ONLY = tuple(_R + k for k in ("gpu_memory_utilization", "tensor_model_parallel_size", "enforce_eager",
-                                   "max_num_batched_tokens", "max_num_seqs"))
+
+
+def aliases(name: str) -> list[tuple[str, str]]:
+    """(spelling, other spelling) pairs of config ``name``: keys declared ``same_as`` another."""
+    return [(s.same_as, s.path) for s in specs(name).values() if s.same_as]
+
+
+def engine_only(name: str = "ppo_trainer") -> dict[str, str]:
+    """Rollout keys read by one engine only (declared ``engine=``): path -> engine name."""
+    return {s.path: s.engine for s in specs(name).values() if s.engine}
 # rollout.name -> the package it needs
 ENGINE_PACKAGES = {"vllm": "vllm", "hf": "transformers", "sglang": "sglang"}
 
@@ -40,13 +45,14 @@ def _select(cfg: DictConfig, path: str) -> Any:
     return OmegaConf.select(cfg, path, default="<absent>", throw_on_resolution_failure=False)
 
 
-def resolve_aliases(cfg: DictConfig, base: DictConfig) -> None:
-    """Make both spellings of each ``ALIASES`` pair hold the value the user set (unresolved, in place).
+def resolve_aliases(cfg: DictConfig, base: DictConfig, name: str = "ppo_trainer") -> None:
+    """Make both spellings of each :func:`aliases` pair of config ``name`` hold the value the user set (unresolved,
+    in place).
 
     Raises ConfigError naming both keys when both are set away from their defaults to different values.
     Pairs absent from ``base`` (a config without one of the spellings) are skipped.
     """
-    for old, new in ALIASES:
+    for old, new in aliases(name):
         d_old, d_new = _select(base, old), _select(base, new)
         if "<absent>" in (d_old, d_new):
             continue
@@ -70,7 +76,7 @@ def changed_paths(cfg: DictConfig, base: DictConfig) -> set[str]:
 
 
 def named_engine_keys(overrides: Sequence[str]) -> set[str]:
-    """The engine-only keys (:data:`VLLM_ONLY`) that ``overrides`` set by name, whatever their value: a
+    """The engine-only keys (:func:`engine_only`) that ``overrides`` set by name, whatever their value: a
     ``rollout.tensor_model_parallel_size=2`` written on the command line says the user expects it to act, even
     though 2 is the shipped default, so :func:`effect_notices` names it under another engine."""
     from .overrides import parse_override
@@ -81,7 +87,7 @@ def named_engine_keys(overrides: Sequence[str]) -> set[str]:
             override = parse_override(text)
         except ConfigError:  # apply_overrides has named it already
             continue
-        if override.op != "delete" and override.key in VLLM_ONLY:
+        if override.op != "delete" and override.key in engine_only():
             named.add(override.key)
     return named
 
@@ -104,19 +110,22 @@ def effect_notices(cfg: DictConfig, user_set: set[str], name: str = "ppo_trainer
     """
     notices, on_cpu = [], None
     engine = OmegaConf.select(cfg, _R + "name", default=None)
+    table = specs(name) if name in CONFIG_NAMES else {}
     for path in sorted(user_set):
-        if path in VLLM_ONLY and engine is not None and engine != "vllm":
-            notices.append(f"{path}={_select(cfg, path)!r} has no effect here: it is read only by the vllm "
+        spec = table.get(path)
+        if spec is None:
+            continue
+        if spec.engine and engine is not None and engine != spec.engine:
+            notices.append(f"{path}={_select(cfg, path)!r} has no effect here: it is read only by the {spec.engine} "
                            f"rollout engine, and {_R}name={engine!r}.")
             continue
-        status = EFFECT_IN.get(name, {}).get(path) or EFFECT.get(path)
-        if status is None:
+        if spec.status not in (NO_EFFECT_ON_CPU, NO_EFFECT_YET):
             continue
-        if status[0] == NO_EFFECT_ON_CPU:
+        if spec.status == NO_EFFECT_ON_CPU:
             on_cpu = runs_on_cpu(cfg) if on_cpu is None else on_cpu
             if not on_cpu:
                 continue
-        notices.append(f"{path}={_select(cfg, path)!r} has no effect here ({status[0]}): {status[1]}.")
+        notices.append(f"{path}={_select(cfg, path)!r} has no effect here ({spec.status}): {spec.why}.")
     return notices
 
 

@@ -5,7 +5,7 @@ parsed by ``hydra.core.override_parser.overrides_parser.OverridesParser`` (Hydra
 escapes such as ``a\\,b``, ``null``/``true``/numbers, lists ``[a,b]``, dicts ``{k: v}``, interpolations
 ``${data.x}`` kept for later resolution, casts like ``int(3.0)``) and applied to the config with the rules of
 Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` (see :func:`apply_overrides`). What is ours: the errors
-(an unknown key names the nearest known keys), free-form dicts (``schema.OPEN_PATHS``, e.g.
+(an unknown key names the nearest known keys), free-form dicts (``schema.open_paths()``, e.g.
 ``custom_reward_function.reward_kwargs={format_score: 0.1}``) taking new sub-keys without ``+``, and refusing a sweep (``a=1,2``, which needs ``--multirun``) or a
 config-group package (``a@pkg=v``) with one line that says what to write instead.
 """
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .errors import ConfigError
-from .schema import OPEN_PATHS, all_paths, is_open, unknown_key_error
+from .schema import all_paths, is_open, open_paths, unknown_key_error
 
 _OPS = {OverrideType.CHANGE: "set", OverrideType.ADD: "add", OverrideType.FORCE_ADD: "force",
         OverrideType.DEL: "delete"}
@@ -98,7 +98,7 @@ def _apply_one(cfg: DictConfig, ov: Override) -> None:
     current = OmegaConf.select(cfg, ov.key, throw_on_missing=False)
     if ov.op == "set":
         try:
-            if ov.key in OPEN_PATHS or is_open(ov.key):  # ours: a free-form dict takes new sub-keys without '+'
+            if ov.key in open_paths() or is_open(ov.key):  # ours: a free-form dict takes new sub-keys without '+'
                 with open_dict(cfg):
                     OmegaConf.update(cfg, ov.key, ov.value, merge=True)
             else:

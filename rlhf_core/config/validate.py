@@ -350,3 +350,23 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path, got null.")
     _raise(errors)
+
+
+def validate_generation_config(cfg: DictConfig) -> None:
+    """verl ``main_generation``'s rules, at load: ``data.n_samples >= 1``; ``rollout.temperature == 0`` only with
+    ``data.n_samples == 1`` (greedy decoding gives one response; ``rollout.do_sample=False`` is the way to ask for
+    greedy copies); ``data.batch_size``, ``rollout.prompt_length`` and ``rollout.response_length`` positive.
+
+    Raises:
+        ConfigError: one line per broken rule, naming the keys and values.
+    """
+    data, rollout = cfg.data, cfg.rollout
+    errors = [f"{key}={value!r} must be >= 1" for key, value in (
+        ("data.n_samples", data.n_samples), ("data.batch_size", data.batch_size),
+        ("rollout.prompt_length", rollout.prompt_length), ("rollout.response_length", rollout.response_length))
+        if int(value) < 1]
+    if float(rollout.temperature) == 0.0 and int(data.n_samples) != 1:
+        errors.append(f"rollout.temperature=0 needs data.n_samples=1 (got {data.n_samples}), as in verl's "
+                      "main_generation; set rollout.do_sample=False for greedy decoding")
+    if errors:
+        raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))

@@ -12,7 +12,7 @@ Differences from verl, each one deliberate:
 
 * one process on one device (``trainer.device``), no Ray worker group: ``trainer.nnodes``/``n_gpus_per_node``,
   ``ray_kwargs``, the ``actor`` section and the vLLM keys are accepted and change nothing (a notice names each one
-  set, :mod:`rlhf_core.config.generation_keys`); only the hf engine runs (``rollout.name=hf``).
+  set, declared in :mod:`rlhf_core.config.schemas.generation`); only the hf engine runs (``rollout.name=hf``).
 * a prompt longer than ``rollout.prompt_length`` tokens is refused, naming its row, before the model loads (verl
   cuts it silently at the right, which drops the generation prompt).
 * each prompt is repeated ``n_samples`` times in one engine call (as PPO's ``rollout.n``: one prefill per

@@ -27,6 +27,7 @@ from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dty
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
 from rlhf_core.workers.packing import check_packing_support
+from rlhf_core.user_code import import_extensions
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -64,6 +65,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def __init__(self, config, role: str = "actor_rollout") -> None:
         if role not in ROLES:
             raise ValueError(f"role={role!r}: use one of {list(ROLES)}")
+        import_extensions(config.trainer.extensions)  # a registered policy loss, in this worker process too
         self.config = config
         self.role = role
         self.arr = config.actor_rollout_ref
@@ -286,6 +288,7 @@ class CriticWorker(ProfiledWorker):
     profiler_role, profiler_key = "critic", "critic.profiler"
 
     def __init__(self, config) -> None:
+        import_extensions(config.trainer.extensions)
         self.config = config
         self.ccfg = config.critic
         self.critic = self.module = self.optimizer = self.lr_scheduler = self.ckpt = None

@@ -1,7 +1,7 @@
 """Key statuses are honest and consistent (the proof that "supported" keys are read is elsewhere).
 
 docs/CONFIG_KEYS.md marks each key *supported*, *no effect on CPU*, *accepted, no effect yet* or *default only*
-(``rlhf_core.config.schema.EFFECT`` / ``SUPPORT``). That a supported key is read, by full path, in a real run is
+(each key's ``no_effect_*``/``only``+``why`` in rlhf_core/config/schemas/). That a supported key is read, by full path, in a real run is
 checked by tests/integration/test_config_reads_e2e.py (it replaced the name check that lived here: a key's last
 name appearing somewhere in the code proved nothing about which section was read).
 """
@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_core.config import load_base
 from rlhf_core.config.keys_doc import status_of
 from rlhf_core.config.loader import CONFIG_NAMES
-from rlhf_core.config.schema import EFFECT, NO_EFFECT_ON_CPU, NO_EFFECT_YET, all_paths
+from rlhf_core.config.schema import specs
+from rlhf_core.config.spec import DEFAULT_ONLY, NO_EFFECT_ON_CPU, NO_EFFECT_YET, SUPPORTED
 
 
-def test_effect_table_names_existing_keys_with_known_statuses():
-    known = set().union(*(all_paths(load_base(n)) for n in CONFIG_NAMES))
-    assert sorted(set(EFFECT) - known) == []
-    assert {status for status, _ in EFFECT.values()} <= {NO_EFFECT_ON_CPU, NO_EFFECT_YET}
-    assert all(why for _, why in EFFECT.values())
+def test_every_status_but_supported_says_why():
+    for name in CONFIG_NAMES:
+        for spec in specs(name).values():
+            assert spec.status in {SUPPORTED, NO_EFFECT_ON_CPU, NO_EFFECT_YET, DEFAULT_ONLY}, spec.path
+            assert (spec.why is None) == (spec.status == SUPPORTED), spec.path
+
+
+def test_spot_checked_statuses_and_reasons():
+    # moved from the deleted status06_effects.yaml's test: one entry per status, with its reason
+    ppo = specs("ppo_trainer")
+    assert ppo["actor_rollout_ref.rollout.gpu_memory_utilization"].status == NO_EFFECT_ON_CPU
+    assert (ppo["critic.model.fsdp_config.use_orig_params"].status,
+            ppo["critic.model.fsdp_config.use_orig_params"].why) == (
+        NO_EFFECT_YET, "an FSDP1 option; FSDP2 has no flat parameters")
+    # the same path can mean something else in another config: sft's data.train_max_samples is not read there
+    assert specs("sft_trainer")["data.train_max_samples"].status == NO_EFFECT_YET
+    assert ppo["data.train_max_samples"].status == SUPPORTED
 
 
 @pytest.mark.parametrize("path", ["reward_model.launch_reward_fn_async", "actor_rollout_ref.rollout.load_format"])

@@ -170,7 +170,7 @@ def test_hydra_rules_for_plus_plusplus_dicts_null_and_delete():
 
 
 def test_free_form_dict_takes_new_sub_keys_without_plus():
-    # ours (schema.OPEN_PATHS): Hydra's struct mode would ask for '+'; the preset writes it without
+    # ours (a free_form dict, schema.open_paths()): Hydra's struct mode would ask for '+'; the preset writes it without
     cfg = load_config("ppo_trainer", ["custom_reward_function.reward_kwargs={format_score: 0.1}",
                                       "custom_reward_function.reward_kwargs={scale: 2}"])
     assert OmegaConf.to_container(cfg.custom_reward_function.reward_kwargs) == {"format_score": 0.1, "scale": 2}

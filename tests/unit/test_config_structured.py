@@ -1,5 +1,5 @@
-"""The typed structured config built from configs/*.yaml: complete, typed, struct mode, picklable, and a key
-added to the YAML is in the schema with nothing to regenerate."""
+"""The typed structured config backed by the config classes: complete, typed, struct mode, picklable, and a key
+declared once in its class is in `config show`, `config check`, the generated YAML and the generated doc."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +8,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -16,8 +17,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from rlhf_core.config import ConfigError, config_dir, load_config
-from rlhf_core.config.schema import flatten
-from rlhf_core.config.structured import field_type, schema_class, schema_paths
+from rlhf_core.config.schema import flatten, specs
+from rlhf_core.config.structured import schema_class, schema_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,13 +34,25 @@ def test_loaded_config_is_complete_typed_and_struct(name):
         cfg.trainer.no_such_key  # struct mode: a typo in code fails at once
 
 
-def test_field_types_come_from_the_yaml_defaults_and_the_types_table():
-    assert field_type("trainer.total_epochs", 30) is int
-    assert field_type("actor_rollout_ref.actor.optim.lr", 1e-6) is float
-    assert field_type("data.seed", 42) == Optional[int]  # NULL_OK: null allowed, default 42
-    assert field_type("data.val_batch_size", None) == Optional[int]  # TYPES: null default, int values
-    assert field_type("trainer.logger", ["console"]) is Any  # TYPES: a list or one string
-    assert field_type("actor_rollout_ref.actor.checkpoint.save_contents", ["model"]) == List[str]
+def _hint(name: str, path: str):
+    cls = schema_class(name)
+    *sections, leaf = path.split(".")
+    for part in sections:
+        cls = typing.get_type_hints(cls)[part]
+    return typing.get_type_hints(cls)[leaf]
+
+
+def test_field_types_are_the_declared_annotations():
+    assert _hint("ppo_trainer", "trainer.total_epochs") is int
+    assert _hint("ppo_trainer", "actor_rollout_ref.actor.optim.lr") is float
+    assert _hint("ppo_trainer", "data.seed") == Optional[int]  # null allowed, default 42
+    assert _hint("ppo_trainer", "data.val_batch_size") == Optional[int]  # null default, int values
+    assert _hint("ppo_trainer", "trainer.logger") is Any  # a list or one string: types=(list, str)
+    assert specs("ppo_trainer")["trainer.logger"].types == (list, str)
+    assert _hint("ppo_trainer", "actor_rollout_ref.actor.checkpoint.save_contents") == List[str]
+    # what the checks read: float keys take ints, null is allowed where the annotation is Optional
+    seed, lr = specs("ppo_trainer")["data.seed"], specs("ppo_trainer")["actor_rollout_ref.actor.optim.lr"]
+    assert (seed.types, seed.null_ok, lr.types, lr.null_ok) == ((int,), True, (int, float), False)
     cfg = load_config("ppo_trainer", ["actor_rollout_ref.actor.optim.lr=1"])
     assert cfg.actor_rollout_ref.actor.optim.lr == 1.0 and isinstance(cfg.actor_rollout_ref.actor.optim.lr, float)
     with pytest.raises(ValidationError):
@@ -57,9 +70,9 @@ def test_dataclass_defaults_are_the_yaml_as_written():
     assert dataclasses.is_dataclass(actor)
 
 
-def _run(code: str, env: dict[str, str]) -> str:
+def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+                         env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=cwd)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -74,12 +87,35 @@ def test_pickled_config_loads_in_a_fresh_process_with_or_without_the_yaml(tmp_pa
     assert _run(code, {"RLHF_CONFIG_DIR": str(tmp_path / "missing")}) == "0.2 0 DictConfig"
 
 
-def test_a_key_added_to_the_yaml_is_in_the_schema_with_nothing_to_regenerate(tmp_path):
-    # how a new key is added: one line in configs/<name>.yaml (its default written there, once)
-    conf = tmp_path / "configs"
-    shutil.copytree(config_dir(), conf)
-    text = (conf / "evaluation.yaml").read_text()
-    (conf / "evaluation.yaml").write_text(text.replace("output:\n", "output:\n  # new\n  new_key: 3\n", 1))
-    code = ("from rlhf_core.config import load_config; c = load_config('evaluation', ['output.new_key=5']); "
-            "print(c.output.new_key, type(c.output.new_key).__name__)")
-    assert _run(code, {"RLHF_CONFIG_DIR": str(conf)}) == "5 int"
+def test_a_key_declared_once_is_in_show_check_the_generated_yaml_and_the_doc(tmp_path):
+    # how a new key is added: one line in its class (default, type, help), then the generator
+    for part in ("rlhf_core", "configs", "docs"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    module = tmp_path / "rlhf_core" / "config" / "schemas" / "evaluation.py"
+    text = module.read_text()
+    anchor = "class OutputConfig:\n"
+    start = text.index(anchor)
+    first_field = text.index("\n    ", text.index('"""', text.index('"""', start) + 3)) + 1
+    module.write_text(text[:first_field] + "    throwaway_key: int = key(3, 'a throwaway key for a test')\n"
+                      + text[first_field:])
+    env = {"PYTHONPATH": str(tmp_path)}
+    gen = "from rlhf_core.config.gen_yaml import main; raise SystemExit(main({}))"
+    # the committed files are now stale, and the generator says which
+    # (run from the copy: `python -c` puts the working directory first on sys.path)
+    stale = subprocess.run([sys.executable, "-c", gen.format("['--check']")], capture_output=True, text=True,
+                           env={**os.environ, **env}, timeout=120, cwd=tmp_path)
+    assert stale.returncode == 1 and "stale: configs/evaluation.yaml" in stale.stderr
+    assert "stale: docs/CONFIG_KEYS.md" in stale.stderr
+    assert _run(gen.format("[]"), env, tmp_path) == ""
+    yaml_text = (tmp_path / "configs" / "evaluation.yaml").read_text()
+    assert "output:\n  # a throwaway key for a test\n  throwaway_key: 3\n" in yaml_text
+    assert "| `output.throwaway_key` | `3` | supported | verl | a throwaway key for a test |" in (
+        tmp_path / "docs" / "CONFIG_KEYS.md").read_text()
+    show = ("from rlhf_core.config.cli import main; "
+            "raise SystemExit(main(['show', '--config-name', 'evaluation', 'output.throwaway_key=5']))")
+    assert "throwaway_key: 5" in _run(show, env, tmp_path)
+    check = ("from rlhf_core.config.cli import main; "
+             "raise SystemExit(main(['check', '--config-name', 'evaluation', 'output.throwaway_key=many']))")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env}, cwd=tmp_path)
+    assert out.returncode == 1 and "output.throwaway_key='many': expected int" in out.stderr

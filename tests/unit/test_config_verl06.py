@@ -146,25 +146,15 @@ def test_ray_timeline_alias():
         load_config("ppo_trainer", ["ray_init.timeline_json_file=/a", "ray_kwargs.timeline_json_file=/b"])
 
 
-def test_status06_tables_name_existing_keys_only():
-    from rlhf_core.config.loader import CONFIG_NAMES
-    from rlhf_core.config.schema import all_paths
-    from rlhf_core.config.status06 import BACKEND_VALUES, CHOICES06, EFFECT06, EFFECT_IN, OPEN06, SUPPORT06
-
-    known = {n: set(all_paths(load_base(n))) for n in CONFIG_NAMES}
-    anywhere = set().union(*known.values())
-    for table in (SUPPORT06, EFFECT06, CHOICES06, BACKEND_VALUES, dict.fromkeys(OPEN06)):
-        assert sorted(set(table) - anywhere) == []
-    for name, table in EFFECT_IN.items():
-        assert sorted(set(table) - known[name]) == []
-
-
 def test_default_only_values_are_the_shipped_defaults():
     # a "default only" key must accept its own default, else the shipped config would fail
-    from rlhf_core.config.status06 import SUPPORT06
+    from rlhf_core.config.loader import CONFIG_NAMES
+    from rlhf_core.config.schema import specs
+    from rlhf_core.config.spec import DEFAULT_ONLY
 
-    ppo, sft = _leaves(load_base("ppo_trainer")), _leaves(load_base("sft_trainer"))
-    for path, (allowed, why) in SUPPORT06.items():
-        value = ppo.get(path, sft.get(path))
-        assert value in allowed, (path, value, allowed)
-        assert why
+    for name in CONFIG_NAMES:
+        values = _leaves(load_base(name))
+        for path, spec in specs(name).items():
+            if spec.status == DEFAULT_ONLY:
+                assert values[path] in spec.allowed, (name, path, values[path], spec.allowed)
+                assert spec.why

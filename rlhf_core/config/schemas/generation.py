@@ -1,0 +1,176 @@
+"""generation.yaml: ``rlhf generate`` (verl's ``main_generation`` config).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, section
+
+# The comment lines at the top of the generated YAML file.
+YAML_HEADER = (
+    'generation.yaml — generate responses to a parquet of prompts (verl 0.6 main_generation keys + ours).',
+    'rlhf generate data.path=prompts.parquet model.path=MODEL data.output_path=responses.parquet',
+    'Generated from rlhf_core/config/schemas/ by `python -m rlhf_core.config.gen_yaml`: edit the classes, not this file.',
+)
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer``."""
+
+    nnodes: int = key(1, 'nodes (verl: rollout workers per node × nodes; here generation runs in one process)',
+        no_effect_yet='generation runs the HF engine in one process on one device (trainer.device)')
+    n_gpus_per_node: int = key(8, 'devices per node (verl: one rollout worker each)',
+        no_effect_yet='generation runs the HF engine in one process on one device (trainer.device)')
+    device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
+        choices=('auto', 'cpu', 'cuda'), ours=True)
+
+
+@dataclass
+class DataConfig:
+    """``data``."""
+
+    path: str = key('~/data/rlhf/math/test.parquet',
+        'parquet of prompts (verl RL schema; a local path or any fsspec URL)')
+    prompt_key: str = key('prompt', 'column holding the prompt (a list of chat messages)')
+    n_samples: int = key(5, "responses generated per prompt (the length of each row's responses list)")
+    output_path: str = key('/opt/tiger/math_Qwen2-7B-Instruct.parquet',
+        'parquet written: the input rows plus a responses column')
+    batch_size: int = key(128, 'prompts per generate call')
+    trust_remote_code: bool = key(False,
+        'let the tokenizer folder run its own code (verl reads it with default False)', ours=True)
+    apply_chat_template_kwargs: Dict[str, Any] = free_form('extra variables the chat template sees, e.g. {enable_thinking: false} (verl reads it with default {})',
+        ours=True)
+
+
+@dataclass
+class ModelConfig:
+    """``model``."""
+
+    path: str = key('~/models/Qwen2-7B-Instruct', 'model folder, hub id or fsspec URL')
+    external_lib: Optional[str] = key(None,
+        'module(s) imported before loading the model (registers custom architectures)')
+    trust_remote_code: bool = key(False, 'let the model folder run its own code (verl reads it with default False)',
+        ours=True)
+
+
+@dataclass
+class RolloutConfig:
+    """``rollout``."""
+
+    name: str = key('hf', "rollout engine: hf (vllm is verl's default; rlhf generate runs the hf engine)",
+        why='rlhf generate runs the hf engine; vllm generation is not wired yet')
+    mode: str = key('sync', 'sync = one generate call per batch (verl 0.6); async is not supported by rlhf generate',
+        why='rlhf generate calls the engine once per batch')
+    seed: int = key(0, 'sampling seed: call i of the engine is seeded with seed + i', ours=True)
+    temperature: float = key(1.0, 'sampling temperature')
+    top_k: int = key(50, 'top-k sampling; 0 (hf) or -1 (vllm) = disabled')
+    top_p: float = key(0.7, 'top-p (nucleus) sampling')
+    prompt_length: int = key(1536,
+        'longest prompt in tokens, chat template included (longer prompts are refused, naming the row)')
+    response_length: int = key(512, 'max generated tokens per response')
+    dtype: str = key('bfloat16', 'dtype the model generates in',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    gpu_memory_utilization: float = key(0.5, 'vllm: fraction of GPU memory for the engine',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    ignore_eos: bool = key(False, 'keep generating after EOS')
+    enforce_eager: bool = key(True, 'vllm: disable CUDA graphs',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    free_cache_engine: bool = key(True, 'vllm: release the KV cache after generation',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    load_format: str = key('auto', 'vllm: initial weight loader',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    tensor_model_parallel_size: int = key(1, 'vllm: tensor-parallel size of the engine',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    data_parallel_size: int = key(1, 'vllm: data-parallel size of the engine (default only)',
+        why='vLLM data-parallel rollout engines')
+    max_num_batched_tokens: int = key(8192, 'vllm: max tokens per engine batch',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    max_model_len: Optional[int] = key(None,
+        'vllm: max prompt + response tokens; null = prompt_length + response_length',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    log_prob_micro_batch_size: Optional[int] = key(None, 'deprecated global micro-batch for log-probs',
+        no_effect_yet='no log-probs are computed: the responses parquet holds text only')
+    log_prob_micro_batch_size_per_gpu: Optional[int] = key(8, 'sequences per forward when computing log-probs',
+        no_effect_yet='no log-probs are computed: the responses parquet holds text only')
+    do_sample: bool = key(True, 'sample (True) or greedy decode (False)')
+    disable_log_stats: bool = key(True, "vllm: silence the engine's periodic statistics log",
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    enable_chunked_prefill: bool = key(True, 'vllm: split long prompts over engine steps',
+        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+    n: int = key(1, 'responses per generate call (data.n_samples sets the responses per prompt)',
+        no_effect_yet='data.n_samples sets the responses per prompt')
+    calculate_log_probs: bool = key(False, "compute the sampled tokens' log-probs (debugging)",
+        no_effect_yet="the responses parquet holds text only, as verl's")
+
+
+@dataclass
+class ActorFSDPConfig:
+    """``actor.fsdp_config``."""
+
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all ranks',
+        no_effect_yet='generation builds no actor: the rollout engine loads model.path itself')
+    forward_prefetch: bool = key(False, 'FSDP1 forward prefetch',
+        no_effect_yet='generation builds no actor: the rollout engine loads model.path itself')
+
+
+@dataclass
+class ActorConfig:
+    """``actor``."""
+
+    strategy: str = key('fsdp', 'training backend (kept for backward compatibility)', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    ulysses_sequence_parallel_size: int = key(1, 'sequence-parallel size', why='sequence parallelism')
+    entropy_from_logits_with_chunking: bool = key(False, 'compute entropy in chunks',
+        no_effect_yet='generation builds no actor: the rollout engine loads model.path itself')
+    entropy_checkpointing: bool = key(False, 'recompute entropy in the backward',
+        no_effect_yet='generation builds no actor: the rollout engine loads model.path itself')
+    fsdp_config: ActorFSDPConfig = section(ActorFSDPConfig)
+
+
+@dataclass
+class RayInitConfig:
+    """``ray_init``."""
+
+    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all',
+        no_effect_yet='generation runs in the calling process and starts no Ray')
+    timeline_json_file: Optional[str] = key(None, 'write a Ray timeline to this file; null = none',
+        no_effect_yet='generation runs in the calling process and starts no Ray')
+
+
+@dataclass
+class RayKwargsRayInitConfig:
+    """``ray_kwargs.ray_init``."""
+
+    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all (alias of ray_init.num_cpus)',
+        no_effect_yet='generation runs in the calling process and starts no Ray', same_as='ray_init.num_cpus')
+
+
+@dataclass
+class RayKwargsConfig:
+    """``ray_kwargs``."""
+
+    ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
+    timeline_json_file: Optional[str] = key(None,
+        'write a Ray timeline to this file; null = none (alias of ray_init.timeline_json_file)',
+        no_effect_yet='generation runs in the calling process and starts no Ray',
+        same_as='ray_init.timeline_json_file')
+
+
+@dataclass
+class GenerationConfig:
+    """the root of generation.yaml."""
+
+    trainer: TrainerConfig = section(TrainerConfig)
+    data: DataConfig = section(DataConfig)
+    model: ModelConfig = section(ModelConfig)
+    rollout: RolloutConfig = section(RolloutConfig)
+    actor: ActorConfig = section(ActorConfig)
+    ray_init: RayInitConfig = section(RayInitConfig)
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig,
+        'verl 0.6 spelling of the ray_init section; the two are aliases (set one, or both to the same value)')

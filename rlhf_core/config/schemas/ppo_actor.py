@@ -1,0 +1,305 @@
+"""``actor_rollout_ref.model``, ``.actor`` and ``.ref`` of ppo_trainer.yaml: the policy model, its PPO update and
+the reference policy (verl's ``HFModelConfig``, ``ActorConfig``, ``FSDPEngineConfig``).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
+
+
+@dataclass
+class MoEConfig:
+    """``actor_rollout_ref.model.override_config.moe_config``."""
+
+    freeze_moe_router: bool = key(False, 'freeze the MoE router (Megatron only; default only)', why='Megatron only')
+
+
+@dataclass
+class OverrideConfig:
+    """``actor_rollout_ref.model.override_config``."""
+
+    model_config: Dict[str, Any] = free_form('HF config fields to override (e.g. dropout)')
+    moe_config: MoEConfig = section(MoEConfig, 'MoE options (Megatron only)')
+
+
+@dataclass
+class FusedKernelOptionsConfig:
+    """``actor_rollout_ref.model.fused_kernel_options``."""
+
+    impl_backend: str = key('torch', 'implementation backend of fused kernels: torch | triton',
+        choices=('torch', 'triton'), no_effect_yet='fused kernels are not supported yet')
+
+
+@dataclass
+class HFModelConfig:
+    """``actor_rollout_ref.model``."""
+
+    path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path (local, hdfs:// or s3://)')
+    hf_config_path: Any = key(None, 'folder holding the HF config.json; null = model.path',
+        no_effect_yet='the HF config is read from model.path')
+    tokenizer_path: Any = key(None, 'tokenizer folder; null = model.path',
+        no_effect_yet='the tokenizer is read from model.path')
+    external_lib: Optional[str] = key(None, 'python module to import first (registers custom models/tokenizers)')
+    override_config: OverrideConfig = section(OverrideConfig, "overrides of the model's HF config")
+    enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing for the actor')
+    enable_activation_offload: bool = key(False, 'offload activations to CPU',
+        no_effect_on_cpu='on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already '
+                         'live in host memory',
+)
+    trust_remote_code: bool = key(False, 'allow remote code when loading the model')
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass (varlen attention)')
+    use_fused_kernels: bool = key(False, 'use fused kernels for log-prob/entropy from hidden states',
+        why='fused kernels')
+    fused_kernel_options: FusedKernelOptionsConfig = section(FusedKernelOptionsConfig, 'options for fused kernels')
+    lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
+    lora_alpha: int = key(16, 'LoRA scaling alpha')
+    target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
+    use_shm: bool = key(False, 'load the model through shared memory (/dev/shm)', why='shared-memory model loading')
+    exclude_modules: Any = key(None, 'module names that never get LoRA adapters; null = none',
+        no_effect_yet='every target_modules match gets a LoRA adapter')
+    use_liger: bool = key(False, 'apply Liger kernels to the model',
+        no_effect_yet='Liger kernels are not applied; same loss')
+    custom_chat_template: Optional[str] = key(None,
+        "chat template to use instead of the tokenizer's; null = the tokenizer's",
+        no_effect_yet="the tokenizer's chat template is used")
+
+
+@dataclass
+class ActorPolicyLossConfig:
+    """``actor_rollout_ref.actor.policy_loss``."""
+
+    loss_mode: str = key('vanilla',
+        'policy loss function: vanilla (PPO clip) | gspo | gpg | clip_cov | kl_cov | geo_mean',
+        choices=registered("policy_loss"))
+    clip_cov_ratio: float = key(0.0002, 'clip_cov: fraction of valid tokens whose gradient is cut')
+    clip_cov_lb: float = key(1.0, 'clip_cov: lower bound of the covariance interval of candidate tokens')
+    clip_cov_ub: float = key(5.0, 'clip_cov: upper bound of the covariance interval of candidate tokens')
+    kl_cov_ratio: float = key(0.0002, 'kl_cov: fraction of valid tokens (largest covariance) given the KL penalty')
+    ppo_kl_coef: float = key(0.1, 'kl_cov: coefficient of the |log-ratio| penalty')
+
+
+@dataclass
+class ActorOptimConfig:
+    """``actor_rollout_ref.actor.optim``."""
+
+    optimizer: str = key('adam', 'optimizer: adam (AdamW)', choices=('adam', 'adamw'),
+        no_effect_yet='adam and adamw both build torch.optim.AdamW')
+    lr: float = key(1e-06, 'peak learning rate')
+    betas: List[float] = key([0.9, 0.999], 'AdamW betas')
+    eps: float = key(1e-08, "AdamW epsilon (ours; torch's default)")
+    weight_decay: float = key(0.01, 'AdamW weight decay')
+    lr_warmup_steps: int = key(-1, 'warmup steps; negative = use lr_warmup_steps_ratio')
+    lr_warmup_steps_ratio: float = key(0.0, 'warmup steps as a fraction of total_training_steps')
+    min_lr_ratio: float = key(0.0, 'cosine scheduler: final lr as a fraction of lr')
+    num_cycles: float = key(0.5, 'cosine scheduler: number of cosine cycles')
+    lr_scheduler_type: str = key('constant', 'scheduler after warmup: constant | cosine',
+        choices=('constant', 'cosine'))
+    total_training_steps: int = key(-1, 'total optimizer steps; -1 = injected by the trainer at run time')
+    warmup_style: Optional[str] = key(None,
+        'deprecated spelling of lr_scheduler_type (constant | cosine); null = unset', choices=('constant', 'cosine'))
+    clip_grad: float = key(1.0, 'Megatron: gradient clip (FSDP uses actor.grad_clip; default only)',
+        why='Megatron-only optimizer key; set actor_rollout_ref.actor.grad_clip')
+    lr_warmup_init: float = key(0.0, 'Megatron: initial lr of warmup (default only)',
+        why='Megatron-only optimizer key; FSDP warmup is linear from 0')
+    lr_decay_steps: Optional[int] = key(None, 'Megatron: steps of lr decay (default only)',
+        why='Megatron-only optimizer key')
+    lr_decay_style: str = key('constant',
+        'Megatron: decay style after warmup (FSDP uses lr_scheduler_type; default only)',
+        why='Megatron-only optimizer key; set lr_scheduler_type')
+    min_lr: float = key(0.0, 'Megatron: minimum lr (FSDP uses min_lr_ratio; default only)',
+        why='Megatron-only optimizer key; set min_lr_ratio')
+    weight_decay_incr_style: str = key('constant', 'Megatron: weight-decay increment style (default only)',
+        why='Megatron-only optimizer key')
+    lr_wsd_decay_style: str = key('exponential', 'Megatron: WSD decay style (default only)',
+        why='Megatron-only optimizer key')
+    lr_wsd_decay_steps: Optional[int] = key(None, 'Megatron: WSD decay steps (default only)',
+        why='Megatron-only optimizer key')
+    use_checkpoint_opt_param_scheduler: bool = key(False,
+        'Megatron: restore the optimizer-parameter scheduler from checkpoint (default only)',
+        why='Megatron-only optimizer key')
+
+
+@dataclass
+class ActorFSDPConfig:
+    """``actor_rollout_ref.actor.fsdp_config``."""
+
+    wrap_policy: WrapPolicyConfig = section(WrapPolicyConfig)
+    param_offload: bool = key(False, 'offload parameters to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    optimizer_offload: bool = key(False, 'offload optimizer state to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    offload_policy: bool = key(False, 'FSDP2 CPU offload policy',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
+    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
+        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    model_dtype: str = key('fp32', 'dtype of the trained parameters: fp32 | bf16 | fp16',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
+        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+    ulysses_sequence_parallel_size: int = key(1,
+        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+    entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    forward_only: bool = key(False, 'new engine: build the actor for forward passes only',
+        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+    strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    cpu_threads: Optional[int] = key(None,
+        "intra-op CPU threads of each actor/rollout/ref rank; null = the node's CPUs ÷ its ranks", ours=True)
+    mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
+
+
+@dataclass
+class ActorCheckpointConfig:
+    """``actor_rollout_ref.actor.checkpoint``."""
+
+    save_contents: List[str] = key(['model', 'optimizer', 'extra'],
+        'what to save: model, optimizer, extra (lr scheduler + RNG), hf_model',
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+    load_contents: List[str] = key('${actor_rollout_ref.actor.checkpoint.save_contents}',
+        'what to load when resuming', item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+    async_save: bool = key(False, 'save checkpoints off the training thread')
+
+
+@dataclass
+class ActorConfig:
+    """``actor_rollout_ref.actor``."""
+
+    strategy: str = key('fsdp', 'training backend: fsdp | fsdp2 (megatron not supported yet)', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    ppo_mini_batch_size: int = key(256, 'prompts per optimizer step (global, multiplied by rollout.n)')
+    ppo_micro_batch_size: Optional[int] = key(None,
+        'deprecated global micro-batch; divided by world size into ppo_micro_batch_size_per_gpu')
+    ppo_micro_batch_size_per_gpu: Optional[int] = key(8,
+        'sequences per forward/backward on one worker (gradient accumulation)')
+    use_dynamic_bsz: bool = key(False, 'pack micro-batches by token budget instead of count')
+    ppo_max_token_len_per_gpu: int = key(16384, 'token budget per worker micro-batch when use_dynamic_bsz')
+    grad_clip: float = key(1.0, 'clip the global gradient norm to this value')
+    clip_ratio: float = key(0.2, 'PPO clip epsilon')
+    clip_ratio_low: Optional[float] = key(0.2, 'lower clip epsilon (defaults to clip_ratio)')
+    clip_ratio_high: Optional[float] = key(0.2, 'upper clip epsilon (defaults to clip_ratio)')
+    clip_ratio_c: float = key(3.0, 'dual-clip constant c for negative advantages')
+    loss_agg_mode: str = key('token-mean',
+        'how token losses are aggregated: token-mean | seq-mean-token-sum | seq-mean-token-mean | '
+        'seq-mean-token-sum-norm',
+        choices=('token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'))
+    entropy_coeff: float = key(0.0, 'entropy bonus coefficient')
+    entropy_from_logits_with_chunking: bool = key(False, 'compute entropy from logits in chunks to save memory',
+        no_effect_yet='entropy is always computed in 1024-row chunks')
+    entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
+        no_effect_yet='entropy activations are stored; same outputs')
+    use_kl_loss: bool = key(False, 'add a KL(actor || ref) loss term (GRPO uses True)')
+    rollout_is: bool = key(False, 'multiply the policy loss by rollout importance-sampling weights')
+    rollout_is_threshold: Optional[float] = key(None, 'upper bound on IS weights; null = disabled')
+    rollout_is_threshold_lower: Optional[float] = key(None, 'lower bound on IS weights; null = 1/upper')
+    rollout_is_level: str = key('token', 'IS aggregation level: token | sequence | geometric',
+        choices=('token', 'sequence', 'geometric'))
+    rollout_is_mode: str = key('truncate', 'IS bound mode: truncate | mask', choices=('truncate', 'mask'))
+    rollout_is_veto_threshold: float = key(0.0001, 'veto a sequence whose token ratio falls below this')
+    use_torch_compile: bool = key(True, "use torch.compile for the actor's hot functions",
+        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: '
+                         'compiling costs more than it saves on a few cores',
+)
+    kl_loss_coef: float = key(0.001, 'coefficient of the KL loss')
+    kl_loss_type: str = key('low_var_kl',
+        "KL estimator for the KL loss: kl|k1|abs|mse|k2|low_var_kl|k3|full, with optional '+' suffix",
+        choices=('kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'full', 'kl+', 'k1+', 'abs+', 'mse+', 'k2+', 'low_var_kl+', 'k3+'))
+    ppo_epochs: int = key(1, 'passes over the batch per PPO step')
+    data_loader_seed: Optional[int] = key(None, 'seed of the mini-batch shuffling; null = unseeded')
+    shuffle: bool = key(False, 'reshuffle mini-batches every epoch')
+    freeze_vision_tower: bool = key(False,
+        'freeze the vision encoder of a vision-language model (multimodal only; default only)',
+        why='multimodal models, which we do not have yet')
+    use_fused_kernels: bool = key('${actor_rollout_ref.model.use_fused_kernels}',
+        'copy of model.use_fused_kernels read by the actor (default only)', only=(False,), why='fused kernels')
+    use_remove_padding: bool = key('${actor_rollout_ref.model.use_remove_padding}',
+        'copy of model.use_remove_padding read by the actor',
+        no_effect_yet='the workers read actor_rollout_ref.model.use_remove_padding, which this copy follows by default',
+)
+    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
+        why='sequence parallelism')
+    policy_loss: ActorPolicyLossConfig = section(ActorPolicyLossConfig)
+    optim: ActorOptimConfig = section(ActorOptimConfig)
+    fsdp_config: ActorFSDPConfig = section(ActorFSDPConfig)
+    checkpoint: ActorCheckpointConfig = section(ActorCheckpointConfig)
+    profiler: ProfilerConfig = section(ProfilerConfig)
+
+
+@dataclass
+class RefFSDPConfig:
+    """``actor_rollout_ref.ref.fsdp_config``."""
+
+    param_offload: bool = key(False, 'offload reference parameters to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
+    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
+        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    model_dtype: str = key('fp32', 'dtype of the reference parameters: fp32 | bf16 | fp16',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
+    wrap_policy: WrapPolicyConfig = section(WrapPolicyConfig)
+    optimizer_offload: bool = key(False, 'offload optimizer state to CPU (the reference has none)',
+        no_effect_on_cpu='like param_offload for the reference (it has no optimizer): CPUOffloadPolicy on CUDA; on CPU the '
+                         'weights already live in host memory',
+)
+    offload_policy: bool = key(False, 'FSDP2 CPU offload policy',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
+    use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
+        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+    ulysses_sequence_parallel_size: int = key(1,
+        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+    entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    forward_only: bool = key(False, 'new engine: build the reference for forward passes only',
+        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+    strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+
+
+@dataclass
+class RefConfig:
+    """``actor_rollout_ref.ref``."""
+
+    strategy: str = key('${actor_rollout_ref.actor.strategy}', 'backend of the reference model',
+        only=('fsdp', 'fsdp2'), why='only FSDP backends; Megatron is a backend this project does not have')
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
+    use_torch_compile: bool = key('${actor_rollout_ref.actor.use_torch_compile}',
+        "use torch.compile for the reference's hot functions",
+        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: '
+                         'compiling costs more than it saves on a few cores',
+)
+    log_prob_micro_batch_size: Optional[int] = key(None,
+        'deprecated global micro-batch for ref log-probs; divided by world size')
+    log_prob_micro_batch_size_per_gpu: Optional[int] = key(16,
+        'sequences per forward on one worker when computing ref log-probs')
+    log_prob_use_dynamic_bsz: bool = key('${actor_rollout_ref.actor.use_dynamic_bsz}',
+        'pack ref log-prob micro-batches by token budget')
+    log_prob_max_token_len_per_gpu: int = key('${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}',
+        'token budget per worker for ref log-probs')
+    ulysses_sequence_parallel_size: int = key('${actor_rollout_ref.actor.ulysses_sequence_parallel_size}',
+        'Ulysses sequence-parallel size of the reference', only=(1,), why='sequence parallelism')
+    model: Any = key(None, "model config of the reference for verl's new engine; null = the actor's model",
+        why="a separate reference model config (verl's new engine workers); the reference is built from "
+            "actor_rollout_ref.model",
+)
+    entropy_from_logits_with_chunking: bool = key(False, 'compute entropy from logits in chunks to save memory',
+        no_effect_yet='entropy is always computed in 1024-row chunks')
+    entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
+        no_effect_yet='the reference computes no gradients')
+    profiler: ProfilerConfig = section(ProfilerConfig)

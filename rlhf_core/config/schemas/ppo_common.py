@@ -1,0 +1,193 @@
+"""Sections that appear under several roles of ppo_trainer.yaml: FSDP wrap policy and mixed precision, and the
+per-role profiler (``ProfilerConfig`` for the actor, reference and critic; ``FollowerProfilerConfig`` for the rollout
+and reward model, whose values follow the actor's through interpolations).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import key, section
+
+
+@dataclass
+class WrapPolicyConfig:
+    """Sections ``actor_rollout_ref.actor.fsdp_config.wrap_policy``,
+    ``actor_rollout_ref.ref.fsdp_config.wrap_policy``, ``critic.model.fsdp_config.wrap_policy``."""
+
+    min_num_params: int = key(0, 'wrap modules with at least this many parameters; 0 = by decoder layer')
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """Sections ``actor_rollout_ref.actor.fsdp_config.mixed_precision``,
+    ``actor_rollout_ref.ref.fsdp_config.mixed_precision``, ``critic.model.fsdp_config.mixed_precision``."""
+
+    param_dtype: str = key('fp32',
+        'dtype of the unsharded parameters in forward/backward: fp32 | bf16 | fp16 (fp32 = no cast; bf16 on '
+        'GPU and AMX/AVX512-BF16 CPUs)',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    reduce_dtype: str = key('fp32', 'dtype gradients are reduced in',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    buffer_dtype: str = key('fp32', 'dtype of floating buffers (rotary inv_freq...)',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+
+
+@dataclass
+class NsysToolConfig:
+    """Sections ``actor_rollout_ref.actor.profiler.tool_config.nsys``,
+    ``actor_rollout_ref.ref.profiler.tool_config.nsys``, ``critic.profiler.tool_config.nsys``."""
+
+    discrete: bool = key('${global_profiler.global_tool_config.nsys.discrete}',
+        'Nsight Systems: one trace per task (NVIDIA nsys; default only)', only=(False,),
+        why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have')
+
+
+@dataclass
+class NpuToolConfig:
+    """Sections ``actor_rollout_ref.actor.profiler.tool_config.npu``,
+    ``actor_rollout_ref.ref.profiler.tool_config.npu``, ``critic.profiler.tool_config.npu``."""
+
+    contents: List[Any] = key([], 'Ascend NPU profiler: what to collect (NPU only; default only)',
+        why='Ascend NPU profiling, a backend we do not have')
+    level: str = key('level1', 'Ascend NPU profiler: collection level (NPU only; default only)',
+        why='Ascend NPU profiling, a backend we do not have')
+    analysis: bool = key(True, 'Ascend NPU profiler: parse the trace after collection (NPU only; default only)',
+        why='Ascend NPU profiling, a backend we do not have')
+    discrete: bool = key(False, 'Ascend NPU profiler: one trace per task (NPU only; default only)',
+        why='Ascend NPU profiling, a backend we do not have')
+
+
+@dataclass
+class TorchToolConfig:
+    """Sections ``actor_rollout_ref.actor.profiler.tool_config.torch``,
+    ``actor_rollout_ref.ref.profiler.tool_config.torch``, ``critic.profiler.tool_config.torch``."""
+
+    step_start: int = key(0, 'torch profiler: first step traced within a profiled step',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    step_end: Any = key(None, 'torch profiler: step after the last traced one; null = to the end',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class TorchMemoryToolConfig:
+    """Sections ``actor_rollout_ref.actor.profiler.tool_config.torch_memory``,
+    ``actor_rollout_ref.ref.profiler.tool_config.torch_memory``, ``critic.profiler.tool_config.torch_memory``."""
+
+    trace_alloc_max_entries: int = key('${global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries}',
+        'torch memory snapshot: max allocation events recorded',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    stack_depth: int = key('${global_profiler.global_tool_config.torch_memory.stack_depth}',
+        'torch memory snapshot: stack frames kept per event',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class ProfilerToolConfig:
+    """Sections ``actor_rollout_ref.actor.profiler.tool_config``, ``actor_rollout_ref.ref.profiler.tool_config``,
+    ``critic.profiler.tool_config``."""
+
+    nsys: NsysToolConfig = section(NsysToolConfig)
+    npu: NpuToolConfig = section(NpuToolConfig)
+    torch: TorchToolConfig = section(TorchToolConfig)
+    torch_memory: TorchMemoryToolConfig = section(TorchMemoryToolConfig)
+
+
+@dataclass
+class ProfilerConfig:
+    """``actor_rollout_ref.actor.profiler``, ``actor_rollout_ref.ref.profiler``, ``critic.profiler``."""
+
+    tool: Optional[str] = key('${oc.select:global_profiler.tool,null}',
+        'profiler of this role: null | torch | torch_memory | nsys | npu (follows global_profiler.tool)',
+        choices=('nsys', 'npu', 'torch', 'torch_memory'),
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+    enable: bool = key(False, 'profile this role in the steps listed in global_profiler.steps')
+    all_ranks: bool = key(False, 'profile every rank of this role (False = only the ranks listed below)')
+    ranks: List[Any] = key([], 'ranks to profile when all_ranks is False')
+    save_path: str = key('${oc.select:global_profiler.save_path,null}',
+        "folder for this role's traces (follows global_profiler.save_path)")
+    tool_config: ProfilerToolConfig = section(ProfilerToolConfig, 'settings of each profiler tool')
+
+
+@dataclass
+class FollowerNsysToolConfig:
+    """``actor_rollout_ref.rollout.profiler.tool_config.nsys``, ``reward_model.profiler.tool_config.nsys``."""
+
+    discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.nsys.discrete}',
+        'Nsight Systems: one trace per task (NVIDIA nsys; default only)', only=(False,),
+        why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have')
+
+
+@dataclass
+class FollowerNpuToolConfig:
+    """``actor_rollout_ref.rollout.profiler.tool_config.npu``, ``reward_model.profiler.tool_config.npu``."""
+
+    contents: List[Any] = key('${actor_rollout_ref.actor.profiler.tool_config.npu.contents}',
+        'Ascend NPU profiler: what to collect (NPU only; default only)', only=([],),
+        why='Ascend NPU profiling, a backend we do not have')
+    level: str = key('${actor_rollout_ref.actor.profiler.tool_config.npu.level}',
+        'Ascend NPU profiler: collection level (NPU only; default only)', only=('level1',),
+        why='Ascend NPU profiling, a backend we do not have')
+    analysis: bool = key('${actor_rollout_ref.actor.profiler.tool_config.npu.analysis}',
+        'Ascend NPU profiler: parse the trace after collection (NPU only; default only)', only=(True,),
+        why='Ascend NPU profiling, a backend we do not have')
+    discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.npu.discrete}',
+        'Ascend NPU profiler: one trace per task (NPU only; default only)', only=(False,),
+        why='Ascend NPU profiling, a backend we do not have')
+
+
+@dataclass
+class FollowerTorchToolConfig:
+    """``actor_rollout_ref.rollout.profiler.tool_config.torch``,
+    ``reward_model.profiler.tool_config.torch``."""
+
+    step_start: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch.step_start}',
+        'torch profiler: first step traced within a profiled step',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    step_end: Any = key('${actor_rollout_ref.actor.profiler.tool_config.torch.step_end}',
+        'torch profiler: step after the last traced one; null = to the end',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class FollowerTorchMemoryToolConfig:
+    """Sections ``actor_rollout_ref.rollout.profiler.tool_config.torch_memory``,
+    ``reward_model.profiler.tool_config.torch_memory``."""
+
+    trace_alloc_max_entries: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch_memory.trace_alloc_max_entries}',
+        'torch memory snapshot: max allocation events recorded',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    stack_depth: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch_memory.stack_depth}',
+        'torch memory snapshot: stack frames kept per event',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class FollowerProfilerToolConfig:
+    """``actor_rollout_ref.rollout.profiler.tool_config``, ``reward_model.profiler.tool_config``."""
+
+    nsys: FollowerNsysToolConfig = section(FollowerNsysToolConfig)
+    npu: FollowerNpuToolConfig = section(FollowerNpuToolConfig)
+    torch: FollowerTorchToolConfig = section(FollowerTorchToolConfig)
+    torch_memory: FollowerTorchMemoryToolConfig = section(FollowerTorchMemoryToolConfig)
+
+
+@dataclass
+class FollowerProfilerConfig:
+    """``actor_rollout_ref.rollout.profiler``, ``reward_model.profiler``."""
+
+    tool: Optional[str] = key('${oc.select:global_profiler.tool,null}',
+        'profiler of this role: null | torch | torch_memory | nsys | npu (follows global_profiler.tool)',
+        choices=('nsys', 'npu', 'torch', 'torch_memory'),
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+    enable: bool = key('${actor_rollout_ref.actor.profiler.enable}',
+        'profile this role in the steps listed in global_profiler.steps')
+    all_ranks: bool = key('${actor_rollout_ref.actor.profiler.all_ranks}',
+        'profile every rank of this role (False = only the ranks listed below)')
+    ranks: List[Any] = key('${actor_rollout_ref.actor.profiler.ranks}', 'ranks to profile when all_ranks is False')
+    save_path: str = key('${oc.select:global_profiler.save_path,null}',
+        "folder for this role's traces (follows global_profiler.save_path)")
+    tool_config: FollowerProfilerToolConfig = section(FollowerProfilerToolConfig,
+        "settings of each profiler tool (follow the actor's)")

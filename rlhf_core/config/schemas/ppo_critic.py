@@ -1,0 +1,236 @@
+"""``critic``, ``reward_model`` and ``custom_reward_function`` of ppo_trainer.yaml (verl's ``CriticConfig``,
+``RewardModelConfig``).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
+
+
+@dataclass
+class CriticOptimConfig:
+    """``critic.optim``."""
+
+    lr: float = key(1e-05, 'peak learning rate')
+    betas: List[float] = key([0.9, 0.999], 'AdamW betas')
+    lr_warmup_steps_ratio: float = key(0.0, 'warmup steps as a fraction of total_training_steps')
+    lr_warmup_steps: int = key(-1, 'warmup steps; negative = use lr_warmup_steps_ratio')
+    min_lr_ratio: float = key(0.0, 'cosine scheduler: final lr as a fraction of lr')
+    lr_scheduler_type: str = key('constant', 'scheduler after warmup: constant | cosine',
+        choices=('constant', 'cosine'))
+    num_cycles: float = key(0.5, 'cosine scheduler: number of cosine cycles')
+    total_training_steps: int = key(-1, 'total optimizer steps; -1 = injected by the trainer at run time')
+    eps: float = key(1e-08, "AdamW epsilon (ours; torch's default)")
+    weight_decay: float = key(0.01, 'AdamW weight decay')
+    clip_grad: float = key(1.0,
+        'clip the global gradient norm (new-engine spelling; the critic reads critic.grad_clip)',
+        why="verl's new-engine spelling; set critic.grad_clip")
+    warmup_style: Optional[str] = key(None,
+        'deprecated spelling of lr_scheduler_type (constant | cosine); null = unset', choices=('constant', 'cosine'))
+
+
+@dataclass
+class CriticFSDPConfig:
+    """``critic.model.fsdp_config``."""
+
+    param_offload: bool = key(False, 'offload critic parameters to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    optimizer_offload: bool = key(False, 'offload critic optimizer state to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    wrap_policy: WrapPolicyConfig = section(WrapPolicyConfig)
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
+    model_dtype: str = key('fp32', 'dtype of the critic parameters: fp32 | bf16 | fp16',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    offload_policy: bool = key(False, 'FSDP2 CPU offload policy',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
+    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
+        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
+        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+    ulysses_sequence_parallel_size: int = key(1,
+        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+    entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    forward_only: bool = key(False, 'new engine: build the critic for forward passes only',
+        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+    strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    cpu_threads: Optional[int] = key(None,
+        "intra-op CPU threads of each critic rank; null = the node's CPUs ÷ its ranks", ours=True)
+    mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
+
+
+@dataclass
+class CriticModelConfig:
+    """``critic.model``."""
+
+    path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path of the critic (a value head is added)')
+    tokenizer_path: str = key('${actor_rollout_ref.model.path}', 'tokenizer of the critic')
+    override_config: Dict[str, Any] = free_form("overrides of the critic's HF config")
+    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first')
+    enable_gradient_checkpointing: bool = key(True, 'activation (gradient) checkpointing for the critic')
+    enable_activation_offload: bool = key(False, 'offload activations to CPU',
+        no_effect_on_cpu='on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already '
+                         'live in host memory',
+)
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
+    trust_remote_code: bool = key('${actor_rollout_ref.model.trust_remote_code}',
+        'allow remote code when loading the critic')
+    use_shm: bool = key(False, 'load the critic through shared memory (/dev/shm; default only)',
+        why='shared-memory model loading')
+    fsdp_config: CriticFSDPConfig = section(CriticFSDPConfig)
+    lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
+    lora_alpha: int = key(16, 'LoRA scaling alpha')
+    target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
+
+
+@dataclass
+class CriticCheckpointConfig:
+    """``critic.checkpoint``."""
+
+    save_contents: List[str] = key(['model', 'optimizer', 'extra'], 'what to save: model, optimizer, extra',
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+    load_contents: List[str] = key('${critic.checkpoint.save_contents}', 'what to load when resuming',
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+    async_save: bool = key(False, 'save checkpoints off the training thread')
+
+
+@dataclass
+class CriticConfig:
+    """``critic``."""
+
+    rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)')
+    strategy: str = key('fsdp', 'training backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    enable: Optional[bool] = key(None, 'use a critic: true | false; null = only for adv_estimator gae')
+    optim: CriticOptimConfig = section(CriticOptimConfig)
+    model: CriticModelConfig = section(CriticModelConfig)
+    ppo_mini_batch_size: int = key('${actor_rollout_ref.actor.ppo_mini_batch_size}',
+        'prompts per critic optimizer step (multiplied by rollout_n)')
+    ppo_micro_batch_size: Optional[int] = key(None, 'deprecated global micro-batch; divided by world size')
+    ppo_micro_batch_size_per_gpu: Optional[int] = key('${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}',
+        "sequences per forward/backward on one worker (ours: defaults to the actor's; verl: null)")
+    forward_micro_batch_size: Optional[int] = key('${critic.ppo_micro_batch_size}',
+        'deprecated global micro-batch for value computation')
+    forward_micro_batch_size_per_gpu: Optional[int] = key('${critic.ppo_micro_batch_size_per_gpu}',
+        'sequences per forward on one worker when computing values')
+    use_dynamic_bsz: bool = key('${actor_rollout_ref.actor.use_dynamic_bsz}', 'pack micro-batches by token budget')
+    ppo_max_token_len_per_gpu: int = key(32768, 'token budget per worker micro-batch for updates')
+    forward_max_token_len_per_gpu: int = key('${critic.ppo_max_token_len_per_gpu}',
+        'token budget per worker micro-batch for value computation')
+    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
+        why='sequence parallelism')
+    ppo_epochs: int = key('${actor_rollout_ref.actor.ppo_epochs}', 'passes over the batch per PPO step')
+    shuffle: bool = key('${actor_rollout_ref.actor.shuffle}', 'reshuffle mini-batches every epoch')
+    grad_clip: float = key(1.0, 'clip the global gradient norm to this value')
+    cliprange_value: float = key(0.5, 'value clip range around the old values')
+    loss_agg_mode: str = key('${actor_rollout_ref.actor.loss_agg_mode}', 'how token losses are aggregated')
+    checkpoint: CriticCheckpointConfig = section(CriticCheckpointConfig)
+    profiler: ProfilerConfig = section(ProfilerConfig)
+
+
+@dataclass
+class RewardModelWrapPolicyConfig:
+    """``reward_model.model.fsdp_config.wrap_policy``."""
+
+    min_num_params: int = key(0,
+        'wrap modules with at least this many parameters (verl 0.6 spelling of min_num_params above)',
+        no_effect_yet='the reward model reads reward_model.model.fsdp_config.min_num_params')
+
+
+@dataclass
+class RewardModelFSDPConfig:
+    """``reward_model.model.fsdp_config``."""
+
+    min_num_params: int = key(0, 'wrap modules with at least this many parameters')
+    param_offload: bool = key(False, 'offload reward-model parameters to CPU',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    wrap_policy: RewardModelWrapPolicyConfig = section(RewardModelWrapPolicyConfig)
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)',
+        no_effect_yet='the reward model always reshards')
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers',
+        no_effect_yet='the reward model shards over all workers')
+    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
+        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    cpu_threads: Optional[int] = key(None,
+        "intra-op CPU threads of each reward-model rank; null = the node's CPUs ÷ its ranks", ours=True)
+
+
+@dataclass
+class RewardModelModelConfig:
+    """``reward_model.model``."""
+
+    input_tokenizer: Optional[str] = key('${actor_rollout_ref.model.path}',
+        "tokenizer the inputs are decoded with before the RM's chat template; null = same template")
+    path: str = key('~/models/Anomy-RM-v0.1', 'path of the reward model (AutoModelForSequenceClassification)')
+    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first')
+    trust_remote_code: bool = key(False, 'allow remote code when loading the reward model')
+    use_shm: bool = key(False, 'load the reward model through shared memory (/dev/shm; default only)',
+        why='shared-memory model loading')
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
+    use_fused_kernels: bool = key(False, 'use fused kernels', why='fused kernels')
+    fsdp_config: RewardModelFSDPConfig = section(RewardModelFSDPConfig)
+
+
+@dataclass
+class RewardModelSandboxFusionConfig:
+    """``reward_model.sandbox_fusion``."""
+
+    url: Any = key(None, 'URL of a Sandbox Fusion code-execution service; null = none',
+        why='the Sandbox Fusion code-execution service')
+    max_concurrent: int = key(64, 'max concurrent requests to the sandbox',
+        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported')
+    memory_limit_mb: int = key(1024, 'memory limit of one sandbox run, in MB',
+        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported')
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward_model``."""
+
+    enable: bool = key(False, 'score with a reward model (False = rule/custom reward function only)')
+    enable_resource_pool: bool = key(False,
+        'run the reward model in its own resource pool instead of next to the actor',
+        why='a separate Ray resource pool for the reward model; it runs next to the actor')
+    n_gpus_per_node: int = key(0, 'GPUs per node of that pool (with enable_resource_pool)',
+        no_effect_yet='read only with reward_model.enable_resource_pool')
+    nnodes: int = key(0, 'nodes of that pool (with enable_resource_pool)',
+        no_effect_yet='read only with reward_model.enable_resource_pool')
+    strategy: str = key('fsdp', 'backend of the reward model: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    model: RewardModelModelConfig = section(RewardModelModelConfig)
+    micro_batch_size: Optional[int] = key(None, 'deprecated global micro-batch; divided by world size')
+    micro_batch_size_per_gpu: Optional[int] = key(16, 'sequences per forward on one worker')
+    max_length: Optional[int] = key(None, 'max tokens of an RM input; null = no limit')
+    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
+        why='sequence parallelism')
+    use_dynamic_bsz: bool = key('${critic.use_dynamic_bsz}', 'pack micro-batches by token budget')
+    forward_max_token_len_per_gpu: int = key('${critic.forward_max_token_len_per_gpu}',
+        'token budget per worker micro-batch')
+    reward_manager: str = key('naive',
+        'reward manager: naive (one sample at a time) | prime (process pool) | dapo (naive + overlong penalty)',
+        choices=registered("reward_manager"))
+    launch_reward_fn_async: bool = key(False, 'compute the reward function asynchronously with generation',
+        no_effect_yet='the reward function runs synchronously; same scores')
+    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
+    sandbox_fusion: RewardModelSandboxFusionConfig = section(RewardModelSandboxFusionConfig)
+    profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
+
+
+@dataclass
+class CustomRewardConfig:
+    """``custom_reward_function``."""
+
+    path: Optional[str] = key(None, 'file holding a custom reward function; null = built-in scorers')
+    name: str = key('compute_score', 'name of the function in that file')
+    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments passed to the custom reward function')

@@ -1,0 +1,165 @@
+"""``actor_rollout_ref.rollout`` of ppo_trainer.yaml: the rollout engine, sampling, multi-turn and agent loop
+(verl's ``RolloutConfig``).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, section
+from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig
+
+
+@dataclass
+class RolloutEngineKwargsConfig:
+    """``actor_rollout_ref.rollout.engine_kwargs``."""
+
+    vllm: Dict[str, Any] = free_form('extra vllm.LLM arguments')
+    sglang: Dict[str, Any] = key({}, 'extra sglang arguments (sglang not supported yet; default only)', why='sglang')
+
+
+@dataclass
+class RolloutMultiTurnConfig:
+    """``actor_rollout_ref.rollout.multi_turn``."""
+
+    enable: bool = key(False, 'multi-turn / tool rollouts (not supported yet; default only)')
+    max_assistant_turns: Any = key(None, 'max assistant turns per conversation; null = no limit')
+    tool_config_path: Any = key(None, 'YAML file declaring the tools; null = no tools')
+    max_user_turns: Any = key(None, 'max user turns per conversation; null = no limit')
+    max_parallel_calls: int = key(1, 'tool calls run in parallel per turn')
+    max_tool_response_length: int = key(256, 'tool responses are cut to this many characters')
+    tool_response_truncate_side: str = key('middle', 'where an over-long tool response is cut: left | middle | right',
+        choices=('left', 'middle', 'right'))
+    interaction_config_path: Any = key(None,
+        "YAML file declaring the interactions (simulated users answering between turns, verl's format); null = none")
+    use_inference_chat_template: bool = key(False,
+        "True: the engine continues the conversation re-rendered with the chat template; False: the trajectory's ids")
+    tokenization_sanity_check_mode: str = key('strict',
+        'check that incremental tokenization matches a full re-tokenization: strict | ignore_strippable | disable',
+        choices=('strict', 'ignore_strippable', 'disable'))
+    format: str = key('hermes', 'tool-call format of the chat template')
+    num_repeat_rollouts: Any = key(None,
+        'interaction continuations rolled out after the trained turn, for the reward (collabllm_agent loop only)')
+
+
+@dataclass
+class RolloutValKwargsConfig:
+    """``actor_rollout_ref.rollout.val_kwargs``."""
+
+    top_k: int = key(-1, 'validation top-k; -1 (vllm) or 0 (hf) = disabled')
+    top_p: float = key(1.0, 'validation top-p')
+    temperature: float = key(0, 'validation temperature (0 = greedy)')
+    n: int = key(1, 'responses per validation prompt')
+    do_sample: bool = key(False, 'sample during validation (needs temperature > 0)')
+
+
+@dataclass
+class RolloutAgentCustomAsyncServerConfig:
+    """``actor_rollout_ref.rollout.agent.custom_async_server``."""
+
+    path: Any = key(None, 'file with a custom async rollout server (not supported yet; default only)',
+        why='custom async servers')
+    name: Any = key(None, 'class name of the custom async server (default only)', why='custom async servers')
+
+
+@dataclass
+class RolloutAgentConfig:
+    """``actor_rollout_ref.rollout.agent``."""
+
+    num_workers: int = key(8, "agent-loop workers, each running a contiguous chunk of the batch's trajectories")
+    default_agent_loop: str = key('single_turn_agent', 'agent loop used when a row names none')
+    agent_loop_config_path: Any = key(None, 'YAML file registering agent loops; null = the built-in ones')
+    custom_async_server: RolloutAgentCustomAsyncServerConfig = section(RolloutAgentCustomAsyncServerConfig)
+
+
+@dataclass
+class RolloutTraceConfig:
+    """``actor_rollout_ref.rollout.trace``."""
+
+    backend: Any = key(None, 'rollout tracing backend: null | weave | mlflow', choices=('weave', 'mlflow'),
+        no_effect_yet='rollout tracing (weave / mlflow) of agent-loop trajectories is not built')
+    token2text: bool = key(False, 'decode token ids to text in traces',
+        no_effect_yet='read only with rollout.trace.backend')
+
+
+@dataclass
+class RolloutConfig:
+    """``actor_rollout_ref.rollout``."""
+
+    name: str = key('vllm', 'rollout engine: hf | vllm (sglang not supported yet)', only=('hf', 'vllm'),
+        why='rollout engines other than hf and vllm (e.g. sglang)')
+    mode: str = key('sync',
+        'sync = generate in the trainer loop; async = agent loops (each trajectory its own request, '
+        'continuous batching)',
+        only=('sync', 'async'), why='a rollout mode other than sync or async (agent loop)')
+    seed: Optional[int] = key(None, 'sampling seed of the rollout engine; null = data.seed', ours=True)
+    temperature: float = key(1.0, 'sampling temperature')
+    top_k: int = key(-1, 'top-k sampling; -1 (vllm) or 0 (hf) = disabled')
+    top_p: float = key(1, 'top-p (nucleus) sampling')
+    prompt_length: int = key('${data.max_prompt_length}', 'prompt length seen by the engine')
+    response_length: int = key('${data.max_response_length}', 'max generated tokens')
+    dtype: str = key('bfloat16', 'dtype of the rollout weights (align with FSDP)',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16', 'auto'))
+    gpu_memory_utilization: float = key(0.5, 'vllm: fraction of GPU memory for the engine',
+        no_effect_on_cpu="vLLM on CUDA only: vLLM's CPU backend sizes its KV cache by VLLM_CPU_KVCACHE_SPACE",
+        engine="vllm")
+    ignore_eos: bool = key(False, 'keep generating after EOS')
+    enforce_eager: bool = key(True, 'vllm: disable CUDA graphs', engine="vllm")
+    cudagraph_capture_sizes: Any = key(None, "vllm: batch sizes captured as CUDA graphs; null = vLLM's choice",
+        no_effect_yet="not passed to vLLM; the engine's default is used")
+    free_cache_engine: bool = key(True, 'vllm: release the KV cache after generation',
+        no_effect_yet='the vLLM engine is not put to sleep between rollouts: sleep/wake_up is untested here; CPU has '
+                      'nothing to free',
+)
+    load_format: str = key('dummy_dtensor', 'vllm: initial weight loader (weights are synced from the actor)',
+        no_effect_yet="the rollout engine loads the model, then gets the actor's weights")
+    tensor_model_parallel_size: int = key(2, 'vllm: tensor-parallel size of the engine', engine="vllm")
+    data_parallel_size: int = key(1, 'vllm: data-parallel size of the engine (default only)',
+        why='vLLM data-parallel rollout engines')
+    expert_parallel_size: int = key(1, 'vllm: expert-parallel size of the engine (default only)',
+        why='vLLM expert-parallel rollout engines')
+    pipeline_model_parallel_size: int = key(1, 'vllm: pipeline-parallel size of the engine (default only)',
+        why='vLLM pipeline-parallel rollout engines')
+    max_num_batched_tokens: int = key(8192, 'vllm: max tokens per engine batch', engine="vllm")
+    max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch', engine="vllm")
+    max_model_len: Any = key(None, 'vllm: max prompt + response tokens; null = prompt_length + response_length',
+        no_effect_yet="the engine's max length is prompt_length + response_length")
+    enable_chunked_prefill: bool = key(True, 'vllm: split long prompts over engine steps',
+        no_effect_yet="not passed to vLLM; the engine's default is used (off on CPU)")
+    enable_prefix_caching: bool = key(True, 'vllm: reuse the KV cache of shared prompt prefixes',
+        no_effect_yet="not passed to vLLM; the engine's default is used")
+    disable_log_stats: bool = key(True, "vllm: silence the engine's periodic statistics log",
+        no_effect_yet="not passed to vLLM; the engine's default is used")
+    log_prob_micro_batch_size: Optional[int] = key(None,
+        'deprecated global micro-batch for old log-probs; divided by world size')
+    log_prob_micro_batch_size_per_gpu: Optional[int] = key(16,
+        'sequences per forward on one worker when recomputing old log-probs')
+    log_prob_use_dynamic_bsz: bool = key('${actor_rollout_ref.actor.use_dynamic_bsz}',
+        'pack log-prob micro-batches by token budget')
+    log_prob_max_token_len_per_gpu: int = key('${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}',
+        'token budget per worker for log-probs')
+    do_sample: bool = key(True, 'sample (True) or greedy decode (False) during training rollouts')
+    over_sample_rate: float = key(0,
+        "fraction of each step's responses aborted as the slowest (emptied, left out of advantages, loss and "
+        "scores); 0 = none",
+)
+    multi_stage_wake_up: bool = key(False, "wake the engine's weights and KV cache in separate stages",
+        no_effect_yet='the engine is never put to sleep (see free_cache_engine)')
+    engine_kwargs: RolloutEngineKwargsConfig = section(RolloutEngineKwargsConfig, 'extra engine arguments')
+    n: int = key(1, 'responses sampled per prompt (GRPO/RLOO need > 1)')
+    calculate_log_probs: bool = key(False, "return the engine's log-probs (needed by rollout_is)")
+    multi_turn: RolloutMultiTurnConfig = section(RolloutMultiTurnConfig)
+    val_kwargs: RolloutValKwargsConfig = section(RolloutValKwargsConfig)
+    agent: RolloutAgentConfig = section(RolloutAgentConfig)
+    update_weights_bucket_megabytes: int = key(512, 'size of each weight bucket sent to the engine, in MB',
+        no_effect_yet='weights are sent to the engine in one pass')
+    trace: RolloutTraceConfig = section(RolloutTraceConfig)
+    skip_rollout: bool = key(False, 'reuse rollouts dumped in skip_dump_dir instead of generating')
+    skip_dump_dir: str = key('/tmp/rollout_dump', 'folder of the dumped rollouts read by skip_rollout')
+    skip_tokenizer_init: bool = key(True, 'start the engine without a tokenizer (token ids in and out)',
+        no_effect_yet='the engine loads its tokenizer; same outputs')
+    profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
+    layered_summon: bool = key(False, 'gather FSDP weights layer by layer for the engine update',
+        no_effect_yet='FSDP weights are gathered whole for the engine update')

@@ -1,0 +1,233 @@
+"""The root of ppo_trainer.yaml: ``algorithm``, ``trainer``, ``ray_init``/``ray_kwargs``, ``global_profiler`` and the
+sections of the other ppo_* modules (verl's ``AlgoConfig``, ``TrainerConfig``).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
+from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
+from rlhf_core.config.schemas.ppo_data import DataConfig
+from rlhf_core.config.schemas.ppo_rollout import RolloutConfig
+
+# The comment lines at the top of the generated YAML file.
+YAML_HEADER = (
+    'ppo_trainer.yaml — RL trainer (FSDP backend), verl-compatible keys and defaults.',
+    "Every key has a one-line comment above it; docs/CONFIG_KEYS.md lists each key's status.",
+    'Override any key on the command line: `rlhf ppo a.b.c=value +a.new=value ~a.b`.',
+    'Generated from rlhf_core/config/schemas/ by `python -m rlhf_core.config.gen_yaml`: edit the classes, not this file.',
+)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """``actor_rollout_ref``."""
+
+    hybrid_engine: bool = key(True, 'actor and rollout share weights in one worker (only hybrid engine is supported)',
+        why='only the hybrid engine is supported')
+    nccl_timeout: int = key(600, 'timeout of the collective process group, in seconds',
+        no_effect_yet="the process group uses torch's default timeout")
+    model: HFModelConfig = section(HFModelConfig)
+    actor: ActorConfig = section(ActorConfig)
+    ref: RefConfig = section(RefConfig)
+    rollout: RolloutConfig = section(RolloutConfig)
+
+
+@dataclass
+class KLControlConfig:
+    """``algorithm.kl_ctrl``."""
+
+    type: str = key('fixed', 'KL controller: fixed | adaptive', choices=('fixed', 'adaptive'))
+    kl_coef: float = key(0.005, '(initial) KL coefficient beta')
+    horizon: int = key(10000, 'adaptive controller horizon')
+    target_kl: float = key(0.1, 'adaptive controller target KL')
+
+
+@dataclass
+class PFPPOConfig:
+    """``algorithm.pf_ppo``."""
+
+    reweight_method: str = key('pow',
+        'sampling weight of a response: pow (|score|^weight_pow) | max_min | max_random',
+        choices=('pow', 'max_min', 'max_random'))
+    weight_pow: float = key(2.0, 'exponent of the pow weight')
+
+
+@dataclass
+class AlgoConfig:
+    """``algorithm``."""
+
+    gamma: float = key(1.0, 'discount factor')
+    lam: float = key(1.0, 'GAE lambda')
+    adv_estimator: str = key('gae',
+        'advantage estimator: gae | grpo | reinforce_plus_plus | reinforce_plus_plus_baseline | rloo | '
+        'rloo_vectorized | grpo_vectorized | remax | opo | grpo_passk | gpg',
+        choices=registered("adv_estimator"))
+    norm_adv_by_std_in_grpo: bool = key(True, 'GRPO: divide by the group std (False = Dr. GRPO)')
+    use_kl_in_reward: bool = key(False, 'subtract a KL penalty from the rewards')
+    kl_penalty: str = key('kl', 'KL estimator for the reward penalty: kl | abs | mse | low_var_kl | full',
+        choices=('kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'full', 'kl+', 'k1+', 'abs+', 'mse+', 'k2+', 'low_var_kl+', 'k3+'))
+    kl_ctrl: KLControlConfig = section(KLControlConfig)
+    use_pf_ppo: bool = key(False, 'PF-PPO: resample the batch by reward before the update (with adv_estimator gae)')
+    pf_ppo: PFPPOConfig = section(PFPPOConfig)
+    rollout_is: bool = key(False, 'multiply the policy loss by rollout importance-sampling weights')
+    rollout_is_threshold: Optional[float] = key(None, 'upper bound on IS weights; null = disabled')
+    rollout_is_threshold_lower: Optional[float] = key(None, 'lower bound on IS weights; null = 1/upper')
+    rollout_is_level: str = key('token', 'IS aggregation level: token | sequence | geometric',
+        choices=('token', 'sequence', 'geometric'))
+    rollout_is_mode: str = key('truncate', 'IS bound mode: truncate | mask', choices=('truncate', 'mask'))
+    rollout_is_veto_threshold: float = key(0.0001, 'veto a sequence whose token ratio falls below this')
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer``."""
+
+    total_epochs: int = key(30, 'passes over the training data')
+    total_training_steps: Optional[int] = key(None, 'total steps; null = len(dataloader) x total_epochs')
+    project_name: str = key('verl_examples', 'project name for the loggers (mlflow experiment, wandb project)')
+    experiment_name: str = key('gsm8k', 'run name for the loggers')
+    logger: Any = key(['console', 'wandb'],
+        'metric sinks: console, mlflow, tensorboard, file, wandb, swanlab, trackio', types=(list, str,),
+        item_choices=('console', 'mlflow', 'tensorboard', 'file', 'wandb', 'swanlab', 'trackio'))
+    log_val_generations: int = key(0, 'validation generations to log as a table')
+    validation_data_dir: Optional[str] = key(None, 'folder for validation generations (parquet); null = not written')
+    rollout_data_dir: Optional[str] = key(None, 'folder for training rollouts (jsonl); null = not written')
+    nnodes: int = key(1, 'nodes used for training')
+    n_gpus_per_node: int = key(8, 'workers (GPUs, or CPU slots) per node')
+    save_freq: int = key(-1, 'save a checkpoint every N steps and at the last step; -1 = no checkpoints')
+    val_before_train: bool = key(True, 'validate before the first step')
+    val_only: bool = key(False, 'only validate, then exit (no training)')
+    test_freq: int = key(2, 'validate every N steps; -1 = never')
+    critic_warmup: int = key(0, 'steps that train only the critic before the actor starts')
+    balance_batch: bool = key(True, 'reorder the batch so each worker gets a similar token count')
+    default_hdfs_dir: Optional[str] = key(None, 'HDFS folder to copy checkpoints to; null = none')
+    default_local_dir: str = key('checkpoints/${trainer.project_name}/${trainer.experiment_name}',
+        'local checkpoint folder')
+    resume_mode: str = key('auto', 'resume: auto | disable | resume_path', choices=('auto', 'disable', 'resume_path'))
+    resume_from_path: Optional[str] = key(None,
+        'checkpoint to resume from (…/global_step_N) when resume_mode=resume_path')
+    remove_previous_ckpt_in_save: bool = key(False, 'delete the previous checkpoint after saving a new one')
+    del_local_ckpt_after_load: bool = key(False, 'delete the local checkpoint after loading it')
+    max_actor_ckpt_to_keep: Optional[int] = key(None, 'keep at most this many actor checkpoints; null = all')
+    max_critic_ckpt_to_keep: Optional[int] = key(None, 'keep at most this many critic checkpoints; null = all')
+    ray_wait_register_center_timeout: int = key(300, 'seconds to wait for the Ray register center')
+    esi_redundant_time: int = key(0,
+        'seconds before a cloud instance expires at which a checkpoint is forced; 0 = off',
+        no_effect_yet='no cloud-instance expiry watch; save with trainer.save_freq')
+    use_legacy_worker_impl: str = key('auto',
+        'worker implementation: auto | enable (legacy workers) | disable (new engine)',
+        choices=('auto', 'enable', 'disable'), no_effect_yet='one worker implementation here')
+    device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
+        choices=('auto', 'cpu', 'cuda'), ours=True)
+    stop_after_step: Optional[int] = key(None,
+        'stop after this global step, saving a checkpoint; null = run to the end', ours=True)
+    total_training_seconds: Optional[float] = key(None,
+        'wall-clock budget in seconds for the training loop: when spent, validate, checkpoint and stop; null = none',
+        ours=True)
+    extensions: List[str] = key([],
+        'Python files run before the config is checked, in the driver and every worker: their register_adv_est, '
+        'register_policy_loss and reward-manager register calls make new names valid choices', ours=True)
+
+
+@dataclass
+class RayInitConfig:
+    """``ray_init``."""
+
+    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all')
+    address: Optional[str] = key(None,
+        'Ray address: null = embedded local instance; auto or ray://host:port = existing cluster', ours=True)
+    timeline_json_file: Optional[str] = key(None, 'write a Ray timeline (chrome trace) to this file; null = none',
+        no_effect_yet='no Ray timeline is written')
+
+
+@dataclass
+class RayKwargsRayInitConfig:
+    """``ray_kwargs.ray_init``."""
+
+    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all (alias of ray_init.num_cpus)',
+        same_as='ray_init.num_cpus')
+
+
+@dataclass
+class RayKwargsConfig:
+    """``ray_kwargs``."""
+
+    ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
+    timeline_json_file: Optional[str] = key(None,
+        'write a Ray timeline to this file; null = none (alias of ray_init.timeline_json_file)',
+        no_effect_yet='no Ray timeline is written', same_as='ray_init.timeline_json_file')
+
+
+@dataclass
+class GlobalNsysToolConfig:
+    """``global_profiler.global_tool_config.nsys``."""
+
+    discrete: bool = key(False, 'Nsight Systems: one trace per task (NVIDIA nsys; default only)',
+        why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have')
+    controller_nsight_options: Dict[str, Any] = key({'trace': 'cuda,nvtx,cublas,ucx', 'cuda-memory-usage': 'true', 'cuda-graph-trace': 'graph'},
+        '', why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have',
+        leaf_help={'trace': 'nsys: APIs traced on the controller', 'cuda-memory-usage': 'nsys: track CUDA memory on the controller', 'cuda-graph-trace': 'nsys: CUDA graph tracing mode on the controller'})
+    worker_nsight_options: Dict[str, Any] = key({'trace': 'cuda,nvtx,cublas,ucx', 'cuda-memory-usage': 'true', 'cuda-graph-trace': 'graph', 'capture-range': 'cudaProfilerApi', 'capture-range-end': None, 'kill': 'none'},
+        '', why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have',
+        leaf_help={'trace': 'nsys: APIs traced on the workers', 'cuda-memory-usage': 'nsys: track CUDA memory on the workers', 'cuda-graph-trace': 'nsys: CUDA graph tracing mode on the workers', 'capture-range': 'nsys: start tracing at cudaProfilerStart', 'capture-range-end': "nsys: what happens when the capture range ends; null = nsys's default", 'kill': 'nsys: signal sent to the app when tracing ends'})
+
+
+@dataclass
+class GlobalTorchMemoryToolConfig:
+    """``global_profiler.global_tool_config.torch_memory``."""
+
+    trace_alloc_max_entries: int = key(100000, 'torch memory snapshot: max allocation events recorded',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    stack_depth: int = key(32, 'torch memory snapshot: stack frames kept per event',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    context: str = key('all', 'torch memory snapshot: which events to record: all | alloc | state',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    stacks: str = key('all', 'torch memory snapshot: which stacks to record: all | python',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    kw_args: Dict[str, Any] = free_form('extra keyword arguments for torch.cuda.memory._record_memory_history',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class GlobalToolConfig:
+    """``global_profiler.global_tool_config``."""
+
+    nsys: GlobalNsysToolConfig = section(GlobalNsysToolConfig)
+    torch_memory: GlobalTorchMemoryToolConfig = section(GlobalTorchMemoryToolConfig)
+
+
+@dataclass
+class GlobalProfilerConfig:
+    """``global_profiler``."""
+
+    tool: Optional[str] = key(None, 'profiler: null (off) | torch | torch_memory | nsys | npu',
+        choices=('nsys', 'npu', 'torch', 'torch_memory'), only=(None, 'torch'),
+        why='the nsys (NVIDIA Nsight Systems), npu (Ascend) and torch_memory (CUDA memory snapshot) profilers; '
+            'tool torch writes torch.profiler traces',
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+    steps: Any = key(None, 'training steps to profile, e.g. [1, 5]; null = none')
+    profile_continuous_steps: bool = key(False, 'profile the listed steps as one continuous trace')
+    save_path: str = key('outputs/profile', 'folder for profiler traces')
+    global_tool_config: GlobalToolConfig = section(GlobalToolConfig)
+
+
+@dataclass
+class PPOTrainerConfig:
+    """the root of ppo_trainer.yaml."""
+
+    data: DataConfig = section(DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)
+    critic: CriticConfig = section(CriticConfig)
+    reward_model: RewardModelConfig = section(RewardModelConfig)
+    custom_reward_function: CustomRewardConfig = section(CustomRewardConfig)
+    algorithm: AlgoConfig = section(AlgoConfig)
+    trainer: TrainerConfig = section(TrainerConfig)
+    ray_init: RayInitConfig = section(RayInitConfig)
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig,
+        'verl 0.6 spelling of the ray_init section; the two are aliases (set one, or both to the same value)')
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig)

@@ -1,0 +1,187 @@
+"""sft_trainer.yaml: supervised fine-tuning (verl's ``fsdp_sft_trainer`` config).
+
+Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
+run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, section
+
+# The comment lines at the top of the generated YAML file.
+YAML_HEADER = (
+    'sft_trainer.yaml — supervised fine-tuning (FSDP backend), verl fsdp_sft_trainer.yaml keys and defaults.',
+    "Every key has a one-line comment above it; docs/CONFIG_KEYS.md lists each key's status.",
+    'Generated from rlhf_core/config/schemas/ by `python -m rlhf_core.config.gen_yaml`: edit the classes, not this file.',
+)
+
+
+@dataclass
+class DataMultiturnConfig:
+    """``data.multiturn``."""
+
+    enable: bool = key(False, 'train on multi-turn message lists instead of prompt/response columns')
+    messages_key: str = key('messages', 'column holding the message list')
+    tools_key: str = key('tools', 'column holding the tool schemas',
+        no_effect_yet='tool schemas are not passed to the chat template')
+    enable_thinking_key: str = key('enable_thinking', 'column holding the per-row enable_thinking flag',
+        no_effect_yet='no per-row enable_thinking flag')
+
+
+@dataclass
+class DataCustomClsConfig:
+    """``data.custom_cls``."""
+
+    path: Optional[str] = key(None, 'file holding a custom torch Dataset subclass; null = built-in SFTDataset')
+    name: Optional[str] = key(None, 'name of the class inside that file')
+
+
+@dataclass
+class DataConfig:
+    """``data``."""
+
+    train_batch_size: int = key(256, 'samples per optimizer step (global)')
+    micro_batch_size: Optional[int] = key(None,
+        'deprecated global micro-batch; divided by world size into micro_batch_size_per_gpu')
+    micro_batch_size_per_gpu: Optional[int] = key(4,
+        'samples per forward/backward on one worker (gradient accumulation)')
+    train_files: Any = key('~/data/gsm8k/train.parquet', 'training parquet file(s)', types=(str, list,))
+    val_files: Any = key('~/data/gsm8k/test.parquet', 'validation parquet file(s)', types=(str, list,))
+    train_max_samples: int = key(-1, 'max training rows; -1 = all (ours / newer verl)',
+        no_effect_yet='the SFT dataset uses every row of data.train_files')
+    val_max_samples: int = key(-1, 'max validation rows; -1 = all (ours / newer verl)',
+        no_effect_yet='the SFT dataset uses every row of data.val_files')
+    prompt_key: str = key('question', 'column holding the prompt')
+    response_key: str = key('answer', 'column holding the response')
+    prompt_dict_keys: Any = key(None, 'nested keys inside the prompt column; null = the column is the text',
+        types=(list, str,))
+    response_dict_keys: Any = key(None, 'nested keys inside the response column; null = the column is the text',
+        types=(list, str,))
+    multiturn: DataMultiturnConfig = section(DataMultiturnConfig)
+    max_length: int = key(1024, 'max tokens of prompt + response')
+    truncation: str = key('error', 'what to do with an over-long sample: error | left | right',
+        choices=('error', 'left', 'right'))
+    balance_dp_token: bool = key(False, 'balance tokens across data-parallel ranks',
+        no_effect_yet='ranks get equal sample counts')
+    chat_template: Optional[str] = key(None, "chat template name; null = the tokenizer's")
+    custom_cls: DataCustomClsConfig = section(DataCustomClsConfig)
+    use_shm: bool = key(False, 'load data through shared memory (/dev/shm)', why='shared-memory data loading')
+    apply_chat_template_kwargs: Dict[str, Any] = free_form('extra keyword arguments for tokenizer.apply_chat_template (e.g. enable_thinking)')
+
+
+@dataclass
+class ModelFsdpConfigWrapPolicyConfig:
+    """``model.fsdp_config.wrap_policy``."""
+
+    min_num_params: int = key(0, 'wrap modules with at least this many parameters; 0 = by decoder layer')
+
+
+@dataclass
+class ModelFsdpConfigConfig:
+    """``model.fsdp_config``."""
+
+    model_dtype: str = key('fp32', 'dtype of the trained parameters: bf16 | fp16 | fp32',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    wrap_policy: ModelFsdpConfigWrapPolicyConfig = section(ModelFsdpConfigWrapPolicyConfig)
+    cpu_offload: bool = key(False, 'enable FSDP CPU offload',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    offload_params: bool = key(False, 'offload parameters (and gradients; optimizer steps on CPU) when cpu_offload',
+        no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
+    cpu_threads: Optional[int] = key(None,
+        "intra-op CPU threads of each rank on Ray; null = the node's CPUs ÷ its ranks", ours=True)
+
+
+@dataclass
+class ModelConfig:
+    """``model``."""
+
+    partial_pretrain: str = key('~/models/gemma-1.1-7b-it', 'Hugging Face model to fine-tune (local, hdfs:// or s3://)')
+    use_shm: bool = key(False, 'load the model through shared memory (/dev/shm; default only)',
+        why='shared-memory model loading')
+    strategy: str = key('fsdp2', 'FSDP implementation: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
+        why='only FSDP backends; Megatron is a backend this project does not have')
+    fsdp_config: ModelFsdpConfigConfig = section(ModelFsdpConfigConfig)
+    external_lib: Optional[str] = key(None, 'python module to import first (registers custom models)')
+    enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing')
+    trust_remote_code: bool = key(False, 'allow remote code when loading the model')
+    lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
+    lora_alpha: int = key(16, 'LoRA scaling alpha')
+    target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
+    use_liger: bool = key(False, 'apply Liger kernels (GPU)', no_effect_yet='Liger kernels are not applied; same loss')
+
+
+@dataclass
+class OptimConfig:
+    """``optim``."""
+
+    lr: float = key(1e-05, 'peak learning rate')
+    betas: List[float] = key([0.9, 0.95], 'AdamW betas')
+    weight_decay: float = key(0.01, 'AdamW weight decay')
+    warmup_steps_ratio: float = key(0.1, 'warmup steps as a fraction of total steps')
+    clip_grad: float = key(1.0, 'clip the global gradient norm to this value')
+    lr_scheduler: str = key('cosine', 'scheduler: cosine | wsd', choices=('cosine', 'wsd'))
+    min_lr_ratio: float = key(0.0, 'final lr as a fraction of lr (cosine and wsd)', ours=True)
+    stable_ratio: float = key(0.9,
+        "wsd: fraction of the post-warmup steps held at the peak lr (verl's function default)", ours=True)
+
+
+@dataclass
+class TrainerCheckpointConfig:
+    """``trainer.checkpoint``."""
+
+    save_contents: List[str] = key(['model', 'optimizer', 'extra'], 'what to save: model, optimizer, extra, hf_model',
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+    load_contents: List[str] = key('${trainer.checkpoint.save_contents}', 'what to load when resuming',
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer``."""
+
+    default_local_dir: str = key('checkpoints/${trainer.project_name}/${trainer.experiment_name}',
+        'local checkpoint folder')
+    default_hdfs_dir: Optional[str] = key(None, 'HDFS folder to copy checkpoints to; null = none')
+    project_name: str = key('gsm8k-sft', 'project name for the loggers')
+    experiment_name: str = key('test', 'run name for the loggers')
+    total_epochs: int = key(4, 'passes over the training data')
+    total_training_steps: Optional[int] = key(None, 'total steps; null = len(dataloader) x total_epochs')
+    logger: Any = key(['console', 'wandb'],
+        'metric sinks: console, mlflow, tensorboard, file, wandb, swanlab, trackio', types=(list, str,),
+        item_choices=('console', 'mlflow', 'tensorboard', 'file', 'wandb', 'swanlab', 'trackio'))
+    seed: int = key(1, 'random seed')
+    save_freq: int = key(-1, 'save a checkpoint every N steps; -1 = only at the end')
+    test_freq: int = key(-1, 'validate every N steps; -1 = only at the end')
+    nnodes: int = key(1, 'nodes used for training')
+    n_gpus_per_node: int = key(8, 'workers (GPUs, or CPU slots) per node')
+    max_ckpt_to_keep: Optional[int] = key(None, 'keep at most this many checkpoints; null = all')
+    resume_mode: str = key('auto', 'resume: auto | disable | resume_path', choices=('auto', 'disable', 'resume_path'))
+    resume_from_path: Optional[str] = key(None, 'checkpoint to resume from when resume_mode=resume_path')
+    checkpoint: TrainerCheckpointConfig = section(TrainerCheckpointConfig)
+    device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
+        choices=('auto', 'cpu', 'cuda'), ours=True)
+
+
+@dataclass
+class RayInitConfig:
+    """``ray_init``."""
+
+    address: Optional[str] = key(None,
+        'Ray address: null = embedded local instance; auto or ray://host:port = existing cluster', ours=True)
+    num_cpus: Optional[int] = key(None, "CPUs of the embedded local Ray instance; null = all of this machine's",
+        ours=True)
+
+
+@dataclass
+class SFTTrainerConfig:
+    """the root of sft_trainer.yaml."""
+
+    data: DataConfig = section(DataConfig)
+    model: ModelConfig = section(ModelConfig)
+    optim: OptimConfig = section(OptimConfig)
+    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
+        why='sequence parallelism')
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
+    trainer: TrainerConfig = section(TrainerConfig)
+    ray_init: RayInitConfig = section(RayInitConfig)

@@ -1,0 +1,84 @@
+"""Choices that name a registry come from the registry when the config is checked: a user's estimator and policy
+loss, registered from a file named in ``trainer.extensions``, are accepted by name; an unregistered name is refused
+with did-you-mean; the built-in names are exactly the registered ones."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlhf_core.config import ConfigError, load_config
+from rlhf_core.config.schema import specs
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTENSION = textwrap.dedent('''
+    import torch
+    from rlhf_core.algos import register_adv_est, register_policy_loss
+
+    @register_adv_est("my_centered")
+    def my_centered(token_level_rewards, response_mask, **kwargs):
+        """Sequence score minus the batch mean, on every response token."""
+        scores = (token_level_rewards * response_mask).sum(-1)
+        adv = (scores - scores.mean()).unsqueeze(-1) * response_mask
+        return adv, adv
+
+    @register_policy_loss("my_reinforce")
+    def my_reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                     rollout_is_weights=None):
+        """REINFORCE: -A * log pi, token mean."""
+        loss = -(advantages * log_prob * response_mask).sum() / response_mask.sum()
+        zero = torch.tensor(0.0)
+        return loss, zero, zero, zero
+''')
+
+
+def _check(args: list[str]) -> subprocess.CompletedProcess:
+    # a fresh process, as a user runs it: nothing registered but the built-ins and the extension file
+    code = "from rlhf_core.config.cli import main; raise SystemExit(main(" + repr(["check", *args]) + "))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT)
+
+
+def test_a_user_file_registers_an_estimator_and_a_loss_that_config_check_accepts(tmp_path):
+    ext = tmp_path / "my_algos.py"
+    ext.write_text(EXTENSION)
+    names = ["algorithm.adv_estimator=my_centered", "actor_rollout_ref.actor.policy_loss.loss_mode=my_reinforce",
+             "actor_rollout_ref.rollout.name=hf"]
+    ok = _check([f"trainer.extensions=[{ext}]", *names])
+    assert ok.returncode == 0, ok.stderr
+    assert "OK: ppo_trainer is valid" in ok.stderr
+    # without the file, the same names are unknown: refused with the registered names listed
+    refused = _check(names)
+    assert refused.returncode == 1
+    assert "algorithm.adv_estimator='my_centered' is not one of" in refused.stderr
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode='my_reinforce' is not one of" in refused.stderr
+
+
+def test_an_unregistered_name_is_refused_with_did_you_mean():
+    with pytest.raises(ConfigError, match=r"algorithm.adv_estimator='grpo_vectorised' is not one of \[.*'grpo'.*\]\. "
+                                          r"Did you mean 'grpo_vectorized'\?"):
+        load_config("ppo_trainer", ["algorithm.adv_estimator=grpo_vectorised"])
+
+
+def test_registry_choices_are_the_registered_names():
+    from rlhf_core.algos import registered_adv_estimators, registered_policy_losses
+    from rlhf_core.reward.managers import registered_reward_managers
+
+    ppo = specs("ppo_trainer")
+    assert ppo["algorithm.adv_estimator"].choice_values() == tuple(registered_adv_estimators())
+    assert ppo["actor_rollout_ref.actor.policy_loss.loss_mode"].choice_values() == tuple(registered_policy_losses())
+    # batch is registered (verl's BatchRewardManager), so config check now accepts it
+    assert ppo["reward_model.reward_manager"].choice_values() == tuple(registered_reward_managers())
+    assert "batch" in registered_reward_managers()
+    assert load_config("ppo_trainer", ["reward_model.reward_manager=batch"]).reward_model.reward_manager == "batch"
+
+
+def test_a_missing_or_failing_extension_names_the_key_and_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.extensions: no such file .*nope\.py"):
+        load_config("ppo_trainer", [f"trainer.extensions=[{tmp_path / 'nope.py'}]"])
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('broken on purpose')\n")
+    with pytest.raises(ConfigError, match=r"trainer.extensions: running .*bad\.py.* RuntimeError: broken on purpose"):
+        load_config("ppo_trainer", [f"trainer.extensions=[{bad}]"])
