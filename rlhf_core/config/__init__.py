@@ -8,9 +8,6 @@ from .errors import ConfigError
 from .loader import CONFIG_NAMES, config_dir, load_base, load_config, resolved_yaml
 from .overrides import apply_overrides, parse_override, parse_value
 from .validate import convert_deprecated, validate_ppo_config, validate_sft_config, world_size_of
-from .reads import install as _install_read_recording
-
-_install_read_recording()  # a no-op unless RLHF_CONFIG_READS names a file (see reads.py)
 
 __all__ = [
     "CONFIG_NAMES", "ConfigError", "apply_overrides", "config_dir", "convert_deprecated", "load_base",

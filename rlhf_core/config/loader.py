@@ -17,6 +17,7 @@ from rlhf_core.redact import redact
 from .errors import ConfigError
 from .notices import ConfigNotice, changed_paths, effect_notices, named_engine_keys, resolve_aliases
 from .overrides import apply_overrides, parse_override
+from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import schema_paths, shipped_defaults, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_generation_config, validate_ppo_config, validate_sft_config
@@ -153,7 +154,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
     notices.py). Each key set to a value that changes nothing here gets one ConfigNotice warning naming the
     key and why. Returns a resolved, complete, typed DictConfig in struct mode backed by the
-    dataclasses of ``structured.schema_class(kind)``. Raises ConfigError (a ValueError).
+    dataclasses of ``structured.schema_class(kind)``; with ``RLHF_CONFIG_READS`` set, its nodes record the
+    keys read from them (rlhf_core/config/reads.py). Raises ConfigError (a ValueError).
     """
     _remember_secrets(overrides)
     kind, base, cfg = _load_unresolved(name, config_dir)
@@ -183,7 +185,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         validate_generation_config(cfg)
     for notice in effect_notices(cfg, user_set, kind):
         warnings.warn(notice, ConfigNotice, stacklevel=2)
-    return to_typed(kind, cfg)
+    return record_reads(to_typed(kind, cfg))
 
 
 def _import_extensions(cfg: DictConfig) -> None:

@@ -148,8 +148,7 @@ def recorded(tiny_model_dir, gsm8k_parquet, sft_files, tmp_path_factory):  # noq
     if ray.is_initialized():  # an instance started without the variable would start workers that do not record
         ray.shutdown()
     try:
-        os.environ[reads.ENV] = files["ppo_trainer"]
-        reads.install()
+        os.environ[reads.ENV] = files["ppo_trainer"]  # before load_config: it returns a recording config
         for adv in ("grpo", "gae"):
             run_ppo(ppo_config(tiny_model_dir, gsm8k_parquet, out / adv, adv, "trainer.total_training_steps=1",
                                "trainer.test_freq=1", "trainer.save_freq=1"))
@@ -197,8 +196,7 @@ def test_recording_sees_attribute_and_item_reads_only(tmp_path, monkeypatch):
 
     target = tmp_path / "reads.txt"
     monkeypatch.setenv(reads.ENV, str(target))
-    reads.install()
-    cfg = load_config("evaluation")
+    cfg = load_config("evaluation")  # RLHF_CONFIG_READS set: a config whose nodes record
     OmegaConf.to_container(cfg, resolve=True)
     OmegaConf.select(cfg, "data.path")
     assert "prompt_key" in cfg.data
