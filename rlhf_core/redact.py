@@ -91,7 +91,8 @@ def _redact_leaf(value: Any) -> Any:
 
 
 def _plain(obj: Any) -> Any:
-    if type(obj).__module__.startswith("omegaconf"):
+    # an OmegaConf container, or a subclass of one (rlhf_core.config.reads.RecordingConfig)
+    if any(cls.__module__.startswith("omegaconf") for cls in type(obj).__mro__):
         from omegaconf import OmegaConf  # lazy: the rule itself needs no OmegaConf
 
         try:
