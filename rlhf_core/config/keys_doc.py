@@ -86,7 +86,9 @@ def render_markdown() -> str:
         parts.append(f"\n## {name}.yaml\n\n| key | default | status | origin | what it does |\n| --- | --- | --- | --- | --- |")
         for path, default, helptext in yaml_keys(name):
             origin = "ours" if specs(name)[path].ours else "verl"
-            what = helptext.replace("|", "\\|")
+            aliases = specs(name)[path].aliases
+            what = (helptext + (" Also read from: " + ", ".join(f"`{a}`" for a in aliases) + "." if aliases else "")
+                    ).replace("|", "\\|")
             status = status_of(name, path).replace("|", "\\|")
             parts.append(f"| `{path}` | `{default}` | {status} | {origin} | {what} |")
     return "\n".join(parts) + "\n"

@@ -15,7 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf_core.redact import redact
 
 from .errors import ConfigError
-from .notices import ConfigNotice, changed_paths, effect_notices, named_engine_keys, resolve_aliases
+from .notices import (ConfigNotice, alias_notice, changed_paths, effect_notices, named_engine_keys, rename_aliases,
+                      resolve_aliases)
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
@@ -104,6 +105,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     redact(OmegaConf.to_container(user, resolve=False))  # remembers its secret values: no error quotes them
     user = _drop_targets(user)
     kind = _kind_of(user, path)
+    user = _renamed(user, kind, str(path))
     base = load_base(kind, config_dir)
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
@@ -114,6 +116,40 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     with open_dict(cfg):
         cfg.merge_with(user)
     return kind, base, cfg
+
+
+def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
+    """``user`` with earlier spellings of keys (declared ``aliases``) renamed, one ConfigNotice per rename."""
+    flat, notices = rename_aliases(flatten(user, resolve=False), kind, source)
+    if not notices:
+        return user
+    for notice in notices:
+        warnings.warn(notice, ConfigNotice, stacklevel=3)
+    out = OmegaConf.create({})
+    for key, value in flat.items():
+        OmegaConf.update(out, key, value, merge=False, force_add=True)
+    return out
+
+
+def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
+    """``overrides`` with an earlier spelling of a key (declared ``aliases``) replaced by the key, one ConfigNotice
+    per rename (an override that does not parse is left for :func:`apply_overrides` to name)."""
+    from .schema import renamed_path
+
+    out = []
+    for text in overrides:
+        try:
+            key = parse_override(text).key
+        except ConfigError:
+            out.append(text)
+            continue
+        new = renamed_path(key, kind)
+        if new is not None:
+            start = text.index(key)
+            text = text[:start] + new + text[start + len(key):]
+            warnings.warn(alias_notice(key, new, "override"), ConfigNotice, stacklevel=3)
+        out.append(text)
+    return out
 
 
 def _refuse_value_for_section(base: DictConfig, key: str, value: object, path: Path, kind: str) -> None:
@@ -147,8 +183,9 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     ``name``: "ppo_trainer", "sft_trainer", "evaluation", "generation" (from ``config_dir``, default the repo's
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
-    ``data.max_prompt_length=256``). verl's ``_target_`` entries (in a file or an override) are
-    ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
+    ``data.max_prompt_length=256``). A key written in another of verl's spellings (declared ``aliases``, e.g.
+    verl 0.9's ``reward.custom_reward_function.path``) is read as the key, with one ConfigNotice. verl's ``_target_``
+    entries (in a file or an override) are ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the
     real one. ``ray_init.*`` and verl 0.6's ``ray_kwargs.*`` spellings are made equal (rlhf_core/config/
@@ -159,6 +196,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     """
     _remember_secrets(overrides)
     kind, base, cfg = _load_unresolved(name, config_dir)
+    overrides = _renamed_overrides(overrides, kind)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
     user_set |= named_engine_keys(overrides)  # e.g. rollout.tensor_model_parallel_size=2 (its default) with hf

@@ -68,6 +68,35 @@ def resolve_aliases(cfg: DictConfig, base: DictConfig, name: str = "ppo_trainer"
                 OmegaConf.update(cfg, new, v_old, merge=False)
 
 
+def alias_notice(path: str, new: str, source: str) -> str:
+    """The one notice for a key given under another of verl's spellings (declared ``aliases``)."""
+    return (f"{path} ({source}) is read as {new}: verl has spelt this key both ways (0.6 and 0.9); this project's "
+            f"configs and docs use {new}.")
+
+
+def rename_aliases(flat: dict[str, Any], name: str, source: str) -> tuple[dict[str, Any], list[str]]:
+    """``flat`` (dotted path -> value, as a user wrote it) with each earlier spelling of a key (declared ``aliases``)
+    renamed to the key, and one notice per rename naming the key to use.
+
+    Raises:
+        ConfigError: when both spellings are given with different values, naming both and ``source``.
+    """
+    from .schema import renamed_path
+
+    out, notices = {}, []
+    for path, value in flat.items():
+        new = renamed_path(path, name)
+        if new is None:
+            out.setdefault(path, value)
+            continue
+        if new in flat and flat[new] != value:
+            raise ConfigError(f"{path}={value!r} and {new}={flat[new]!r} are two spellings of one key ({source}); "
+                              f"set one of them.")
+        out[new] = value
+        notices.append(alias_notice(path, new, source))
+    return out, notices
+
+
 def changed_paths(cfg: DictConfig, base: DictConfig) -> set[str]:
     """Leaves whose unresolved value differs from the shipped one: the keys the user set (before resolution,
     so a key that only follows another through an interpolation does not count)."""

@@ -36,6 +36,22 @@ def specs(name: str) -> dict[str, KeySpec]:
 
 
 @functools.lru_cache(maxsize=None)
+def alias_map(name: str) -> dict[str, str]:
+    """Earlier path -> current path, for every key of config ``name`` declared with ``aliases``."""
+    return {old: path for path, s in specs(name).items() for old in s.aliases}
+
+
+def renamed_path(path: str, name: str) -> str | None:
+    """The current path of ``path`` when it is an earlier spelling of a key of config ``name`` (or lies inside one:
+    a sub-key of a free-form dict), else None."""
+    amap = alias_map(name)
+    if path in amap:
+        return amap[path]
+    parent = next((a for a in amap if path.startswith(a + ".")), None)
+    return None if parent is None else amap[parent] + path[len(parent):]
+
+
+@functools.lru_cache(maxsize=None)
 def open_paths() -> frozenset[str]:
     """Paths of the free-form dicts of every config (HF config overrides, engine kwargs): sub-keys unchecked."""
     return frozenset(p for n in CONFIG_NAMES for p, s in specs(n).items() if s.open)

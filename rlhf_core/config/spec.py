@@ -12,8 +12,9 @@ The config classes (``rlhf_core/config/schemas/``) are plain dataclasses, one pe
 * its status here: supported (nothing to declare), ``no_effect_yet=`` / ``no_effect_on_cpu=`` (accepted, does
   nothing, with what happens instead), or ``only=`` + ``why=`` (accepted at those values only: a backend we do not
   have); ``backend_values`` names values that need such a backend;
-* ``same_as``: another spelling of the same setting (verl moved ``ray_init`` under ``ray_kwargs``); both are
-  kept equal on load; ``engine``: the rollout engine that alone reads the key; ``ours``: not a verl key.
+* ``same_as``: another spelling of the same setting, both in the config (the reference's ``ray_init`` and verl
+  0.6's ``ray_kwargs.ray_init``); both are kept equal on load; ``aliases``: earlier paths of the key, not in the
+  config (verl renamed or moved it), read as the key with one notice; ``engine``: the rollout engine that alone reads the key; ``ours``: not a verl key.
 
 Everything else is generated from these classes: the YAML in ``configs/`` (:mod:`.gen_yaml`), the table in
 ``docs/CONFIG_KEYS.md`` (:mod:`.keys_doc`), the type/choice/support checks (:mod:`.schema`) and the notices for
@@ -76,17 +77,18 @@ def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple |
         item_choices: tuple | None = None, only: tuple | None = None, why: str | None = None,
         no_effect_yet: str | None = None, no_effect_on_cpu: str | None = None,
         backend_values: dict[Any, str] | None = None, same_as: str | None = None, engine: str | None = None,
-        ours: bool = False, leaf_help: dict[str, str] | None = None) -> Any:
+        ours: bool = False, leaf_help: dict[str, str] | None = None, aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field for one config key (see the module docstring for each argument).
 
     ``only=None`` with ``why`` set means "accepted at its default only". A dict default with ``leaf_help`` is a
     fixed section whose keys are not Python names (nsys's ``cuda-memory-usage``): each of its keys is a config
-    key with that help. Mutable defaults are copied per instance.
+    key with that help. ``aliases``: earlier dotted paths of this key (verl renamed or moved it); a user file or
+    override that sets one is read as this key, with one notice naming it. Mutable defaults are copied per instance.
     """
     meta = {"help": help, "types": types, "choices": choices, "item_choices": item_choices, "only": only,
             "why": why, "no_effect_yet": no_effect_yet, "no_effect_on_cpu": no_effect_on_cpu,
             "backend_values": backend_values, "same_as": same_as, "engine": engine, "ours": ours,
-            "leaf_help": leaf_help}
+            "leaf_help": leaf_help, "aliases": tuple(aliases)}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -127,6 +129,7 @@ class KeySpec:
     same_as: str | None
     engine: str | None
     ours: bool
+    aliases: tuple[str, ...] = ()
 
     def choice_values(self) -> tuple | None:
         """The allowed values now (a registry's names are read at this call), or None when any value goes."""
@@ -169,7 +172,8 @@ def _leaf(path: str, f: dataclasses.Field, hint: Any, default: Any) -> KeySpec:
                    null_ok=optional or default is None or types is None, choices=meta.get("choices"),
                    item_choices=meta.get("item_choices"), status=status, why=why, allowed=allowed,
                    backend_values=meta.get("backend_values"), open=bool(meta.get("open")),
-                   same_as=meta.get("same_as"), engine=meta.get("engine"), ours=bool(meta.get("ours")))
+                   same_as=meta.get("same_as"), engine=meta.get("engine"), ours=bool(meta.get("ours")),
+                   aliases=tuple(meta.get("aliases") or ()))
 
 
 def _default_of(f: dataclasses.Field) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_core.config import ConfigError, load_config
+from rlhf_core.config.notices import ConfigNotice
 from rlhf_core.config.schema import specs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,3 +83,27 @@ def test_a_missing_or_failing_extension_names_the_key_and_file(tmp_path):
     bad.write_text("raise RuntimeError('broken on purpose')\n")
     with pytest.raises(ConfigError, match=r"trainer.extensions: running .*bad\.py.* RuntimeError: broken on purpose"):
         load_config("ppo_trainer", [f"trainer.extensions=[{bad}]"])
+
+
+def test_verl_09_spelling_of_a_key_is_read_as_the_key_with_one_notice(tmp_path):
+    # declared once, beside the key: custom_reward_function.path aliases=("reward.custom_reward_function.path",)
+    with pytest.warns(ConfigNotice) as notices:
+        cfg = load_config("ppo_trainer", ["reward.custom_reward_function.path=/r.py",
+                                          "+reward.custom_reward_function.reward_kwargs.w=2",
+                                          "reward.reward_manager.name=dapo"])
+    assert (cfg.custom_reward_function.path, cfg.custom_reward_function.reward_kwargs.w,
+            cfg.reward_model.reward_manager) == ("/r.py", 2, "dapo")
+    said = [str(n.message) for n in notices if issubclass(n.category, ConfigNotice)]
+    assert len(said) == 3
+    assert said[0].startswith("reward.custom_reward_function.path (override) is read as custom_reward_function.path")
+    # the same in a user file; both spellings with different values is one error naming both
+    user = tmp_path / "ppo_trainer.yaml"
+    user.write_text("reward:\n  custom_reward_function:\n    name: my_score\n")
+    with pytest.warns(ConfigNotice, match=r"reward.custom_reward_function.name \(.*ppo_trainer.yaml\) is read as "
+                                          r"custom_reward_function.name"):
+        assert load_config(str(user)).custom_reward_function.name == "my_score"
+    user.write_text("reward:\n  custom_reward_function:\n    name: a\ncustom_reward_function:\n  name: b\n")
+    with pytest.raises(ConfigError, match="reward.custom_reward_function.name='a' and custom_reward_function.name='b' "
+                                          "are two spellings of one key"):
+        load_config(str(user))
+    assert specs("ppo_trainer")["custom_reward_function.path"].aliases == ("reward.custom_reward_function.path",)

@@ -219,7 +219,7 @@ class RewardModelConfig:
         'token budget per worker micro-batch')
     reward_manager: str = key('naive',
         'reward manager: naive (one sample at a time) | prime (process pool) | dapo (naive + overlong penalty)',
-        choices=registered("reward_manager"))
+        choices=registered("reward_manager"), aliases=("reward.reward_manager.name",))
     launch_reward_fn_async: bool = key(False, 'compute the reward function asynchronously with generation',
         no_effect_yet='the reward function runs synchronously; same scores')
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
@@ -231,6 +231,10 @@ class RewardModelConfig:
 class CustomRewardConfig:
     """``custom_reward_function``."""
 
-    path: Optional[str] = key(None, 'file holding a custom reward function; null = built-in scorers')
-    name: str = key('compute_score', 'name of the function in that file')
-    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments passed to the custom reward function')
+    # verl 0.9 moved this section under reward.*: its spelling is accepted as an alias
+    path: Optional[str] = key(None, 'file holding a custom reward function; null = built-in scorers',
+                              aliases=("reward.custom_reward_function.path",))
+    name: str = key('compute_score', 'name of the function in that file',
+                    aliases=("reward.custom_reward_function.name",))
+    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments passed to the custom reward function',
+                                              aliases=("reward.custom_reward_function.reward_kwargs",))
