@@ -77,18 +77,21 @@ def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple |
         item_choices: tuple | None = None, only: tuple | None = None, why: str | None = None,
         no_effect_yet: str | None = None, no_effect_on_cpu: str | None = None,
         backend_values: dict[Any, str] | None = None, same_as: str | None = None, engine: str | None = None,
-        ours: bool = False, leaf_help: dict[str, str] | None = None, aliases: tuple[str, ...] = ()) -> Any:
+        ours: bool = False, leaf_help: dict[str, str] | None = None, aliases: tuple[str, ...] = (),
+        null_ok: bool = False) -> Any:
     """A dataclass field for one config key (see the module docstring for each argument).
 
     ``only=None`` with ``why`` set means "accepted at its default only". A dict default with ``leaf_help`` is a
     fixed section whose keys are not Python names (nsys's ``cuda-memory-usage``): each of its keys is a config
     key with that help. ``aliases``: earlier dotted paths of this key (verl renamed or moved it); a user file or
-    override that sets one is read as this key, with one notice naming it. Mutable defaults are copied per instance.
+    override that sets one is read as this key, with one notice naming it. ``null_ok``: null is accepted though the
+    default is not null, for a key whose annotation is ``Any`` (several types; otherwise write ``Optional[...]``).
+    Mutable defaults are copied per instance.
     """
     meta = {"help": help, "types": types, "choices": choices, "item_choices": item_choices, "only": only,
             "why": why, "no_effect_yet": no_effect_yet, "no_effect_on_cpu": no_effect_on_cpu,
             "backend_values": backend_values, "same_as": same_as, "engine": engine, "ours": ours,
-            "leaf_help": leaf_help, "aliases": tuple(aliases)}
+            "leaf_help": leaf_help, "aliases": tuple(aliases), "null_ok": null_ok}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -103,6 +106,27 @@ def free_form(help: str, default: dict | None = None, *, ours: bool = False, **s
 def section(cls: type, help: str = "") -> Any:
     """A field holding the section dataclass ``cls``; ``help`` is the comment above it in the YAML."""
     return field(default_factory=cls, metadata={"help": help})
+
+
+class SectionErrors(ValueError):
+    """Raised by a section's ``__post_init__`` (its checks that involve that section only): one line per broken
+    rule, each naming its keys as ``{section}.<key>``; :func:`rlhf_core.config.validate.section_errors` puts the
+    section's dotted path in their place."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def check_section(errors: list[str]) -> None:
+    """Raise :class:`SectionErrors` when ``errors`` is not empty (the end of a section's ``__post_init__``)."""
+    if errors:
+        raise SectionErrors(errors)
+
+
+def number(value: Any) -> bool:
+    """True for an int or float value (not a bool, not an unresolved ``${...}`` default)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -169,7 +193,7 @@ def _leaf(path: str, f: dataclasses.Field, hint: Any, default: Any) -> KeySpec:
     if status == DEFAULT_ONLY and allowed is None:
         allowed = (default,)
     return KeySpec(path=path, default=default, help=meta.get("help", ""), types=types,
-                   null_ok=optional or default is None or types is None, choices=meta.get("choices"),
+                   null_ok=optional or default is None or types is None or bool(meta.get("null_ok")), choices=meta.get("choices"),
                    item_choices=meta.get("item_choices"), status=status, why=why, allowed=allowed,
                    backend_values=meta.get("backend_values"), open=bool(meta.get("open")),
                    same_as=meta.get("same_as"), engine=meta.get("engine"), ours=bool(meta.get("ours")),

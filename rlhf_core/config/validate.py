@@ -231,31 +231,44 @@ def finite_errors(cfg: DictConfig, rules: tuple[tuple[str, float | None, bool, s
     return errors
 
 
+def section_errors(cfg: DictConfig, name: str) -> list[str]:
+    """The checks of each section of config ``name`` whose class has a ``__post_init__`` (rules that involve that
+    section only; rlhf_core/config/schemas/), run on ``cfg``'s values of the section: one line per broken rule,
+    naming the full keys. A section ``cfg`` lacks, or whose keys are not the class's fields, is skipped (the schema
+    checks name those)."""
+    from .schemas import root_class
+    from .spec import SectionErrors, section_help
+
+    errors = []
+    for path, _, cls in section_help(root_class(name)):
+        if "__post_init__" not in vars(cls):
+            continue
+        node = OmegaConf.select(cfg, path, default=None)
+        if not isinstance(node, DictConfig):
+            continue
+        try:
+            cls(**OmegaConf.to_container(node, resolve=True))
+        except SectionErrors as exc:
+            errors += [line.replace("{section}", path) for line in exc.errors]
+        except TypeError:  # keys that are not the class's fields: reported by the schema checks
+            continue
+    return errors
+
+
 def ppo_static_errors(cfg: DictConfig) -> list[str]:
-    """Rules that need only the config (no world size)."""
-    errors = finite_errors(cfg, _PPO_FINITE + (_CRITIC_FINITE if use_critic(cfg) else ()))
+    """Rules that need only the config (no world size): each section's own checks (:func:`section_errors`), then
+    the rules across sections."""
+    errors = section_errors(cfg, "ppo_trainer")
+    errors += finite_errors(cfg, _PPO_FINITE + (_CRITIC_FINITE if use_critic(cfg) else ()))
     tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
     if tbs is None or tbs <= 0:
         errors.append(f"data.train_batch_size={tbs} must be > 0.")
-    if n is None or n < 1:
-        errors.append(f"{A}.rollout.n={n} must be >= 1.")
     for key in ("data.max_prompt_length", "data.max_response_length", f"{A}.actor.ppo_epochs", "trainer.total_epochs"):
         if (_get(cfg, key) or 0) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1.")
-    vk = f"{A}.rollout.val_kwargs"
-    if _get(cfg, f"{vk}.do_sample") and not _get(cfg, f"{vk}.temperature"):
-        errors.append(f"{vk}.do_sample=True with {vk}.temperature={_get(cfg, f'{vk}.temperature')}: sampling "
-                      f"needs temperature > 0 (or set do_sample=False for greedy validation).")
-    for prefix in (f"{A}.rollout", vk):
-        top_p = _get(cfg, f"{prefix}.top_p")
-        if top_p is not None and not 0 < top_p <= 1:
-            errors.append(f"{prefix}.top_p={top_p} must be in (0, 1].")
-    if (_get(cfg, f"{vk}.n") or 0) < 1:
-        errors.append(f"{vk}.n={_get(cfg, f'{vk}.n')} must be >= 1.")
     rate = _get(cfg, f"{A}.rollout.over_sample_rate")
-    if rate is not None and not 0 <= rate < 1:
-        errors.append(f"{A}.rollout.over_sample_rate={rate} must be in [0, 1) (the fraction of responses aborted).")
-    elif rate and isinstance(tbs, int) and isinstance(n, int) and tbs > 0 and n > 0 and int(tbs * n * (1 - rate)) < 1:
+    counts = isinstance(tbs, int) and isinstance(n, int) and tbs > 0 and n > 0
+    if rate and 0 < rate < 1 and counts and int(tbs * n * (1 - rate)) < 1:
         errors.append(f"{A}.rollout.over_sample_rate={rate} keeps int({tbs * n} × (1 − {rate})) = 0 of the {tbs * n} "
                       f"responses of a step (data.train_batch_size × {A}.rollout.n): every response would be aborted.")
     adv = _get(cfg, "algorithm.adv_estimator")
@@ -265,20 +278,10 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if adv == "gae" and not use_critic(cfg):
         errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
                       "null or true, or choose an estimator without a critic such as grpo).")
-    loss_mode = _get(cfg, f"{A}.actor.policy_loss.loss_mode")
-    for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
-        value = _get(cfg, f"{A}.actor.policy_loss.{key}")
-        if loss_mode == mode and (value is None or value <= 0):
-            errors.append(f"{A}.actor.policy_loss.{key}={value} must be > 0 with loss_mode={mode}.")
     for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is"):
         if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
             errors.append(f"{key}=True needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "
                           f"are the denominator of the importance weight), got False.")
-    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
-        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path, got null.")
-    for key in ("data.custom_cls", "custom_reward_function"):
-        if _get(cfg, f"{key}.path") and not _get(cfg, f"{key}.name"):
-            errors.append(f"{key}.path={_get(cfg, f'{key}.path')!r} needs {key}.name, got null.")
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
     return errors
@@ -340,15 +343,9 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     elif micro and (tbs // world) % micro:
         errors.append(f"data.train_batch_size={tbs} / world size {world} = {tbs // world} per worker is not "
                       f"divisible by data.micro_batch_size_per_gpu={micro}.")
-    errors += finite_errors(cfg, (("optim.lr", 0, True, _LR),))
-    for key in ("optim.warmup_steps_ratio", "optim.min_lr_ratio", "optim.stable_ratio"):
-        v = _get(cfg, key)
-        if v is not None and not 0.0 <= v <= 1.0:
-            errors.append(f"{key}={v} must lie in [0, 1].")
+    errors += finite_errors(cfg, (("optim.lr", 0, True, _LR),)) + section_errors(cfg, "sft_trainer")
     if (_get(cfg, "data.max_length") or 0) <= 0:
         errors.append(f"data.max_length={_get(cfg, 'data.max_length')} must be > 0.")
-    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
-        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path, got null.")
     _raise(errors)
 
 

@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -81,6 +81,14 @@ class ActorPolicyLossConfig:
     clip_cov_ub: float = key(5.0, 'clip_cov: upper bound of the covariance interval of candidate tokens')
     kl_cov_ratio: float = key(0.0002, 'kl_cov: fraction of valid tokens (largest covariance) given the KL penalty')
     ppo_kl_coef: float = key(0.1, 'kl_cov: coefficient of the |log-ratio| penalty')
+
+    def __post_init__(self) -> None:
+        errors = []
+        for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+            value = getattr(self, key)
+            if self.loss_mode == mode and (value is None or number(value) and value <= 0):
+                errors.append(f"{{section}}.{key}={value} must be > 0 with loss_mode={mode}.")
+        check_section(errors)
 
 
 @dataclass

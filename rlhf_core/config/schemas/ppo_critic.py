@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.spec import check_section, free_form, key, registered, section
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -238,3 +238,7 @@ class CustomRewardConfig:
                     aliases=("reward.custom_reward_function.name",))
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments passed to the custom reward function',
                                               aliases=("reward.custom_reward_function.reward_kwargs",))
+
+    def __post_init__(self) -> None:
+        check_section([f"{{section}}.path={self.path!r} needs {{section}}.name, got null."]
+                      if self.path and not self.name else [])

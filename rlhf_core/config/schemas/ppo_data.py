@@ -7,7 +7,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, section
+from rlhf_core.config.spec import check_section, free_form, key, section
 
 
 @dataclass
@@ -16,6 +16,10 @@ class DataCustomClsConfig:
 
     path: Optional[str] = key(None, 'file holding a torch Dataset subclass; null = built-in RLHFDataset')
     name: Optional[str] = key(None, 'name of the class inside that file')
+
+    def __post_init__(self) -> None:
+        check_section([f"{{section}}.path={self.path!r} needs {{section}}.name, got null."]
+                      if self.path and not self.name else [])
 
 
 @dataclass
@@ -43,7 +47,7 @@ class DataConfig:
     train_files: Any = key('~/data/rlhf/gsm8k/train.parquet',
         'training parquet file(s): a path or a list; local, hdfs:// or s3://', types=(str, list,))
     val_files: Any = key('~/data/rlhf/gsm8k/test.parquet', 'validation parquet file(s): a path or a list',
-        types=(str, list,))
+        types=(str, list,), null_ok=True)
     train_max_samples: int = key(-1, 'max training rows to use; -1 = the whole dataset')
     val_max_samples: int = key(-1, 'max validation rows to use; -1 = the whole dataset')
     prompt_key: str = key('prompt', 'dataset column holding the prompt (a chat message list)')

@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, section
+from rlhf_core.config.spec import check_section, free_form, key, number, section
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig
 
 
@@ -53,6 +53,17 @@ class RolloutValKwargsConfig:
     temperature: float = key(0, 'validation temperature (0 = greedy)')
     n: int = key(1, 'responses per validation prompt')
     do_sample: bool = key(False, 'sample during validation (needs temperature > 0)')
+
+    def __post_init__(self) -> None:
+        errors = []
+        if self.do_sample is True and not self.temperature:
+            errors.append(f"{{section}}.do_sample=True with {{section}}.temperature={self.temperature}: sampling needs "
+                          "temperature > 0 (or set do_sample=False for greedy validation).")
+        if number(self.top_p) and not 0 < self.top_p <= 1:
+            errors.append(f"{{section}}.top_p={self.top_p} must be in (0, 1].")
+        if number(self.n) and self.n < 1 or self.n is None:
+            errors.append(f"{{section}}.n={self.n} must be >= 1.")
+        check_section(errors)
 
 
 @dataclass
@@ -163,3 +174,14 @@ class RolloutConfig:
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
     layered_summon: bool = key(False, 'gather FSDP weights layer by layer for the engine update',
         no_effect_yet='FSDP weights are gathered whole for the engine update')
+
+    def __post_init__(self) -> None:
+        errors = []
+        if number(self.n) and self.n < 1:
+            errors.append(f"{{section}}.n={self.n} must be >= 1.")
+        if number(self.top_p) and not 0 < self.top_p <= 1:
+            errors.append(f"{{section}}.top_p={self.top_p} must be in (0, 1].")
+        if number(self.over_sample_rate) and not 0 <= self.over_sample_rate < 1:
+            errors.append(f"{{section}}.over_sample_rate={self.over_sample_rate} must be in [0, 1) (the fraction of "
+                          "responses aborted).")
+        check_section(errors)

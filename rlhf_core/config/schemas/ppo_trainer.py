@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, registered, section
+from rlhf_core.config.spec import check_section, free_form, key, registered, section
 from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
 from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
 from rlhf_core.config.schemas.ppo_data import DataConfig
@@ -133,6 +133,10 @@ class TrainerConfig:
         'Python files run before the config is checked, in the driver and every worker: their register_adv_est, '
         'register_policy_loss and reward-manager register calls make new names valid choices', ours=True)
 
+    def __post_init__(self) -> None:
+        check_section(["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
+                      if self.resume_mode == "resume_path" and not self.resume_from_path else [])
+
 
 @dataclass
 class RayInitConfig:
@@ -210,7 +214,7 @@ class GlobalProfilerConfig:
         why='the nsys (NVIDIA Nsight Systems), npu (Ascend) and torch_memory (CUDA memory snapshot) profilers; '
             'tool torch writes torch.profiler traces',
         backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
-    steps: Any = key(None, 'training steps to profile, e.g. [1, 5]; null = none')
+    steps: Any = key(None, 'training steps to profile, e.g. [1, 5]; null = none', types=(list,))
     profile_continuous_steps: bool = key(False, 'profile the listed steps as one continuous trace')
     save_path: str = key('outputs/profile', 'folder for profiler traces')
     global_tool_config: GlobalToolConfig = section(GlobalToolConfig)

@@ -7,7 +7,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, section
+from rlhf_core.config.spec import check_section, free_form, key, number, section
 
 # The comment lines at the top of the generated YAML file.
 YAML_HEADER = (
@@ -47,7 +47,7 @@ class DataConfig:
     micro_batch_size_per_gpu: Optional[int] = key(4,
         'samples per forward/backward on one worker (gradient accumulation)')
     train_files: Any = key('~/data/gsm8k/train.parquet', 'training parquet file(s)', types=(str, list,))
-    val_files: Any = key('~/data/gsm8k/test.parquet', 'validation parquet file(s)', types=(str, list,))
+    val_files: Any = key('~/data/gsm8k/test.parquet', 'validation parquet file(s)', types=(str, list,), null_ok=True)
     train_max_samples: int = key(-1, 'max training rows; -1 = all (ours / newer verl)',
         no_effect_yet='the SFT dataset uses every row of data.train_files')
     val_max_samples: int = key(-1, 'max validation rows; -1 = all (ours / newer verl)',
@@ -125,6 +125,11 @@ class OptimConfig:
     stable_ratio: float = key(0.9,
         "wsd: fraction of the post-warmup steps held at the peak lr (verl's function default)", ours=True)
 
+    def __post_init__(self) -> None:
+        check_section([f"{{section}}.{key}={getattr(self, key)} must lie in [0, 1]."
+                       for key in ("warmup_steps_ratio", "min_lr_ratio", "stable_ratio")
+                       if number(getattr(self, key)) and not 0.0 <= getattr(self, key) <= 1.0])
+
 
 @dataclass
 class TrainerCheckpointConfig:
@@ -161,6 +166,10 @@ class TrainerConfig:
     checkpoint: TrainerCheckpointConfig = section(TrainerCheckpointConfig)
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
+
+    def __post_init__(self) -> None:
+        check_section(["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
+                      if self.resume_mode == "resume_path" and not self.resume_from_path else [])
 
 
 @dataclass
