@@ -128,8 +128,11 @@ def _known_keys(stage: str) -> set[str]:
     return schema_paths(CONFIG_OF[stage])
 
 
-def _is_known(key: str, known: set[str]) -> bool:
-    from rlhf_core.config.schema import is_open
+def _is_known(key: str, known: set[str], stage: str) -> bool:
+    """A key of the stage's config, a sub-key of a free-form dict, or another of verl's spellings of a key
+    (declared ``aliases``: verl 0.9's ``reward.custom_reward_function.path``), which the loader reads as the key."""
+    from rlhf_core.config.schema import is_open, renamed_path
+    key = renamed_path(key, CONFIG_OF[stage]) or key
     return key in known or is_open(key) or any(k.startswith(key + ".") or key.startswith(k + ".") for k in known)
 
 
@@ -191,7 +194,7 @@ class _Converter:
                 pipeline.pop(key)  # a critic model of its own: the user's choice, kept
             if key in pipeline:
                 out.append(Commented(word, f"set by the pipeline: {pipeline[key]}"))
-            elif not _is_known(key, known):
+            elif not _is_known(key, known, cmd.stage):
                 from rlhf_core.config.schema import nearest_key
                 near = nearest_key(key, known)
                 self.conv.unknown.append(f"{cmd.stage}: {key} (line {cmd.line})"
@@ -343,7 +346,7 @@ def _load_check(stage: str, overrides: list[Any]) -> str:
     """``loads`` or the first error of ``load_config(<stage config>, active overrides)``, plus the keys that
     load but change nothing here (ConfigNotice)."""
     from rlhf_core.config.loader import load_config
-    from rlhf_core.config.notices import ConfigNotice
+    from rlhf_core.config.notices import AliasNotice, ConfigNotice
 
     active = [o for o in overrides if isinstance(o, str)]
     with warnings.catch_warnings(record=True) as caught:
@@ -354,8 +357,11 @@ def _load_check(stage: str, overrides: list[Any]) -> str:
         except ConfigError as exc:
             result = "does not load as written: " + " ".join(str(exc).split())[:400]
     quiet = sorted({str(w.message).split(":")[0].split()[0].strip("'") for w in caught
-                    if issubclass(w.category, ConfigNotice)})
-    return result + (f"; accepted but change nothing here: {', '.join(quiet)}" if quiet else "")
+                    if issubclass(w.category, ConfigNotice) and not issubclass(w.category, AliasNotice)})
+    renamed = sorted({str(w.message).split(" (")[0] + " -> " + str(w.message).split(" is read as ")[1].split(":")[0]
+                      for w in caught if issubclass(w.category, AliasNotice)})
+    return (result + (f"; accepted but change nothing here: {', '.join(quiet)}" if quiet else "")
+            + (f"; verl's other spellings, read as ours: {', '.join(renamed)}" if renamed else ""))
 
 
 def _scalar(value: Any) -> str:

@@ -15,8 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf_core.redact import redact
 
 from .errors import ConfigError
-from .notices import (ConfigNotice, alias_notice, changed_paths, effect_notices, named_engine_keys, rename_aliases,
-                      resolve_aliases)
+from .notices import (AliasNotice, ConfigNotice, alias_notice, changed_paths, effect_notices, named_engine_keys,
+                      rename_aliases, resolve_aliases)
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
@@ -119,12 +119,12 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
 
 
 def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
-    """``user`` with earlier spellings of keys (declared ``aliases``) renamed, one ConfigNotice per rename."""
+    """``user`` with earlier spellings of keys (declared ``aliases``) renamed, one AliasNotice per rename."""
     flat, notices = rename_aliases(flatten(user, resolve=False), kind, source)
     if not notices:
         return user
     for notice in notices:
-        warnings.warn(notice, ConfigNotice, stacklevel=3)
+        warnings.warn(notice, AliasNotice, stacklevel=3)
     out = OmegaConf.create({})
     for key, value in flat.items():
         OmegaConf.update(out, key, value, merge=False, force_add=True)
@@ -132,7 +132,7 @@ def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
 
 
 def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
-    """``overrides`` with an earlier spelling of a key (declared ``aliases``) replaced by the key, one ConfigNotice
+    """``overrides`` with an earlier spelling of a key (declared ``aliases``) replaced by the key, one AliasNotice
     per rename (an override that does not parse is left for :func:`apply_overrides` to name)."""
     from .schema import renamed_path
 
@@ -147,7 +147,7 @@ def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
         if new is not None:
             start = text.index(key)
             text = text[:start] + new + text[start + len(key):]
-            warnings.warn(alias_notice(key, new, "override"), ConfigNotice, stacklevel=3)
+            warnings.warn(alias_notice(key, new, "override"), AliasNotice, stacklevel=3)
         out.append(text)
     return out
 
@@ -184,7 +184,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
     ``data.max_prompt_length=256``). A key written in another of verl's spellings (declared ``aliases``, e.g.
-    verl 0.9's ``reward.custom_reward_function.path``) is read as the key, with one ConfigNotice. verl's ``_target_``
+    verl 0.9's ``reward.custom_reward_function.path``) is read as the key, with one AliasNotice. verl's ``_target_``
     entries (in a file or an override) are ignored. Deprecated ``*_micro_batch_size`` keys become ``*_per_gpu``
     (÷ trainer.nnodes × trainer.n_gpus_per_node) with a DeprecationWarning. The PPO/SFT batch-size
     rules run with that world size; call validate_ppo_config/validate_sft_config again with the

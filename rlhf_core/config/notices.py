@@ -41,6 +41,10 @@ class ConfigNotice(UserWarning):
     """A key is set to a value that changes nothing here (see :func:`effect_notices`)."""
 
 
+class AliasNotice(ConfigNotice):
+    """A key was given under another of verl's spellings and is read as the key (see :func:`alias_notice`)."""
+
+
 def _select(cfg: DictConfig, path: str) -> Any:
     return OmegaConf.select(cfg, path, default="<absent>", throw_on_resolution_failure=False)
 

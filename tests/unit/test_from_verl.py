@@ -253,3 +253,12 @@ def test_generation_becomes_an_evaluation_suite():
                                                  "temperature": 1.0, "top_p": 0.7, "response_length": 1024}]
     assert "generation: trainer.n_gpus_per_node=4" in conv.gpu  # ${NGPUS_PER_NODE:-4}
     assert any("rollout.top_k=50 not carried" in n for n in conv.notes)
+
+
+def test_verl_09_spellings_are_known_keys_read_as_ours():
+    # reward.custom_reward_function.* is verl 0.9's spelling of custom_reward_function.* (an alias, spec.key aliases=)
+    conv = convert("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=2 \\\n"
+                   "    reward.custom_reward_function.path=/r.py reward.custom_reward_function.name=score\n", "run.sh")
+    assert conv.unknown == []
+    assert conv.loads == ["ppo: loads; verl's other spellings, read as ours: reward.custom_reward_function.name -> "
+                          "custom_reward_function.name, reward.custom_reward_function.path -> custom_reward_function.path"]
