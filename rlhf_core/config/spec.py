@@ -42,6 +42,7 @@ REGISTRIES: dict[str, tuple[str, str]] = {
     "adv_estimator": ("rlhf_core.algos", "registered_adv_estimators"),
     "policy_loss": ("rlhf_core.algos", "registered_policy_losses"),
     "reward_manager": ("rlhf_core.reward.managers", "registered_reward_managers"),
+    "tool_parser": ("rlhf_core.tools.parser", "registered_tool_parsers"),
 }
 
 
@@ -67,7 +68,7 @@ class Registered:
 
 
 def registered(kind: str) -> Registered:
-    """Choices read from the registry ``kind`` ('adv_estimator', 'policy_loss', 'reward_manager')."""
+    """Choices read from the registry ``kind`` (a key of :data:`REGISTRIES`)."""
     if kind not in REGISTRIES:
         raise KeyError(f"no registry {kind!r}; known: {sorted(REGISTRIES)}")
     return Registered(kind)

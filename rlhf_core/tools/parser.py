@@ -15,6 +15,11 @@ from rlhf_core.tools.schemas import FunctionCall
 
 TOOL_PARSERS: Registry[Callable[[str], tuple[str, list[FunctionCall]]]] = Registry("multi_turn.format")
 
+
+def registered_tool_parsers() -> list[str]:
+    """The names ``multi_turn.format`` accepts now: the built-in tool-call parsers and any registered since."""
+    return TOOL_PARSERS.names()
+
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 

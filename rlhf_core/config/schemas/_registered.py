@@ -13,4 +13,7 @@ BUILTIN = {
     'reward_manager': frozenset({
         'batch', 'dapo', 'naive', 'prime'
     }),
+    'tool_parser': frozenset({
+        'hermes'
+    }),
 }

@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import check_section, free_form, key, number, section
+from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig
 
 
@@ -39,7 +39,7 @@ class RolloutMultiTurnConfig:
     tokenization_sanity_check_mode: str = key('strict',
         'check that incremental tokenization matches a full re-tokenization: strict | ignore_strippable | disable',
         choices=('strict', 'ignore_strippable', 'disable'))
-    format: str = key('hermes', 'tool-call format of the chat template')
+    format: str = key('hermes', 'tool-call format of the chat template', choices=registered("tool_parser"))
     num_repeat_rollouts: Any = key(None,
         'interaction continuations rolled out after the trained turn, for the reward (collabllm_agent loop only)')
 
