@@ -3,7 +3,7 @@
     python bench/bench_ray_path.py [--size 1m] [--steps 5] [--warmup 1] [--no-pause] [workload options]
 
 ``bench_ppo_step.py --peers ours,ours_ray`` runs the two peers one after the other, each in its own process. On a
-host whose speed drifts by tens of percent within a minute (machine C, BENCHMARKS sections 12-16), one such
+host whose speed drifts by tens of percent within a minute (BENCHMARKS.md, "Machines"), one such
 comparison cannot tell 1.05× from 1.15×. Here one process builds both trainers (``bench_ppo_step.build_ours``) on
 the same model, prompts and seeds, and alternates their steps: in-process, Ray, Ray, in-process, … Each pair of
 steps runs seconds apart on the same prompts, and the drift cancels within a pair.

@@ -94,9 +94,9 @@ class _LabelLogProb(torch.autograd.Function):
     The gradient ``∂/∂x = g · (onehot(label) − softmax(x))`` is written chunk by chunk into one ``(N, V)`` buffer
     of ``x``'s dtype (for float32 in place: ``−g · exp(x − lse)``, then ``g`` scattered at the labels). Autograd over
     per-chunk slices instead zero-filled a full ``(N, V)`` gradient per chunk and added them up, and its gather
-    backward zero-filled another per chunk: fwd+bwd of ``(4064, 2000)`` logits took 46 → 13 ms, the gradients
-    bitwise equal, and the memory above ``(4096, 32000)`` float32 logits went 1,134 → 508 MB, the gradient itself
-    (``bench/bench_kernels.py --only logprob,logprob_memory``). Saved for backward: ``x`` itself and the
+    backward zero-filled another per chunk; here the only ``(N, V)`` buffer above the logits is the gradient itself,
+    bitwise equal to autograd's (``bench/bench_kernels.py --only logprob,logprob_memory`` times both forms and their
+    memory; figures in BENCHMARKS.md, "Kernels"). Saved for backward: ``x`` itself and the
     ``(N, 1)`` logsumexp. First-order gradients only: a double backward raises (``once_differentiable``), and
     ``torch.func`` transforms and forward-mode AD are not supported (nothing in the PPO step uses them)."""
 
@@ -157,8 +157,9 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 128) -> torch.Te
     exactly 0 in float32 (below about −104), so a banned token's term is ``0 · (−1e4) = 0``, not NaN, and the
     gradient stays finite for any finite upstream gradient (a clamp: ``where(isfinite)`` cost more than the rest
     of the pass on CPU). Computed in float32, ``chunk_rows`` rows at a time (128 rows of a 2,000-token
-    vocabulary stay in the L2 cache). ``bench/bench_kernels.py``: 27 → 8 ms for ``(32, 128, 2000)`` logits, the
-    old form (``where(isfinite)``, chunks of 1,024, under autograd) against this one without autograd.
+    vocabulary stay in the L2 cache). ``bench/bench_kernels.py --only entropy`` times the old form
+    (``where(isfinite)``, chunks of 1,024, under autograd) against this one without autograd (BENCHMARKS.md,
+    "Kernels").
 
     Args:
         logits: ``(B, T, V)`` float.

@@ -90,9 +90,8 @@ EMBEDDED_RAY_ENV = {
     # compute threads (the actors are started explicitly; a task's first worker starts on demand)
     "RAY_enable_worker_prestart": "0",
     "RAY_prestart_worker_first_driver": "0",
-    # batches up to 10 MiB travel inside the call instead of through the object store: a call with a 220 KB
-    # batch each way took 5.8 ms round trip, 3.4 ms inline (bench/bench_kernels.py --only raycall; the 1 M
-    # benchmark step makes two such calls)
+    # batches up to 10 MiB travel inside the call instead of through the object store, which is slower for a
+    # rollout-sized batch (bench/bench_kernels.py --only raycall, a 220 KB batch each way; BENCHMARKS.md "Kernels")
     "RAY_max_direct_call_object_size": str(10 * 1024 * 1024),
 }
 

@@ -42,10 +42,9 @@ def use_driver_threads() -> int:
 
     The driver's own tensor work is bookkeeping on ``(batch, tokens)`` tensors (repeating prompts, rule rewards,
     advantages, metrics), too small to gain from a second thread. With two, the driver's idle OpenMP thread spins
-    for a while after each such op (libgomp's default wait policy) on a core the ranks are computing on: on the
-    2-core machine C, the 1 M GRPO step through Ray took 1.11-1.12× the in-process step with two (three runs of
-    ``bench/bench_ray_path.py``) and 1.04-1.13×, median 1.07×, with one (six runs; BENCHMARKS section 16). Compute
-    stays in the ranks, which keep the threads :func:`threads_per_rank` gives them."""
+    for a while after each such op (libgomp's default wait policy) on a core the ranks are computing on, which
+    slows the Ray path (``bench/bench_ray_path.py``; BENCHMARKS.md, "The Ray path against the in-process step").
+    Compute stays in the ranks, which keep the threads :func:`threads_per_rank` gives them."""
     import torch
 
     before = torch.get_num_threads()

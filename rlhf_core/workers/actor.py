@@ -140,7 +140,7 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
     ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     keep = response_length + 1 if accepts_logits_to_keep(model) else None
     # packed or not, on CPU a prompt that repeats runs once (rollout.n > 1): less arithmetic than packing saves
-    # (BENCHMARKS.md section 11); on GPU use_remove_padding packs as verl does
+    # (BENCHMARKS.md, "`use_remove_padding`"); on GPU use_remove_padding packs as verl does
     if batch_free and supports_shared_prefix(model) and not (use_remove_padding and dev.type != "cpu"):
         # None when no prompt repeats; use_remove_padding runs its prompt pass packed
         shared = shared_prefix_logits(model, ids, mask, pos, response_length, pack_prompts=use_remove_padding)
@@ -164,8 +164,7 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``logits`` in float32 divided by ``temperature``; at temperature 1 the float32 logits themselves (``x / 1``
-    is ``x`` exactly, so the division, a pass over ``(b, T, V)`` forward and another backward, is skipped: 14 ms of
-    a 1 M model's 430 ms update with 128-token responses)."""
+    is ``x`` exactly, so the division, a pass over ``(b, T, V)`` forward and another backward, is skipped)."""
     logits = logits.float()
     return logits if temperature == 1.0 else logits / temperature
 

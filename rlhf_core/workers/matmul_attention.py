@@ -1,10 +1,10 @@
 """bf16 attention on CPU as two matrix products and a softmax, where torch's CPU flash-attention kernel is slow.
 
 On CPU, ``scaled_dot_product_attention`` runs a flash-attention kernel. In float32 it is as fast as the
-alternatives. In bfloat16, on an AVX512-BF16 CPU without AMX (machine C in BENCHMARKS.md), its forward and backward
-took 2.4-3.0× as long as bf16 matrix products and a bf16 softmax over the same shapes at 20 M and 100 M parameters
-(the update's response pass and a packed prompt grid; 1.2-2.8× at 1 M: ``bench/bench_kernels.py --only
-attention``, three runs), and it was 43 % of the 20 M bf16 update.
+alternatives. In bfloat16 it runs its own tiled loops with conversions, while bf16 matrix products use the CPU's
+``avx512_bf16`` instructions through oneDNN: on an AVX512-BF16 CPU without AMX the matrix products and a bf16
+softmax below take less time over the update's shapes (``bench/bench_kernels.py --only attention``; figures in
+BENCHMARKS.md, "Kernels").
 
 :func:`matmul_attention` computes transformers' SDPA attention (``sdpa_attention_forward``: the same inputs, output
 layout, GQA and ``is_causal`` rules) as
@@ -14,9 +14,8 @@ layout, GQA and ``is_causal`` rules) as
 with the query heads of one key/value head stacked into one matrix product, so keys and values are never
 repeated. Scores and probabilities are bf16 tensors (the products accumulate in float32): the rounding of
 transformers' ``eager`` attention in bf16 and of the rollout's grouped decode attention
-(``rollout/grouped_attention.py``), which rounds its scores to bf16 too. Against a float32 copy of a 20 M-parameter
-model the response log-probs were as close as with SDPA (max 0.0175 vs 0.0159, mean 0.00346 vs 0.00348 nats;
-BENCHMARKS.md section 14).
+(``rollout/grouped_attention.py``), which rounds its scores to bf16 too. Against a float32 copy of the model the
+response log-probs are as close as with SDPA (the same benchmark measures both; BENCHMARKS.md, "Kernels").
 
 Cost: it keeps one bf16 ``(b, H, q, k)`` probability tensor per layer for the backward, where flash attention keeps
 ``(b, H, q)``; :func:`prefers_matmul_attention` takes the path only while that tensor is at most

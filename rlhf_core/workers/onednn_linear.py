@@ -1,10 +1,9 @@
 """float32 ``nn.Linear`` layers of the trained and reference models as oneDNN matrix products on CPUs where MKL is slow.
 
 torch multiplies float32 matrices on CPU with MKL's ``sgemm``. MKL picks its code path by CPU vendor, and on a
-non-Intel CPU it runs a slower one: on an AMD EPYC (Zen 5, avx512, 2 threads) the forward and backward products
-of a 4,096-token update took 1.3-1.7× the time of oneDNN's for one layer with the LM head of the 1 M-100 M models,
-0.9-2.0× per layer shape (two runs of ``bench/bench_kernels.py --only linear``). oneDNN, which torch already uses for bf16
-products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear layers of a model
+non-Intel CPU it runs a slower one, where an update's forward and backward products take longer than oneDNN's
+(``bench/bench_kernels.py --only linear``; figures in BENCHMARKS.md, "Kernels"). oneDNN, which torch already uses
+for bf16 products, picks its kernels by instruction set. :func:`use_onednn_linears` makes the float32 linear layers of a model
 (:class:`OneDNNLinearLayer`) call ``torch.ops.mkldnn._linear_pointwise`` (the operator inductor emits for a CPU
 linear) in the forward and in the two products of the backward (:class:`OneDNNLinear`).
 
@@ -106,7 +105,7 @@ class OneDNNLinear(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = onednn_product(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
-        if ctx.needs_input_grad[1]:  # (xᵀ g)ᵀ: with x as oneDNN's input it ran 1.3-1.8× faster than gᵀ x
+        if ctx.needs_input_grad[1]:  # (xᵀ g)ᵀ: with x as oneDNN's input, faster than gᵀ x
             gw = onednn_product(x2.t(), g2.t()).t().contiguous()
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)

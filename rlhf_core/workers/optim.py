@@ -14,9 +14,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str
 
     The update is torch's fused AdamW (``fused=True``) when every trainable parameter is a floating-point tensor on
     CPU or CUDA (FSDP2's DTensors included), else the default implementation. torch picks the per-tensor loop by
-    default on CPU (``foreach`` only for CUDA tensors). ``bench/bench_kernels.py`` on an FSDP2 tiny Qwen2, 2
-    threads: one step took 8.1 ms (default), 3.5 ms (foreach) and 1.4 ms (fused) at 1 M parameters, 65 / 51 / 16 ms
-    at 20 M. The result is the same update up to float rounding (tests/unit/test_workers_optim.py).
+    default on CPU (``foreach`` only for CUDA tensors); the fused step is the fastest of the three on an FSDP2 tiny
+    Qwen2 (``bench/bench_kernels.py --only adamw``; BENCHMARKS.md, "Kernels"). The result is the same update up to
+    float rounding (tests/unit/test_workers_optim.py).
 
     sft_trainer.yaml's ``optim`` has no ``eps`` (verl's SFT trainer leaves AdamW's default): 1e-8 there."""
     eps = optim_cfg.eps if "eps" in optim_cfg else 1e-8

@@ -20,7 +20,7 @@ Attention:
 * ``flash_attention_2`` (GPU): its cu_seqlens varlen kernels, Σ len²;
 * other models: transformers' packed path (≥ 4.56, ``masking_utils.find_packed_sequence_indices`` detects the
   restarts when ``attention_mask`` is ``None``), which for ``sdpa``/``eager`` masks the whole pack, ``n × n``: on CPU
-  that cost more than the padding it removed (BENCHMARKS.md sections 3 and 11).
+  that cost more than the padding it removed (BENCHMARKS.md, "`use_remove_padding`").
 
 Only models whose packed forward was checked against the padded one are packed (:func:`check_packing_support`;
 verl's ``check_model_support_rmpad`` refuses unlisted models too): OPT and Bloom derive positions from the attention

@@ -5,7 +5,7 @@ The sharded parameters (and the optimizer state) stay in the model's dtype (``mo
 unsharded parameters used by forward and backward are cast to ``param_dtype``, gradients are reduced in
 ``reduce_dtype``, floating buffers (e.g. rotary ``inv_freq``) are cast to ``buffer_dtype``. All fp32 (the CPU
 default in configs/ppo_trainer.yaml) means no policy: the plain fp32 path. bf16 runs on GPUs and on CPUs with
-AVX512-BF16/AMX (oneDNN kernels); see BENCHMARKS.md for whether it pays on a given CPU.
+AVX512-BF16/AMX (oneDNN kernels); whether it pays on a given CPU: BENCHMARKS.md, "bf16 against float32".
 """
 from __future__ import annotations
 

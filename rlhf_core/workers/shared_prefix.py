@@ -116,8 +116,8 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
                            f"{sorted({type(layer).__name__ for layer in layers})}; only "
                            f"{[c.__name__ for c in _PLAIN_LAYERS]} can be gathered per row")
     # each row's copy of its prompt's keys and values: a differentiable gather whose backward sums the n rows'
-    # gradients into their prompt. index_select's backward (index_add_) is many times faster on CPU than indexing's
-    # (index_put_ with accumulation): bench/bench_kernels.py --only gather, BENCHMARKS.md section 14
+    # gradients into their prompt. index_select's backward (index_add_) is faster on CPU than indexing's
+    # (index_put_ with accumulation): bench/bench_kernels.py --only gather, BENCHMARKS.md "Kernels"
     for layer in layers:
         layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
     head_logits = head_logits.index_select(0, inverse)

@@ -18,9 +18,9 @@ then one forward per token. The prefill drops the columns that are padding in ev
   Greedy decoding gives ``generate``'s tokens, and its logits exactly (distinct prompts) or to 1e-5 (grouped), in
   float32; in bf16 the grouped attention's different rounding can flip near-ties (top-2 logits within a bf16 step).
   A sampled token is drawn from that distribution by inverse transform (:func:`sample_categorical`, one uniform
-  per row) instead of ``torch.multinomial``, which on CPU draws one exponential per vocabulary entry (1.06 ms
-  against 0.04 ms per step for 32 rows × 2,000 tokens, 85 ms against 2.1 ms for 32 × 151,936:
-  ``bench/bench_kernels.py``): sampled tokens follow ``generate``'s distribution, not its RNG stream.
+  per row) instead of ``torch.multinomial``, which on CPU draws one exponential per vocabulary entry
+  (``bench/bench_kernels.py --only sampling``; BENCHMARKS.md, "Kernels"): sampled tokens follow ``generate``'s
+  distribution, not its RNG stream.
 
 tests/unit/test_hf_decode.py checks all of it against ``generate``, with rows stopping at EOS mid-batch. Source:
 transformers ``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads,

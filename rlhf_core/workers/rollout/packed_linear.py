@@ -8,9 +8,8 @@ model's linears on CPU (``torch._inductor.fx_passes.mkldnn_fusion``), and the on
 A rollout reorders the weights at its start (a copy of the decoder's linear weights, freed at its end) and every
 step reuses them; the q/k/v projections share one product, and so do the MLP's gate and up projections.
 
-Measured on an AMD EPYC (avx512_bf16, 2 threads; ``bench/bench_kernels.py --only linear``), 32 rows, one layer
-and the LM head of the 20 M and 100 M models (two runs): 2.1-2.3× less time in float32 (MKL on a non-Intel CPU runs
-a slower code path) and 1.3-1.5× less in bf16; the 1 M model's smallest products gain nothing in float32. The outputs are
+``bench/bench_kernels.py --only linear`` times these products against ``nn.functional.linear`` in float32 (where MKL
+on a non-Intel CPU runs a slower code path) and bf16 (BENCHMARKS.md, "Kernels"). The outputs are
 the same products in another summation order: float32 rounding (oneDNN's default ``fpmath`` mode is strict;
 torch's ``torch.backends.mkldnn.matmul.fp32_precision`` is not touched), and bf16 outputs rounded from float32
 accumulators as torch's own bf16 path does.
