@@ -106,11 +106,34 @@ def render_registered() -> str:
     return "\n".join(lines + ["}", ""])
 
 
+def class_errors() -> list[str]:
+    """One line per config whose declared defaults do not load: a default that does not fit its annotation
+    (``int = key(None, ...)``), lies outside its own choices, or breaks a section's check. Run before writing, so
+    a mistake in a class is named here, not by every later ``rlhf`` command."""
+    from .errors import ConfigError
+    from .loader import load_config
+
+    errors = []
+    for name in ROOTS:
+        try:
+            load_config(name)
+        except ConfigError as exc:
+            errors.append(f"{name}: " + " ".join(str(exc).split()))
+        except Exception as exc:  # omegaconf refusing a class (a default its annotation cannot hold)
+            errors.append(f"{name}: {type(exc).__name__}: " + " ".join(str(exc).split()))
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the generated files, or with ``--check`` list the stale ones (exit 1 when any is)."""
     p = argparse.ArgumentParser(prog="python -m rlhf_core.config.gen_yaml", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(argv)
+    broken = class_errors()
+    if broken:
+        print("the config classes do not load as declared; nothing written:\n  " + "\n  ".join(broken),
+              file=sys.stderr)
+        return 1
     stale = []
     for path, text in outputs().items():
         if path.exists() and path.read_text(encoding="utf-8") == text:

@@ -136,14 +136,20 @@ def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
     per rename (an override that does not parse is left for :func:`apply_overrides` to name)."""
     from .schema import renamed_path
 
-    out = []
+    out, given = [], {}  # given: key as read -> (key as written, value) of each setting override
     for text in overrides:
         try:
-            key = parse_override(text).key
+            override = parse_override(text)
         except ConfigError:
             out.append(text)
             continue
-        new = renamed_path(key, kind)
+        key, new = override.key, renamed_path(override.key, kind)
+        read_as = new or key
+        if override.op != "delete":
+            written, value = given.setdefault(read_as, (key, override.value))
+            if written != key and value != override.value:
+                raise ConfigError(f"{written}={value!r} and {key}={override.value!r} are two spellings of one key "
+                                  f"(overrides); set one of them.")
         if new is not None:
             start = text.index(key)
             text = text[:start] + new + text[start + len(key):]
@@ -227,26 +233,48 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
 
 
 def _import_extensions(cfg: DictConfig) -> None:
-    """Run the files of ``trainer.extensions`` (:func:`rlhf_core.user_code.import_extensions`); ConfigError naming
-    the key and the file when one is missing or raises."""
+    """Run the files of ``trainer.extensions`` (:func:`rlhf_core.user_code.import_extensions`), one at a time.
+
+    Raises:
+        ConfigError: naming the key (and the file) when the value is not a list, a file is missing, or a file raises
+            or exits while running (its exception type, message and line).
+    """
     paths = OmegaConf.select(cfg, "trainer.extensions", default=None)
     if not paths:
         return
+    if not isinstance(paths, ListConfig):
+        raise ConfigError(f"trainer.extensions={paths!r}: expected a list of Python files, e.g. "
+                          f"trainer.extensions=[{paths}]")
     from rlhf_core.user_code import import_extensions
 
-    try:
-        import_extensions(OmegaConf.to_container(paths, resolve=True) if isinstance(paths, ListConfig) else paths)
-    except FileNotFoundError as exc:
-        raise ConfigError(str(exc)) from exc
-    except Exception as exc:  # the user's file raised while running: name it, keep the cause
-        raise ConfigError(f"trainer.extensions: running {paths!r} failed: {type(exc).__name__}: {exc}") from exc
+    for path in OmegaConf.to_container(paths, resolve=True):
+        try:
+            import_extensions([path])
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from exc
+        except BaseException as exc:  # the user's file raised (or called sys.exit) while running: name it and where
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = f" (line {tb.tb_lineno} of {tb.tb_frame.f_code.co_filename})" if tb is not None else ""
+            raise ConfigError(f"trainer.extensions: running {path!r} failed{where}: {type(exc).__name__}: "
+                              f"{_short(exc)}") from exc
+
+
+def _short(exc: BaseException) -> str:
+    """The exception's message without memory addresses (``<function f at 0x7f...>`` -> ``<function f>``)."""
+    import re
+
+    return re.sub(r" at 0x[0-9a-f]+>", ">", str(exc))
 
 
 def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
     """Keys added with '+' that the schema lacks, and schema keys deleted with '~'.
 
     A loaded config holds exactly the schema's keys (free-form dicts such as override_config take
-    any sub-key), so a new key goes into configs/<kind>.yaml with its default, and a key cannot be
+    any sub-key), so a new key is declared in its class (rlhf_core/config/schemas/), and a key cannot be
     deleted: set it (to null where the key allows it) instead.
     """
     schema = schema_paths(kind)
@@ -255,8 +283,8 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
     known = all_paths(typed_defaults(kind))
     for key in sorted(have - schema):
         if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
-            errors.append(str(unknown_key_error(key, known, f" It is not a key of configs/{kind}.yaml: add it "
-                                                            f"there with its default to make it a config key.")))
+            errors.append(str(unknown_key_error(key, known, f" It is not a key of {kind}: declare it in its class "
+                                                            f"in rlhf_core/config/schemas/ to make it a config key.")))
     for key in sorted(schema - have):
         if not any(h.startswith(key + ".") for h in have):
             given = [o for o in overrides if o.lstrip("~").partition("=")[0] in

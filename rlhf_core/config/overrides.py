@@ -107,8 +107,7 @@ def _apply_one(cfg: DictConfig, ov: Override) -> None:
             if _exists(cfg, ov.key):  # a dict value with keys the existing dict lacks (Hydra refuses it too)
                 raise ConfigError(f"Could not override '{ov.key}' (override '{ov.text}'): {exc}. To add keys to "
                                   f"it use '+{ov.text}'") from exc
-            raise unknown_key_error(ov.key, all_paths(cfg),
-                                    f" (override '{ov.text}'; use '+{ov.key}=...' to add a new key)") from exc
+            raise unknown_key_error(ov.key, all_paths(cfg), f" (override '{ov.text}')") from exc
     elif ov.op == "add":
         if current is not None and not isinstance(ov.value, (dict, list)):
             raise ConfigError(f"Could not append to config: an item is already at '{ov.key}' (override "

@@ -107,3 +107,32 @@ def test_verl_09_spelling_of_a_key_is_read_as_the_key_with_one_notice(tmp_path):
                                           "are two spellings of one key"):
         load_config(str(user))
     assert specs("ppo_trainer")["custom_reward_function.path"].aliases == ("reward.custom_reward_function.path",)
+
+
+def test_both_spellings_as_overrides_with_different_values_is_one_error():
+    with pytest.raises(ConfigError, match=r"reward.custom_reward_function.path='/a.py' and "
+                                          r"custom_reward_function.path='/b.py' are two spellings of one key"):
+        load_config("ppo_trainer", ["reward.custom_reward_function.path=/a.py", "custom_reward_function.path=/b.py"])
+    # the same value twice is no conflict
+    assert load_config("ppo_trainer", ["reward.custom_reward_function.path=/a.py",
+                                       "custom_reward_function.path=/a.py"]).custom_reward_function.path == "/a.py"
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise RuntimeError('broken on purpose')\n", r"running '.*bad\.py' failed \(line 1 of .*bad\.py\): RuntimeError: "
+                                                  r"broken on purpose"),
+    ("import sys\nsys.exit(3)\n", r"running '.*bad\.py' failed \(line 2 of .*bad\.py\): SystemExit: 3"),
+    ("from rlhf_core.algos import register_adv_est\nregister_adv_est('grpo')(lambda **kw: None)\n",
+     r"ValueError: adv_estimator 'grpo' is already registered to <function compute_grpo_outcome_advantage>$"),
+])
+def test_an_extension_that_fails_is_named_with_its_line(tmp_path, body, message):
+    bad = tmp_path / "bad.py"
+    bad.write_text(body)
+    with pytest.raises(ConfigError, match=message):
+        load_config("ppo_trainer", [f"trainer.extensions=[{bad}]"])
+
+
+def test_a_single_extension_path_is_refused_with_the_list_spelling(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.extensions='/x/my_algos.py': expected a list of Python files, "
+                                          r"e.g. trainer.extensions=\[/x/my_algos.py\]"):
+        load_config("ppo_trainer", ["trainer.extensions=/x/my_algos.py"])

@@ -5,7 +5,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from rlhf_core.config.spec import free_form, key, section
 

@@ -6,7 +6,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig
