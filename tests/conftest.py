@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,56 @@ def tiny_tokenizer(tiny_model_dir):
 
 
 # The end-to-end modules that take longest on 2 cores (CI's --durations), started first so that pytest-xdist's
-# workers do not end the run with one of them alone on one worker while the other idles (longest first).
-LONGEST_FIRST = ("test_ray_cluster_e2e.py", "test_deploy_experiment.py", "test_prefect_server.py",
-                 "test_learning_e2e.py", "test_faults.py", "test_flow_e2e.py", "test_flow_tools_e2e.py",
-                 "test_config_reads_e2e.py")
+# workers do not end the run with one of them alone on one worker while the other idles (longest first; a module
+# with a module-scoped fixture runs on one worker as a whole: pytest_xdist_make_scheduler below).
+LONGEST_FIRST = ("test_flow_e2e.py", "test_faults.py", "test_ray_cluster_e2e.py", "test_prefect_server.py",
+                 "test_deploy_experiment.py", "test_flow_tools_e2e.py", "test_learning_e2e.py",
+                 "test_config_reads_e2e.py", "test_exact_resume.py")
+
+
+_SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["'](module|class|package)["']""")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (``--dist load``), except that the tests of a module that defines a module-, class- or
+    package-scoped fixture go to one worker together, so that fixture is built once, not once per worker that got
+    one of its tests (test_faults.py's reference run, test_flow_e2e.py's flow run, test_exact_resume.py's runs were
+    built on both workers, in parallel, on 2 cores). Every other test is its own unit, as under ``load``; units start
+    in collection order (``LONGEST_FIRST``). pytest-xdist's ``loadgroup`` does not group under pytest 9."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    shares: dict[str, bool] = {}
+
+    def shares_a_fixture(path: str) -> bool:
+        if path not in shares:
+            file = config.rootpath / path
+            shares[path] = file.suffix == ".py" and file.is_file() and bool(_SHARED_FIXTURE.search(file.read_text()))
+        return shares[path]
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if shares_a_fixture(path) else nodeid
+
+        def _reschedule(self, node) -> None:
+            # the next unit once the worker holds only the test it cannot start before it knows the next one
+            # (``load`` and ``loadscope`` top up at 2 left: with end-to-end tests of minutes each, one worker then
+            # queues a long test behind two others while the other idles)
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+        def schedule(self) -> None:
+            self.config.option.loadscopereorder = False  # keep the collection order (longest modules first)
+            super().schedule()
+
+    return ModuleFixtureScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
