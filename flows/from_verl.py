@@ -34,7 +34,7 @@ import yaml
 
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.overrides import parse_override
-from flows.verl_script import Command, Script, read_script
+from flows.verl_script import OTHER_MODULES, Command, Script, read_script
 
 CONFIG_OF = {"ppo": "ppo_trainer", "sft": "sft_trainer", "evaluation": "evaluation"}
 """Stage -> the shipped config its overrides apply to."""
@@ -45,10 +45,13 @@ LIFTED: dict[tuple[str, str], str] = {
     ("ppo", "data.val_max_samples"): "data.val_max_samples",
     ("ppo", "actor_rollout_ref.model.path"): "model.path", ("ppo", "trainer.project_name"): "name",
     ("ppo", "custom_reward_function.path"): "reward.path", ("ppo", "custom_reward_function.name"): "reward.name",
+    ("ppo", "reward.custom_reward_function.path"): "reward.path",  # verl 0.9's spelling
+    ("ppo", "reward.custom_reward_function.name"): "reward.name",
     ("ppo", "trainer.total_training_steps"): "ppo.total_steps", ("ppo", "algorithm.adv_estimator"): "ppo.adv_estimator",
     ("sft", "trainer.total_epochs"): "sft.epochs",
     ("sft", "data.train_files"): "sft.train_files", ("sft", "data.val_files"): "sft.val_files",
     ("sft", "model.partial_pretrain"): "model.path", ("sft", "trainer.project_name"): "name",
+    ("sft", "model.path"): "model.path",  # verl 0.9's engine SFT trainer
     ("evaluation", "custom_reward_function.path"): "reward.path",
     ("evaluation", "custom_reward_function.name"): "reward.name",
 }
@@ -280,25 +283,27 @@ def _suite(cmd: Command, conv: Conversion, doc: dict[str, Any]) -> dict[str, Any
     return {"name": Path(str(first)).stem or "generation", **suite}
 
 
-def convert(text: str, source: str) -> Conversion:
-    """The experiment for the launch script ``text`` (``source`` names it in the header and in errors).
+def convert(text: str, source: str, preset: dict[str, str] | None = None) -> Conversion:
+    """The experiment for the launch script ``text`` (``source`` names it in the header and in errors);
+    ``preset``: variables the caller's environment sets (``--set DEVICE=gpu``), which also decide ``if``/``case``.
 
     Raises:
         ConfigError: no verl command in the script, two commands for the same stage (one experiment has one
             PPO, one SFT, one evaluation stage), or an override Hydra's grammar cannot parse (naming the line).
     """
-    script = read_script(text, source)
+    script = read_script(text, source, preset)
     if not script.commands:
-        raise ConfigError(f"{source}: no verl command found (python3 -m verl.trainer.main_ppo | fsdp_sft_trainer "
-                          f"| main_eval | main_generation)")
+        raise ConfigError(f"{source}: no verl command found (python3 -m verl.trainer.main_ppo | sft_trainer "
+                          f"| fsdp_sft_trainer | main_eval | main_generation, or {' | '.join(OTHER_MODULES)})")
     conv = Conversion({}, source, hashlib.sha256(text.encode()).hexdigest())
+    conv.notes += [f"--set {name}={value}" for name, value in (preset or {}).items()]
     doc = conv.doc
     doc["name"] = None
     doc["description"] = f"converted from the verl launch script {Path(source).name}"
     converter = _Converter(script, conv)
     seen: dict[str, int] = {}
     for cmd in sorted(script.commands, key=lambda c: ["ppo", "sft", "evaluation", "generation"].index(c.stage)):
-        conv.commands.append(f"line {cmd.line}: verl.trainer.{cmd.module} -> "
+        conv.commands.append(f"line {cmd.line}: {cmd.module if cmd.module in OTHER_MODULES else 'verl.trainer.' + cmd.module} -> "
                              f"{'evaluation.suites' if cmd.stage == 'generation' else cmd.stage}")
         if cmd.stage != "generation" and cmd.stage in seen:
             raise ConfigError(f"{source}: two {cmd.module} commands (lines {seen[cmd.stage]} and {cmd.line}): one "
@@ -331,6 +336,7 @@ def _finish(doc: dict[str, Any], conv: Conversion, script: Script, source: str) 
         conv.notes.append("no RL training data (data.train_files): set it, or data.generator")
     if _get(doc, "reward.path"):
         conv.notes.append("reward.path is read relative to this file's folder")
+    conv.notes += script.branches
     conv.notes += [f"${name} used its default {value!r} (${{{name}:-...}})" for name, value in
                    script.defaults_used.items()]
     conv.notes += [f"not converted: {s}" for s in script.skipped]
@@ -430,11 +436,18 @@ def main(argv: list[str]) -> int:
     conv_p.add_argument("script", help="the verl launch script (read, never run)")
     conv_p.add_argument("--out", metavar="FILE", help="experiment file to write (default: print it on stdout)")
     conv_p.add_argument("--force", action="store_true", help="replace --out when it exists")
+    conv_p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[], dest="preset",
+                        help="a variable the script takes from its caller's environment (DEVICE=gpu, "
+                             "INFER_BACKEND=vllm): used for ${NAME:-...} and to follow if/case branches; repeatable")
     args = parser.parse_args(argv)
     path = Path(args.script)
     if not path.is_file():
         raise FileNotFoundError(f"no launch script {str(path)!r}")
-    conv = convert(path.read_text(encoding="utf-8"), str(path))
+    bad = [item for item in args.preset if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item, re.S)]
+    if bad:
+        raise ConfigError(f"--set {bad[0]!r}: expected NAME=VALUE (a shell variable name)")
+    preset = dict(item.split("=", 1) for item in args.preset)
+    conv = convert(path.read_text(encoding="utf-8"), str(path), preset)
     text = render(conv)
     if args.out is None:
         print(text, end="")

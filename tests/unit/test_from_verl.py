@@ -18,7 +18,7 @@ from flows.experiment import load_experiment
 from flows.from_verl import CONFIG_OF, convert, render
 from rlhf_cli import main as rlhf_main
 from rlhf_core.config.loader import load_config
-from tests.unit.data_fixtures import verl_row, write_parquet
+from tests.unit.verl_example_fixtures import cpu_local, local_inputs  # noqa: F401 - a fixture
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "verl_examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
@@ -99,12 +99,13 @@ def test_a_hand_written_script_is_converted_as_derived_by_hand(tmp_path, capsys)
 
 def test_a_command_substitution_in_a_lifted_path_is_kept_as_written():
     conv = convert("D=$(pwd)/data\npython3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$(pwd)/m "
-                   "data.train_files=$D/t.parquet trainer.total_training_steps=$(( 2 * 3 ))\n", "s.sh")
+                   "data.train_files=$D/t.parquet trainer.total_training_steps=$(( 2 * $N ))\n", "s.sh")
     assert conv.doc["model"]["path"] == "$(pwd)/m" and conv.doc["data"]["train_files"] == ["$(pwd)/data/t.parquet"]
-    # a step count that only a shell could compute stays an override, commented out, never a guessed number
+    # a step count that only the caller's shell could compute ($N is not defined by the script) stays an override,
+    # commented out, never a guessed number
     assert "ppo" not in conv.doc or "total_steps" not in conv.doc["ppo"]
-    assert "# - trainer.total_training_steps=$(( 2 * 3 ))  # unexpanded $(( 2 * 3 ))" in render(conv)
-    assert set(conv.unexpanded) == {"$(pwd)", "$(( 2 * 3 ))"}
+    assert "# - trainer.total_training_steps=$(( 2 * $N ))  # unexpanded $(( 2 * $N ))" in render(conv)
+    assert set(conv.unexpanded) == {"$(pwd)", "$(( 2 * $N ))"}
 
 
 def test_an_existing_out_file_is_not_replaced_without_force(tmp_path, capsys):
@@ -128,38 +129,6 @@ def test_bad_scripts_are_one_line_errors(tmp_path, capsys):
         assert err.startswith(f"rlhf experiment: error: {script}") and message in err and "\n" not in err, err
     assert rlhf_main(["experiment", "from-verl", str(tmp_path / "none.sh")]) == 1
     assert "no launch script" in capsys.readouterr().err
-
-
-# The swaps a CPU user makes (and why), applied to the loaded YAML document:
-CPU_VALUES = {
-    "trainer.n_gpus_per_node": "2",                              # 4-16 GPUs -> 2 local workers
-    "trainer.nnodes": "1",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",  # TP must divide the 2 workers' world
-    "actor_rollout_ref.rollout.name": "hf",                       # vLLM/SGLang are GPU engines (vllm not installed)
-    "actor_rollout_ref.rollout.mode": "sync",                     # async is the vLLM/SGLang server mode
-}
-
-
-def cpu_local(doc: dict, model_dir: str, data_dir: Path) -> dict:
-    """``doc`` with the model and every data path local, and CPU worker counts (:data:`CPU_VALUES`)."""
-    doc["model"]["path"] = model_dir
-    data = doc.setdefault("data", {})  # a script with no main_ppo has no RL data: the user adds it
-    data["train_files"], data["val_files"] = [str(data_dir / "train.parquet")], [str(data_dir / "val.parquet")]
-    if doc["sft"]["enabled"]:
-        doc["sft"]["train_files"], doc["sft"]["val_files"] = [str(data_dir / "sft.parquet")], \
-            [str(data_dir / "sft.parquet")]
-    for suite in doc.get("evaluation", {}).get("suites", []):
-        suite["files"] = [str(data_dir / "val.parquet")]
-    for stage in CONFIG_OF:
-        overrides = doc.get(stage, {}).get("overrides", [])
-        for i, item in enumerate(overrides):
-            key = re.sub(r"^\+*", "", item.split("=", 1)[0])
-            if key in CPU_VALUES:
-                overrides[i] = f"{item.split('=', 1)[0]}={CPU_VALUES[key]}"
-    ppo = doc.setdefault("ppo", {}).setdefault("overrides", [])  # a script that never names the engine: verl's vllm
-    if not any(re.sub(r"^\+*", "", o.split("=", 1)[0]) == "actor_rollout_ref.rollout.name" for o in ppo):
-        ppo.append("actor_rollout_ref.rollout.name=hf")
-    return doc
 
 
 # Hand-read from each script: (name, model.path, stages with overrides, adv_estimator, unexpanded references)
@@ -187,20 +156,6 @@ EXPECTED = {
 
 def test_every_vendored_script_is_expected():
     assert {p.name for p in SCRIPTS} == set(EXPECTED) and len(SCRIPTS) >= 5
-
-
-@pytest.fixture(scope="module")
-def local_inputs(tmp_path_factory) -> tuple[str, Path]:
-    """(model folder, data folder): a folder with a config.json (the dry run resolves the model, never loads it),
-    verl-schema RL parquet (train/val) and an SFT parquet in the GSM8K example's layout (extra_info question/answer)."""
-    root = tmp_path_factory.mktemp("local")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text('{"model_type": "qwen2"}')
-    write_parquet(root / "train.parquet", [verl_row(f"{i} + 1 = ?", str(i + 1), i) for i in range(8)])
-    write_parquet(root / "val.parquet", [verl_row(f"{i} + 2 = ?", str(i + 2), i, "test") for i in range(4)])
-    write_parquet(root / "sft.parquet", [{"extra_info": {"question": f"{i} + 1 = ?", "answer": f"#### {i + 1}"}}
-                                         for i in range(8)])
-    return str(root / "model"), root
 
 
 @pytest.mark.filterwarnings("ignore::rlhf_core.config.notices.ConfigNotice")
@@ -256,9 +211,12 @@ def test_generation_becomes_an_evaluation_suite():
 
 
 def test_verl_09_spellings_are_known_keys_read_as_ours():
-    # reward.custom_reward_function.* is verl 0.9's spelling of custom_reward_function.* (an alias, spec.key aliases=)
+    # reward.custom_reward_function.* is verl 0.9's spelling of custom_reward_function.*: lifted to the experiment's
+    # reward.path / reward.name as the 0.6 spelling is; another 0.9 alias stays an override, read as ours
     conv = convert("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=2 \\\n"
-                   "    reward.custom_reward_function.path=/r.py reward.custom_reward_function.name=score\n", "run.sh")
+                   "    reward.custom_reward_function.path=/r.py reward.custom_reward_function.name=score \\\n"
+                   "    reward.reward_manager.name=naive\n", "run.sh")
     assert conv.unknown == []
-    assert conv.loads == ["ppo: loads; verl's other spellings, read as ours: reward.custom_reward_function.name -> "
-                          "custom_reward_function.name, reward.custom_reward_function.path -> custom_reward_function.path"]
+    assert conv.doc["reward"] == {"path": "/r.py", "name": "score"}
+    assert conv.loads == ["ppo: loads; verl's other spellings, read as ours: reward.reward_manager.name -> "
+                          "reward_model.reward_manager"]

@@ -1,0 +1,147 @@
+"""Reading verl 0.9-style launch scripts (flows/verl_script.py, flows/verl_script_flow.py): bash arrays, integer
+arithmetic, if/case branches decided by known values, and the entry points outside verl.trainer. Every expected
+value below is what bash itself prints for the same script (checked by hand with ``bash -c``)."""
+from __future__ import annotations
+
+import pytest
+
+from flows.from_verl import convert
+from flows.from_verl import main as from_verl_main
+from flows.verl_script import read_script
+from rlhf_core.config.errors import ConfigError
+
+ARRAYS = r"""
+MODEL=/m
+DATA=(
+    algorithm.adv_estimator=grpo   # a comment inside the array
+    data.train_files="['/d/a.parquet', '/d/b.parquet']"
+    # a comment line
+    "trainer.experiment_name=two words"
+)
+DATA+=(data.max_prompt_length=$((1024 * 2)))
+EMPTY=()
+python3 -m verl.trainer.main_ppo "${DATA[@]}" actor_rollout_ref.model.path=${MODEL} "${EMPTY[@]}" "$@"
+"""
+
+
+def test_an_array_expands_to_one_word_per_element():
+    [cmd] = read_script(ARRAYS, "a.sh").commands
+    # bash: printf '%s\n' "${DATA[@]}" prints the 4 elements, quotes removed, the one with a space kept whole;
+    # "${EMPTY[@]}" and "$@" are no words at all
+    assert cmd.args == ["algorithm.adv_estimator=grpo", "data.train_files=['/d/a.parquet', '/d/b.parquet']",
+                        "trainer.experiment_name=two words", "data.max_prompt_length=2048",
+                        "actor_rollout_ref.model.path=/m"]
+    assert cmd.unexpanded == {}
+
+
+def test_an_unquoted_array_and_an_element_by_index():
+    text = 'A=(x "y z")\nB=${A[1]}\npython3 -m verl.trainer.main_ppo k1=${A[0]} ${A[@]} "k2=$B"\n'
+    [cmd] = read_script(text, "b.sh").commands
+    # unquoted ${A[@]} is word-split: x, y, z (bash: printf '[%s]' ${A[@]} -> [x][y][z]); an assignment's value is
+    # not (B=${A[1]} holds "y z")
+    assert cmd.args == ["k1=x", "x", "y", "z", "k2=y z"]
+
+
+def test_an_assigned_value_with_a_space_stays_one_value():
+    # verl 0.9's EXPERIMENT_NAME=${EXPERIMENT_NAME:-name_$(date +%Y%m%d_%H%M)}: the default holds a space inside a
+    # command substitution we never run; bash assigns it whole, so $EXPERIMENT_NAME is defined afterwards
+    text = "N=${N:-run_$(date +%Y%m%d_%H%M)}\npython3 -m verl.trainer.main_ppo trainer.experiment_name=$N\n"
+    script = read_script(text, "n.sh")
+    assert script.variables["N"] == "run_$(date +%Y%m%d_%H%M)"
+    [cmd] = script.commands
+    assert cmd.args == ["trainer.experiment_name=run_$(date +%Y%m%d_%H%M)"]
+    assert cmd.unexpanded == {"trainer.experiment_name=run_$(date +%Y%m%d_%H%M)": ["$(date +%Y%m%d_%H%M)"]}
+
+
+@pytest.mark.parametrize("expr, value", [
+    ("1024 * 2", "2048"), ("a + b", "7"), ("(a + b) * 2 - 1", "13"),
+    ("7 / 2", "3"), ("-7 / 2", "-3"), ("-7 % 2", "-1"),  # bash divides as C: truncation toward zero
+    ("$a * 10", "30"),
+])
+def test_integer_arithmetic_as_bash(expr, value):
+    [cmd] = read_script(f"a=3\nb=4\npython3 -m verl.trainer.main_ppo k=$(({expr}))\n", "c.sh").commands
+    assert cmd.args == [f"k={value}"]
+
+
+@pytest.mark.parametrize("expr", ["n * 2", "1 / 0", "2 ** 3", "a < 1"])
+def test_arithmetic_we_cannot_read_is_left_as_written(expr):
+    # n is undefined, 1/0 is an error in bash, ** and < are not in what we evaluate: never a guessed number
+    [cmd] = read_script(f"a=3\npython3 -m verl.trainer.main_ppo k=$(({expr}))\n", "d.sh").commands
+    assert cmd.args == [f"k=$(({expr}))"] and cmd.unexpanded == {f"k=$(({expr}))": [f"$(({expr}))"]}
+
+
+DEVICE_SCRIPT = r"""
+DEVICE=${DEVICE:-$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)}
+EXTRA=()
+case "${DEVICE}" in
+    gpu | cuda)
+        tp=2
+        case "${MACHINE}" in
+            gb200)
+                EXTRA+=(actor_rollout_ref.rollout.enforce_eager=True)
+                ;;
+            *)
+                n=8
+                ;;
+        esac
+        ;;
+    npu)
+        tp=4
+        EXTRA+=(actor_rollout_ref.actor.use_torch_compile=False)
+        if [ "${BACKEND}" = sglang ]; then
+            EXTRA+=(+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=ascend)
+        fi
+        ;;
+esac
+if [ "$tp" -gt 2 ] && [ -n "$tp" ]; then
+    EXTRA+=(trainer.nnodes=2)
+elif [ "$tp" = 2 ]; then
+    EXTRA+=(trainer.nnodes=1)
+else
+    EXTRA+=(trainer.nnodes=9)
+fi
+python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.tensor_model_parallel_size=$tp "${EXTRA[@]}"
+"""
+
+
+def test_branches_follow_a_value_the_caller_sets():
+    script = read_script(DEVICE_SCRIPT, "e.sh", {"DEVICE": "gpu", "MACHINE": "h100"})
+    # DEVICE=gpu: the gpu clause (tp=2; MACHINE=h100 matches only *), then tp -gt 2 is false, tp = 2 true
+    assert script.commands[0].args == ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.nnodes=1"]
+    assert script.variables["n"] == "8" and script.branches == []
+    script = read_script(DEVICE_SCRIPT, "e.sh", {"DEVICE": "npu", "BACKEND": "sglang", "MACHINE": ""})
+    assert script.commands[0].args == ["actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+                                       "actor_rollout_ref.actor.use_torch_compile=False",
+                                       "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=ascend",
+                                       "trainer.nnodes=2"]
+    assert "n" not in script.variables
+
+
+def test_an_undecided_branch_is_read_and_named():
+    script = read_script(DEVICE_SCRIPT, "e.sh")
+    # DEVICE's default is a command substitution we never run: every clause is read, in order (tp=4 last)
+    args = script.commands[0].args
+    assert args[0] == "actor_rollout_ref.rollout.tensor_model_parallel_size=4"
+    assert "actor_rollout_ref.actor.use_torch_compile=False" in args
+    # the case on DEVICE (line 4), the nested one on MACHINE (line 7: a variable the script never sets is the
+    # caller's to set) and the if on BACKEND (line 19) are undecided; the if on tp (line 24) is not: the last
+    # clause read set tp=4, so bash's own reading of "every clause" gives -gt 2 true -> nnodes=2
+    assert [n.split(":")[0] for n in script.branches] == ["line 4", "line 7", "line 19"], script.branches
+    assert args[-1] == "trainer.nnodes=2"
+
+
+@pytest.mark.parametrize("module", ["verl.experimental.one_step_off_policy.main_ppo",
+                                    "verl.experimental.fully_async_policy.fully_async_main",
+                                    "recipe.dapo.main_dapo"])
+def test_verl_09_entry_points_are_ppo_commands(module):
+    text = f"ray job submit --no-wait -- python3 -m {module} algorithm.adv_estimator=grpo\n"
+    [cmd] = read_script(text, "f.sh").commands
+    assert (cmd.module, cmd.stage, cmd.args) == (module, "ppo", ["algorithm.adv_estimator=grpo"])
+    assert f"line 1: {module} -> ppo" in convert(text, "f.sh").commands
+
+
+def test_set_must_name_a_shell_variable(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo\n")
+    with pytest.raises(ConfigError, match=r"--set '1X=gpu': expected NAME=VALUE"):
+        from_verl_main(["from-verl", str(script), "--set", "1X=gpu"])
