@@ -1,8 +1,8 @@
 """Pure tensor RL math (no I/O, no Ray/Prefect/MLflow/vLLM): advantage estimators, policy/value losses,
 loss aggregation, KL estimators and controllers, rollout importance sampling, PF-PPO resampling.
 
-Importing the package registers every estimator and policy loss (the ``advantages_outcome``, ``policy_loss_seq``
-and ``policy_loss_cov`` modules register theirs on import).
+Importing the package registers every estimator and policy loss (the ``advantages_outcome``, ``policy_loss_seq``,
+``policy_loss_cov``, ``policy_loss_logp`` and ``policy_loss_smooth`` modules register theirs on import).
 
 Names follow verl's ``core_algos`` so custom code ports by changing the import.
 """
@@ -47,10 +47,19 @@ from rlhf_core.algos.policy_loss_cov import (  # registers clip_cov, kl_cov
     compute_policy_loss_clip_cov,
     compute_policy_loss_kl_cov,
 )
+from rlhf_core.algos.policy_loss_logp import (  # registers cispo, dppo_tv, dppo_kl
+    compute_policy_loss_cispo,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+)
 from rlhf_core.algos.policy_loss_seq import (  # registers gspo, gpg, geo_mean
     compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
+)
+from rlhf_core.algos.policy_loss_smooth import (  # registers sapo, dro
+    compute_policy_loss_dro,
+    compute_policy_loss_sapo,
 )
 from rlhf_core.algos.pf_ppo import PF_PPO_REWEIGHT_METHODS, pf_ppo_resample_indices, pf_ppo_weights
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
@@ -65,7 +74,9 @@ from rlhf_core.algos.utils import (
 
 __all__ = [
     "PF_PPO_REWEIGHT_METHODS", "compute_gpg_outcome_advantage", "compute_grpo_passk_outcome_advantage",
-    "compute_opo_outcome_advantage", "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean",
+    "compute_opo_outcome_advantage", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl", "compute_policy_loss_dppo_tv", "compute_policy_loss_dro",
+    "compute_policy_loss_sapo", "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg", "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "pf_ppo_resample_indices",
     "pf_ppo_weights", "PolicyLossConfig", "PolicyLossInputs", "VerlPolicyLoss",
     "AdaptiveKLController", "FixedKLController", "KL_KINDS", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",

@@ -1,7 +1,8 @@
 """PPO policy loss (clipped, dual-clip) and clipped value loss, with the policy-loss registry.
 
 The registry is keyed by verl's ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla`` here; ``gspo``,
-``gpg``, ``geo_mean`` in ``policy_loss_seq``, ``clip_cov``, ``kl_cov`` in ``policy_loss_cov``). Every entry is
+``gpg``, ``geo_mean`` in ``policy_loss_seq``, ``clip_cov``, ``kl_cov`` in ``policy_loss_cov``, ``cispo``,
+``dppo_tv``, ``dppo_kl`` in ``policy_loss_logp``, ``sapo``, ``dro`` in ``policy_loss_smooth``). Every entry is
 called the same way, ``loss_fn(inputs, config) -> (pg_loss, metrics)``:
 
 * ``inputs`` (:class:`PolicyLossInputs`): this (micro-)batch's ``(B, T)`` tensors ``old_log_prob``, ``log_prob``,
@@ -86,6 +87,8 @@ class PolicyLossConfig:
         clip_ratio_low, clip_ratio_high: ε_low, ε_high (``actor.clip_ratio_low/high``; null → ``actor.clip_ratio``).
         clip_ratio_c: the dual-clip bound c (``actor.clip_ratio_c``).
         clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef: ``actor.policy_loss.*``.
+        tau_pos, tau_neg: SAPO's gate temperatures (``actor.tau_pos`` / ``actor.tau_neg``).
+        dro_beta: DRO's penalty coefficient β (``actor.policy_loss.dro_beta``; ``None`` unless loss_mode=dro).
         actor_config: the ``actor_rollout_ref.actor`` node these were read from, handed as ``config`` to losses
             with verl's signature (:class:`VerlPolicyLoss`); not compared.
     """
@@ -99,6 +102,9 @@ class PolicyLossConfig:
     clip_cov_ub: float
     kl_cov_ratio: float
     ppo_kl_coef: float
+    tau_pos: float
+    tau_neg: float
+    dro_beta: float | None
     actor_config: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -111,7 +117,9 @@ class PolicyLossConfig:
                    clip_ratio_high=float(clip if high is None else high),
                    clip_ratio_c=float(actor_config.clip_ratio_c), clip_cov_ratio=float(pl.clip_cov_ratio),
                    clip_cov_lb=float(pl.clip_cov_lb), clip_cov_ub=float(pl.clip_cov_ub),
-                   kl_cov_ratio=float(pl.kl_cov_ratio), ppo_kl_coef=float(pl.ppo_kl_coef), actor_config=actor_config)
+                   kl_cov_ratio=float(pl.kl_cov_ratio), ppo_kl_coef=float(pl.ppo_kl_coef),
+                   tau_pos=float(actor_config.tau_pos), tau_neg=float(actor_config.tau_neg),
+                   dro_beta=None if pl.dro_beta is None else float(pl.dro_beta), actor_config=actor_config)
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]]

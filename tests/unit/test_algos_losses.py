@@ -69,7 +69,8 @@ def _vanilla(old, new, adv, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
     """``compute_policy_loss`` with these clip settings; ``inputs``: rollout_is_weights, global_tokens, global_seqs
     (vanilla reads no covariance setting: they are 0 here)."""
     config = PolicyLossConfig(mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, clip_cov_ratio=0.0, clip_cov_lb=0.0,
-                              clip_cov_ub=0.0, kl_cov_ratio=0.0, ppo_kl_coef=0.0)
+                              clip_cov_ub=0.0, kl_cov_ratio=0.0, ppo_kl_coef=0.0, tau_pos=1.0, tau_neg=1.05,
+                              dro_beta=None)
     return compute_policy_loss(PolicyLossInputs(old, new, adv, mask, **inputs), config)
 
 

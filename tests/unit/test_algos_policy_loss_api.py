@@ -26,9 +26,10 @@ from test_algos_losses import _random_batch
 def actor_config(loss_agg_mode="token-mean"):
     """An ``actor_rollout_ref.actor`` node with the settings the losses read (asymmetric clip: null low → 0.2)."""
     return OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
-                             "loss_agg_mode": loss_agg_mode,
+                             "loss_agg_mode": loss_agg_mode, "tau_pos": 1.0, "tau_neg": 1.05,
                              "policy_loss": {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0,
-                                             "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1}})
+                                             "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1,
+                                             "dro_beta": None}})
 
 
 # A custom loss as a verl 0.6 user writes it: verl's positional signature, settings read from the actor config,

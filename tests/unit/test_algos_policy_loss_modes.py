@@ -12,7 +12,8 @@ from rlhf_core.algos.policy_loss_cov import clip_cov_selection, kl_cov_selection
 from omegaconf import OmegaConf
 
 SCALARS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "clip_cov_ratio": 0.0002,
-           "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1}
+           "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1, "tau_pos": 1.0,
+           "tau_neg": 1.05, "dro_beta": None}
 INPUT_KEYS = ("rollout_is_weights", "global_tokens", "global_seqs")
 
 
@@ -36,14 +37,15 @@ def test_registry_and_scalars_from_the_actor_config():
     for mode in ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean"):
         assert callable(get_policy_loss_fn(mode))
     actor = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
-                              "loss_agg_mode": "seq-mean-token-sum",
+                              "loss_agg_mode": "seq-mean-token-sum", "tau_pos": 1.5, "tau_neg": 2.0,
                               "policy_loss": {"loss_mode": "kl_cov", "clip_cov_ratio": 0.001, "clip_cov_lb": 0.5,
-                                              "clip_cov_ub": 4.0, "kl_cov_ratio": 0.01, "ppo_kl_coef": 0.3}})
+                                              "clip_cov_ub": 4.0, "kl_cov_ratio": 0.01, "ppo_kl_coef": 0.3,
+                                              "dro_beta": 0.7}})
     config = PolicyLossConfig.from_actor_config(actor)
     # clip_ratio_low is null → clip_ratio (0.2), as verl
     assert config == PolicyLossConfig(loss_agg_mode="seq-mean-token-sum", clip_ratio_low=0.2, clip_ratio_high=0.28,
                                       clip_ratio_c=3.0, clip_cov_ratio=0.001, clip_cov_lb=0.5, clip_cov_ub=4.0,
-                                      kl_cov_ratio=0.01, ppo_kl_coef=0.3)
+                                      kl_cov_ratio=0.01, ppo_kl_coef=0.3, tau_pos=1.5, tau_neg=2.0, dro_beta=0.7)
     assert config.actor_config is actor
 
 

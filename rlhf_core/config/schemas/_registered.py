@@ -8,7 +8,8 @@ BUILTIN = {
         'reinforce_plus_plus_baseline', 'remax', 'rloo', 'rloo_vectorized'
     }),
     'policy_loss': frozenset({
-        'clip_cov', 'geo_mean', 'gpg', 'gspo', 'kl_cov', 'vanilla'
+        'cispo', 'clip_cov', 'dppo_kl', 'dppo_tv', 'dro', 'geo_mean', 'gpg', 'gspo', 'kl_cov', 'sapo',
+        'vanilla'
     }),
     'reward_manager': frozenset({
         'batch', 'dapo', 'naive', 'prime'

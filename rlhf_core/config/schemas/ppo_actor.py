@@ -74,17 +74,21 @@ class ActorPolicyLossConfig:
     """``actor_rollout_ref.actor.policy_loss``."""
 
     loss_mode: str = key('vanilla',
-        'policy loss function: vanilla (PPO clip) | gspo | gpg | clip_cov | kl_cov | geo_mean',
+        'policy loss function: vanilla (PPO clip) | gspo | gpg | clip_cov | kl_cov | geo_mean | cispo | sapo | dro '
+        '| dppo_tv | dppo_kl',
         choices=registered("policy_loss"))
     clip_cov_ratio: float = key(0.0002, 'clip_cov: fraction of valid tokens whose gradient is cut')
     clip_cov_lb: float = key(1.0, 'clip_cov: lower bound of the covariance interval of candidate tokens')
     clip_cov_ub: float = key(5.0, 'clip_cov: upper bound of the covariance interval of candidate tokens')
     kl_cov_ratio: float = key(0.0002, 'kl_cov: fraction of valid tokens (largest covariance) given the KL penalty')
     ppo_kl_coef: float = key(0.1, 'kl_cov: coefficient of the |log-ratio| penalty')
+    # verl 0.9: policy losses
+    dro_beta: Optional[float] = key(None,
+        'dro: coefficient β of the ½·β·(log-ratio)² penalty; required (> 0) with loss_mode=dro')
 
     def __post_init__(self) -> None:
         errors = []
-        for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+        for mode, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio"), ("dro", "dro_beta")):
             value = getattr(self, key)
             if self.loss_mode == mode and (value is None or number(value) and value <= 0):
                 errors.append(f"{{section}}.{key}={value} must be > 0 with loss_mode={mode}.")
@@ -197,7 +201,11 @@ class ActorConfig:
     clip_ratio: float = key(0.2, 'PPO clip epsilon')
     clip_ratio_low: Optional[float] = key(0.2, 'lower clip epsilon (defaults to clip_ratio)')
     clip_ratio_high: Optional[float] = key(0.2, 'upper clip epsilon (defaults to clip_ratio)')
-    clip_ratio_c: float = key(3.0, 'dual-clip constant c for negative advantages')
+    clip_ratio_c: float = key(3.0, 'dual-clip constant c for negative advantages (dppo_tv/dppo_kl: the truncation '
+        'bound of the detached ratio)')
+    # verl 0.9: policy losses
+    tau_pos: float = key(1.0, 'sapo: temperature of the soft gate for tokens with advantage > 0')
+    tau_neg: float = key(1.05, 'sapo: temperature of the soft gate for tokens with advantage <= 0')
     loss_agg_mode: str = key('token-mean',
         'how token losses are aggregated: token-mean | seq-mean-token-sum | seq-mean-token-mean | '
         'seq-mean-token-sum-norm',
@@ -242,6 +250,18 @@ class ActorConfig:
     fsdp_config: ActorFSDPConfig = section(ActorFSDPConfig)
     checkpoint: ActorCheckpointConfig = section(ActorCheckpointConfig)
     profiler: ProfilerConfig = section(ProfilerConfig)
+
+    def __post_init__(self) -> None:
+        # verl 0.9: policy losses (sapo's gate divides by τ)
+        errors = []
+        policy_loss = self.policy_loss  # a dict while the classes' defaults are loaded, a section when checked
+        mode = policy_loss.get("loss_mode") if isinstance(policy_loss, dict) else policy_loss.loss_mode
+        if mode == "sapo":
+            for key in ("tau_pos", "tau_neg"):
+                value = getattr(self, key)
+                if number(value) and value <= 0:
+                    errors.append(f"{{section}}.{key}={value} must be > 0 with policy_loss.loss_mode=sapo.")
+        check_section(errors)
 
 
 @dataclass
