@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from rlhf_core.algos import PolicyLossInputs, get_policy_loss_fn
+from rlhf_core.algos import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
 
-from test_algos_policy_loss_modes import call_loss, run
+from test_algos_policy_loss_modes import SCALARS, call_loss, run
 
 MASK = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
 
@@ -178,18 +178,12 @@ def test_micro_batch_contributions_sum_to_the_batch_loss(mode, agg):
 
 
 def test_rollout_is_weights_scale_each_token_loss():
-    # dro with A = 1 on one token, logπ = −1, δ = 0: L = 1; a weight 2.5 makes it 2.5 (the weight is detached)
+    # dro with A = 1 on one token, logπ = −1, δ = 0: L = 1; a weight 2.5 makes it 2.5, and no gradient reaches the
+    # weight (it is detached)
     one = torch.ones(1, 1)
     lp = -one
     w = torch.full((1, 1), 2.5, requires_grad=True)
-    loss, _ = get_policy_loss_fn("dro")(PolicyLossInputs(lp, lp, one, one, rollout_is_weights=w),
-                                        _config(dro_beta=1.0))
+    config = PolicyLossConfig(loss_agg_mode="token-mean", **{**SCALARS, "dro_beta": 1.0})
+    loss, _ = get_policy_loss_fn("dro")(PolicyLossInputs(lp, lp, one, one, rollout_is_weights=w), config)
     assert loss.item() == pytest.approx(2.5)
     assert not loss.requires_grad
-
-
-def _config(**over):
-    from test_algos_policy_loss_modes import SCALARS
-    from rlhf_core.algos import PolicyLossConfig
-
-    return PolicyLossConfig(loss_agg_mode="token-mean", **{**SCALARS, **over})

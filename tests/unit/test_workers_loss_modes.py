@@ -48,17 +48,24 @@ CASES = [
     ("kl_cov", {"kl_cov_ratio": 0.25, "ppo_kl_coef": 0.1}),
     ("kl_cov", {"kl_cov_ratio": 0.25, "ppo_kl_coef": 2.0}),
     ("kl_cov", {"kl_cov_ratio": 1.0, "ppo_kl_coef": 2.0}),
+    # verl 0.9 losses, each with the key it adds or reads differently (actor.tau_pos, policy_loss.dro_beta,
+    # actor.clip_ratio_c as dppo's truncation bound); the other new modes read only the clip ratios, as vanilla
+    ("sapo", {"tau_pos": 2.0}),
+    ("dro", {"dro_beta": 0.5}),
+    ("dppo_kl", {"clip_ratio_c": 1.1}),
 ]
+ACTOR_KEYS = ("tau_pos", "clip_ratio_c")  # under actor_rollout_ref.actor, not its policy_loss
 
 
 def test_each_loss_mode_and_its_scalars_change_the_actor_loss(shifted_batch, tiny_model_dir):
     batch, lp = shifted_batch
     seen = []
     for mode, over in CASES:
-        overrides = [ONE_MICRO, f"{PL}loss_mode={mode}"] + [f"{PL}{k}={v}" for k, v in over.items()]
+        overrides = [ONE_MICRO, f"{PL}loss_mode={mode}"] + [
+            f"{'actor_rollout_ref.actor.' if k in ACTOR_KEYS else PL}{k}={v}" for k, v in over.items()]
         metrics, _ = _update_with(tiny_model_dir, batch, *overrides)
         want = expected_loss(batch, lp, mode, **over)
         assert metrics["actor/pg_loss"] == pytest.approx(want, abs=2e-5), (mode, over)
         seen.append(metrics["actor/pg_loss"])
     # every mode/setting gives a different loss on this batch (differences ≫ the 2e-5 tolerance)
-    assert min(abs(a - b) for i, a in enumerate(seen) for b in seen[i + 1:]) > 1e-3, seen
+    assert min(abs(a - b) for i, a in enumerate(seen) for b in seen[i + 1:]) > 1e-3, list(zip(CASES, seen))
