@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from rlhf_core.algos import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
+from rlhf_core.config import ConfigError, load_config
 
 from test_algos_policy_loss_modes import SCALARS, call_loss, run
 
 MASK = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+ACTOR = "actor_rollout_ref.actor."
+PL = ACTOR + "policy_loss."
 
 
 def test_registered_under_verls_names():
@@ -187,3 +190,22 @@ def test_rollout_is_weights_scale_each_token_loss():
     loss, _ = get_policy_loss_fn("dro")(PolicyLossInputs(lp, lp, one, one, rollout_is_weights=w), config)
     assert loss.item() == pytest.approx(2.5)
     assert not loss.requires_grad
+
+
+# ---- config ----------------------------------------------------------------------------------------------------
+def _config_error(*overrides):
+    with pytest.raises(ConfigError) as info:
+        load_config("ppo_trainer", list(overrides))
+    return str(info.value)
+
+
+def test_config_reads_the_new_keys_and_refuses_bad_values_by_name():
+    cfg = load_config("ppo_trainer", [f"{PL}loss_mode=dro", f"{PL}dro_beta=0.25", f"{ACTOR}tau_pos=1.5"])
+    config = PolicyLossConfig.from_actor_config(cfg.actor_rollout_ref.actor)
+    # verl 0.9.1's defaults: tau_neg 1.05; clip_ratio_c 3.0 (dppo's truncation bound)
+    assert (config.dro_beta, config.tau_pos, config.tau_neg, config.clip_ratio_c) == (0.25, 1.5, 1.05, 3.0)
+    assert "policy_loss.dro_beta=None must be > 0 with loss_mode=dro" in _config_error(f"{PL}loss_mode=dro")
+    assert "actor.tau_neg=0 must be > 0 with policy_loss.loss_mode=sapo" in _config_error(
+        f"{PL}loss_mode=sapo", f"{ACTOR}tau_neg=0")
+    load_config("ppo_trainer", [f"{ACTOR}tau_neg=0"])  # τ is read by sapo only
+    assert "Did you mean 'cispo'?" in _config_error(f"{PL}loss_mode=cipso")
