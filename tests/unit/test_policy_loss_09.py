@@ -67,7 +67,8 @@ def test_dppo_tv_masks_by_probability_difference_and_truncates_the_ratio():
     assert loss == pytest.approx(0.6601260, abs=1e-6)
     torch.testing.assert_close(grad, torch.tensor([[-0.24, 0.0, 0.0], [0.3, -0.3, 0.0]]))
     assert m == pytest.approx({"pg_clipfrac": 0.4, "ppo_kl": -0.2561868, "pg_clipfrac_lower": 0.2}, abs=1e-6)
-    # δ_high = 0.35 brings (0,1) inside: + (−1·2·ln 0.6 = 1.0216512)/5; c = 10 leaves r = 5 at (1,1): + (−0.5·2·ln 0.05 = 2.9957323)/5
+    # δ_high = 0.35 brings (0,1) inside: + (−1·2·ln 0.6 = 1.0216512)/5;
+    # c = 10 leaves r = 5 at (1,1): + (−0.5·(5 − 3)·ln 0.05 = 2.9957323)/5
     loss_wide, m_wide, _ = run("dppo_tv", TV_OLD_P.log(), TV_P.log(), TV_ADV, MASK, clip_ratio_high=0.35,
                                clip_ratio_c=10.0)
     assert loss_wide == pytest.approx((3.3006299 + 1.0216512 + 2.9957323) / 5, abs=1e-6)
