@@ -29,8 +29,9 @@ def _log_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
 
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[torch.Tensor, dict]:
-    """CISPO, clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585, §3.1: the CISPO objective with
-    the clipped weight r̂ = clip(r, 1 − ε_low^IS, 1 + ε_high^IS)); verl ``compute_policy_loss_cispo``.
+    """CISPO, clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585: the objective J_CISPO =
+    E[Σ sg(r̂)·Â·logπ / Σ|o_i|] with the clipped weight r̂ = clip(r, 1 − ε_low^IS, 1 + ε_high^IS)); verl
+    ``compute_policy_loss_cispo``.
 
     r = exp(clamp(logπ − logπ_old, −20, 20)); L_t = −sg[clip(r_t, 1 − ε_low, 1 + ε_high)]·A_t·logπ_t. Unlike PPO no
     token loses its gradient: ∂L_t/∂logπ_t = −clip(r_t, ·)·A_t. × ``rollout_is_weights`` when given, aggregated by
