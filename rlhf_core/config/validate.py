@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
+from .rollout_corr import convert_rollout_is
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -111,7 +112,7 @@ def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool
     the world size (verl would floor it silently, possibly to 0). Returns the warning texts.
     """
     world = world_size or world_size_of(cfg)
-    notes, errors = ([] if sft else _convert_warmup_style(cfg)), []
+    notes, errors = ([] if sft else _convert_warmup_style(cfg) + convert_rollout_is(cfg)), []
     if world <= 0:
         return notes  # the resource rules report the bad world size
     for section, old, new, _dyn, _when in (_SFT_MICRO if sft else _PPO_MICRO):
@@ -278,9 +279,10 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if adv == "gae" and not use_critic(cfg):
         errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
                       "null or true, or choose an estimator without a critic such as grpo).")
-    for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is"):
+    rc = "algorithm.rollout_correction"
+    for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is", f"{rc}.bypass_mode", f"{rc}.rollout_is", f"{rc}.rollout_rs"):
         if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
-            errors.append(f"{key}=True needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "
+            errors.append(f"{key}={_get(cfg, key)} needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "
                           f"are the denominator of the importance weight), got False.")
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")

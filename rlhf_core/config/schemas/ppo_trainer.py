@@ -57,6 +57,49 @@ class PFPPOConfig:
     weight_pow: float = key(2.0, 'exponent of the pow weight')
 
 
+# verl 0.9: rollout correction
+@dataclass
+class RolloutCorrectionConfig:
+    """``algorithm.rollout_correction`` (verl 0.9.1 ``RolloutCorrectionConfig``; values as its
+    ``algorithm/rollout_correction.yaml``). verl's presets are python constructors, not a key: their values are in
+    rlhf_core/config/rollout_corr.py ``PRESETS`` (``python -m rlhf_core.config.rollout_corr <name>`` prints them as
+    overrides)."""
+
+    rollout_is: Optional[str] = key(None,
+        'IS weights π_old/π_rollout: null (none, metrics only) | token | sequence', choices=(None, 'token', 'sequence'))
+    rollout_is_threshold: Any = key(2.0,
+        "IS bound: a number truncates weights at it (TIS); 'lower_upper' (e.g. '0.5_5.0') zeroes weights outside "
+        '(IcePop)', types=(float, int, str))
+    rollout_rs: Optional[str] = key(None,
+        'rejection sampling, comma list of token_k1|token_k2|token_k3|seq_sum_k1..k3|seq_mean_k1..k3|seq_max_k2|'
+        'seq_max_k3: drops tokens/sequences from response_mask; null = off')
+    rollout_rs_threshold: Any = key(None,
+        "rejection bounds, one or one per rollout_rs option: k1 takes 'lower_upper' or U (= [1/U, U]) on the ratio, "
+        'k2/k3 an upper bound', types=(float, int, str), null_ok=True)
+    bypass_mode: bool = key(False,
+        'use the rollout log-probs as old log-probs (skip the old-log-prob pass); the loss is loss_type')
+    loss_type: str = key('ppo_clip', 'bypass_mode loss: ppo_clip (ratio to the rollout policy, clipped) | '
+        'reinforce (−w·A·log π with the IS weights)', choices=('ppo_clip', 'reinforce'))
+    rollout_is_batch_normalize: bool = key(False, 'divide IS weights by their batch mean (mean 1 over valid tokens)')
+
+    def __post_init__(self) -> None:
+        from rlhf_core.config.rollout_corr import parse_is_threshold, parse_rs
+
+        errors = []
+        for check, args in ((parse_is_threshold, (self.rollout_is_threshold,)),
+                            (parse_rs, (self.rollout_rs, self.rollout_rs_threshold))):
+            if check is parse_rs and self.rollout_rs is None:
+                continue
+            try:
+                check(*args)
+            except ValueError as exc:
+                errors.append(str(exc).replace("algorithm.rollout_correction", "{section}") + ".")
+        if self.loss_type == "reinforce" and not self.bypass_mode:
+            errors.append("{section}.loss_type=reinforce is read only with {section}.bypass_mode=true (the "
+                          "decoupled mode uses actor.policy_loss.loss_mode), got bypass_mode=false.")
+        check_section(errors)
+
+
 @dataclass
 class AlgoConfig:
     """``algorithm``."""
@@ -74,13 +117,15 @@ class AlgoConfig:
     kl_ctrl: KLControlConfig = section(KLControlConfig)
     use_pf_ppo: bool = key(False, 'PF-PPO: resample the batch by reward before the update (with adv_estimator gae)')
     pf_ppo: PFPPOConfig = section(PFPPOConfig)
-    rollout_is: bool = key(False, 'multiply the policy loss by rollout importance-sampling weights')
-    rollout_is_threshold: Optional[float] = key(None, 'upper bound on IS weights; null = disabled')
-    rollout_is_threshold_lower: Optional[float] = key(None, 'lower bound on IS weights; null = 1/upper')
-    rollout_is_level: str = key('token', 'IS aggregation level: token | sequence | geometric',
+    rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig,
+        'rollout correction (verl 0.9): IS weights, rejection sampling, bypass mode')
+    rollout_is: bool = key(False, 'verl 0.6, read as rollout_correction.rollout_is: multiply the policy loss by IS weights')
+    rollout_is_threshold: Optional[float] = key(None, 'verl 0.6, read as rollout_correction.rollout_is_threshold: upper bound; null = off')
+    rollout_is_threshold_lower: Optional[float] = key(None, 'verl 0.6: lower bound on IS weights (mask mode); null = 1/upper')
+    rollout_is_level: str = key('token', 'verl 0.6 IS aggregation level: token | sequence | geometric',
         choices=('token', 'sequence', 'geometric'))
-    rollout_is_mode: str = key('truncate', 'IS bound mode: truncate | mask', choices=('truncate', 'mask'))
-    rollout_is_veto_threshold: float = key(0.0001, 'veto a sequence whose token ratio falls below this')
+    rollout_is_mode: str = key('truncate', 'verl 0.6 IS bound mode: truncate | mask', choices=('truncate', 'mask'))
+    rollout_is_veto_threshold: float = key(0.0001, 'verl 0.6: zero the IS weights of a sequence with a token ratio below this')
 
 
 @dataclass
