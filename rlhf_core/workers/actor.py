@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
+from rlhf_core.algos.rollout_correction import compute_policy_loss_bypass_mode
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
@@ -288,9 +290,12 @@ class DataParallelPPOActor:
             veto_threshold=self.config.rollout_is_veto_threshold)
         return weights
 
-    def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float) -> tuple[torch.Tensor, dict]:
+    def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float,
+                    bypass: Any = None) -> tuple[torch.Tensor, dict]:
         """This micro-batch's contribution to the mini-batch loss, and its metric contributions (the
-        :data:`~rlhf_core.workers.update_loop.MicroLoss` of the actor)."""
+        :data:`~rlhf_core.workers.update_loop.MicroLoss` of the actor). ``bypass``: the
+        ``algorithm.rollout_correction`` settings in bypass mode (the loss is then
+        :func:`~rlhf_core.algos.rollout_correction.compute_policy_loss_bypass_mode`), else None."""
         cfg = self.config
         mode = cfg.loss_agg_mode
         entropy_coeff = float(cfg.entropy_coeff)
@@ -310,8 +315,12 @@ class DataParallelPPOActor:
         inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
                                   rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok,
                                   global_seqs=n_seq)
-        loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        pg_loss, pg_metrics = loss_fn(inputs, PolicyLossConfig.from_actor_config(cfg))
+        if bypass is not None:
+            pg_loss, pg_metrics = compute_policy_loss_bypass_mode(inputs, PolicyLossConfig.from_actor_config(cfg),
+                                                                  bypass)
+        else:
+            loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+            pg_loss, pg_metrics = loss_fn(inputs, PolicyLossConfig.from_actor_config(cfg))
         loss = pg_loss
         if entropy_coeff:
             loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
@@ -320,7 +329,8 @@ class DataParallelPPOActor:
         if on_policy:  # a mini-batch-normalised share: summed over micro-batches it is the batch's entropy
             metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, mode, global_tokens=n_tok,
                                                       global_seqs=n_seq))
-        metrics.update({f"actor/{k}": float(v) * share for k, v in pg_metrics.items()})
+        metrics.update({k if k.startswith("rollout_corr/") else f"actor/{k}": float(v) * share
+                        for k, v in pg_metrics.items()})
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
             kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
@@ -348,6 +358,8 @@ class DataParallelPPOActor:
             raise ValueError("update_policy without old_log_probs needs one PPO epoch, one mini-batch and no dropout "
                              "(workers/on_policy.py); compute them with compute_log_prob first")
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
+        rc = batch.meta.get("rollout_correction")  # set by the trainer in verl 0.9 bypass mode
+        bypass = SimpleNamespace(**rc) if rc else None
         schedule = UpdateSchedule(
             ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size or len(batch),
             micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
@@ -355,7 +367,8 @@ class DataParallelPPOActor:
             seed=0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed), grad_clip=cfg.grad_clip,
             activation_offload=self.activation_offload)
         out = run_update("actor", self.model, self.optimizer, batch, schedule,
-                         lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq), self.update_calls)
+                         lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq, bypass),
+                         self.update_calls)
         self.update_calls += 1
         if cfg.use_kl_loss:
             out["actor/kl_coef"] = float(cfg.kl_loss_coef)
