@@ -26,7 +26,7 @@ def is_metrics(weights: torch.Tensor, raw: torch.Tensor, seq_log: torch.Tensor |
         ``rollout_is_mean`` (masked mean of weights), ``rollout_is_max|min`` (token: over valid weights;
         sequence: e^{min(max ℓ_seq, 20)}, e^{min ℓ_seq} over all rows), ``rollout_is_ratio_fraction_high|low``
         (raw above U / below L: token over valid tokens, sequence over rows), ``rollout_is_std`` (of weights clamped
-        to [0, U]), ``rollout_is_eff_sample_size`` (1/mean(ŵ²), ŵ = clamped w / (its mean + 1e-8)),
+        to [0, U]), ``rollout_is_eff_sample_size`` (1/mean(ŵ²), ŵ = clamped w / (its mean + 1e-8); 0 when every weight is 0),
         ``rollout_is_seq_{mean,std,max,min,max_deviation}`` (of each row's mean weight; deviation from 1),
         ``rollout_is_seq_fraction_high|low`` (row mean of raw above U / below L), ``rollout_is_oob_ratio`` (IcePop:
         valid tokens with raw outside [L, U]).
@@ -54,7 +54,8 @@ def is_metrics(weights: torch.Tensor, raw: torch.Tensor, seq_log: torch.Tensor |
         out["rollout_is_std"] = float(torch.sqrt(torch.clamp(masked_mean(clamped.square(), mask) - mean_c ** 2, min=0)))
     else:
         out["rollout_is_std"] = 0.0
-    out["rollout_is_eff_sample_size"] = 1.0 / float(masked_mean((clamped / (mean_c + 1e-8)).square(), mask))
+    second = float(masked_mean((clamped / (mean_c + 1e-8)).square(), mask))
+    out["rollout_is_eff_sample_size"] = 1.0 / second if second > 0 else 0.0  # all weights 0 (verl divides by 0)
     row_mean = masked_mean(weights, mask, axis=-1)
     out["rollout_is_seq_mean"] = float(row_mean.mean())
     out["rollout_is_seq_std"] = float(row_mean.std()) if row_mean.numel() > 1 else 0.0
