@@ -25,7 +25,6 @@ from rlhf_core.agent.layout import multiturn_metrics
 from rlhf_core.algos.advantages import compute_advantage_without_aborted, get_adv_estimator
 from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
 from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.rollout_correction import LegacyIS, compute_rollout_correction
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn as default_collate
 from rlhf_core.metrics.training import (aborted_mask, compute_data_metrics, compute_throughput_metrics,
@@ -45,6 +44,7 @@ from rlhf_core.trainer.ppo_checkpoint import (driver_rng_fork, load_ppo_checkpoi
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
+from rlhf_core.trainer.rollout_corr_step import rollout_correction_step
 from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
 from rlhf_core.trainer.tracking import Tracking
 from rlhf_core.workers.on_policy import skip_old_log_prob
@@ -319,10 +319,7 @@ class RayPPOTrainer:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (by ``loss_agg_mode``); skipped when on-policy."""
         if skip_old_log_prob(self.config, self.global_steps):
             return batch  # on-policy: the update's first forward provides them (rlhf_core/workers/on_policy.py)
-        if self.config.algorithm.rollout_correction.bypass_mode:  # verl 0.9 bypass: π_old = π_rollout
-            if "rollout_log_probs" not in batch:
-                raise ValueError("algorithm.rollout_correction.bypass_mode=true needs rollout_log_probs: set "
-                                 "actor_rollout_ref.rollout.calculate_log_probs=true")
+        if self.config.algorithm.rollout_correction.bypass_mode:  # verl 0.9 bypass: π_old = π_rollout (checked at load)
             return batch.merge(Batch({"old_log_probs": batch["rollout_log_probs"]}), "bypass old_log_probs")
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
@@ -333,29 +330,8 @@ class RayPPOTrainer:
         return batch.merge(out, "actor compute_log_prob")
 
     def compute_rollout_correction(self, batch: Batch, metrics: dict) -> Batch:
-        """Rollout correction (``algorithm.rollout_correction``, verl 0.9.1; verl 0.6's ``algorithm.rollout_is*``
-        were written onto it when the config was loaded): with ``rollout_log_probs`` from the rollout engine, log
-        ``rollout_corr/*``, replace ``response_mask`` by the rejection-sampled mask and, with ``rollout_is`` set, add
-        the detached ``rollout_is_weights (B, T)`` the actor multiplies into its per-token policy loss. In
-        ``bypass_mode`` nothing is computed here: the settings go to the actor in ``batch.meta``, whose loss
-        computes them from the current policy (verl's ``apply_bypass_mode``)."""
-        algo = self.config.algorithm
-        rc = algo.rollout_correction
-        if rc.bypass_mode:
-            batch.meta["rollout_correction"] = {k: rc[k] for k in rc}
-            return batch
-        if "rollout_log_probs" not in batch:
-            return batch
-        legacy = None
-        if algo.rollout_is and algo.rollout_is_threshold is not None:  # verl 0.6 keys: their veto / geometric too
-            legacy = LegacyIS(level=algo.rollout_is_level, veto_threshold=algo.rollout_is_veto_threshold)
-        weights, mask, rc_metrics = compute_rollout_correction(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc, legacy)
-        metrics.update(rc_metrics)
-        new = {"response_mask": mask}
-        if weights is not None:
-            new["rollout_is_weights"] = weights.detach()
-        return batch.merge(Batch(new), "rollout correction")
+        """``algorithm.rollout_correction`` (verl 0.9.1): :func:`rollout_correction_step`."""
+        return rollout_correction_step(self.config.algorithm, batch, metrics)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""

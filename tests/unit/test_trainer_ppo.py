@@ -215,7 +215,7 @@ def test_rollout_is_balance_and_rollout_dump(tmp_path):
     cfg.algorithm.rollout_is = True
     _, final, _, log = run(cfg)
     # log π_old − log π_rollout = 0.1 on every token → w = e^0.1 below the threshold 2
-    assert final["mismatch/rollout_is_mean"] == pytest.approx(float(np.exp(0.1)), rel=1e-5)
+    assert final["rollout_corr/rollout_is_mean"] == pytest.approx(float(np.exp(0.1)), rel=1e-5)
     assert ("update_actor", True) in log
     assert "global_seqlen/balanced_max" in final and "timing_s/dump_rollout_generations" in final
     rows = [json.loads(x) for x in open(tmp_path / "rollouts" / "1.jsonl")]
@@ -223,7 +223,15 @@ def test_rollout_is_balance_and_rollout_dump(tmp_path):
     cfg2 = make_config(tmp_path / "b", total_training_steps=1, val_before_train=False)
     cfg2.algorithm.rollout_is_threshold = 2.0  # metrics only: weights are not applied
     _, final2, _, log2 = run(cfg2)
-    assert "mismatch/rollout_is_mean" in final2 and ("update_actor", False) in log2
+    assert "rollout_corr/kl" in final2 and ("update_actor", False) in log2
+    cfg3 = make_config(tmp_path / "c", total_training_steps=1, val_before_train=False)  # verl 0.9 keys
+    rc = cfg3.algorithm.rollout_correction
+    rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_batch_normalize = "sequence", 4.0, True
+    rc.rollout_rs, rc.rollout_rs_threshold = "token_k1", 1.5  # ratio e^0.1 in [1/1.5, 1.5]: nothing rejected
+    _, final3, _, log3 = run(cfg3)
+    # Σ over the row of 0.1 → w = e^{0.1·T} ≤ 4, then ÷ its batch mean: 1
+    assert final3["rollout_corr/rollout_is_batch_norm_factor"] > 1.0 and ("update_actor", True) in log3
+    assert final3["rollout_corr/rollout_rs_masked_fraction"] == 0.0
 
 
 def test_gae_uses_critic_and_warmup_delays_actor(tmp_path):
