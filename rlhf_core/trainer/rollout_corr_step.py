@@ -19,13 +19,13 @@ def rollout_correction_step(algo: Any, batch: Batch, metrics: dict) -> Batch:
     ``rollout_is_weights (B, T)`` that the actor multiplies into its per-token policy loss; with the 0.6 keys on,
     their veto and geometric level apply too (:class:`LegacyIS`). Bypass mode: only puts the settings in
     ``batch.meta["rollout_correction"]`` for the actor's loss (the trainer has set ``old_log_probs`` to the rollout's).
-    Returns the new batch; without ``rollout_log_probs`` the batch unchanged.
+    Returns the new batch; without ``rollout_log_probs`` or ``old_log_probs`` the batch unchanged.
     """
     rc = algo.rollout_correction
     if rc.bypass_mode:
         batch.meta["rollout_correction"] = {k: rc[k] for k in rc}
         return batch
-    if "rollout_log_probs" not in batch:
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
         return batch
     legacy = None
     if algo.rollout_is_threshold is not None:  # 0.6 keys on (a config built in code skips the loader's translation)

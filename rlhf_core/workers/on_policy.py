@@ -9,7 +9,8 @@ and its ``actor/entropy`` metric is the one the ``old_log_prob`` stage would hav
 Conditions the driver checks from the config (:func:`skip_old_log_prob`): ``ppo_epochs == 1``;
 ``ppo_mini_batch_size >= data.train_batch_size`` (one mini-batch); nothing reads ``old_log_probs`` before the
 update (``algorithm.use_kl_in_reward``, rollout importance sampling ``algorithm.rollout_is_threshold`` /
-``actor.rollout_is``, ``kl_penalty: full``); the actor updates this step (``global_steps > critic_warmup``).
+``actor.rollout_is``, rollout correction whenever ``rollout.calculate_log_probs`` gives rollout log-probs (verl
+0.9.1 computes its metrics then), ``kl_penalty: full``); the actor updates this step (``global_steps > critic_warmup``).
 The worker checks the rest on its own shard (:func:`first_forward_is_old_log_prob`): one mini-batch, one epoch,
 no dropout module or config probability > 0 in train mode; otherwise it runs the ``old_log_prob`` forward itself.
 """
@@ -43,6 +44,7 @@ def skip_old_log_prob(config: Any, global_steps: int) -> bool:
             and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
             and not bool(algo.use_kl_in_reward)
             and algo.rollout_is_threshold is None and not bool(actor.rollout_is)
+            and not bool(config.actor_rollout_ref.rollout.calculate_log_probs)  # rollout correction reads π_old
             and int(global_steps) > int(config.trainer.critic_warmup))
 
 

@@ -210,6 +210,30 @@ def test_rollout_is_weights_scale_the_policy_loss(actor_group, tiny_model_dir):
     assert m_on["actor/pg_loss"] == pytest.approx(-1.2, abs=1e-5)
 
 
+@pytest.mark.parametrize("loss_type", ["reinforce", "ppo_clip"])
+def test_bypass_mode_loss_in_the_actor(actor_group, tiny_model_dir, loss_type):
+    batch = training_batch(actor_group, seed=6)
+    batch.tensors["advantages"] = torch.ones_like(batch["advantages"])
+    # bypass (as the trainer sets it up): old_log_probs = rollout log-probs, 0.5 below log π_θ (first step), so the
+    # ratio π_θ/π_rollout = e^0.5 = 1.6487 and the IS weight min(1.6487, 1.2) = 1.2. A = 1.
+    # ppo_clip: min(r·A, clip(r, 0.8, 1.2)·A) = 1.2 per token → pg_loss = −1.2, no IS weight on top.
+    # reinforce: L_t = −A·log π_t·1.2 → pg_loss = token mean of −1.2·log π.
+    lp = batch["old_log_probs"]
+    batch.tensors["rollout_log_probs"] = lp - 0.5
+    batch.tensors["old_log_probs"] = lp - 0.5
+    batch.meta["rollout_correction"] = {"rollout_is": "token", "rollout_is_threshold": 1.2, "rollout_rs": None,
+                                        "rollout_rs_threshold": None, "bypass_mode": True, "loss_type": loss_type,
+                                        "rollout_is_batch_normalize": False}
+    m, _ = _update_with(tiny_model_dir, batch, "actor_rollout_ref.rollout.calculate_log_probs=True")
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.2, abs=1e-4)  # e^0.5 truncated at 1.2
+    if loss_type == "ppo_clip":
+        assert m["actor/pg_loss"] == pytest.approx(-1.2, abs=1e-4)
+    else:  # −A·log π·1.2 averaged over tokens, log π = lp on the first forward
+        mask = batch["response_mask"].float()
+        assert m["actor/pg_loss"] == pytest.approx(float(-(lp * 1.2 * mask).sum() / mask.sum()), rel=1e-4)
+    assert m["actor/ppo_kl"] == pytest.approx(-0.5, abs=1e-4)  # mean(log π_rollout − log π_θ)
+
+
 def test_vllm_engine_kwargs_and_missing_vllm_message(tiny_model_dir):
     from rlhf_core.workers.rollout import vllm_rollout
 

@@ -90,7 +90,8 @@ def test_skip_not_taken_when_a_condition_fails(tiny_model_dir, group):
     assert skip_old_log_prob(base, global_steps=1)  # 1 epoch, mini-batch 4 = train batch 4, no kl in reward
     for override in ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                      "algorithm.use_kl_in_reward=True", "algorithm.rollout_is_threshold=2.0",
-                     "actor_rollout_ref.actor.rollout_is=True actor_rollout_ref.rollout.calculate_log_probs=True"):
+                     "actor_rollout_ref.actor.rollout_is=True actor_rollout_ref.rollout.calculate_log_probs=True",
+                     "actor_rollout_ref.rollout.calculate_log_probs=True"):  # rollout_corr/* read π_old
         assert not skip_old_log_prob(ppo_config(tiny_model_dir, *override.split()), global_steps=1), override
     assert not skip_old_log_prob(ppo_config(tiny_model_dir, "trainer.critic_warmup=1"), global_steps=1)
     model = group.worker.actor_module
