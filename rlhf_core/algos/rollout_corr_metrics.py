@@ -104,3 +104,48 @@ def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor
         "chi2_token": float(masked_mean(torch.exp(torch.clamp(log_ratio, -_BOUND, _BOUND)).square(), mask) - 1.0),
         "chi2_seq": float(torch.exp(2.0 * seq_sum).mean() - 1.0),
     }
+
+
+def rs_metrics(option: str, stat: torch.Tensor, row_stat: torch.Tensor | None, mask: torch.Tensor,
+               upper: float, lower: float | None) -> dict[str, float]:
+    """Statistics of one rejection-sampling option's statistic (verl 0.9.1 ``compute_rs_metrics``), named
+    ``rollout_rs_<option>_*``.
+
+    Args:
+        stat: ``(B, T)`` the statistic per token (a sequence option's row value broadcast over the row); row_stat:
+            ``(B,)`` the row values of a sequence option, else None (rows then use the masked mean of ``stat``).
+            mask: ``(B, T)`` float 0/1. upper, lower: the bounds on the statistic's scale (k1: log U and log L;
+            k2/k3: U and None).
+    Returns:
+        ``_mean`` (over valid tokens), ``_max|_min`` (rows for sequence options, valid tokens otherwise),
+        ``_fraction_high|_low`` (of those above upper / below lower; low is 0 without a lower bound), ``_std`` (of the
+        statistic clamped to [lower or 0, upper]), ``_seq_{mean,std,max,min,max_deviation,fraction_high}`` over
+        non-empty rows (+ ``_seq_fraction_low`` with a lower bound).
+    """
+    p = f"rollout_rs_{option}"
+    valid, rows = mask != 0, (mask != 0).any(dim=-1)
+    seq = (row_stat if row_stat is not None else masked_mean(stat, mask, axis=-1))[rows]
+    out = {f"{p}_mean": float(masked_mean(stat, mask))}
+    values = seq if row_stat is not None and seq.numel() else stat[valid]
+    out[f"{p}_max"], out[f"{p}_min"] = float(values.max()), float(values.min())
+    if row_stat is not None and seq.numel():
+        out[f"{p}_fraction_high"] = float((seq > upper).float().mean())
+        out[f"{p}_fraction_low"] = float((seq < lower).float().mean()) if lower is not None else 0.0
+    else:
+        out[f"{p}_fraction_high"] = float(masked_mean((stat > upper).to(mask.dtype), mask))
+        out[f"{p}_fraction_low"] = float(masked_mean((stat < lower).to(mask.dtype), mask)) if lower is not None else 0.0
+    if mask.sum() > 1:
+        c = stat.clamp(min=0.0 if lower is None else lower, max=upper)
+        out[f"{p}_std"] = float(torch.sqrt(torch.clamp(masked_mean(c.square(), mask) - masked_mean(c, mask) ** 2, min=0)))
+    else:
+        out[f"{p}_std"] = 0.0
+    empty = not seq.numel()
+    out[f"{p}_seq_mean"] = 0.0 if empty else float(seq.mean())
+    out[f"{p}_seq_std"] = float(seq.std()) if seq.numel() > 1 else 0.0
+    out[f"{p}_seq_max"] = 0.0 if empty else float(seq.max())
+    out[f"{p}_seq_min"] = 0.0 if empty else float(seq.min())
+    out[f"{p}_seq_max_deviation"] = 0.0 if empty else float(seq.abs().max())
+    out[f"{p}_seq_fraction_high"] = 0.0 if empty else float((seq > upper).float().mean())
+    if lower is not None:
+        out[f"{p}_seq_fraction_low"] = 0.0 if empty else float((seq < lower).float().mean())
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.rollout_corr_metrics import is_metrics, offpolicy_metrics
+from rlhf_core.algos.rollout_corr_metrics import is_metrics, offpolicy_metrics, rs_metrics
 from rlhf_core.algos.utils import masked_mean, masked_sum
 from rlhf_core.config.rollout_corr import parse_is_threshold, parse_rs
 
@@ -144,16 +144,12 @@ def compute_rollout_rejection_mask(
         else:
             keep = stat <= upper
         keep_all &= keep
-        shown = row_stat[rows] if row_stat is not None else tok[valid]
         rejected_rows = (~keep & valid).any(dim=-1)
-        metrics.update({
-            f"rollout_rs_{option}_mean": float(masked_mean(stat, mask)),
-            f"rollout_rs_{option}_max": float(shown.max()) if shown.numel() else 0.0,
-            f"rollout_rs_{option}_min": float(shown.min()) if shown.numel() else 0.0,
-            f"rollout_rs_{option}_masked_fraction": float(masked_mean((~keep).to(mask.dtype), mask)),
-            f"rollout_rs_{option}_seq_masked_fraction":
-                float(rejected_rows[rows].float().mean()) if rows.any() else 0.0,
-        })
+        bounds = (math.log(upper), math.log(lower)) if lower is not None else (upper, None)
+        metrics.update(rs_metrics(option, stat, row_stat, mask, *bounds))
+        metrics[f"rollout_rs_{option}_masked_fraction"] = float(masked_mean((~keep).to(mask.dtype), mask))
+        metrics[f"rollout_rs_{option}_seq_masked_fraction"] = (float(rejected_rows[rows].float().mean())
+                                                                if rows.any() else 0.0)
     metrics["rollout_rs_masked_fraction"] = float(masked_mean((~keep_all).to(mask.dtype), mask))
     metrics["rollout_rs_seq_masked_fraction"] = float((~keep_all & valid).any(dim=-1).float().mean())
     return (response_mask * keep_all.to(response_mask.dtype)).to(response_mask.dtype), metrics

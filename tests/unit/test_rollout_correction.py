@@ -88,6 +88,9 @@ def test_rejection_token_and_sequence_modes():
     mask, m = compute_rollout_rejection_mask(LOG_RATIO, MASK, "seq_max_k2", 0.5)
     assert torch.equal(mask, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
     assert m["rollout_rs_seq_max_k2_max"] == pytest.approx(L(4.0) ** 2 / 2, rel=1e-6)
+    assert m["rollout_rs_seq_max_k2_fraction_high"] == pytest.approx(1 / 2)        # rows: .961 > .5, .240 not
+    assert m["rollout_rs_seq_max_k2_seq_mean"] == pytest.approx((L(4.0) ** 2 + L(2.0) ** 2) / 4, rel=1e-6)
+    assert m["rollout_rs_seq_max_k2_seq_masked_fraction"] == pytest.approx(1 / 2)
     # seq_mean_k3: row0 mean of (3−1−L3, 0, .25−1+L4)/3 = (.9014 + .6363)/3 = .5126; row1 (.5−L1.5 + −.5+L2)/2 = .1438
     mask, _ = compute_rollout_rejection_mask(LOG_RATIO, MASK, "seq_mean_k3", 0.3)
     assert torch.equal(mask, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
