@@ -15,7 +15,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
-from .rollout_corr import convert_rollout_is
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -112,6 +111,8 @@ def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool
     the world size (verl would floor it silently, possibly to 0). Returns the warning texts.
     """
     world = world_size or world_size_of(cfg)
+    from .rollout_corr import convert_rollout_is  # here: `python -m rlhf_core.config.rollout_corr` runs that module
+
     notes, errors = ([] if sft else _convert_warmup_style(cfg) + convert_rollout_is(cfg)), []
     if world <= 0:
         return notes  # the resource rules report the bad world size

@@ -210,3 +210,13 @@ def test_config_accepts_09_lines_and_translates_06_keys():
 def test_config_refuses_bad_combinations(overrides, expect):
     with pytest.raises(ValueError, match=expect):
         _check(*overrides)
+
+
+def test_every_preset_passes_the_section_checks_and_a_string_threshold_survives_the_overrides():
+    from rlhf_core.config.schemas.ppo_trainer import RolloutCorrectionConfig
+
+    for name, values in PRESETS.items():
+        RolloutCorrectionConfig(**values)   # raises SectionErrors on a bad combination
+    cfg, _ = _check(*preset_overrides("bypass_pg_token_icepop"))
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == "0.5_5.0"   # a string: IcePop, not 0.55
+    assert cfg.algorithm.rollout_correction.loss_type == "reinforce" and cfg.algorithm.rollout_correction.bypass_mode
