@@ -54,9 +54,10 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                              "veto_threshold")},
         **{f"algorithm.rollout_is{k}": _IS for k in ("", "_threshold_lower", "_level", "_mode",
                                                      "_veto_threshold")},
+        # (bypass_mode is read by every run: the trainer's rollout-correction stage asks it first)
         **{f"algorithm.rollout_correction.{k}": _IS for k in ("rollout_is", "rollout_is_threshold", "rollout_rs",
                                                               "rollout_rs_threshold", "rollout_is_batch_normalize",
-                                                              "bypass_mode", "loss_type")},
+                                                              "loss_type")},
         # the runs give total_training_steps; without it, steps = batches per epoch x total_epochs
         "trainer.total_epochs": "tests/unit/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
         **{f"algorithm.{k}": _KL for k in ("kl_penalty", "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.horizon",
