@@ -287,6 +287,25 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
                           f"are the denominator of the importance weight), got False.")
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
+    return errors + _filter_groups_errors(cfg)
+
+
+def _filter_groups_errors(cfg: DictConfig) -> list[str]:
+    """``algorithm.filter_groups`` / ``data.gen_batch_size`` rules across sections (DAPO dynamic sampling)."""
+    gen = _get(cfg, "data.gen_batch_size")
+    if gen is not None and gen <= 0:
+        return [f"data.gen_batch_size={gen} must be > 0 (or null = data.train_batch_size)."]
+    if not _get(cfg, "algorithm.filter_groups.enable"):
+        return []
+    errors = []
+    metric = _get(cfg, "algorithm.filter_groups.metric")
+    if metric == "seq_final_reward" and _get(cfg, "algorithm.use_kl_in_reward"):
+        errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the KL "
+                      "penalty needs the old and reference log-probs, computed only after the groups are filtered; "
+                      "use metric=seq_reward (the score before the penalty).")
+    if _get(cfg, f"{A}.rollout.skip_rollout"):
+        errors.append(f"algorithm.filter_groups.enable=True with {A}.rollout.skip_rollout=True: the rollout dump "
+                      f"holds one generation per step, dynamic sampling generates several.")
     return errors
 
 
@@ -298,6 +317,10 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
     tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
     if tbs * n % world:
         errors.append(f"data.train_batch_size={tbs} x {A}.rollout.n={n} = {tbs * n} sequences is not divisible by "
+                      f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
+    gen = _get(cfg, "data.gen_batch_size")
+    if _get(cfg, "algorithm.filter_groups.enable") and gen is not None and gen * n % world:
+        errors.append(f"data.gen_batch_size={gen} x {A}.rollout.n={n} = {gen * n} sequences is not divisible by "
                       f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
     errors += _micro_errors(cfg, _PPO_MICRO)
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world)

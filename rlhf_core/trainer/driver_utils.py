@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 
 from rlhf_core.metrics.training import reduce_metrics
 from rlhf_core.protocol import Batch
@@ -123,3 +124,28 @@ def dump_rollouts(batch: Batch, tokenizer: Any, out_dir: str, global_step: int) 
                 row[k] = v.item() if isinstance(v, np.generic) else v
             fh.write(json.dumps(row, default=str) + "\n")
     return path
+
+
+def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` when given (> 0), else ``steps_per_epoch × trainer.total_epochs``.
+
+    Raises:
+        ValueError: when the result is not positive (e.g. an empty dataloader).
+    """
+    given = config.trainer.total_training_steps
+    total = int(given) if given is not None and given > 0 else steps_per_epoch * int(config.trainer.total_epochs)
+    if total <= 0:
+        raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
+                         f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")
+    return total
+
+
+def after_step_hooks(loader: Any, batch: Batch) -> None:
+    """verl's end-of-step hooks: a curriculum ``data.sampler`` gets ``update(batch=batch)``; a dataset with
+    ``on_batch_end`` (``data.datagen``) gets ``on_batch_end(batch=batch)``."""
+    sampler = loader.sampler
+    if sampler is not None and hasattr(sampler, "update"):
+        sampler.update(batch=batch)
+    dataset = loader.dataset
+    if hasattr(dataset, "on_batch_end"):
+        dataset.on_batch_end(batch=batch)

@@ -170,3 +170,33 @@ def actor_mfu(hf_config: Any | None, seqlens: Sequence[int], seconds: float, ran
     if hf_config is None or not rank_peaks or any(p is None or p <= 0 for p in rank_peaks):
         return None
     return estimate_mfu(hf_config, seqlens, seconds, float(sum(rank_peaks)), passes)
+
+
+class ActorMFU:
+    """``perf/mfu/actor`` of the PPO driver's actor updates: the model config is read and every actor rank's peak
+    FLOP/s asked (``peak_flops``, measured on CPU) once, at the first update.
+
+    Args:
+        model_config: ``actor_rollout_ref.model``. actor_wg: the actor worker group. ppo_epochs: passes per update.
+    """
+
+    def __init__(self, model_config: Any, actor_wg: Any, ppo_epochs: int) -> None:
+        self.model_config, self.actor_wg, self.ppo_epochs = model_config, actor_wg, int(ppo_epochs)
+        self.loaded = False
+        self.hf_config: Any | None = None
+        self.peaks: list = []
+
+    def __call__(self, seqlens: Sequence[int], seconds: float) -> float | None:
+        """:func:`actor_mfu` of an update over ``seqlens`` that took ``seconds``; ``None`` when the model config
+        cannot be read or a peak is unknown (including a worker group whose workers have no ``peak_flops``)."""
+        if not self.loaded:
+            self.hf_config, self.loaded = load_hf_config(self.model_config), True
+            self.peaks = self._ask_peaks() if self.hf_config is not None else []
+        return actor_mfu(self.hf_config, seqlens, seconds, self.peaks, self.ppo_epochs)
+
+    def _ask_peaks(self) -> list:
+        try:
+            return list(self.actor_wg.execute_all("peak_flops"))
+        except AttributeError as exc:  # Ray re-raises a worker's AttributeError as one
+            logger.warning("perf/mfu/actor left out: the actor workers report no peak_flops (%s)", exc)
+            return []

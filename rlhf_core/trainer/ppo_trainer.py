@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -36,9 +36,11 @@ from rlhf_core.distributed.threads import use_driver_threads
 from rlhf_core.faults import fault_point
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
-from rlhf_core.trainer.driver_utils import (add_uids, balance_batch, dump_rollouts, ensure_response_mask,
-                                            mean_rank_metrics, resample_rows, timer)
-from rlhf_core.trainer.mfu import actor_mfu, load_hf_config
+from rlhf_core.trainer.dynamic_sampling import OutOfData, collect_kept_groups, prompts_per_batch, train_batches
+from rlhf_core.trainer.driver_utils import (add_uids, after_step_hooks, balance_batch, compute_total_training_steps,
+                                            dump_rollouts, ensure_response_mask, mean_rank_metrics, resample_rows,
+                                            timer)
+from rlhf_core.trainer.mfu import ActorMFU
 from rlhf_core.trainer.ppo_checkpoint import (driver_rng_fork, load_ppo_checkpoint, prepare_resume,
                                               save_ppo_checkpoint)
 from rlhf_core.trainer.ppo_validation import Validator
@@ -52,20 +54,6 @@ from rlhf_core.workers.on_policy import skip_old_log_prob
 logger = logging.getLogger(__name__)
 
 WorkerGroupFactory = Callable[[DictConfig], dict[str, Any]]
-
-
-def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> int:
-    """``trainer.total_training_steps`` when given (> 0), else ``steps_per_epoch × trainer.total_epochs``.
-
-    Raises:
-        ValueError: when the result is not positive (e.g. an empty dataloader).
-    """
-    given = config.trainer.total_training_steps
-    total = int(given) if given is not None and given > 0 else steps_per_epoch * int(config.trainer.total_epochs)
-    if total <= 0:
-        raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
-                         f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")
-    return total
 
 
 class RayPPOTrainer:
@@ -118,7 +106,7 @@ class RayPPOTrainer:
         collate = collate_fn or default_collate
         workers = int(data.dataloader_num_workers)
         seed = None if data.seed is None else int(data.seed)  # an explicit 0 stays 0
-        self.train_dataloader = build_dataloader(train_dataset, int(data.train_batch_size),
+        self.train_dataloader = build_dataloader(train_dataset, prompts_per_batch(self.config),
                                                  shuffle=bool(data.shuffle), seed=seed,
                                                  drop_last=True, collate_fn=collate, num_workers=workers,
                                                  sampler=create_rl_sampler(data, train_dataset))
@@ -182,18 +170,24 @@ class RayPPOTrainer:
         n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
         profiler = StepProfiler(self.config.global_profiler, self.wgs)
         self._train_started = time.monotonic()
-        for epoch in range(self.global_steps // steps_per_epoch, n_epochs):
-            for batch in self.train_dataloader:
-                self.global_steps += 1
-                fault_point("driver", self.global_steps)  # test-only (RLHF_FAULT): between steps; free when unset
-                profiler.begin(self.global_steps)
-                last_metrics = self.train_step(batch, epoch)
-                last = self.global_steps >= stop_at or self._budget_stop  # the step's own decision, not a new look
-                profiler.end(self.global_steps, last=last)
-                self.tracker.log(last_metrics, step=self.global_steps)
-                if last:
-                    self.checkpoints.finish_pending()
-                    return last_metrics
+        batches = train_batches(self.train_dataloader, n_epochs)
+        more = (b for _, b in batches)  # dynamic sampling's further gen batches: the same stream
+        for epoch, batch in batches:
+            self.global_steps += 1
+            fault_point("driver", self.global_steps)  # test-only (RLHF_FAULT): between steps; free when unset
+            profiler.begin(self.global_steps)
+            try:
+                last_metrics = self.train_step(batch, epoch, more)
+            except OutOfData as exc:  # filter_groups: the data ended inside a step, which is not trained
+                logger.warning("%s: step %d is not trained", exc, self.global_steps)
+                self.global_steps -= 1
+                profiler.end(self.global_steps + 1, last=True)
+                break
+            last = self.global_steps >= stop_at or self._budget_stop  # the step's own decision, not a new look
+            profiler.end(self.global_steps, last=last)
+            self.tracker.log(last_metrics, step=self.global_steps)
+            if last:
+                break
         self.checkpoints.finish_pending()
         return last_metrics
 
@@ -209,24 +203,14 @@ class RayPPOTrainer:
             t = self.config.trainer
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
 
-    def train_step(self, batch: Batch, epoch: int) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics."""
+    def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics. ``more``: the
+        following batches of prompts, drawn from by dynamic sampling (``algorithm.filter_groups``)."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
         with timer("step", timing):
-            prompts = add_uids(batch)
-            batch = prompts.repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
-            with timer("gen", timing):
-                batch = self.generate(batch)
-            if self.use_remax:
-                with timer("gen_max", timing):
-                    batch = self.compute_reward_baselines(prompts, batch)
-            if self.config.trainer.balance_batch:
-                batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
-                metrics.update(balance_metrics)
-            with timer("reward", timing):
-                batch = self.compute_reward(batch)
+            batch = self.sample(batch, more, timing, metrics)
             with timer("old_log_prob", timing):
                 batch = self.compute_old_log_prob(batch, metrics)
                 batch = self.compute_rollout_correction(batch, metrics)
@@ -256,7 +240,7 @@ class RayPPOTrainer:
             if self._should_test(is_last):
                 with timer("testing", timing):
                     metrics.update(self.validator.validate(self.global_steps))
-            self._after_step(batch)  # before the save: the checkpoint holds the sampler state after its update
+            after_step_hooks(self.train_dataloader, batch)  # before the save: the checkpoint holds the sampler state after its update
             if self._should_save(is_last):
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
@@ -265,7 +249,10 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
         if "update_actor" in timing:
-            mfu = self._actor_mfu(batch, timing["update_actor"])
+            if not hasattr(self, "_mfu"):
+                self._mfu = ActorMFU(self.config.actor_rollout_ref.model, self.actor_wg,
+                                     self.config.actor_rollout_ref.actor.ppo_epochs)
+            mfu = self._mfu(batch["attention_mask"].sum(-1).tolist(), timing["update_actor"])
             if mfu is not None:  # unknown peak or model config: left out, never a false 0
                 metrics["perf/mfu/actor"] = mfu
         metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
@@ -273,17 +260,40 @@ class RayPPOTrainer:
             metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
         return metrics
 
-    def _after_step(self, batch: Batch) -> None:
-        """verl's end-of-step hooks: a curriculum ``data.sampler`` gets ``update(batch=batch)``; a dataset with
-        ``on_batch_end`` (``data.datagen``) gets ``on_batch_end(batch=batch)``."""
-        sampler = self.train_dataloader.sampler
-        if sampler is not None and hasattr(sampler, "update"):
-            sampler.update(batch=batch)
-        dataset = self.train_dataloader.dataset
-        if hasattr(dataset, "on_batch_end"):
-            dataset.on_batch_end(batch=batch)
-
     # ---- stages ----------------------------------------------------------------------------------
+    def sample(self, prompts: Batch, more: Iterator[Batch], timing: dict, metrics: dict) -> Batch:
+        """[gen] [gen_max] [reward] on the prompts, rows balanced (``trainer.balance_batch``); with
+        ``algorithm.filter_groups.enable``, DAPO dynamic sampling (:mod:`rlhf_core.trainer.dynamic_sampling`):
+        gen batches until ``data.train_batch_size`` groups with a spread of the metric are kept, then balanced."""
+        fg, balance = self.config.algorithm.filter_groups, bool(self.config.trainer.balance_batch)
+        if not fg.enable:
+            return self.rollout(prompts, timing, metrics, balance)
+        batch, dynamic_metrics = collect_kept_groups(
+            prompts, more, lambda p: self.rollout(p, timing, metrics, False), str(fg.metric),
+            int(self.config.data.train_batch_size), int(self.config.actor_rollout_ref.rollout.n),
+            int(fg.max_num_gen_batches))
+        metrics.update(dynamic_metrics)
+        return self.balance(batch, metrics) if balance else batch
+
+    def rollout(self, batch: Batch, timing: dict, metrics: dict, balance: bool) -> Batch:
+        """One prompt batch: uids, ``rollout.n`` samples each, [gen], [gen_max] (remax), balance, [reward]."""
+        prompts = add_uids(batch)
+        batch = prompts.repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
+        with timer("gen", timing):
+            batch = self.generate(batch)
+        if self.use_remax:
+            with timer("gen_max", timing):
+                batch = self.compute_reward_baselines(prompts, batch)
+        batch = self.balance(batch, metrics) if balance else batch
+        with timer("reward", timing):
+            return self.compute_reward(batch)
+
+    def balance(self, batch: Batch, metrics: dict) -> Batch:
+        """``trainer.balance_batch``: rows reordered so each actor rank gets a similar token count."""
+        batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
+        metrics.update(balance_metrics)
+        return batch
+
     def generate(self, batch: Batch) -> Batch:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
 
@@ -384,25 +394,6 @@ class RayPPOTrainer:
         """[update_actor] one actor update (the worker syncs the new weights to its rollout engine)."""
         batch.meta["global_steps"] = self.global_steps
         return mean_rank_metrics(_as_list(self.actor_wg.execute_dp("update_actor", batch)))
-
-    def _actor_mfu(self, batch: Batch, seconds: float) -> float | None:
-        """``perf/mfu/actor`` (see ``rlhf_core.trainer.mfu``) against the actor ranks' peaks, which each rank reports
-        once (``peak_flops``: measured on CPU); ``None`` when the model config cannot be read or a peak is unknown
-        (including a worker group whose workers have no ``peak_flops``)."""
-        if not hasattr(self, "_hf_config"):
-            self._hf_config = load_hf_config(self.config.actor_rollout_ref.model)
-            self._actor_peaks = self._ask_actor_peaks() if self._hf_config is not None else []
-        return actor_mfu(self._hf_config, batch["attention_mask"].sum(-1).tolist(), seconds, self._actor_peaks,
-                         int(self.config.actor_rollout_ref.actor.ppo_epochs))
-
-    def _ask_actor_peaks(self) -> list:
-        """Every actor rank's peak FLOP/s (``peak_flops``); ``[]`` with a warning when the workers have no such
-        method (a custom worker group)."""
-        try:
-            return list(self.actor_wg.execute_all("peak_flops"))
-        except AttributeError as exc:  # Ray re-raises a worker's AttributeError as one
-            logger.warning("perf/mfu/actor left out: the actor workers report no peak_flops (%s)", exc)
-            return []
 
     # ---- testing and checkpoints -----------------------------------------------------------------
     def _should_test(self, is_last: bool) -> bool:

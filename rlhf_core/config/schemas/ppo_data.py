@@ -55,6 +55,9 @@ class DataConfig:
     max_prompt_length: int = key(512, 'prompts are left-padded to this many tokens')
     max_response_length: int = key(512, 'rollout generates at most this many response tokens')
     train_batch_size: int = key(1024, 'prompts sampled per training step')
+    # verl 0.9: DAPO dynamic sampling
+    gen_batch_size: Optional[int] = key(None,
+        'prompts per generation round with algorithm.filter_groups.enable; null = data.train_batch_size')
     val_batch_size: Optional[int] = key(None,
         'prompts per validation batch (deprecated in verl); null = the whole validation set at once')
     return_raw_input_ids: bool = key(False,

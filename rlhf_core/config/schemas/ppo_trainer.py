@@ -100,6 +100,30 @@ class RolloutCorrectionConfig:
         check_section(errors)
 
 
+# verl 0.9: DAPO dynamic sampling
+@dataclass
+class FilterGroupsConfig:
+    """``algorithm.filter_groups``: DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, Eq. 11), as verl's
+    ``FilterGroupsConfig``. A prompt group whose ``metric`` is the same for all its samples is dropped; gen batches
+    of ``data.gen_batch_size`` prompts are generated until ``data.train_batch_size`` groups are kept."""
+
+    enable: bool = key(False, 'drop prompt groups whose metric has zero spread and generate more until a full batch')
+    metric: Optional[str] = key('reward',
+        'per-sample value whose spread decides: reward / seq_reward (summed token_level_scores), seq_final_reward '
+        '(summed token_level_rewards), or a reward_extra_info field (acc, score, ...)')
+    max_num_gen_batches: int = key(0, 'error after this many gen batches in one step without a full batch; 0 = no limit')
+    max_inflight_gen_batches: int = key(1, 'gen batches generated concurrently (verl: sync DAPO prefetch)',
+        only=(1,), why='the driver generates one gen batch at a time')
+
+    def __post_init__(self) -> None:
+        errors = []
+        if self.enable and not self.metric:
+            errors.append("{section}.metric must be set when {section}.enable=True, got " + repr(self.metric) + ".")
+        if self.max_num_gen_batches < 0:
+            errors.append(f"{{section}}.max_num_gen_batches={self.max_num_gen_batches} must be >= 0 (0 = no limit).")
+        check_section(errors)
+
+
 @dataclass
 class AlgoConfig:
     """``algorithm``."""
@@ -126,6 +150,9 @@ class AlgoConfig:
         choices=('token', 'sequence', 'geometric'))
     rollout_is_mode: str = key('truncate', 'verl 0.6 IS bound mode: truncate | mask', choices=('truncate', 'mask'))
     rollout_is_veto_threshold: float = key(0.0001, 'verl 0.6: zero the IS weights of a sequence with a token ratio below this')
+    # verl 0.9: DAPO dynamic sampling
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig,
+        'DAPO dynamic sampling: keep only prompt groups with reward spread')
 
 
 @dataclass
