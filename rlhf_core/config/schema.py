@@ -163,8 +163,11 @@ def _check_type(spec: KeySpec, value: Any) -> tuple[str | None, Any]:
     return f"{path}={value!r}: expected {_type_name(types)}, got {type(value).__name__}", value
 
 
-def _check_value(spec: KeySpec, value: Any) -> list[str]:
+def _check_value(spec: KeySpec, value: Any, cfg: DictConfig | None = None) -> list[str]:
     errors, path = [], spec.path
+    unless = spec.choices.unless if isinstance(spec.choices, Registered) else None
+    if unless is not None and cfg is not None and OmegaConf.select(cfg, unless[0], default=None) == unless[1]:
+        return errors  # e.g. reward.reward_manager.source=importlib: a class name, checked when it is loaded
     if isinstance(spec.choices, Registered) and (value is None or spec.choices.accepts(value)):
         choices = None  # a registered name (see Registered.accepts)
     else:
@@ -226,5 +229,5 @@ def check_schema(cfg: DictConfig, name: str) -> list[str]:
             continue
         if fixed is not value:
             OmegaConf.update(cfg, path, fixed, merge=False)
-        errors.extend(_check_value(spec, value))
+        errors.extend(_check_value(spec, value, cfg))
     return errors + check_support(cfg, name)

@@ -48,9 +48,12 @@ REGISTRIES: dict[str, tuple[str, str]] = {
 
 @dataclass(frozen=True)
 class Registered:
-    """Choices that are the names in a registry (``kind``: a key of :data:`REGISTRIES`), read when checked."""
+    """Choices that are the names in a registry (``kind``: a key of :data:`REGISTRIES`), read when checked.
+    ``unless``: ``(dotted key, value)``: when that key holds that value, any name is accepted here (verl 0.9's
+    ``reward.reward_manager.source=importlib`` names a class in a file instead of a registered manager)."""
 
     kind: str
+    unless: tuple[str, Any] | None = None
 
     def names(self) -> tuple[str, ...]:
         """The names registered now (importing the module that owns the registry, and with it torch)."""
@@ -67,11 +70,11 @@ class Registered:
         return value in BUILTIN[self.kind] or value in self.names()
 
 
-def registered(kind: str) -> Registered:
-    """Choices read from the registry ``kind`` (a key of :data:`REGISTRIES`)."""
+def registered(kind: str, unless: tuple[str, Any] | None = None) -> Registered:
+    """Choices read from the registry ``kind`` (a key of :data:`REGISTRIES`); ``unless``: see :class:`Registered`."""
     if kind not in REGISTRIES:
         raise KeyError(f"no registry {kind!r}; known: {sorted(REGISTRIES)}")
-    return Registered(kind)
+    return Registered(kind, unless)
 
 
 def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple | Registered | None = None,

@@ -7,10 +7,39 @@ from rlhf_core.reward.custom import reward_function_from_config
 from rlhf_core.reward.managers import get_reward_manager_cls
 from rlhf_core.reward import dapo as _dapo  # noqa: F401  (registers "dapo")
 from rlhf_core.reward import prime as _prime  # noqa: F401  (registers "prime")
+from rlhf_core.reward import rate_limited as _rate_limited  # noqa: F401  (registers "rate_limited")
+from rlhf_core.reward import remote as _remote  # noqa: F401  (registers "remote")
+from rlhf_core.user_code import exec_user_file, resolve_user_file
+
+MODULE_KEY = "reward.reward_manager.module.path"
+
+
+def reward_manager_cls(config: Any) -> type:
+    """The reward-manager class of ``config`` (verl 0.9 ``resolve_reward_manager_cls``): with
+    ``reward.reward_manager.source=register`` the registered ``reward_model.reward_manager``; with ``importlib`` the
+    class of that name in the file ``reward.reward_manager.module.path``, imported as ``module.name``.
+
+    Raises:
+        ValueError: an unknown registered name (naming the registered ones). FileNotFoundError: no such file.
+        AttributeError: the file has no such class.
+    """
+    name, source = str(config.reward_model.reward_manager), config.reward.reward_manager.source
+    if source == "register":
+        return get_reward_manager_cls(name)
+    module_cfg = config.reward.reward_manager.module
+    path = resolve_user_file(str(module_cfg.path), MODULE_KEY)
+    module = exec_user_file(path, MODULE_KEY, str(module_cfg.name or "rlhf_custom_reward_manager"))
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise AttributeError(f"reward.reward_manager.name (reward_model.reward_manager)={name!r}: {path!r} has no "
+                             f"class of that name (reward.reward_manager.source=importlib)")
+    return cls
 
 
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwargs: Any) -> Any:
-    """The manager named by ``reward_model.reward_manager`` (default ``naive``).
+    """The manager named by ``reward_model.reward_manager`` (default ``naive``; :func:`reward_manager_cls`), built
+    with its ``config_kwargs(config)`` (``remote``: ``reward.num_workers``; ``rate_limited``: ``reward.max_*``),
+    then ``reward_model.reward_kwargs``, then ``kwargs``.
 
     Args:
         config: the full ppo_trainer config (``DictConfig`` or nested dicts). Reads
@@ -25,9 +54,10 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
     Raises:
         ValueError: for an unknown manager name. FileNotFoundError / AttributeError from a bad custom function.
     """
-    rm = config.reward_model
-    manager_kwargs = {**dict(rm.reward_kwargs), **kwargs}
-    return get_reward_manager_cls(str(rm.reward_manager))(
+    cls = reward_manager_cls(config)
+    from_config = cls.config_kwargs(config) if hasattr(cls, "config_kwargs") else {}  # e.g. reward.num_workers
+    manager_kwargs = {**from_config, **dict(config.reward_model.reward_kwargs), **kwargs}
+    return cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
         compute_score=reward_function_from_config(config),

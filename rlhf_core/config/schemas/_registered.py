@@ -12,7 +12,7 @@ BUILTIN = {
         'vanilla'
     }),
     'reward_manager': frozenset({
-        'batch', 'dapo', 'naive', 'prime'
+        'batch', 'dapo', 'naive', 'prime', 'rate_limited', 'remote'
     }),
     'tool_parser': frozenset({
         'hermes'

@@ -172,7 +172,8 @@ class RewardModelModelConfig:
 
     input_tokenizer: Optional[str] = key('${actor_rollout_ref.model.path}',
         "tokenizer the inputs are decoded with before the RM's chat template; null = same template")
-    path: str = key('~/models/Anomy-RM-v0.1', 'path of the reward model (AutoModelForSequenceClassification)')
+    path: str = key('~/models/Anomy-RM-v0.1', 'path of the reward model (AutoModelForSequenceClassification)',
+        aliases=("reward.reward_model.model_path",))  # verl 0.9: reward section
     external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first')
     trust_remote_code: bool = key(False, 'allow remote code when loading the reward model')
     use_shm: bool = key(False, 'load the reward model through shared memory (/dev/shm; default only)',
@@ -186,26 +187,34 @@ class RewardModelModelConfig:
 class RewardModelSandboxFusionConfig:
     """``reward_model.sandbox_fusion``."""
 
+    # verl 0.9: reward section (the 0.9 spellings reward.sandbox_fusion.* are aliases)
     url: Any = key(None, 'URL of a Sandbox Fusion code-execution service; null = none',
-        why='the Sandbox Fusion code-execution service')
+        why='the Sandbox Fusion code-execution service', aliases=("reward.sandbox_fusion.url",))
     max_concurrent: int = key(64, 'max concurrent requests to the sandbox',
-        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported')
+        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported',
+        aliases=("reward.sandbox_fusion.max_concurrent",))
     memory_limit_mb: int = key(1024, 'memory limit of one sandbox run, in MB',
-        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported')
+        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported',
+        aliases=("reward.sandbox_fusion.memory_limit_mb",))
 
 
 @dataclass
 class RewardModelConfig:
     """``reward_model``."""
 
-    enable: bool = key(False, 'score with a reward model (False = rule/custom reward function only)')
+    # verl 0.9: reward section (the 0.9 spellings reward.reward_model.* are aliases)
+    enable: bool = key(False, 'score with a reward model (False = rule/custom reward function only)',
+        aliases=("reward.reward_model.enable",))
     enable_resource_pool: bool = key(False,
         'run the reward model in its own resource pool instead of next to the actor',
-        why='a separate Ray resource pool for the reward model; it runs next to the actor')
+        why='a separate Ray resource pool for the reward model; it runs next to the actor',
+        aliases=("reward.reward_model.enable_resource_pool",))
     n_gpus_per_node: int = key(0, 'GPUs per node of that pool (with enable_resource_pool)',
-        no_effect_yet='read only with reward_model.enable_resource_pool')
+        no_effect_yet='read only with reward_model.enable_resource_pool',
+        aliases=("reward.reward_model.n_gpus_per_node",))
     nnodes: int = key(0, 'nodes of that pool (with enable_resource_pool)',
-        no_effect_yet='read only with reward_model.enable_resource_pool')
+        no_effect_yet='read only with reward_model.enable_resource_pool',
+        aliases=("reward.reward_model.nnodes",))
     strategy: str = key('fsdp', 'backend of the reward model: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
     model: RewardModelModelConfig = section(RewardModelModelConfig)
@@ -218,8 +227,11 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = key('${critic.forward_max_token_len_per_gpu}',
         'token budget per worker micro-batch')
     reward_manager: str = key('naive',
-        'reward manager: naive (one sample at a time) | prime (process pool) | dapo (naive + overlong penalty)',
-        choices=registered("reward_manager"), aliases=("reward.reward_manager.name",))
+        'reward manager: naive (one sample at a time) | batch (one call per batch) | prime (process pool, timeout) | '
+        'dapo (naive + overlong penalty) | remote (reward.num_workers processes) | rate_limited (reward.max_*); '
+        'with reward.reward_manager.source=importlib, a class name in reward.reward_manager.module.path',
+        choices=registered("reward_manager", unless=("reward.reward_manager.source", "importlib")),
+        aliases=("reward.reward_manager.name",))
     launch_reward_fn_async: bool = key(False, 'compute the reward function asynchronously with generation',
         no_effect_yet='the reward function runs synchronously; same scores')
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')

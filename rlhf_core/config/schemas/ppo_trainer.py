@@ -12,6 +12,7 @@ from rlhf_core.config.spec import check_section, free_form, key, registered, sec
 from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
 from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
 from rlhf_core.config.schemas.ppo_data import DataConfig
+from rlhf_core.config.schemas.ppo_reward import RewardConfig
 from rlhf_core.config.schemas.ppo_rollout import RolloutConfig
 
 # The comment lines at the top of the generated YAML file.
@@ -301,6 +302,8 @@ class PPOTrainerConfig:
     critic: CriticConfig = section(CriticConfig)
     reward_model: RewardModelConfig = section(RewardModelConfig)
     custom_reward_function: CustomRewardConfig = section(CustomRewardConfig)
+    # verl 0.9: reward section (its keys with a 0.6 counterpart are aliases of that key)
+    reward: RewardConfig = section(RewardConfig, 'verl 0.9 reward settings without a 0.6 counterpart')
     algorithm: AlgoConfig = section(AlgoConfig)
     trainer: TrainerConfig = section(TrainerConfig)
     ray_init: RayInitConfig = section(RayInitConfig)
