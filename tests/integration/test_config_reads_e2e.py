@@ -99,6 +99,19 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "algorithm.pf_ppo.weight_pow":
             "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_resamples_the_update_batch_towards_high_scores",
         "ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
+        # verl 0.9: DAPO filter_groups + reward section (read only with filter_groups.enable / those managers)
+        "algorithm.filter_groups.metric":
+            "tests/unit/test_dynamic_sampling.py::test_driver_trains_on_exactly_train_batch_size_kept_groups",
+        "algorithm.filter_groups.max_num_gen_batches":
+            "tests/unit/test_dynamic_sampling.py::test_collect_stops_at_max_num_gen_batches_and_when_data_runs_out",
+        "reward.num_workers": "tests/unit/test_reward_verl09.py::test_remote_scores_in_num_workers_other_processes",
+        **{f"reward.reward_manager.module.{k}":
+           "tests/unit/test_reward_verl09.py::test_importlib_source_loads_the_manager_class_from_a_file"
+           for k in ("path", "name")},
+        **{f"reward.{k}": "tests/unit/test_reward_verl09.py::test_rate_limited_spaces_calls_by_max_rpm_or_max_tpm"
+           for k in ("max_rpm", "max_tpm", "estimated_tokens_per_request")},
+        **{f"reward.{k}": "tests/unit/test_reward_verl09.py::test_rate_limited_caps_concurrency_and_times_out"
+           for k in ("max_concurrent", "timeout")},
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,

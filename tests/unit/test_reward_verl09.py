@@ -107,20 +107,22 @@ def _cfg(tmp_path, scorer_source, **reward):
     return cfg
 
 
-def test_rate_limited_spaces_calls_by_max_rpm(tmp_path):
+@pytest.mark.parametrize("limits", [{"max_rpm": 120},  # 2 calls per second
+                                    {"max_tpm": 6000, "estimated_tokens_per_request": 50}])  # 100 tokens/s ÷ 50
+def test_rate_limited_spaces_calls_by_max_rpm_or_max_tpm(tmp_path, limits):
     cfg = _cfg(tmp_path, """
         import time
         STARTS = []
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             STARTS.append(time.monotonic())
             return 0.5
-    """, manager="rate_limited", max_rpm=120, max_concurrent=8)
+    """, manager="rate_limited", max_concurrent=8, **limits)
     tok, batch = _batch(5)
     manager = load_reward_manager(cfg, tok)
     out = manager(batch, return_dict=True)
     starts = sorted(manager.compute_score._fn.__globals__["STARTS"])
     offsets = [t - starts[0] for t in starts]
-    # 120 rpm = 2 per second, burst 2: calls start at 0, 0, 0.5, 1.0, 1.5 s (threads start within ~0.1 s)
+    # 2 calls per second, burst of one second's worth (2): calls start at 0, 0, 0.5, 1.0, 1.5 s
     assert offsets[1] < 0.1
     for k, expected in ((2, 0.5), (3, 1.0), (4, 1.5)):
         assert expected - 0.02 <= offsets[k] < expected + 0.3, (k, offsets)
