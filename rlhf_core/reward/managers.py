@@ -262,11 +262,17 @@ class BatchRewardManager(RewardManagerBase):
     """verl's ``BatchRewardManager``: one call for the whole batch, ``compute_score(data_sources=[...],
     solution_strs=[...], ground_truths=[...], extra_infos=[...])`` → a list of floats or dicts (length ``B``).
 
+    Without ``custom_reward_function.path`` the built-in scorers take one sample per call: they are then called once
+    per sample (as ``naive``), so ``batch`` works without a file too (verl would call them with lists and fail).
+
     Raises:
         ValueError: when the function returns a list of the wrong length.
     """
 
     def score_samples(self, samples: list[DecodedSample]) -> list[Any]:
+        fn = self.compute_score
+        if fn is default_compute_score or getattr(fn, "func", None) is default_compute_score:  # a partial of it
+            return [NaiveRewardManager._score_one(self, s) for s in samples]
         results = list(
             self.compute_score(
                 data_sources=[s.data_source for s in samples],

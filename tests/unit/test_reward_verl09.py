@@ -201,3 +201,13 @@ def test_importlib_source_loads_the_manager_class_from_a_file(tmp_path):
     cfg.reward_model.reward_manager = "Missing"
     with pytest.raises(AttributeError, match="'Missing'.*has no class of that name"):
         load_reward_manager(cfg, tok)
+
+
+def test_batch_manager_without_a_custom_function_scores_with_the_builtin_scorers():
+    tok = CharTokenizer()
+    batch = make_batch(tok, ["q", "q"], ["#### 7", "#### 8"], ["7", "7"], ["openai/gsm8k"] * 2)
+    cfg = typed_config("ppo_trainer")
+    cfg.reward_model.reward_manager = "batch"
+    # the gsm8k scorer one sample at a time: "#### 7" is right (1.0 on its last token, index 6), "#### 8" wrong (0)
+    reward = load_reward_manager(cfg, tok)(batch)
+    assert reward[0, 6] == 1.0 and reward.sum() == 1.0
