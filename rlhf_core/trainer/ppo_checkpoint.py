@@ -128,6 +128,9 @@ def load_ppo_checkpoint(trainer: Any, path: str | None) -> None:
     if state is not None:
         loader.load_state_dict(state)
     else:  # no data.pt: the position follows from the global step (every epoch has len(loader) steps)
+        if trainer.config.algorithm.filter_groups.enable:
+            raise ValueError(f"{path} has no data.pt: with algorithm.filter_groups.enable a step uses a varying "
+                             f"number of batches, so the data position cannot be derived from the global step")
         loader.epoch, loader.batches_done = divmod(trainer.global_steps, len(loader))
         logger.warning("%s has no data.pt: data position derived from global step %d (epoch %d, batch %d)",
                        path, trainer.global_steps, loader.epoch, loader.batches_done)
