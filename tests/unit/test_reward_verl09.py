@@ -166,6 +166,7 @@ def test_rate_limited_awaits_an_async_scorer():
     assert manager(batch).sum().item() == 4.0  # "r0", "r1": 2 characters each
 
 
+@pytest.mark.slow  # spawns 2 worker processes: 7.5 s at load average 8 on 2 cores
 def test_remote_scores_in_num_workers_other_processes(tmp_path):
     cfg = _cfg(tmp_path, """
         import os
