@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, key, registered, section
+from rlhf_core.config.schemas.ppo_async import AsyncTrainingConfig, StandaloneRolloutConfig
 from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
 from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
 from rlhf_core.config.schemas.ppo_data import DataConfig
@@ -310,3 +311,8 @@ class PPOTrainerConfig:
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig,
         'verl 0.6 spelling of the ray_init section; the two are aliases (set one, or both to the same value)')
     global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig)
+    # verl 0.9: off-policy trainers (one-step / fully async)
+    rollout: StandaloneRolloutConfig = section(StandaloneRolloutConfig,
+        'standalone rollout workers (verl one_step_off_ppo_trainer.yaml); read with async_training.mode != on_policy')
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig,
+        'off-policy trainers: async_training.mode picks one (verl fully_async_ppo_trainer.yaml keys)')
