@@ -211,6 +211,20 @@ def check_chat_template(config: DictConfig, tokenizer: Any) -> None:
                           "it; add a chat template to that folder or set data.tokenizer to a tokenizer that has one")
 
 
+def make_trainer(config: DictConfig, *args: Any) -> RayPPOTrainer:
+    """The driver ``async_training.mode`` names, on the Ray worker groups it needs: ``on_policy`` →
+    :class:`RayPPOTrainer`; ``one_step_off_policy`` → :class:`~rlhf_core.trainer.one_step_off_policy.
+    OneStepOffPolicyTrainer` (``fully_async`` is refused when the config loads). ``args``: the trainer's
+    ``tokenizer, reward_fn, val_reward_fn, train_dataset, val_dataset``."""
+    if config.async_training.mode == "one_step_off_policy":
+        from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer, build_one_step_worker_groups
+
+        tokenizer, *rest = args
+        return OneStepOffPolicyTrainer(config, tokenizer, build_one_step_worker_groups, *rest)
+    tokenizer, *rest = args
+    return RayPPOTrainer(config, tokenizer, build_worker_groups, *rest)
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None,
@@ -229,6 +243,10 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     validate_ppo_config(config, world)
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
+    if config.async_training.mode == "one_step_off_policy":  # what that driver cannot run, before Ray
+        from rlhf_core.trainer.one_step_off_policy import check_one_step_config
+
+        check_one_step_config(config)
     # cheap, local checks first (model paths, tokenizer, data files, reward function), then Ray
     check_model_paths(config)
     tokenizer = load_driver_tokenizer(config)
@@ -238,7 +256,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     init_ray(config.ray_init.address, config.ray_init.num_cpus)
-    trainer = RayPPOTrainer(config, tokenizer, build_worker_groups, reward_fn, val_reward_fn, train_ds, val_ds)
+    trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
         actor_wg = trainer.wgs["actor_rollout"]

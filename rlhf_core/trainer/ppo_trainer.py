@@ -135,9 +135,7 @@ class RayPPOTrainer:
         self.validator = Validator(self.config, self.tokenizer, self.wgs["actor_rollout"], self.val_reward_fn,
                                    self.val_dataloader, rm_wg=self.wgs.get("rm"))
 
-    @property
-    def actor_wg(self):
-        return self.wgs["actor_rollout"]
+    actor_wg = property(lambda self: self.wgs["actor_rollout"])
 
     # ---- the loop --------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -170,7 +168,7 @@ class RayPPOTrainer:
         n_epochs = -(-self.total_training_steps // steps_per_epoch)  # ceil: total_training_steps may be given
         profiler = StepProfiler(self.config.global_profiler, self.wgs)
         self._train_started = time.monotonic()
-        batches = train_batches(self.train_dataloader, n_epochs)
+        batches = self.train_batches(n_epochs, stop_at)
         more = (b for _, b in batches)  # dynamic sampling's further gen batches: the same stream
         for epoch, batch in batches:
             self.global_steps += 1
@@ -191,6 +189,11 @@ class RayPPOTrainer:
         self.checkpoints.finish_pending()
         return last_metrics
 
+    def train_batches(self, n_epochs: int, stop_at: int) -> Iterator[tuple[int, Batch]]:
+        """(epoch, prompts) per drawn batch, from the loader's position to the end of epoch ``n_epochs - 1``
+        (``stop_at``: the last step; one-step off-policy looks ahead one batch)."""
+        return train_batches(self.train_dataloader, n_epochs)
+
     def budget_spent(self) -> bool:
         """True once ``trainer.total_training_seconds`` (wall clock, seconds) have passed since the training loop
         started; always False when the key is null or the loop has not started."""
@@ -200,8 +203,8 @@ class RayPPOTrainer:
 
     def _ensure_tracker(self) -> None:
         if self.tracker is None:
-            t = self.config.trainer
-            self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
+            self.tracker = Tracking(self.config.trainer.project_name, self.config.trainer.experiment_name,
+                                    self.config.trainer.logger, config=self.config)
 
     def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
         """One PPO iteration on a batch of prompts (SEMANTICS "One PPO step"); returns its metrics. ``more``: the
@@ -302,7 +305,7 @@ class RayPPOTrainer:
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
         out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None
         if out is None:
-            out = self.actor_wg.execute_dp("generate_sequences", batch)
+            out = self.rollout_generate(batch)
             if self.rollout_dump:
                 self.rollout_dump.dump(self.global_steps, out)
         rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
@@ -311,6 +314,10 @@ class RayPPOTrainer:
         batch = ensure_response_mask(batch.merge(out, "actor rollout generate_sequences"))
         batch.meta["global_token_num"] = batch["attention_mask"].sum(-1).tolist()
         return batch
+
+    def rollout_generate(self, batch: Batch) -> Batch:
+        """The engine's ``generate_sequences`` (here the actor group's colocated rollout)."""
+        return self.actor_wg.execute_dp("generate_sequences", batch)
 
     def compute_reward_baselines(self, prompts: Batch, batch: Batch) -> Batch:
         """[gen_max] (remax only) ``reward_baselines (B,)``: the score of a greedy response to each prompt."""
@@ -397,7 +404,7 @@ class RayPPOTrainer:
 
     # ---- testing and checkpoints -----------------------------------------------------------------
     def _should_test(self, is_last: bool) -> bool:
-        freq = int(self.config.trainer.test_freq)
+        freq = int(self.config.trainer.test_freq)  # > 0: every freq steps and the last
         return self.val_reward_fn is not None and freq > 0 and (is_last or self.global_steps % freq == 0)
 
     def _should_save(self, is_last: bool) -> bool:

@@ -148,6 +148,15 @@ class ActorRolloutRefWorker(ProfiledWorker):
         if self.rollout is not None and self.actor_module is not None:
             self.rollout.sync_weights(full_state_dict(self.actor_module))
 
+    def actor_weights(self) -> dict:
+        """The actor's full state dict (HF key names, on CPU; collective on the actor ranks): what a standalone
+        rollout group loads with :meth:`load_rollout_weights` (one-step off-policy trainer)."""
+        return {k: v.detach().cpu() for k, v in full_state_dict(self.actor_module).items()}
+
+    def load_rollout_weights(self, state_dict: dict) -> None:
+        """Load ``state_dict`` (from :meth:`actor_weights`) into this worker's rollout engine."""
+        self.rollout.sync_weights(state_dict)
+
     def _extra_state(self) -> dict:
         return {"actor_update_calls": self.actor.update_calls if self.actor else 0,
                 "rollout_calls": getattr(self.rollout, "calls", 0)}
