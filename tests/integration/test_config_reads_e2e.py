@@ -37,11 +37,16 @@ _IS_ACTOR = "tests/unit/test_workers_fsdp.py::test_rollout_is_weights_scale_the_
 _KL = "tests/unit/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
 _PROFILER = "tests/unit/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
 _AGENT = "tests/unit/test_agent_rollout.py::test_async_equals_sync_multiturn"
+_ONE_STEP = "tests/unit/test_one_step_off_policy.py::"
 _DEPRECATED = "tests/unit/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
 EFFECT_TESTS: dict[str, dict[str, str]] = {
     "ppo_trainer": {
+        # verl 0.9: off-policy trainers (read only with async_training.mode=one_step_off_policy)
+        "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_before_any_worker",
+        "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_before_any_worker",
+        "async_training.one_step_overlap": _ONE_STEP + "test_without_overlap_the_run_equals_the_on_policy_run",
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
         "data.filter_overlong_prompts_workers": "tests/unit/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
