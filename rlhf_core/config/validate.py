@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
+from .off_policy import one_step_config_errors
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -287,7 +288,10 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
                           f"are the denominator of the importance weight), got False.")
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
-    return errors + _filter_groups_errors(cfg)
+    errors += _filter_groups_errors(cfg)
+    if _get(cfg, "async_training.mode") == "one_step_off_policy" and not errors:  # sizes sane first
+        errors += one_step_config_errors(cfg)
+    return errors
 
 
 def _filter_groups_errors(cfg: DictConfig) -> list[str]:

@@ -243,10 +243,6 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     validate_ppo_config(config, world)
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
-    if config.async_training.mode == "one_step_off_policy":  # what that driver cannot run, before Ray
-        from rlhf_core.trainer.one_step_off_policy import check_one_step_config
-
-        check_one_step_config(config)
     # cheap, local checks first (model paths, tokenizer, data files, reward function), then Ray
     check_model_paths(config)
     tokenizer = load_driver_tokenizer(config)

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 from omegaconf import DictConfig
 
 from rlhf_core.config import ConfigError
+from rlhf_core.config.off_policy import one_step_config_errors
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -39,35 +40,9 @@ from rlhf_core.trainer.ppo_validation import Validator
 logger = logging.getLogger(__name__)
 
 
-def one_step_config_errors(config: DictConfig) -> list[str]:
-    """What this driver cannot run, one line per key (empty: runnable); read before any worker starts."""
-    arr, algo = config.actor_rollout_ref, config.algorithm
-    errors = []
-    if algo.adv_estimator == "remax":
-        errors.append("algorithm.adv_estimator=remax: its greedy baseline rollout runs on the actor's colocated "
-                      "engine, which async_training.mode=one_step_off_policy does not have")
-    if arr.rollout.skip_rollout:
-        errors.append("actor_rollout_ref.rollout.skip_rollout=True: replaying dumps per step is not supported "
-                      "with async_training.mode=one_step_off_policy")
-    if arr.rollout.name != "hf":
-        errors.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the standalone rollout group of "
-                      "async_training.mode=one_step_off_policy runs rollout.name=hf only")
-    if arr.rollout.mode != "sync" or arr.rollout.multi_turn.enable:
-        errors.append("actor_rollout_ref.rollout.mode=async / multi_turn.enable: agent loops are not supported with "
-                      "async_training.mode=one_step_off_policy")
-    if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
-        errors.append("actor_rollout_ref.actor.kl_loss_type=full needs the reference model in the actor's worker; "
-                      "async_training.mode=one_step_off_policy keeps the reference in its own group")
-    rollout_world = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
-    rows = int(config.data.train_batch_size) * int(arr.rollout.n)
-    if rows % rollout_world:
-        errors.append(f"data.train_batch_size × actor_rollout_ref.rollout.n = {rows} responses do not split over "
-                      f"rollout.nnodes × rollout.n_gpus_per_node = {rollout_world} rollout ranks")
-    return errors
-
-
 def check_one_step_config(config: DictConfig) -> None:
-    """Raise ConfigError listing :func:`one_step_config_errors` (nothing when runnable)."""
+    """Raise ConfigError listing :func:`rlhf_core.config.off_policy.one_step_config_errors` (nothing when
+    runnable); ``load_config`` already refuses them, this guards a config built otherwise."""
     errors = one_step_config_errors(config)
     if errors:
         raise ConfigError("async_training.mode=one_step_off_policy:\n  - " + "\n  - ".join(errors))

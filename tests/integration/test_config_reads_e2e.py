@@ -44,8 +44,8 @@ _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_on
 EFFECT_TESTS: dict[str, dict[str, str]] = {
     "ppo_trainer": {
         # verl 0.9: off-policy trainers (read only with async_training.mode=one_step_off_policy)
-        "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_before_any_worker",
-        "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_before_any_worker",
+        "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
+        "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "async_training.one_step_overlap": _ONE_STEP + "test_without_overlap_the_run_equals_the_on_policy_run",
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,

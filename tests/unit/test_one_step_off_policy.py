@@ -41,17 +41,20 @@ def test_fully_async_mode_and_its_keys_are_refused_naming_the_key(tmp_path):
         _config(tmp_path, "rollout.n_gpus_per_node=0")
 
 
-def test_one_step_refuses_what_it_cannot_run_before_any_worker(tmp_path):
-    from rlhf_core.trainer.one_step_off_policy import check_one_step_config, one_step_config_errors
+def test_one_step_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
+    from rlhf_core.config.off_policy import one_step_config_errors
+    from rlhf_core.trainer.one_step_off_policy import check_one_step_config
 
-    assert one_step_config_errors(_config(tmp_path, "async_training.mode=one_step_off_policy")) == []
+    cfg = _config(tmp_path, "async_training.mode=one_step_off_policy")
+    assert one_step_config_errors(cfg) == []
     # 2 prompts × n=2 = 4 responses over 3 rollout ranks: 4 % 3 != 0
-    cfg = _config(tmp_path, "async_training.mode=one_step_off_policy", "rollout.n_gpus_per_node=3",
-                  "algorithm.adv_estimator=remax")
-    errors = one_step_config_errors(cfg)
-    assert len(errors) == 2 and errors[0].startswith("algorithm.adv_estimator=remax")
-    assert "= 4 responses do not split over rollout.nnodes × rollout.n_gpus_per_node = 3" in errors[1]
-    with pytest.raises(ConfigError, match="one_step_off_policy:\n  - algorithm.adv_estimator=remax"):
+    with pytest.raises(ConfigError, match=r"(?s)Invalid config:\n  - algorithm.adv_estimator=remax: .*\n  - data.train_"
+                                          r"batch_size × actor_rollout_ref.rollout.n = 4 responses do not split over "
+                                          r"rollout.nnodes × rollout.n_gpus_per_node = 3 rollout ranks"):
+        _config(tmp_path, "async_training.mode=one_step_off_policy", "rollout.n_gpus_per_node=3",
+                "algorithm.adv_estimator=remax")
+    cfg.actor_rollout_ref.rollout.skip_rollout = True  # a config built past the loader: the driver refuses it too
+    with pytest.raises(ConfigError, match="one_step_off_policy:\n  - actor_rollout_ref.rollout.skip_rollout=True"):
         check_one_step_config(cfg)
 
 
