@@ -23,7 +23,6 @@ overlap the step's other stages). Validation waits for the running generation an
 """
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
@@ -37,7 +36,6 @@ from rlhf_core.trainer.driver_utils import add_uids
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.trainer.ppo_validation import Validator
 
-logger = logging.getLogger(__name__)
 
 
 def check_one_step_config(config: DictConfig) -> None:
