@@ -37,7 +37,6 @@ from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.trainer.ppo_validation import Validator
 
 
-
 def check_one_step_config(config: DictConfig) -> None:
     """Raise ConfigError listing :func:`rlhf_core.config.off_policy.one_step_config_errors` (nothing when
     runnable); ``load_config`` already refuses them, this guards a config built otherwise."""
