@@ -22,6 +22,9 @@ def one_step_config_errors(config: Any) -> list[str]:
     if arr.rollout.mode != "sync" or arr.rollout.multi_turn.enable:
         errors.append("actor_rollout_ref.rollout.mode=async / multi_turn.enable: agent loops are not supported with "
                       "async_training.mode=one_step_off_policy")
+    if algo.filter_groups.enable:
+        errors.append("algorithm.filter_groups.enable=True: dynamic sampling draws further batches inside a step, "
+                      "async_training.mode=one_step_off_policy generates exactly one batch ahead")
     if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
         errors.append("actor_rollout_ref.actor.kl_loss_type=full needs the reference model in the actor's worker; "
                       "async_training.mode=one_step_off_policy keeps the reference in its own group")
