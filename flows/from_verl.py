@@ -303,7 +303,8 @@ def convert(text: str, source: str, preset: dict[str, str] | None = None) -> Con
     converter = _Converter(script, conv)
     seen: dict[str, int] = {}
     for cmd in sorted(script.commands, key=lambda c: ["ppo", "sft", "evaluation", "generation"].index(c.stage)):
-        conv.commands.append(f"line {cmd.line}: {cmd.module if cmd.module in OTHER_MODULES else 'verl.trainer.' + cmd.module} -> "
+        module = cmd.module if cmd.module in OTHER_MODULES else f"verl.trainer.{cmd.module}"
+        conv.commands.append(f"line {cmd.line}: {module} -> "
                              f"{'evaluation.suites' if cmd.stage == 'generation' else cmd.stage}")
         if cmd.stage != "generation" and cmd.stage in seen:
             raise ConfigError(f"{source}: two {cmd.module} commands (lines {seen[cmd.stage]} and {cmd.line}): one "

@@ -31,11 +31,14 @@ STAGES = {"main_ppo": "ppo", "fsdp_sft_trainer": "sft", "sft_trainer": "sft", "m
           "main_generation": "generation", "main_generation_server": "generation"}
 """verl.trainer module -> experiment stage (``generation`` becomes an evaluation suite)."""
 
-OTHER_MODULES = {"verl.experimental.one_step_off_policy.main_ppo": "main_ppo",
-                 "verl.experimental.fully_async_policy.fully_async_main": "main_ppo",
-                 "recipe.dapo.main_dapo": "main_ppo"}
-"""Entry points outside ``verl.trainer`` -> the :data:`STAGES` module whose config they extend (verl 0.9's one-step
-off-policy and fully asynchronous trainers take ``ppo_trainer``'s keys plus their own; the DAPO recipe's
+OTHER_MODULES = {
+    "verl.experimental.one_step_off_policy.main_ppo": ("main_ppo", ["async_training.mode=one_step_off_policy"]),
+    "verl.experimental.fully_async_policy.fully_async_main": ("main_ppo", ["async_training.mode=fully_async"]),
+    "recipe.dapo.main_dapo": ("main_ppo", []),
+}
+"""Entry points outside ``verl.trainer`` -> (the :data:`STAGES` module whose config they extend, the overrides that
+choose the same trainer here, put before the command's own). verl 0.9's one-step off-policy and fully asynchronous
+trainers take ``ppo_trainer``'s keys plus their own and are ``async_training.mode`` here; the DAPO recipe's
 ``main_dapo`` runs ``ppo_trainer`` with ``algorithm.filter_groups``, which verl 0.9's ``main_ppo`` has too)."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -377,12 +380,13 @@ def _read_command(words: list[str], number: int, missing: list[str], env: dict[s
             skipped.append(f"line {number}: {' '.join(words)[:120]}")
         return
     index, module = found
-    if OTHER_MODULES.get(module, module) not in STAGES:
+    base, implied = OTHER_MODULES.get(module, (module, []))
+    if base not in STAGES:
         skipped.append(f"line {number}: verl.trainer.{module} (no stage of an experiment runs it)")
         return
-    args = [w for w in words[index + 1:] if w not in ("$@", "$*", "")]  # "" : an empty "${A[@]}"
+    args = implied + [w for w in words[index + 1:] if w not in ("$@", "$*", "")]  # "" : an empty "${A[@]}"
     unexpanded = {w: [r for r in dict.fromkeys(missing) if r in w] for w in words}
-    commands.append(Command(number, module, STAGES[OTHER_MODULES.get(module, module)], words[:index], args,
+    commands.append(Command(number, module, STAGES[base], words[:index], args,
                             {w: r for w, r in unexpanded.items() if r}))
 
 

@@ -130,13 +130,14 @@ def test_an_undecided_branch_is_read_and_named():
     assert args[-1] == "trainer.nnodes=2"
 
 
-@pytest.mark.parametrize("module", ["verl.experimental.one_step_off_policy.main_ppo",
-                                    "verl.experimental.fully_async_policy.fully_async_main",
-                                    "recipe.dapo.main_dapo"])
-def test_verl_09_entry_points_are_ppo_commands(module):
+@pytest.mark.parametrize("module, implied", [
+    ("verl.experimental.one_step_off_policy.main_ppo", ["async_training.mode=one_step_off_policy"]),
+    ("verl.experimental.fully_async_policy.fully_async_main", ["async_training.mode=fully_async"]),
+    ("recipe.dapo.main_dapo", [])])
+def test_verl_09_entry_points_are_ppo_commands(module, implied):
     text = f"ray job submit --no-wait -- python3 -m {module} algorithm.adv_estimator=grpo\n"
     [cmd] = read_script(text, "f.sh").commands
-    assert (cmd.module, cmd.stage, cmd.args) == (module, "ppo", ["algorithm.adv_estimator=grpo"])
+    assert (cmd.module, cmd.stage, cmd.args) == (module, "ppo", implied + ["algorithm.adv_estimator=grpo"])
     assert f"line 1: {module} -> ppo" in convert(text, "f.sh").commands
 
 
