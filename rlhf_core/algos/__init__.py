@@ -1,8 +1,9 @@
 """Pure tensor RL math (no I/O, no Ray/Prefect/MLflow/vLLM): advantage estimators, policy/value losses,
 loss aggregation, KL estimators and controllers, rollout importance sampling, PF-PPO resampling.
 
-Importing the package registers every estimator and policy loss (the ``advantages_outcome``, ``policy_loss_seq``,
-``policy_loss_cov``, ``policy_loss_logp`` and ``policy_loss_smooth`` modules register theirs on import).
+Importing the package registers every estimator and policy loss (the ``advantages_outcome``, ``advantages_gdpo``,
+``advantages_token_baseline``, ``policy_loss_seq``, ``policy_loss_cov``, ``policy_loss_logp`` and
+``policy_loss_smooth`` modules register theirs on import).
 
 Names follow verl's ``core_algos`` so custom code ports by changing the import.
 """
@@ -24,6 +25,12 @@ from rlhf_core.algos.advantages_outcome import (  # registers opo, grpo_passk, g
     compute_gpg_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_opo_outcome_advantage,
+)
+from rlhf_core.algos.advantages_gdpo import compute_gdpo_outcome_advantage  # registers gdpo
+from rlhf_core.algos.advantages_token_baseline import (  # registers (tir_)optimal_token_baseline
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+    sum_pi_squared_from_logits,
 )
 from rlhf_core.algos.kl import KL_KINDS, kl_penalty, kl_penalty_full
 from rlhf_core.algos.kl_controller import (
@@ -73,10 +80,12 @@ from rlhf_core.algos.utils import (
 )
 
 __all__ = [
-    "PF_PPO_REWEIGHT_METHODS", "compute_gpg_outcome_advantage", "compute_grpo_passk_outcome_advantage",
-    "compute_opo_outcome_advantage", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
-    "compute_policy_loss_dppo_kl", "compute_policy_loss_dppo_tv", "compute_policy_loss_dro",
-    "compute_policy_loss_sapo", "compute_policy_loss_geo_mean",
+    "PF_PPO_REWEIGHT_METHODS", "compute_gdpo_outcome_advantage", "compute_gpg_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage", "compute_multi_turn_optimal_token_baseline_advantage",
+    "compute_opo_outcome_advantage", "compute_optimal_token_baseline_advantage", "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov", "compute_policy_loss_dppo_kl", "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro", "compute_policy_loss_sapo", "compute_policy_loss_geo_mean",
+    "sum_pi_squared_from_logits",
     "compute_policy_loss_gpg", "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "pf_ppo_resample_indices",
     "pf_ppo_weights", "PolicyLossConfig", "PolicyLossInputs", "VerlPolicyLoss",
     "AdaptiveKLController", "FixedKLController", "KL_KINDS", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",

@@ -227,9 +227,12 @@ def _takes_groups(estimator: AdvEstimator) -> bool:
 
 
 def _rows(x: Any, keep: torch.Tensor) -> Any:
-    """The rows ``keep`` ((K,) int64 indices) of a tensor, numpy array or list; None stays None."""
+    """The rows ``keep`` ((K,) int64 indices) of a tensor, numpy array or list (of each value of a dict); None
+    stays None."""
     if x is None:
         return None
+    if isinstance(x, dict):
+        return {k: _rows(v, keep) for k, v in x.items()}
     if isinstance(x, torch.Tensor):
         return x[keep.to(x.device)]
     return np.asarray(x, dtype=object)[keep.numpy()]
@@ -239,7 +242,7 @@ def _rows(x: Any, keep: torch.Tensor) -> Any:
 def compute_advantage_without_aborted(
     estimator: AdvEstimator, aborted: torch.Tensor, *, token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor, index: Any = None, values: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None, **scalars: Any,
+    reward_baselines: torch.Tensor | None = None, row_inputs: dict[str, Any] | None = None, **scalars: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``estimator`` on the rows that were not aborted by ``rollout.over_sample_rate``; aborted rows get
     advantages = returns = 0.
@@ -257,7 +260,9 @@ def compute_advantage_without_aborted(
         estimator: an advantage estimator (:func:`get_adv_estimator`).
         aborted: ``(B,)`` bool, True for an aborted row.
         token_level_rewards, response_mask, values: ``(B, T)``; index: ``(B,)`` group keys; reward_baselines
-            ``(B,)``; scalars: passed to the estimator unchanged (``gamma``, ``lam``, ``epsilon``, ...).
+            ``(B,)``; row_inputs: more per-row inputs by name (``old_log_probs``, ``sum_pi_squared``, a dict of
+            ``(B,)`` tensors...), cut to the kept rows like the others; scalars: passed to the estimator unchanged
+            (``gamma``, ``lam``, ``epsilon``, ...).
     Returns:
         ``(advantages, returns)`` ``(B, T)`` float32, exactly 0 on aborted rows (and on masked positions); with no
         row aborted, the estimator's own output.
@@ -274,7 +279,7 @@ def compute_advantage_without_aborted(
         kept = torch.bincount(ids[~dropped], minlength=n_groups)
         dropped |= ((kept == 1) & (generated >= 2))[ids]  # lone survivors: no baseline
     inputs = dict(token_level_rewards=token_level_rewards, response_mask=response_mask, index=index, values=values,
-                  reward_baselines=reward_baselines)
+                  reward_baselines=reward_baselines, **(row_inputs or {}))
     if not bool(dropped.any()):
         return estimator(**inputs, **scalars)
     keep = torch.nonzero(~dropped).reshape(-1)

@@ -278,6 +278,13 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
         errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "
                       f"of the group), got {A}.rollout.n={n}.")
+    gdpo_keys, gdpo_weights = _get(cfg, "algorithm.gdpo_reward_keys"), _get(cfg, "algorithm.gdpo_reward_weights")
+    if adv == "gdpo" and not gdpo_keys:
+        errors.append("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward function's dict keys "
+                      "of the reward components, e.g. [format_reward,accuracy_reward].")
+    if adv == "gdpo" and gdpo_keys and gdpo_weights is not None and len(gdpo_weights) != len(gdpo_keys):
+        errors.append(f"algorithm.gdpo_reward_weights has {len(gdpo_weights)} weights for {len(gdpo_keys)} "
+                      f"algorithm.gdpo_reward_keys; give one per key or null (all 1).")
     if adv == "gae" and not use_critic(cfg):
         errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
                       "null or true, or choose an estimator without a critic such as grpo).")

@@ -22,19 +22,18 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from rlhf_core.agent.layout import multiturn_metrics
-from rlhf_core.algos.advantages import compute_advantage_without_aborted, get_adv_estimator
 from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn as default_collate
-from rlhf_core.metrics.training import (aborted_mask, compute_data_metrics, compute_throughput_metrics,
-                                       compute_timing_metrics)
+from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
 from rlhf_core.distributed.threads import use_driver_threads
 from rlhf_core.faults import fault_point
 from rlhf_core.protocol import Batch
+from rlhf_core.trainer.advantage_stage import run_adv_estimator
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.dynamic_sampling import OutOfData, collect_kept_groups, prompts_per_batch, train_batches
 from rlhf_core.trainer.driver_utils import (add_uids, after_step_hooks, balance_batch, compute_total_training_steps,
@@ -362,7 +361,7 @@ class RayPPOTrainer:
     def compute_advantage(self, batch: Batch, metrics: dict) -> Batch:
         """[adv] KL-in-reward penalty (or rewards = scores), then the ``algorithm.adv_estimator`` over the responses
         that ``rollout.over_sample_rate`` did not abort (aborted ones get advantage 0 and stay out of group
-        statistics: ``compute_advantage_without_aborted``); then, with ``algorithm.use_pf_ppo`` (gae), the batch is
+        statistics; ``rlhf_core.trainer.advantage_stage``); then, with ``algorithm.use_pf_ppo`` (gae), the batch is
         resampled by :meth:`pf_ppo_resample`."""
         algo = self.config.algorithm
         scores, mask = batch["token_level_scores"], batch["response_mask"]
@@ -374,12 +373,7 @@ class RayPPOTrainer:
             metrics.update(kl_metrics)
         else:
             rewards = scores
-        advantages, returns = compute_advantage_without_aborted(
-            get_adv_estimator(algo.adv_estimator), aborted_mask(batch),
-            token_level_rewards=rewards, response_mask=mask, index=batch["uid"],
-            values=batch["values"] if "values" in batch else None, gamma=float(algo.gamma), lam=float(algo.lam),
-            epsilon=1e-6, norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
-            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None)
+        advantages, returns = run_adv_estimator(algo, batch, rewards, metrics)
         batch = batch.merge(Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
         return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
 

@@ -26,6 +26,7 @@ from rlhf_core.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, get_
 from rlhf_core.algos.rollout_correction import compute_policy_loss_bypass_mode
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
+from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
@@ -242,20 +243,27 @@ class DataParallelPPOActor:
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                         max_token_len: int | None = None, calculate_entropy: bool = True):
+                         max_token_len: int | None = None, calculate_entropy: bool = True,
+                         calculate_sum_pi_squared: bool = False):
         """Log π(response_t) and entropies of this rank's shard, logits divided by ``batch.meta['temperature']``.
 
-        Returns ``(log_probs (B, T) float32 CPU, entropys (B, T) float32 CPU or None)``; rows keep their order."""
+        Returns ``(log_probs (B, T) float32 CPU, entropys (B, T) float32 CPU or None)``; rows keep their order.
+        With ``calculate_sum_pi_squared`` a third item, ``sum_pi_squared (B, T)`` float32 CPU: Σ_v π(v)² of the same
+        tempered distribution (:func:`~rlhf_core.algos.advantages_token_baseline.sum_pi_squared_from_logits`)."""
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         self.model.eval()
-        lps, ents = [], []
+        lps, ents, spps = [], [], []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
-            lp, ent = self._log_prob_entropy(mb, temperature, calculate_entropy)
+            lp, ent, *logits = self._log_prob_entropy(mb, temperature, calculate_entropy,
+                                                      return_logits=calculate_sum_pi_squared)
             lps.append(lp.float().cpu())
             if ent is not None:
                 ents.append(ent.float().cpu())
-        return torch.cat(lps), (torch.cat(ents) if calculate_entropy else None)
+            if calculate_sum_pi_squared:
+                spps.append(sum_pi_squared_from_logits(logits[0]).cpu())
+        out = (torch.cat(lps), (torch.cat(ents) if calculate_entropy else None))
+        return (*out, torch.cat(spps)) if calculate_sum_pi_squared else out
 
     @torch.no_grad()
     def compute_full_kl(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
 from rlhf_core.config.structured import full_key
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer
@@ -204,15 +205,19 @@ class ActorRolloutRefWorker(ProfiledWorker):
         return batch
 
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """``Batch{old_log_probs (B,T), entropys (B,T)}`` from the current actor (rollout.log_prob_* batching)."""
+        """``Batch{old_log_probs (B,T), entropys (B,T)}`` from the current actor (rollout.log_prob_* batching), and
+        ``sum_pi_squared (B,T)`` when ``actor.calculate_sum_pi_squared`` or the advantage estimator needs it."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor")
         rcfg = self.arr.rollout
         dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
         micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
         batch = self._temperature(batch)
-        lp, ent = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.log_prob_max_token_len_per_gpu)
-        return Batch({"old_log_probs": lp, "entropys": ent}, meta={"temperature": batch.meta["temperature"]})
+        spp = needs_sum_pi_squared(self.config.algorithm.adv_estimator, self.arr.actor.calculate_sum_pi_squared)
+        lp, ent, *rest = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.log_prob_max_token_len_per_gpu,
+                                                     calculate_sum_pi_squared=spp)
+        return Batch({"old_log_probs": lp, "entropys": ent, **({"sum_pi_squared": rest[0]} if spp else {})},
+                     meta={"temperature": batch.meta["temperature"]})
 
     def _full_kl_in_reward(self) -> bool:
         algo = self.config.algorithm

@@ -10,7 +10,8 @@ Conditions the driver checks from the config (:func:`skip_old_log_prob`): ``ppo_
 ``ppo_mini_batch_size >= data.train_batch_size`` (one mini-batch); nothing reads ``old_log_probs`` before the
 update (``algorithm.use_kl_in_reward``, rollout importance sampling ``algorithm.rollout_is_threshold`` /
 ``actor.rollout_is``, rollout correction whenever ``rollout.calculate_log_probs`` gives rollout log-probs (verl
-0.9.1 computes its metrics then), ``kl_penalty: full``); the actor updates this step (``global_steps > critic_warmup``).
+0.9.1 computes its metrics then), ``kl_penalty: full``, ``sum_pi_squared`` for the optimal-token-baseline
+estimators or ``actor.calculate_sum_pi_squared``); the actor updates this step (``global_steps > critic_warmup``).
 The worker checks the rest on its own shard (:func:`first_forward_is_old_log_prob`): one mini-batch, one epoch,
 no dropout module or config probability > 0 in train mode; otherwise it runs the ``old_log_prob`` forward itself.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
 from rlhf_core.protocol import Batch
 
 
@@ -45,6 +47,7 @@ def skip_old_log_prob(config: Any, global_steps: int) -> bool:
             and not bool(algo.use_kl_in_reward)
             and algo.rollout_is_threshold is None and not bool(actor.rollout_is)
             and not bool(config.actor_rollout_ref.rollout.calculate_log_probs)  # rollout correction reads π_old
+            and not needs_sum_pi_squared(algo.adv_estimator, actor.calculate_sum_pi_squared)
             and int(global_steps) > int(config.trainer.critic_warmup))
 
 

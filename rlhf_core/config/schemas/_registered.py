@@ -4,8 +4,9 @@ torch. Other names are looked up in the live registry (spec.Registered.accepts).
 
 BUILTIN = {
     'adv_estimator': frozenset({
-        'gae', 'gpg', 'grpo', 'grpo_passk', 'grpo_vectorized', 'opo', 'reinforce_plus_plus',
-        'reinforce_plus_plus_baseline', 'remax', 'rloo', 'rloo_vectorized'
+        'gae', 'gdpo', 'gpg', 'grpo', 'grpo_passk', 'grpo_vectorized', 'opo', 'optimal_token_baseline',
+        'reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'remax', 'rloo', 'rloo_vectorized',
+        'tir_optimal_token_baseline'
     }),
     'policy_loss': frozenset({
         'cispo', 'clip_cov', 'dppo_kl', 'dppo_tv', 'dro', 'geo_mean', 'gpg', 'gspo', 'kl_cov', 'sapo',

@@ -215,6 +215,10 @@ class ActorConfig:
         no_effect_yet='entropy is always computed in 1024-row chunks')
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
         no_effect_yet='entropy activations are stored; same outputs')
+    # verl 0.9: advantage estimators (optimal token baseline)
+    calculate_sum_pi_squared: bool = key(False,
+        'the log-prob pass also returns sum_pi_squared (B, T) = Σ_v π(v)² per response token; '
+        'adv_estimator optimal_token_baseline / tir_optimal_token_baseline turn it on themselves')
     use_kl_loss: bool = key(False, 'add a KL(actor || ref) loss term (GRPO uses True)')
     rollout_is: bool = key(False, 'multiply the policy loss by rollout importance-sampling weights')
     rollout_is_threshold: Optional[float] = key(None, 'upper bound on IS weights; null = disabled')

@@ -134,7 +134,8 @@ class AlgoConfig:
     lam: float = key(1.0, 'GAE lambda')
     adv_estimator: str = key('gae',
         'advantage estimator: gae | grpo | reinforce_plus_plus | reinforce_plus_plus_baseline | rloo | '
-        'rloo_vectorized | grpo_vectorized | remax | opo | grpo_passk | gpg',
+        'rloo_vectorized | grpo_vectorized | remax | opo | grpo_passk | gpg | gdpo | optimal_token_baseline | '
+        'tir_optimal_token_baseline',
         choices=registered("adv_estimator"))
     norm_adv_by_std_in_grpo: bool = key(True, 'GRPO: divide by the group std (False = Dr. GRPO)')
     use_kl_in_reward: bool = key(False, 'subtract a KL penalty from the rewards')
@@ -155,6 +156,12 @@ class AlgoConfig:
     # verl 0.9: DAPO dynamic sampling
     filter_groups: FilterGroupsConfig = section(FilterGroupsConfig,
         'DAPO dynamic sampling: keep only prompt groups with reward spread')
+    # verl 0.9: advantage estimators (gdpo)
+    gdpo_reward_keys: Optional[List[str]] = key(None,
+        'gdpo: the reward components, keys of the reward function\'s dict result (e.g. [format_reward, '
+        'accuracy_reward]); each is normalised within its group before they are summed; required by gdpo')
+    gdpo_reward_weights: Optional[List[float]] = key(None,
+        'gdpo: one weight per gdpo_reward_keys entry for the sum of the normalised components; null = all 1')
 
 
 @dataclass
