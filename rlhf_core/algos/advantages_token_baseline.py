@@ -34,8 +34,9 @@ def needs_sum_pi_squared(adv_estimator: str, calculate_sum_pi_squared: bool) -> 
 
 
 def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Σ_v softmax(logits)_v² per position, as exp(logsumexp(2z) − 2·logsumexp(z)) in float32 (no (…, V)
-    probability tensor is squared; exact, also for large logits). verl ``calculate_sum_pi_squared_from_logits``.
+    """Σ_v softmax(logits)_v² per position, as exp(logsumexp(2z) − 2·logsumexp(z)) in float32 with z = logits −
+    max(logits) (the same value; shifting keeps both log-sum-exps small, so large logits lose no precision).
+    verl ``calculate_sum_pi_squared_from_logits``.
 
     Args:
         logits: ``(..., V)`` any float dtype (the temperature-scaled logits that give the log-probs).
@@ -43,6 +44,7 @@ def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
         ``(...)`` float32 in [1/V, 1].
     """
     z = logits.float()
+    z = z - z.amax(dim=-1, keepdim=True).detach()
     return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
 
 
