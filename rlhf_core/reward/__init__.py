@@ -1,12 +1,13 @@
 """Rewards: rule-based scorers by ``data_source``, reward managers (``naive``, ``batch``, ``prime``, ``dapo``,
-``remote``, ``rate_limited``, or a class from a file with ``reward.reward_manager.source=importlib``), custom functions.
+``remote``, ``rate_limited``, ``gdpo``, or a class from a file with ``reward.reward_manager.source=importlib``),
+custom functions.
 
 Public API::
 
     default_compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float
     load_custom_reward_function(path, name="compute_score", reward_kwargs=None) -> FileRewardFunction
     load_reward_manager(config, tokenizer, num_examine=0, **kwargs) -> reward manager (naive | batch | prime | dapo |
-        remote | rate_limited | importlib class)
+        remote | rate_limited | gdpo | importlib class)
     get_reward_manager_cls(name), register(name), REWARD_MANAGERS
 
 Attribute access is lazy (PEP 562) so that reward worker processes, which import
@@ -34,6 +35,7 @@ _EXPORTS = {
     "RemoteRewardManager": "rlhf_core.reward.remote",
     "RateLimitedRewardManager": "rlhf_core.reward.rate_limited",
     "overlong_penalty": "rlhf_core.reward.dapo",
+    "GDPORewardManager": "rlhf_core.reward.gdpo",
 }
 
 __all__ = sorted(_EXPORTS)

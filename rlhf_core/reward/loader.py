@@ -6,6 +6,7 @@ from typing import Any
 from rlhf_core.reward.custom import reward_function_from_config
 from rlhf_core.reward.managers import get_reward_manager_cls
 from rlhf_core.reward import dapo as _dapo  # noqa: F401  (registers "dapo")
+from rlhf_core.reward import gdpo as _gdpo  # noqa: F401  (registers "gdpo")
 from rlhf_core.reward import prime as _prime  # noqa: F401  (registers "prime")
 from rlhf_core.reward import rate_limited as _rate_limited  # noqa: F401  (registers "rate_limited")
 from rlhf_core.reward import remote as _remote  # noqa: F401  (registers "remote")

@@ -53,8 +53,9 @@ def register(name: str) -> Callable[[type], type]:
 
 def registered_reward_managers() -> list[str]:
     """The names ``reward_model.reward_manager`` accepts now: the built-in managers (naive, batch, prime, dapo,
-    remote, rate_limited) and any registered since (sorted)."""
+    remote, rate_limited, gdpo) and any registered since (sorted)."""
     import rlhf_core.reward.dapo  # noqa: F401  (registers dapo)
+    import rlhf_core.reward.gdpo  # noqa: F401  (registers gdpo)
     import rlhf_core.reward.prime  # noqa: F401  (registers prime)
     import rlhf_core.reward.rate_limited  # noqa: F401  (registers rate_limited)
     import rlhf_core.reward.remote  # noqa: F401  (registers remote)

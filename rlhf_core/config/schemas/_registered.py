@@ -13,7 +13,7 @@ BUILTIN = {
         'vanilla'
     }),
     'reward_manager': frozenset({
-        'batch', 'dapo', 'naive', 'prime', 'rate_limited', 'remote'
+        'batch', 'dapo', 'gdpo', 'naive', 'prime', 'rate_limited', 'remote'
     }),
     'tool_parser': frozenset({
         'hermes'
