@@ -1,5 +1,6 @@
 """gdpo and optimal_token_baseline through the PPO driver (fake deterministic worker groups from test_trainer_ppo):
-the [adv] stage hands them the reward components and the actor's sum_pi_squared (rlhf_core/trainer/advantage_stage.py)."""
+the [adv] stage hands them the reward components and the actor's sum_pi_squared
+(rlhf_core/trainer/advantage_stage.py)."""
 from __future__ import annotations
 
 import pytest
