@@ -63,35 +63,3 @@ def test_gae_with_pf_ppo_and_gspo(tiny_model_dir, gsm8k_parquet, tmp_path, monke
         # score is the batch's max or min, so at most two distinct scores remain among the 4 rows
         rows = [json.loads(line) for line in open(out / "rollouts" / f"{step}.jsonl")]
         assert len(rows) == 4 and len({r["score"] for r in rows}) <= 2
-
-
-COMPONENTS_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    length = (len(solution_str) % 5) / 4.0
-    parity = float(len(solution_str.split()) % 2)
-    return {"score": length + parity, "length": length, "parity": parity}
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("adv", ["optimal_token_baseline", "gdpo"])
-def test_verl_09_estimators_in_a_real_run(adv, tiny_model_dir, gsm8k_parquet, tmp_path, monkeypatch):  # noqa: F811
-    """optimal_token_baseline: the actor's log-prob pass adds sum_pi_squared by itself (no calculate_sum_pi_squared
-    set); gdpo: the gdpo reward manager's dict keys are the components."""
-    from rlhf_core.trainer.main_ppo import run_ppo
-
-    monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
-    out = tmp_path / adv
-    extra = ["trainer.total_training_steps=1"] + COMMON[1:]
-    if adv == "gdpo":
-        reward_file = tmp_path / "components.py"
-        reward_file.write_text(COMPONENTS_REWARD)
-        extra += ["reward_model.reward_manager=gdpo", "algorithm.gdpo_reward_keys=[length,parity]",
-                  f"custom_reward_function.path={reward_file}"]
-    cfg = ppo_config(tiny_model_dir, gsm8k_parquet, out, adv, *extra)
-    assert run_ppo(cfg)["global_step"] == 1
-    m = read_metrics_jsonl(str(out / "metrics.jsonl"))[1]
-    assert "actor/pg_loss" in m and all(torch.isfinite(torch.tensor(v)) for v in m.values())
-    assert m["critic/advantages/max"] > m["critic/advantages/min"]  # the estimator gave the rows different values
-    if adv == "gdpo":
-        assert {"gdpo/length/mean", "gdpo/parity/mean"} <= set(m)
