@@ -238,29 +238,68 @@ def test_old_log_prob_stage_is_not_skipped_when_sum_pi_squared_is_needed():
 
 
 # ---- the actor's sum_pi_squared -----------------------------------------------------------------------------------
-def test_actor_sum_pi_squared_equals_softmax_squared_of_the_model(tiny_model_dir):
-    from test_workers_fsdp import ppo_config, prompt_batch
+def rollout_batch(vocab: int, p: int = 6, t: int = 5) -> Batch:
+    """4 prompts of ``p`` tokens (row 0 left-padded by 2) with right-padded responses of ``t`` tokens (lengths 5, 3,
+    1, 4), token ids in [3, vocab), as a rollout returns them."""
+    g = torch.Generator().manual_seed(1)
+    pmask = torch.ones(4, p, dtype=torch.long)
+    pmask[0, :2] = 0
+    rmask = (torch.arange(t)[None, :] < torch.tensor([5, 3, 1, 4])[:, None]).long()
+    prompts = torch.randint(3, vocab, (4, p), generator=g) * pmask
+    responses = torch.randint(3, vocab, (4, t), generator=g) * rmask
+    mask = torch.cat([pmask, rmask], 1)
+    return Batch({"prompts": prompts, "responses": responses, "response_mask": rmask,
+                  "input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
+                  "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)})
 
-    from rlhf_core.distributed import LocalWorkerGroup
+
+def test_actor_sum_pi_squared_equals_softmax_squared_of_the_model():
+    from test_workers_update_pins import tiny_config
+    from transformers import Qwen2ForCausalLM
+
+    from rlhf_core.config import load_config
+    from rlhf_core.workers.actor import DataParallelPPOActor
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny_config()).eval()
+    actor = DataParallelPPOActor(load_config("ppo_trainer", []).actor_rollout_ref.actor, model)
+    batch = rollout_batch(model.config.vocab_size)
+    batch.meta["temperature"] = 0.7
+    lp, ent, spp = actor.compute_log_prob(batch, 2, calculate_sum_pi_squared=True)
+    assert len(actor.compute_log_prob(batch, 2)) == 2  # off: (log_probs, entropys) as before
+    # reference: the model's own forward on the full sequences, logits at P−1 .. P+T−2 divided by the temperature
+    T = batch["responses"].shape[-1]
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits[:, -T - 1:-1].double() / 0.7
+    probs = torch.softmax(logits, dim=-1)
+    want_lp = torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(lp[mask].double(), want_lp[mask], atol=1e-4)  # the reference reads the same positions
+    assert spp.dtype == torch.float32 and spp.shape == lp.shape
+    assert torch.allclose(spp[mask].double(), (probs ** 2).sum(-1)[mask], atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator,key,returned", [("grpo", False, False), ("grpo", True, True), (OTB, False, True),
+                                                    (TIR, False, True)])
+def test_worker_returns_sum_pi_squared_when_the_key_or_the_estimator_asks(estimator, key, returned):
+    from types import SimpleNamespace
+
+    from rlhf_core.config import load_config
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
-    wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": ppo_config(tiny_model_dir, f"algorithm.adv_estimator={OTB}",
-                                                                       "actor_rollout_ref.rollout.temperature=0.7"),
-                                                  "role": "actor_rollout"})
-    try:
-        wg.execute_all("init_model")
-        out = wg.execute_dp("generate_sequences", prompt_batch())
-        got = wg.execute_dp("compute_log_prob", out)
-        assert set(got.tensors) == {"old_log_probs", "entropys", "sum_pi_squared"}
-        # reference: the model's own forward on the full sequences, logits at P−1 .. P+T−2 divided by the temperature
-        model, T = wg.worker.actor.model, out["responses"].shape[-1]
-        with torch.no_grad():
-            logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
-                           position_ids=out["position_ids"]).logits[:, -T - 1:-1].double() / 0.7
-        probs = torch.softmax(logits, dim=-1)
-        want_lp = torch.log_softmax(logits, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
-        mask = out["response_mask"].bool()
-        assert torch.allclose(got["old_log_probs"][mask].double(), want_lp[mask], atol=1e-4)  # same positions
-        assert torch.allclose(got["sum_pi_squared"][mask].double(), (probs ** 2).sum(-1)[mask], atol=1e-5)
-    finally:
-        wg.shutdown()
+    cfg = load_config("ppo_trainer", [f"algorithm.adv_estimator={estimator}",
+                                      f"actor_rollout_ref.actor.calculate_sum_pi_squared={key}",
+                                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"])
+
+    class Actor:
+        def compute_log_prob(self, batch, micro, dynamic, max_tok, calculate_sum_pi_squared=False):
+            z = torch.zeros(len(batch), 3)
+            return (z, z, z + 0.25) if calculate_sum_pi_squared else (z, z)
+
+    worker = SimpleNamespace(actor=Actor(), arr=cfg.actor_rollout_ref, config=cfg, role="actor_rollout",
+                             _temperature=lambda b: ActorRolloutRefWorker._temperature(worker, b))
+    out = ActorRolloutRefWorker.compute_log_prob(worker, Batch({"responses": torch.zeros(2, 3)}))
+    assert ("sum_pi_squared" in out) is returned
+    if returned:
+        assert torch.equal(out["sum_pi_squared"], torch.full((2, 3), 0.25))
