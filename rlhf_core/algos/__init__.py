@@ -96,5 +96,6 @@ __all__ = [
     "compute_rollout_importance_weights", "compute_value_loss", "entropy_from_logits", "get_adv_estimator",
     "get_adv_estimator_fn", "get_kl_controller", "get_policy_loss_fn", "global_token_and_seq_counts",
     "kl_penalty", "kl_penalty_full", "logprobs_from_logits", "masked_mean", "masked_sum", "masked_var",
-    "masked_whiten", "register_adv_est", "register_policy_loss", "registered_adv_estimators", "registered_policy_losses",
+    "masked_whiten", "register_adv_est", "register_policy_loss", "registered_adv_estimators",
+    "registered_policy_losses",
 ]
