@@ -133,7 +133,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
 
-            self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank())
+            self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank(),
+                                       weights_from_actor=self.actor_module is not None)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={name!r}: use 'hf' or 'vllm'")
         from rlhf_core.workers.rollout.agent_rollout import AgentRollout, uses_agent_loop

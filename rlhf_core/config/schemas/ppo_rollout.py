@@ -119,13 +119,13 @@ class RolloutConfig:
     ignore_eos: bool = key(False, 'keep generating after EOS')
     enforce_eager: bool = key(True, 'vllm: disable CUDA graphs', engine="vllm")
     cudagraph_capture_sizes: Any = key(None, "vllm: batch sizes captured as CUDA graphs; null = vLLM's choice",
-        no_effect_yet="not passed to vLLM; the engine's default is used")
+        no_effect_on_cpu="CUDA graphs: passed to vLLM's compilation_config on CUDA only", engine="vllm")
     free_cache_engine: bool = key(True, 'vllm: release the KV cache after generation',
-        no_effect_yet='the vLLM engine is not put to sleep between rollouts: sleep/wake_up is untested here; CPU has '
-                      'nothing to free',
-)
+        no_effect_on_cpu="on CUDA the engine sleeps after each generate (level 1: weights to host memory, KV cache "
+                         "freed) and wakes before the next sync or generate; vLLM's sleep mode is CUDA only",
+        engine="vllm")
     load_format: str = key('dummy_dtensor', 'vllm: initial weight loader (weights are synced from the actor)',
-        no_effect_yet="the rollout engine loads the model, then gets the actor's weights")
+        engine="vllm")
     tensor_model_parallel_size: int = key(2, 'vllm: tensor-parallel size of the engine', engine="vllm")
     data_parallel_size: int = key(1, 'vllm: data-parallel size of the engine (default only)',
         why='vLLM data-parallel rollout engines')
@@ -136,13 +136,12 @@ class RolloutConfig:
     max_num_batched_tokens: int = key(8192, 'vllm: max tokens per engine batch', engine="vllm")
     max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch', engine="vllm")
     max_model_len: Any = key(None, 'vllm: max prompt + response tokens; null = prompt_length + response_length',
-        no_effect_yet="the engine's max length is prompt_length + response_length")
+        engine="vllm")
     enable_chunked_prefill: bool = key(True, 'vllm: split long prompts over engine steps',
-        no_effect_yet="not passed to vLLM; the engine's default is used (off on CPU)")
-    enable_prefix_caching: bool = key(True, 'vllm: reuse the KV cache of shared prompt prefixes',
-        no_effect_yet="not passed to vLLM; the engine's default is used")
-    disable_log_stats: bool = key(True, "vllm: silence the engine's periodic statistics log",
-        no_effect_yet="not passed to vLLM; the engine's default is used")
+        no_effect_on_cpu='off on CPU: vLLM 0.32 CPU fails on a seeded request whose prompt is split over two steps '
+                         '("CPU Generator does not use offset"); passed to vLLM on CUDA', engine="vllm")
+    enable_prefix_caching: bool = key(True, 'vllm: reuse the KV cache of shared prompt prefixes', engine="vllm")
+    disable_log_stats: bool = key(True, "vllm: silence the engine's periodic statistics log", engine="vllm")
     log_prob_micro_batch_size: Optional[int] = key(None,
         'deprecated global micro-batch for old log-probs; divided by world size')
     log_prob_micro_batch_size_per_gpu: Optional[int] = key(16,
@@ -157,7 +156,7 @@ class RolloutConfig:
         "scores); 0 = none",
 )
     multi_stage_wake_up: bool = key(False, "wake the engine's weights and KV cache in separate stages",
-        no_effect_yet='the engine is never put to sleep (see free_cache_engine)')
+        no_effect_on_cpu='the engine sleeps on CUDA only (see free_cache_engine)', engine="vllm")
     engine_kwargs: RolloutEngineKwargsConfig = section(RolloutEngineKwargsConfig, 'extra engine arguments')
     n: int = key(1, 'responses sampled per prompt (GRPO/RLOO need > 1)')
     calculate_log_probs: bool = key(False, "return the engine's log-probs (needed by rollout_is)")
@@ -165,15 +164,16 @@ class RolloutConfig:
     val_kwargs: RolloutValKwargsConfig = section(RolloutValKwargsConfig)
     agent: RolloutAgentConfig = section(RolloutAgentConfig)
     update_weights_bucket_megabytes: int = key(512, 'size of each weight bucket sent to the engine, in MB',
-        no_effect_yet='weights are sent to the engine in one pass')
+        engine="vllm")
     trace: RolloutTraceConfig = section(RolloutTraceConfig)
     skip_rollout: bool = key(False, 'reuse rollouts dumped in skip_dump_dir instead of generating')
     skip_dump_dir: str = key('/tmp/rollout_dump', 'folder of the dumped rollouts read by skip_rollout')
     skip_tokenizer_init: bool = key(True, 'start the engine without a tokenizer (token ids in and out)',
-        no_effect_yet='the engine loads its tokenizer; same outputs')
+        engine="vllm")
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
     layered_summon: bool = key(False, 'gather FSDP weights layer by layer for the engine update',
-        no_effect_yet='FSDP weights are gathered whole for the engine update')
+        no_effect_on_cpu='peak GPU memory of the gather only (verl summons FSDP/LoRA weights layer by layer); the '
+                         'whole state dict is gathered in host memory here, the same weights reach the engine')
 
     def __post_init__(self) -> None:
         errors = []

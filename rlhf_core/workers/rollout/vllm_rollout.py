@@ -60,24 +60,53 @@ def check_cpu_head_dim(model_path: str, trust_remote_code: bool = False) -> None
                          f"attention (supported: {supported}); use rollout.name=hf or a model with a supported head size")
 
 
-def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments from ``actor_rollout_ref.rollout`` (+ ``engine_kwargs.vllm`` verbatim)."""
+def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed: int,
+                  weights_from_actor: bool = True) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments from ``actor_rollout_ref.rollout`` (+ ``engine_kwargs.vllm`` verbatim, last),
+    the settings verl 0.9.1's ``vLLMHttpServer`` passes to its engine.
+
+    ``load_format``: verl's ``dummy_*`` spellings (``dummy_dtensor``, ``dummy_hf``, …) mean random initial weights,
+    replaced by the actor's at the first sync; that is vLLM's ``dummy`` loader, used only when
+    ``weights_from_actor`` (a worker holding the actor; a rollout-only worker loads ``auto``: nothing would
+    overwrite random weights). ``max_model_len`` null = ``prompt_length + response_length``.
+
+    Raises:
+        ValueError: ``max_model_len`` below ``prompt_length + response_length`` (a full prompt plus response would
+            not fit in the engine), naming the key.
+    """
     dtype = str(config.dtype)
     if not torch.cuda.is_available() and dtype in ("bfloat16", "bf16", "float16", "fp16"):
         dtype = "float32"  # CPU: match the fp32 actor so greedy outputs agree
+    needed = int(config.prompt_length) + int(config.response_length)
+    max_model_len = needed if config.max_model_len is None else int(config.max_model_len)
+    if max_model_len < needed:
+        raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is below prompt_length + "
+                         f"response_length = {needed}: raise it, or set it to null")
+    load_format = str(config.load_format)
+    if load_format.startswith("dummy"):
+        load_format = "dummy" if weights_from_actor else "auto"
     kwargs = {
         "model": local_path(model_cfg.path), "dtype": dtype, "seed": int(seed),
         "tensor_parallel_size": int(config.tensor_model_parallel_size),
         "gpu_memory_utilization": float(config.gpu_memory_utilization),
         "enforce_eager": bool(config.enforce_eager),
         "max_num_seqs": int(config.max_num_seqs),
-        "max_model_len": int(config.prompt_length) + int(config.response_length),
+        "max_model_len": max_model_len,
         "trust_remote_code": bool(model_cfg.trust_remote_code),
+        "load_format": load_format,
+        "enable_chunked_prefill": bool(config.enable_chunked_prefill),
+        "enable_prefix_caching": bool(config.enable_prefix_caching),
+        "disable_log_stats": bool(config.disable_log_stats),
+        "skip_tokenizer_init": bool(config.skip_tokenizer_init),
         # log-probs of logits / temperature, like HFRollout and the actor's compute_log_prob (vLLM's default,
         # raw_logprobs, ignores the temperature); with top_k / top_p they are of the truncated distribution
         "logprobs_mode": "processed_logprobs",
     }
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        kwargs["enable_sleep_mode"] = bool(config.free_cache_engine)  # sleep()/wake_up() are no-ops on CPU
+        if config.cudagraph_capture_sizes:
+            kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(config.cudagraph_capture_sizes)}
+    else:
         # vLLM 0.32 CPU bug: a seeded request whose prompt is split over two steps (chunked prefill: the batch's
         # prompt tokens exceed max_num_batched_tokens) raises in GPUModelRunner._bookkeeping_sync →
         # ``gen.set_offset(...)``: "RuntimeError: CPU Generator does not use offset", and every later generate()
@@ -85,8 +114,38 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         kwargs["enable_chunked_prefill"] = False
     if config.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = max(int(config.max_num_batched_tokens), kwargs["max_model_len"])
-    kwargs.update({k: v for k, v in dict(config.engine_kwargs.vllm).items() if v is not None})
+    extra = {k: v for k, v in dict(config.engine_kwargs.vllm).items() if v is not None}
+    if "compilation_config" in extra and "compilation_config" in kwargs:  # the user's entries win
+        extra["compilation_config"] = {**kwargs["compilation_config"], **dict(extra["compilation_config"])}
+    kwargs.update(extra)
     return kwargs
+
+
+def weight_buckets(state: Mapping[str, torch.Tensor], megabytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """Split ``state`` (name -> tensor, in its order) into consecutive buckets of at most ``megabytes`` MiB
+    (``numel * element_size`` bytes summed) for the engine update, as verl 0.9.1's ``BucketedWeightSender``
+    (``rollout.update_weights_bucket_megabytes``): a bucket is closed when the next tensor would overflow it; a
+    tensor larger than the bucket travels alone.
+
+    Raises:
+        ValueError: ``megabytes`` < 1, naming the key.
+    """
+    if int(megabytes) < 1:
+        raise ValueError(f"actor_rollout_ref.rollout.update_weights_bucket_megabytes={megabytes} must be >= 1")
+    limit = int(megabytes) << 20
+    buckets: list[list[tuple[str, torch.Tensor]]] = []
+    current: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > limit:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def _eos_ids(model_path: str, tokenizer) -> list[int]:
@@ -107,16 +166,19 @@ class VLLMRollout:
     """Generate with an in-process ``vllm.LLM``; same inputs/outputs as :class:`HFRollout`."""
 
     def __init__(self, model_cfg: Mapping[str, Any], tokenizer, config: Mapping[str, Any], seed: int = 0,
-                 rank: int = 0) -> None:
+                 rank: int = 0, weights_from_actor: bool = True) -> None:
         vllm = _import_vllm()
         self.config, self.tokenizer, self.seed, self.rank, self.calls = config, tokenizer, int(seed), int(rank), 0
         self.lora_alpha = float(model_cfg.lora_alpha) if int(model_cfg.lora_rank) > 0 else None
-        kwargs = engine_kwargs(model_cfg, config, seed)
+        kwargs = engine_kwargs(model_cfg, config, seed, weights_from_actor)
+        self.sleeps = bool(kwargs.get("enable_sleep_mode"))  # free_cache_engine on CUDA
         check_cpu_head_dim(kwargs["model"], kwargs["trust_remote_code"])
         self.llm = vllm.LLM(**kwargs)
         self._SamplingParams = vllm.SamplingParams
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(kwargs["model"], tokenizer)
+        self.detokenize = not kwargs["skip_tokenizer_init"]  # skip_tokenizer_init: token ids in and out
+        self.asleep = False
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
@@ -125,8 +187,17 @@ class VLLMRollout:
             state = merge_lora_state_dict(state, self.lora_alpha or 16)
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        self._wake(("weights",) if self.config.multi_stage_wake_up else None)
+        for bucket in weight_buckets(state, self.config.update_weights_bucket_megabytes):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
         self.llm.reset_prefix_cache()
+
+    def _wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """free_cache_engine on CUDA: bring back the engine's weights and KV cache (``tags``: only those; verl's
+        multi_stage_wake_up wakes the weights for the update, then the KV cache to generate)."""
+        if self.sleeps and self.asleep:
+            self.llm.wake_up(tags=list(tags) if tags else None)
+            self.asleep = tags is not None and "kv_cache" not in tags
 
     def _prompt_ids(self, batch: Batch) -> list[list[int]]:
         if "raw_prompt_ids" in batch:
@@ -146,9 +217,13 @@ class VLLMRollout:
         params = [self._SamplingParams(
             n=1, max_tokens=T, ignore_eos=ignore_eos, logprobs=0 if calc_lp else None, seed=base + i,
             temperature=p["temperature"] if p["do_sample"] else 0.0, top_k=p["top_k"] if p["top_k"] > 0 else -1,
-            top_p=p["top_p"] if p["do_sample"] else 1.0) for i in range(len(batch))]
+            top_p=p["top_p"] if p["do_sample"] else 1.0, detokenize=self.detokenize) for i in range(len(batch))]
         prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(batch)]
+        self._wake()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        if self.sleeps:  # free_cache_engine: level 1 offloads the weights to host memory and drops the KV cache
+            self.llm.sleep(level=1)
+            self.asleep = True
         self.calls += int(counted)
         B = len(batch)
         responses = torch.full((B, T), self.pad_token_id, dtype=torch.long)
