@@ -132,10 +132,13 @@ def check_hub_model(key: str, path: str) -> None:
 def ppo_model_keys(config) -> list[str]:
     """The model and tokenizer keys a PPO config loads: ``actor_rollout_ref.model.path``; ``critic.model.path``
     and ``critic.model.tokenizer_path`` when the critic is in use (``critic.enable``; null = for GAE);
-    ``reward_model.model.path`` when ``reward_model.enable``."""
+    ``reward_model.model.path`` when ``reward_model.enable``; ``actor_rollout_ref.model.tokenizer_path`` /
+    ``hf_config_path`` when set."""
     from rlhf_core.config.validate import use_critic
 
     keys = ["actor_rollout_ref.model.path"]
+    keys += [f"actor_rollout_ref.model.{k}" for k in ("tokenizer_path", "hf_config_path")
+             if config.actor_rollout_ref.model[k] is not None]
     if use_critic(config):
         keys += ["critic.model.path", "critic.model.tokenizer_path"]
     if config.reward_model.enable:

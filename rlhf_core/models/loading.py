@@ -81,8 +81,15 @@ def import_external_libs(external_lib: str | list[str] | None) -> None:
         importlib.import_module(name)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
+def model_tokenizer_path(model_cfg: Mapping[str, Any]) -> str:
+    """The tokenizer folder of a model section: its ``tokenizer_path`` when set (verl 0.9 ``HFModelConfig``),
+    else its ``path``."""
+    return str(model_cfg.path if model_cfg.tokenizer_path is None else model_cfg.tokenizer_path)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: str | None = None):
     """``AutoTokenizer`` for ``path``; sets ``pad_token = eos_token`` when the tokenizer has no pad (as verl).
+    ``chat_template`` (``model.custom_chat_template``), when given, replaces the tokenizer's chat template.
 
     Raises:
         ConfigError: (a ``ValueError``) the tokenizer has neither a pad nor an eos token (naming ``path``): prompts
@@ -94,6 +101,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     if tok.pad_token_id is None:
         raise ConfigError(f"tokenizer at {path!r} has neither a pad token nor an eos token; set eos_token (and "
                          "pad_token) in its tokenizer_config.json or special_tokens_map.json")
+    if chat_template is not None:
+        tok.chat_template = str(chat_template)
     return tok
 
 
@@ -108,21 +117,26 @@ def _model_config_overrides(override_config: Mapping[str, Any] | None) -> dict:
     return {**cfg, **dict(nested)}
 
 
-def _load_config(path: str, override_config, trust_remote_code: bool):
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+def _load_config(path: str, override_config, trust_remote_code: bool, config_path: str | None = None):
+    """The model's HF config, from ``config_path`` (``model.hf_config_path``) when given, else from ``path``,
+    with ``override_config`` applied."""
+    source = path if config_path is None else local_path(str(config_path))
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     for k, v in _model_config_overrides(override_config).items():
         setattr(config, k, v)
     return config
 
 
 def load_causal_lm(path: str, dtype: str | torch.dtype = "float32", override_config: Mapping | None = None,
-                   trust_remote_code: bool = False, external_lib: str | list[str] | None = None):
-    """``AutoModelForCausalLM.from_pretrained`` on CPU with ``dtype`` and config overrides.
+                   trust_remote_code: bool = False, external_lib: str | list[str] | None = None,
+                   config_path: str | None = None):
+    """``AutoModelForCausalLM.from_pretrained`` on CPU with ``dtype`` and config overrides; the HF config is read
+    from ``config_path`` when given (``model.hf_config_path``), the weights from ``path``.
 
     Returns the model in train mode on CPU (the FSDP layer moves it to the device)."""
     import_external_libs(external_lib)
     path = local_path(path)
-    config = _load_config(path, override_config, trust_remote_code)
+    config = _load_config(path, override_config, trust_remote_code, config_path)
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=to_torch_dtype(dtype), trust_remote_code=trust_remote_code)
     return model
@@ -130,7 +144,7 @@ def load_causal_lm(path: str, dtype: str | torch.dtype = "float32", override_con
 
 def load_value_model(path: str, dtype: str | torch.dtype = "float32", override_config: Mapping | None = None,
                      trust_remote_code: bool = False, external_lib: str | list[str] | None = None,
-                     head_seed: int = 0):
+                     head_seed: int = 0, config_path: str | None = None):
     """The critic: the LM backbone from ``path`` plus a scalar head (verl: ``AutoModelForTokenClassification``
     with ``num_labels=1``, ``classifier_dropout=0``). The backbone is initialised from the LM weights, the
     ``score`` head with N(0, initializer_range²) from ``head_seed`` when the checkpoint has
@@ -139,7 +153,7 @@ def load_value_model(path: str, dtype: str | torch.dtype = "float32", override_c
     Raises ``ValueError`` (from transformers) when the architecture has no token-classification variant."""
     import_external_libs(external_lib)
     path = local_path(path)
-    config = _load_config(path, override_config, trust_remote_code)
+    config = _load_config(path, override_config, trust_remote_code, config_path)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     model, info = AutoModelForTokenClassification.from_pretrained(

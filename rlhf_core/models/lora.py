@@ -8,7 +8,7 @@ from peft import LoraConfig, TaskType, get_peft_model
 
 
 def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: str | Sequence[str] = "all-linear",
-               task_type: str = "CAUSAL_LM", seed: int = 0):
+               task_type: str = "CAUSAL_LM", seed: int = 0, exclude_modules: str | Sequence[str] | None = None):
     """Wrap ``model`` with LoRA adapters; only the adapters (and, for a critic, the score head) train.
 
     The adapters' random ``A`` matrices are drawn on CPU from ``seed`` (the CPU generator is restored after, and
@@ -22,6 +22,9 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
         target_modules: ``"all-linear"`` or a list of module names (e.g. ``["q_proj", "v_proj"]``).
         task_type: ``"CAUSAL_LM"`` (actor, SFT) or ``"TOKEN_CLS"`` (critic: the ``score`` head stays trainable).
         seed: the seed of the adapters' initialisation.
+        exclude_modules: module names that never get an adapter even when ``target_modules`` matches them (verl
+            ``model.exclude_modules``, peft's ``LoraConfig.exclude_modules``): a string is a regex matched against
+            the full module name, a list matches exact names or name suffixes; None = none.
 
     Returns the ``peft.PeftModel``. Calls ``enable_input_require_grads`` so that gradient checkpointing works
     with frozen embeddings.
@@ -31,9 +34,16 @@ def apply_lora(model, lora_rank: int, lora_alpha: float = 16, target_modules: st
     if not isinstance(target_modules, str):
         target_modules = list(target_modules)
     extra = {}
+    if exclude_modules is not None:
+        extra["exclude_modules"] = exclude_modules if isinstance(exclude_modules, str) else list(exclude_modules)
     if task_type == "TOKEN_CLS":
         # the value head is trained in full (peft's modules_to_save), so it must not also get an adapter
-        extra = {"exclude_modules": ["score", "classifier"], "modules_to_save": ["score"]}
+        user = extra.get("exclude_modules")
+        if isinstance(user, str):
+            user = f"{user}|(.*\\.)?(score|classifier)"
+        else:
+            user = [*(user or []), "score", "classifier"]
+        extra = {"exclude_modules": user, "modules_to_save": ["score"]}
     config = LoraConfig(task_type=getattr(TaskType, task_type), r=int(lora_rank), lora_alpha=lora_alpha,
                         target_modules=target_modules, bias="none", **extra)
     if hasattr(model, "enable_input_require_grads"):

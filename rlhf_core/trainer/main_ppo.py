@@ -31,7 +31,7 @@ from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
-from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path
+from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path, model_tokenizer_path
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
@@ -156,18 +156,23 @@ def check_rule_reward_inputs(dataset: Any) -> None:
 
 
 def driver_tokenizer_path(config: DictConfig) -> str:
-    """The tokenizer the driver uses for the datasets and reward managers: ``data.tokenizer`` when set, else
-    ``actor_rollout_ref.model.path``; it is loaded with ``data.trust_remote_code`` (verl's ``main_ppo``)."""
-    data_tokenizer = config.data.tokenizer
-    return str(data_tokenizer if data_tokenizer is not None else config.actor_rollout_ref.model.path)
+    """The tokenizer the driver uses for the datasets and reward managers: ``data.tokenizer`` when set, else the
+    actor's (``actor_rollout_ref.model.tokenizer_path``, null = ``model.path``); it is loaded with
+    ``data.trust_remote_code`` (verl's ``main_ppo``)."""
+    if config.data.tokenizer is not None:
+        return str(config.data.tokenizer)
+    return model_tokenizer_path(config.actor_rollout_ref.model)
 
 
 def load_driver_tokenizer(config: DictConfig) -> Any:
     """The driver's tokenizer (:func:`driver_tokenizer_path`); a tokenizer class shipped as code in that folder
-    (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one)."""
+    (``auto_map``) is used only with ``data.trust_remote_code`` (else transformers falls back to a built-in one).
+    ``actor_rollout_ref.model.custom_chat_template`` replaces its chat template, as in the workers: the prompts
+    are rendered in the format the actor is trained on."""
     from rlhf_core.models.loading import load_tokenizer, local_path
 
-    return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code))
+    return load_tokenizer(local_path(driver_tokenizer_path(config)), bool(config.data.trust_remote_code),
+                          config.actor_rollout_ref.model.custom_chat_template)
 
 
 def check_model_paths(config: DictConfig) -> None:
@@ -190,7 +195,7 @@ def check_model_paths(config: DictConfig) -> None:
             check_local_path(path)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
-        if not key.endswith("tokenizer_path"):
+        if not key.endswith(("tokenizer_path", "hf_config_path")):  # a tokenizer / config.json only: no weights
             check_model_files(key, path)
     check_hub_models(config, keys + ["data.tokenizer"])  # a hub id that cannot load here: one line, in seconds
 

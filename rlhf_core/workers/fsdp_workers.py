@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
 from rlhf_core.config.structured import full_key
 from rlhf_core.faults import fault_point
-from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.models.loading import load_tokenizer, model_tokenizer_path
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.mfu import rank_peak_flops
 from rlhf_core.workers.actor import DataParallelPPOActor
@@ -90,7 +90,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
                 and not self._is_ref):
             raise ValueError(f"actor_rollout_ref.actor.kl_loss_type='full' needs the reference model in the actor's "
                              f"worker (role 'actor_rollout_ref'), got role {self.role!r}")
-        self.tokenizer = load_tokenizer(mcfg.path, bool(mcfg.trust_remote_code))
+        self.tokenizer = load_tokenizer(model_tokenizer_path(mcfg), bool(mcfg.trust_remote_code),
+                                        mcfg.custom_chat_template)
         n = int(self.arr.rollout.n)
         if self._is_actor:
             note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")

@@ -39,12 +39,15 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
     loader = load_value_model if value_head else load_causal_lm
     try:
         model = loader(model_cfg.path, dtype=dtype, override_config=model_cfg.override_config,
-                       trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib)
+                       trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib,
+                       # verl 0.9 model.hf_config_path (the actor's section only): config.json from another folder
+                       config_path=model_cfg.hf_config_path if "hf_config_path" in model_cfg else None)
     except OSError as exc:  # FileNotFoundError included: a missing or unreadable model directory
         raise type(exc)(f"{role_name(role)}: {full_key(model_cfg, 'path')}={model_cfg.path!r}: {exc}") from exc
     if role in ("actor", "critic") and int(model_cfg.lora_rank) > 0:
         model = apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
-                           "TOKEN_CLS" if value_head else "CAUSAL_LM")
+                           "TOKEN_CLS" if value_head else "CAUSAL_LM",
+                           exclude_modules=model_cfg.exclude_modules if "exclude_modules" in model_cfg else None)
     if role in ("actor", "critic") and model_cfg.enable_gradient_checkpointing:
         enable_activation_checkpointing(model)
     if role == "ref":

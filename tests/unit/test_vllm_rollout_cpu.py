@@ -39,6 +39,7 @@ from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 # forgot ``reset_prefix_cache()`` would reuse attention state computed with the old weights and be caught here.
 P, T, B = 136, 16, 4
 BUDGET = 3 * P  # engine tokens per step (< B·P)
+MAX_LEN = P + T + 8  # rollout.max_model_len above prompt + response
 
 
 def prompt_batch(seed: int = 0, meta: dict | None = None) -> Batch:
@@ -106,7 +107,10 @@ def group(vllm_model_dir):
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         # below B·P prompt tokens: with chunked prefill a seeded prompt would be split over two engine steps,
         # which crashes vLLM 0.32 on CPU ("CPU Generator does not use offset"); VLLMRollout turns chunking off
-        f"actor_rollout_ref.rollout.max_num_batched_tokens={BUDGET}", "actor_rollout_ref.rollout.max_num_seqs=64"])
+        f"actor_rollout_ref.rollout.max_num_batched_tokens={BUDGET}", "actor_rollout_ref.rollout.max_num_seqs=64",
+        # engine settings at values other than vLLM's own defaults, so that test_engine_settings_reach_vllm sees them
+        f"actor_rollout_ref.rollout.max_model_len={MAX_LEN}", "actor_rollout_ref.rollout.disable_log_stats=False",
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes=1"])
     wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": cfg, "role": "actor_rollout"})
     wg.execute_all("init_model")
     return wg
@@ -133,6 +137,26 @@ def test_head_dim_16_fixture_model_is_rejected_up_front(tiny_model_dir, tiny_tok
                                       f"data.max_prompt_length={P}", f"data.max_response_length={T}"])
     with pytest.raises(ValueError, match="head_dim=16"):
         VLLMRollout(cfg.actor_rollout_ref.model, tiny_tokenizer, cfg.actor_rollout_ref.rollout)
+
+
+def test_engine_settings_reach_vllm(group):
+    """actor_rollout_ref.rollout's engine keys, as the engine holds them (vLLM's own default differs for each)."""
+    from rlhf_core.workers.rollout.vllm_rollout import weight_buckets
+
+    rollout = group.worker.rollout
+    vcfg = rollout.llm.llm_engine.vllm_config
+    assert vcfg.model_config.max_model_len == MAX_LEN
+    assert vcfg.load_config.load_format == "dummy"  # verl's dummy_dtensor: the actor's weights replace them
+    assert vcfg.model_config.skip_tokenizer_init is True  # verl 0.9 default; token ids in and out
+    assert vcfg.cache_config.enable_prefix_caching is True
+    assert vcfg.scheduler_config.max_num_seqs == 64
+    assert vcfg.scheduler_config.enable_chunked_prefill is False  # off on CPU (see engine_kwargs)
+    assert rollout.llm.llm_engine.log_stats is True  # disable_log_stats=False
+    # update_weights_bucket_megabytes=1: the update is staged as weight_buckets cuts it (this model is under 1 MiB:
+    # one bucket; the cutting itself is checked in test_vllm_engine_args.py); the greedy tests below check the result
+    state = group.worker.get_state_dict()
+    assert sum(t.numel() * t.element_size() for t in state.values()) < 1 << 20
+    assert rollout.sync_buckets == len(weight_buckets(state, 1)) == 1
 
 
 def test_greedy_equals_hf_and_batch_layout(group, vllm_model_dir, tiny_tokenizer):

@@ -40,10 +40,8 @@ class HFModelConfig:
     """``actor_rollout_ref.model``."""
 
     path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path (local, hdfs:// or s3://)')
-    hf_config_path: Any = key(None, 'folder holding the HF config.json; null = model.path',
-        no_effect_yet='the HF config is read from model.path')
-    tokenizer_path: Any = key(None, 'tokenizer folder; null = model.path',
-        no_effect_yet='the tokenizer is read from model.path')
+    hf_config_path: Any = key(None, 'folder holding the HF config.json; null = model.path')
+    tokenizer_path: Any = key(None, 'tokenizer folder; null = model.path')
     external_lib: Optional[str] = key(None, 'python module to import first (registers custom models/tokenizers)')
     override_config: OverrideConfig = section(OverrideConfig, "overrides of the model's HF config")
     enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing for the actor')
@@ -60,13 +58,12 @@ class HFModelConfig:
     lora_alpha: int = key(16, 'LoRA scaling alpha')
     target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
     use_shm: bool = key(False, 'load the model through shared memory (/dev/shm)', why='shared-memory model loading')
-    exclude_modules: Any = key(None, 'module names that never get LoRA adapters; null = none',
-        no_effect_yet='every target_modules match gets a LoRA adapter')
+    exclude_modules: Any = key(None, 'module names that never get LoRA adapters (a regex string or a list of '
+        'names / name suffixes); null = none', types=(str, list))
     use_liger: bool = key(False, 'apply Liger kernels to the model',
         no_effect_yet='Liger kernels are not applied; same loss')
     custom_chat_template: Optional[str] = key(None,
-        "chat template to use instead of the tokenizer's; null = the tokenizer's",
-        no_effect_yet="the tokenizer's chat template is used")
+        "chat template to use instead of the tokenizer's; null = the tokenizer's")
 
 
 @dataclass

@@ -33,9 +33,11 @@ def build_engine_copy(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any])
     weight sync casts the actor's full-precision state into these dtypes (``load_state_dict`` copies)."""
     module = load_causal_lm(model_cfg.path, dtype=to_torch_dtype(fsdp_cfg.model_dtype),
                             override_config=model_cfg.override_config,
-                            trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib)
+                            trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib,
+                            config_path=model_cfg.hf_config_path)
     if int(model_cfg.lora_rank) > 0:
-        module = apply_lora(module, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules)
+        module = apply_lora(module, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
+                            exclude_modules=model_cfg.exclude_modules)
     dtype = compute_dtype(fsdp_cfg)
     with torch.no_grad():
         for param in module.parameters():

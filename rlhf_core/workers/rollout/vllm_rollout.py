@@ -102,6 +102,10 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         # raw_logprobs, ignores the temperature); with top_k / top_p they are of the truncated distribution
         "logprobs_mode": "processed_logprobs",
     }
+    if model_cfg.tokenizer_path is not None:  # verl 0.9 model.tokenizer_path / hf_config_path
+        kwargs["tokenizer"] = local_path(model_cfg.tokenizer_path)
+    if model_cfg.hf_config_path is not None:
+        kwargs["hf_config_path"] = local_path(model_cfg.hf_config_path)
     if torch.cuda.is_available():
         kwargs["enable_sleep_mode"] = bool(config.free_cache_engine)  # sleep()/wake_up() are no-ops on CPU
         if config.cudagraph_capture_sizes:
@@ -179,6 +183,7 @@ class VLLMRollout:
         self.eos_ids = _eos_ids(kwargs["model"], tokenizer)
         self.detokenize = not kwargs["skip_tokenizer_init"]  # skip_tokenizer_init: token ids in and out
         self.asleep = False
+        self.sync_buckets = 0  # buckets of the last weight update (rollout.update_weights_bucket_megabytes)
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
@@ -188,9 +193,22 @@ class VLLMRollout:
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
         self._wake(("weights",) if self.config.multi_stage_wake_up else None)
-        for bucket in weight_buckets(state, self.config.update_weights_bucket_megabytes):
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
+        buckets = weight_buckets(state, self.config.update_weights_bucket_megabytes)
+        # one reload session over all buckets: vLLM 0.32's layer-wise reload fuses q/k/v and gate/up as their
+        # last piece arrives, so a layer split over two sessions would lose the first part
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._staged(buckets)})
+        self.sync_buckets = len(buckets)
         self.llm.reset_prefix_cache()
+
+    def _staged(self, buckets: list[list[tuple[str, torch.Tensor]]]):
+        """The update's (name, tensor) pairs, staged one bucket at a time: a bucket's tensors are copied to the
+        engine's device together, so at most one bucket (update_weights_bucket_megabytes) of staged copies is
+        alive beyond what the engine has already loaded (on CPU the copy is the tensor itself)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        for bucket in buckets:
+            staged = [(name, tensor.to(device, non_blocking=True)) for name, tensor in bucket]
+            yield from staged
+            del staged
 
     def _wake(self, tags: tuple[str, ...] | None = None) -> None:
         """free_cache_engine on CUDA: bring back the engine's weights and KV cache (``tags``: only those; verl's
