@@ -143,7 +143,14 @@ class ActorRolloutRefWorker(ProfiledWorker):
         if uses_agent_loop(rcfg):  # rollout.mode=async / multi_turn.enable: agent-loop trajectories
             if name != "hf":
                 raise ValueError(f"actor_rollout_ref.rollout.mode=async / multi_turn.enable run on rollout.name=hf; got {name!r}")
-            self.rollout = AgentRollout(self.rollout, self.tokenizer, rcfg)
+            from rlhf_core.workers.rollout.rollout_trace import rollout_tracer
+
+            self.rollout = AgentRollout(self.rollout, self.tokenizer, rcfg,
+                                        rollout_tracer(rcfg.trace, self.config.trainer, self.tokenizer))
+        elif rcfg.trace.backend is not None:
+            logger.warning("actor_rollout_ref.rollout.trace.backend=%r traces agent-loop trajectories only "
+                           "(rollout.mode=async or multi_turn.enable); this rollout writes no traces",
+                           rcfg.trace.backend)
         self.sync_rollout_weights()
 
     def sync_rollout_weights(self) -> None:

@@ -89,10 +89,10 @@ class RolloutAgentConfig:
 class RolloutTraceConfig:
     """``actor_rollout_ref.rollout.trace``."""
 
-    backend: Any = key(None, 'rollout tracing backend: null | weave | mlflow', choices=('weave', 'mlflow'),
-        no_effect_yet='rollout tracing (weave / mlflow) of agent-loop trajectories is not built')
-    token2text: bool = key(False, 'decode token ids to text in traces',
-        no_effect_yet='read only with rollout.trace.backend')
+    backend: Any = key(None, 'rollout tracing backend: null | weave | mlflow (agent-loop trajectories as traces in '
+        'the MLflow experiment trainer.project_name at MLFLOW_TRACKING_URI)', choices=('weave', 'mlflow'),
+        backend_values={'weave': 'the Weights & Biases Weave tracing client'})
+    token2text: bool = key(False, 'decode token ids to text in traces')
 
 
 @dataclass

@@ -28,8 +28,9 @@ class AgentRollout:
             :func:`load_interactions`, :func:`load_agent_loop_specs`.
     """
 
-    def __init__(self, hf_rollout: HFRollout, tokenizer, rollout_cfg) -> None:
+    def __init__(self, hf_rollout: HFRollout, tokenizer, rollout_cfg, tracer=None) -> None:
         self.hf = hf_rollout
+        self.tracer = tracer  # rollout.trace.backend: rollout_trace.MlflowRolloutTracer, or None
         self.tokenizer = tokenizer
         self.config = rollout_cfg
         self.schedule = "continuous" if str(rollout_cfg.mode) == "async" else "static"
@@ -72,4 +73,6 @@ class AgentRollout:
             self.hf.module.train(was_training)
         self.calls += int(counted)
         out.meta.update({"do_sample": params["do_sample"], "temperature": params["temperature"]})
+        if self.tracer is not None:
+            self.tracer.log(out)
         return out
