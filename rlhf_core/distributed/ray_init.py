@@ -136,3 +136,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     else:
         check_ray_address(str(address))
         ray.init(address=address, runtime_env=runtime_env)
+
+
+def write_ray_timeline(path: str | None) -> None:
+    """Write Ray's task timeline (a chrome://tracing / Perfetto JSON list of events) to ``path``
+    (``ray_init.timeline_json_file`` / verl 0.6's ``ray_kwargs.timeline_json_file``, as verl's ``run_ppo`` does
+    after training); None: nothing. The folder is created; Ray must still be initialized."""
+    if path is None:
+        return
+    path = os.path.expanduser(str(path))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ray.timeline(filename=path)

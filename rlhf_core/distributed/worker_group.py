@@ -13,6 +13,7 @@ driver that trains without Ray).
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -49,14 +50,16 @@ def free_port() -> int:
 
 
 def setup_process_group(rank: int, world_size: int, master_addr: str, master_port: int,
-                        local_rank: int = 0, omp_threads: int | None = None) -> str:
+                        local_rank: int = 0, omp_threads: int | None = None,
+                        collective_timeout_s: float | None = None) -> str:
     """Export the torch.distributed environment and join the process group.
 
     Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
     ``OMP_NUM_THREADS`` + ``torch.set_num_threads`` when ``omp_threads`` is given), then
     ``init_process_group`` with ``nccl`` when CUDA is visible, else ``gloo``, over :func:`rendezvous_store`
     (rank 0's store listens on ``master_addr`` only). Blocks until all ``world_size`` ranks have joined.
-    Returns the backend name.
+    ``collective_timeout_s``: the group's timeout for a collective (verl's ``actor_rollout_ref.nccl_timeout``,
+    for gloo too); None = torch's default. Returns the backend name.
     """
     env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": local_rank,
            "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
@@ -73,8 +76,9 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
+        timeout = None if collective_timeout_s is None else datetime.timedelta(seconds=float(collective_timeout_s))
         dist.init_process_group(backend, store=rendezvous_store(rank, world_size, master_addr, master_port),
-                                rank=rank, world_size=world_size)
+                                rank=rank, world_size=world_size, timeout=timeout)
     return backend
 
 
@@ -122,8 +126,10 @@ class _WorkerHost:
         return ray.get_runtime_context().get_node_id()
 
     def setup(self, worker_cls: type, init_kwargs: dict, rank: int, world_size: int,
-              master_addr: str, master_port: int, omp_threads: int | None) -> str:
-        backend = setup_process_group(rank, world_size, master_addr, master_port, 0, omp_threads)
+              master_addr: str, master_port: int, omp_threads: int | None,
+              collective_timeout_s: float | None = None) -> str:
+        backend = setup_process_group(rank, world_size, master_addr, master_port, 0, omp_threads,
+                                      collective_timeout_s)
         self.worker = worker_cls(**init_kwargs)
         return backend
 
@@ -172,7 +178,8 @@ class RayWorkerGroup:
     def __init__(self, worker_cls: type, world_size: int, init_kwargs: dict,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
-                 ready_timeout_s: float | None = None, num_threads: int | None = None, nnodes: int = 1) -> None:
+                 ready_timeout_s: float | None = None, num_threads: int | None = None, nnodes: int = 1,
+                 collective_timeout_s: float | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if nnodes < 1 or world_size % nnodes:
@@ -206,7 +213,7 @@ class RayWorkerGroup:
         try:
             addr, port = ray.get(self._actors[0].node_ip_and_port.remote(), timeout=ready_timeout_s)
             backends = ray.get([
-                a.setup.remote(worker_cls, init_kwargs, rank, world_size, addr, port, omp)
+                a.setup.remote(worker_cls, init_kwargs, rank, world_size, addr, port, omp, collective_timeout_s)
                 for rank, a in enumerate(self._actors)
             ], timeout=ready_timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
@@ -301,12 +308,12 @@ class LocalWorkerGroup:
 
     in_process = True  # the rank computes in this process, on its threads
 
-    def __init__(self, worker_cls: type, init_kwargs: dict) -> None:
+    def __init__(self, worker_cls: type, init_kwargs: dict, collective_timeout_s: float | None = None) -> None:
         import torch.distributed as dist
 
         self.world_size = 1
         if not dist.is_initialized():
-            setup_process_group(0, 1, "127.0.0.1", free_port())
+            setup_process_group(0, 1, "127.0.0.1", free_port(), collective_timeout_s=collective_timeout_s)
         elif dist.get_world_size() != 1:
             raise RuntimeError("LocalWorkerGroup needs a world of 1; this process is in a larger group")
         self.backend = dist.get_backend()

@@ -27,7 +27,7 @@ from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
 from rlhf_core.data.rl_dataset import create_rl_dataset
-from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.ray_init import init_ray, write_ray_timeline
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
@@ -92,6 +92,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     timeout = float(config.trainer.ray_wait_register_center_timeout)
     specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": role}, "actor",
               config.actor_rollout_ref.actor.fsdp_config.cpu_threads)]
+    collective_timeout = {"actor_rollout": float(config.actor_rollout_ref.nccl_timeout)}  # verl: the actor's only
     if use_critic:
         specs.append(("critic", CriticWorker, {"config": config}, "critic", config.critic.model.fsdp_config.cpu_threads))
     if use_rm:
@@ -102,7 +103,8 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
         try:
             wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                                       name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
-                                      num_threads=worker_threads(config, cpu_threads), nnodes=int(config.trainer.nnodes))
+                                      num_threads=worker_threads(config, cpu_threads), nnodes=int(config.trainer.nnodes),
+                                      collective_timeout_s=collective_timeout.get(key))
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()
@@ -263,7 +265,10 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
         actor_wg = trainer.wgs["actor_rollout"]
         nodes = actor_wg.node_ids() if hasattr(actor_wg, "node_ids") else []
     finally:
-        trainer.shutdown()
+        try:
+            write_ray_timeline(config.ray_init.timeline_json_file)  # = ray_kwargs.timeline_json_file
+        finally:
+            trainer.shutdown()
     return {"metrics": metrics, "global_step": trainer.global_steps, "checkpoint_dir": trainer.last_checkpoint_dir,
             "worker_nodes": nodes}
 

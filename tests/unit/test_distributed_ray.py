@@ -173,3 +173,23 @@ def test_shared_prefix_update_on_two_ray_ranks_matches_one_local_rank(ray_sessio
             assert torch.allclose(sd2[k], sd1[k], atol=2e-7), k
     finally:
         actor.shutdown()
+
+
+def test_ray_timeline_is_written(ray_session, tmp_path):
+    """ray_init.timeline_json_file: after a task ran, the file is a chrome-trace JSON list naming that task."""
+    import json
+
+    import ray
+
+    from rlhf_core.distributed.ray_init import write_ray_timeline
+
+    @ray.remote(num_cpus=0.1)
+    def timeline_probe():
+        return 1
+
+    assert ray.get(timeline_probe.remote()) == 1
+    write_ray_timeline(None)  # null: nothing written
+    path = tmp_path / "sub" / "timeline.json"
+    write_ray_timeline(str(path))
+    events = json.loads(path.read_text())
+    assert isinstance(events, list) and any("timeline_probe" in str(e.get("name", "")) for e in events)

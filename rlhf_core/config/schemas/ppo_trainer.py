@@ -31,8 +31,8 @@ class ActorRolloutRefConfig:
 
     hybrid_engine: bool = key(True, 'actor and rollout share weights in one worker (only hybrid engine is supported)',
         why='only the hybrid engine is supported')
-    nccl_timeout: int = key(600, 'timeout of the collective process group, in seconds',
-        no_effect_yet="the process group uses torch's default timeout")
+    nccl_timeout: int = key(600, "timeout of the actor/rollout workers' collective process group (nccl, or gloo "
+        "on CPU), in seconds")
     model: HFModelConfig = section(HFModelConfig)
     actor: ActorConfig = section(ActorConfig)
     ref: RefConfig = section(RefConfig)
@@ -226,8 +226,8 @@ class RayInitConfig:
     num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all')
     address: Optional[str] = key(None,
         'Ray address: null = embedded local instance; auto or ray://host:port = existing cluster', ours=True)
-    timeline_json_file: Optional[str] = key(None, 'write a Ray timeline (chrome trace) to this file; null = none',
-        no_effect_yet='no Ray timeline is written')
+    timeline_json_file: Optional[str] = key(None,
+        'write the Ray timeline (chrome trace JSON) to this file after training; null = none')
 
 
 @dataclass
@@ -245,7 +245,7 @@ class RayKwargsConfig:
     ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
     timeline_json_file: Optional[str] = key(None,
         'write a Ray timeline to this file; null = none (alias of ray_init.timeline_json_file)',
-        no_effect_yet='no Ray timeline is written', same_as='ray_init.timeline_json_file')
+        same_as='ray_init.timeline_json_file')
 
 
 @dataclass
