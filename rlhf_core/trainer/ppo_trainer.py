@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
@@ -46,7 +45,7 @@ from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.rollout_corr_step import rollout_correction_step
-from rlhf_core.trainer.reward_stage import add_reward_baselines, score_batch
+from rlhf_core.trainer.reward_stage import add_reward_baselines, finish_reward, start_reward
 from rlhf_core.trainer.tracking import Tracking
 from rlhf_core.workers.on_policy import skip_old_log_prob
 
@@ -212,7 +211,7 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         is_last = self.global_steps >= self.total_training_steps
         with timer("step", timing):
-            batch = self.sample(batch, more, timing, metrics)
+            batch, pending_reward = self.sample(batch, more, timing, metrics)
             with timer("old_log_prob", timing):
                 batch = self.compute_old_log_prob(batch, metrics)
                 batch = self.compute_rollout_correction(batch, metrics)
@@ -223,7 +222,7 @@ class RayPPOTrainer:
                 with timer("values", timing):
                     batch = self.compute_values(batch)
             with timer("adv", timing):
-                batch = self.compute_advantage(batch, metrics)
+                batch = self.compute_advantage(finish_reward(batch, pending_reward), metrics)
             if self.config.trainer.rollout_data_dir:
                 with timer("dump_rollout_generations", timing):
                     dump_rollouts(batch, self.tokenizer, str(self.config.trainer.rollout_data_dir), self.global_steps)
@@ -263,22 +262,25 @@ class RayPPOTrainer:
         return metrics
 
     # ---- stages ----------------------------------------------------------------------------------
-    def sample(self, prompts: Batch, more: Iterator[Batch], timing: dict, metrics: dict) -> Batch:
+    def sample(self, prompts: Batch, more: Iterator[Batch], timing: dict, metrics: dict) -> tuple[Batch, Any]:
         """[gen] [gen_max] [reward] on the prompts, rows balanced (``trainer.balance_batch``); with
         ``algorithm.filter_groups.enable``, DAPO dynamic sampling (:mod:`rlhf_core.trainer.dynamic_sampling`):
-        gen batches until ``data.train_batch_size`` groups with a spread of the metric are kept, then balanced."""
+        gen batches until ``data.train_batch_size`` groups with a spread of the metric are kept, then balanced.
+        Returns (batch, the pending reward for :func:`finish_reward`: None when the rewards are merged already, as
+        dynamic sampling needs them to choose the groups)."""
         fg, balance = self.config.algorithm.filter_groups, bool(self.config.trainer.balance_batch)
         if not fg.enable:
             return self.rollout(prompts, timing, metrics, balance)
         batch, dynamic_metrics = collect_kept_groups(
-            prompts, more, lambda p: self.rollout(p, timing, metrics, False), str(fg.metric),
+            prompts, more, lambda p: finish_reward(*self.rollout(p, timing, metrics, False)), str(fg.metric),
             int(self.config.data.train_batch_size), int(self.config.actor_rollout_ref.rollout.n),
             int(fg.max_num_gen_batches))
         metrics.update(dynamic_metrics)
-        return self.balance(batch, metrics) if balance else batch
+        return (self.balance(batch, metrics) if balance else batch), None
 
-    def rollout(self, batch: Batch, timing: dict, metrics: dict, balance: bool) -> Batch:
-        """One prompt batch: uids, ``rollout.n`` samples each, [gen], [gen_max] (remax), balance, [reward]."""
+    def rollout(self, batch: Batch, timing: dict, metrics: dict, balance: bool) -> tuple[Batch, Any]:
+        """One prompt batch: uids, ``rollout.n`` samples each, [gen], [gen_max] (remax), balance, [reward] started
+        (``launch_reward_fn_async``: the manager runs on until [adv]); returns (batch, pending reward)."""
         prompts = add_uids(batch)
         batch = prompts.repeat_interleave(int(self.config.actor_rollout_ref.rollout.n))
         with timer("gen", timing):
@@ -288,7 +290,7 @@ class RayPPOTrainer:
                 batch = self.compute_reward_baselines(prompts, batch)
         batch = self.balance(batch, metrics) if balance else batch
         with timer("reward", timing):
-            return self.compute_reward(batch)
+            return self.start_reward(batch)
 
     def balance(self, batch: Batch, metrics: dict) -> Batch:
         """``trainer.balance_batch``: rows reordered so each actor rank gets a similar token count."""
@@ -323,13 +325,12 @@ class RayPPOTrainer:
         return add_reward_baselines(prompts, batch, self.actor_wg, self.reward_fn, self.wgs.get("rm"),
                                     self.global_steps)
 
-    def compute_reward(self, batch: Batch) -> Batch:
-        """[reward] ``token_level_scores (B, T)`` (+ per-sample extra columns from the reward manager); with a
-        reward model, its ``rm_scores (B, T)`` are added first and the manager passes them through."""
-        batch, result = score_batch(batch, self.reward_fn, self.wgs.get("rm"))
-        extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
-                  if len(v) == len(batch)}
-        return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+    def start_reward(self, batch: Batch) -> tuple[Batch, Any]:
+        """[reward] ``token_level_scores (B, T)`` (+ per-sample extra columns from the reward manager), merged by
+        :func:`finish_reward`; a reward model's ``rm_scores (B, T)`` are added first and the manager passes them
+        through. ``reward_model.launch_reward_fn_async``: the manager runs in the background meanwhile."""
+        launch_async = bool(self.config.reward_model.launch_reward_fn_async)
+        return start_reward(batch, self.reward_fn, self.wgs.get("rm"), launch_async)
 
     def compute_old_log_prob(self, batch: Batch, metrics: dict) -> Batch:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (by ``loss_agg_mode``); skipped when on-policy."""

@@ -8,11 +8,16 @@
   model, then reward manager); its summed score is ``reward_baselines (B,)`` of every sample of that prompt.
   (verl scores the greedy response with the reward manager only, so with a reward model enabled its baseline is
   the rule score while the rewards are the RM's; here both come from the same scorer.)
+* :func:`start_reward` / :func:`finish_reward` — the [reward] stage; with ``reward_model.launch_reward_fn_async``
+  the reward manager runs in a background thread from [reward] until [adv] needs the scores, overlapping the
+  old-log-prob, reference and value passes (verl 0.6's ``compute_reward_async`` Ray task); same scores.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from rlhf_core.protocol import Batch
@@ -57,3 +62,34 @@ def add_reward_baselines(prompts: Batch, batch: Batch, actor_wg: Any, reward_fn:
     by_uid = dict(zip((str(u) for u in greedy["uid"]), result["reward_tensor"].float().sum(-1).tolist()))
     baselines = torch.tensor([by_uid[str(u)] for u in batch["uid"]], dtype=torch.float32)
     return batch.merge(Batch({"reward_baselines": baselines}))
+
+
+_REWARD_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward_fn")
+
+
+def merge_reward(batch: Batch, result: dict) -> Batch:
+    """``batch`` plus ``token_level_scores (B, T)`` float32 and the manager's per-sample extra columns (those with
+    one value per row) from ``result = reward_fn(batch, return_dict=True)``."""
+    extras = {k: np.asarray(v, dtype=object) for k, v in (result.get("reward_extra_info") or {}).items()
+              if len(v) == len(batch)}
+    return batch.merge(Batch({"token_level_scores": result["reward_tensor"].float()}, extras))
+
+
+def start_reward(batch: Batch, reward_fn: Callable, rm_wg: Any | None, launch_async: bool) -> tuple[Batch, Any]:
+    """[reward]: reward-model scores (synchronous, as verl), then the reward manager: called now, or with
+    ``launch_async`` (``reward_model.launch_reward_fn_async``) submitted to a background thread. Returns
+    (batch with ``rm_scores`` when a reward model runs, the manager's result or its :class:`Future`); pass both to
+    :func:`finish_reward`."""
+    batch = add_rm_scores(batch, rm_wg)
+    if launch_async:
+        return batch, _REWARD_THREAD.submit(reward_fn, batch, return_dict=True)
+    return batch, reward_fn(batch, return_dict=True)
+
+
+def finish_reward(batch: Batch, pending: Any) -> Batch:
+    """``batch`` (rows in the order :func:`start_reward` saw) merged with the reward manager's result, waiting for
+    it when it runs in the background (its exception is raised here); ``batch`` as is when ``pending`` is None (the
+    result was merged already: dynamic sampling)."""
+    if pending is None:
+        return batch
+    return merge_reward(batch, pending.result() if isinstance(pending, Future) else pending)

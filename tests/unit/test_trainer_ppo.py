@@ -408,3 +408,15 @@ def test_driver_of_remote_ranks_keeps_one_thread_until_shutdown(tmp_path, group_
         assert seen == [threads_while_training] * 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_async_reward_fn_gives_the_same_training(tmp_path):
+    # reward_model.launch_reward_fn_async: the manager runs in a thread during old_log_prob/ref; same scores, same run
+    results = []
+    for launch_async in (False, True):
+        cfg = make_config(tmp_path / str(launch_async))
+        cfg.reward_model.launch_reward_fn_async = launch_async
+        trainer, final, actor, _ = run(cfg)
+        metrics = read_metrics_jsonl(os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl"))
+        results.append((actor.theta, [metrics[s]["critic/score/mean"] for s in range(1, 9)]))
+    assert results[0] == results[1]

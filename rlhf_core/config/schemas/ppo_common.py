@@ -78,10 +78,10 @@ class TorchMemoryToolConfig:
 
     trace_alloc_max_entries: int = key('${global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries}',
         'torch memory snapshot: max allocation events recorded',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stack_depth: int = key('${global_profiler.global_tool_config.torch_memory.stack_depth}',
         'torch memory snapshot: stack frames kept per event',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
 
 
 @dataclass
@@ -102,7 +102,8 @@ class ProfilerConfig:
     tool: Optional[str] = key('${oc.select:global_profiler.tool,null}',
         'profiler of this role: null | torch | torch_memory | nsys | npu (follows global_profiler.tool)',
         choices=('nsys', 'npu', 'torch', 'torch_memory'),
-        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler',
+                        'torch_memory': 'CUDA (a torch.cuda memory snapshot: no effect on CPU)'})
     enable: bool = key(False, 'profile this role in the steps listed in global_profiler.steps')
     all_ranks: bool = key(False, 'profile every rank of this role (False = only the ranks listed below)')
     ranks: List[Any] = key([], 'ranks to profile when all_ranks is False')
@@ -158,10 +159,10 @@ class FollowerTorchMemoryToolConfig:
 
     trace_alloc_max_entries: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch_memory.trace_alloc_max_entries}',
         'torch memory snapshot: max allocation events recorded',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stack_depth: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch_memory.stack_depth}',
         'torch memory snapshot: stack frames kept per event',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
 
 
 @dataclass
@@ -181,7 +182,8 @@ class FollowerProfilerConfig:
     tool: Optional[str] = key('${oc.select:global_profiler.tool,null}',
         'profiler of this role: null | torch | torch_memory | nsys | npu (follows global_profiler.tool)',
         choices=('nsys', 'npu', 'torch', 'torch_memory'),
-        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler',
+                        'torch_memory': 'CUDA (a torch.cuda memory snapshot: no effect on CPU)'})
     enable: bool = key('${actor_rollout_ref.actor.profiler.enable}',
         'profile this role in the steps listed in global_profiler.steps')
     all_ranks: bool = key('${actor_rollout_ref.actor.profiler.all_ranks}',

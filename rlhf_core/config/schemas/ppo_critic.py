@@ -232,8 +232,8 @@ class RewardModelConfig:
         'with reward.reward_manager.source=importlib, a class name in reward.reward_manager.module.path',
         choices=registered("reward_manager", unless=("reward.reward_manager.source", "importlib")),
         aliases=("reward.reward_manager.name",))
-    launch_reward_fn_async: bool = key(False, 'compute the reward function asynchronously with generation',
-        no_effect_yet='the reward function runs synchronously; same scores')
+    launch_reward_fn_async: bool = key(False, 'run the reward function in the background while the old log-probs, '
+        'reference log-probs and values are computed (joined before the advantages; same scores)')
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
     sandbox_fusion: RewardModelSandboxFusionConfig = section(RewardModelSandboxFusionConfig)
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)

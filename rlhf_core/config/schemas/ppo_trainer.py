@@ -267,15 +267,15 @@ class GlobalTorchMemoryToolConfig:
     """``global_profiler.global_tool_config.torch_memory``."""
 
     trace_alloc_max_entries: int = key(100000, 'torch memory snapshot: max allocation events recorded',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stack_depth: int = key(32, 'torch memory snapshot: stack frames kept per event',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     context: str = key('all', 'torch memory snapshot: which events to record: all | alloc | state',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stacks: str = key('all', 'torch memory snapshot: which stacks to record: all | python',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     kw_args: Dict[str, Any] = free_form('extra keyword arguments for torch.cuda.memory._record_memory_history',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
 
 
 @dataclass
@@ -294,7 +294,8 @@ class GlobalProfilerConfig:
         choices=('nsys', 'npu', 'torch', 'torch_memory'), only=(None, 'torch'),
         why='the nsys (NVIDIA Nsight Systems), npu (Ascend) and torch_memory (CUDA memory snapshot) profilers; '
             'tool torch writes torch.profiler traces',
-        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler'})
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler',
+                        'torch_memory': 'CUDA (a torch.cuda memory snapshot: no effect on CPU)'})
     steps: Any = key(None, 'training steps to profile, e.g. [1, 5]; null = none', types=(list,))
     profile_continuous_steps: bool = key(False, 'profile the listed steps as one continuous trace')
     save_path: str = key('outputs/profile', 'folder for profiler traces')
