@@ -35,8 +35,8 @@ def test_check_prints_a_notice_for_keys_that_change_nothing(capsys):
     assert main(["check", HF, "actor_rollout_ref.rollout.load_format=safetensors",
                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"]) == 0
     err = capsys.readouterr().err
-    assert ("Notice: actor_rollout_ref.rollout.load_format='safetensors' has no effect here (accepted, no effect yet): "
-            "the rollout engine loads the model, then gets the actor's weights") in err
+    assert ("Notice: actor_rollout_ref.rollout.load_format='safetensors' has no effect here: it is read only by the "
+            "vllm rollout engine, and actor_rollout_ref.rollout.name='hf'.") in err
     assert ("Notice: actor_rollout_ref.rollout.gpu_memory_utilization=0.8 has no effect here: it is read only by "
             "the vllm rollout engine, and actor_rollout_ref.rollout.name='hf'.") in err
     assert err.count("Notice:") == 2  # one per key

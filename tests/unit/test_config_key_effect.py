@@ -34,9 +34,28 @@ def test_spot_checked_statuses_and_reasons():
     assert ppo["data.train_max_samples"].status == SUPPORTED
 
 
-@pytest.mark.parametrize("path", ["reward_model.launch_reward_fn_async", "actor_rollout_ref.rollout.load_format"])
+@pytest.mark.parametrize("path", ["actor_rollout_ref.model.use_liger", "trainer.esi_redundant_time"])
 def test_unread_keys_are_not_called_supported(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_YET)
+
+
+@pytest.mark.parametrize("path", [  # given effect (tests: test_vllm_engine_args, test_model_source_keys, ...)
+    "reward_model.launch_reward_fn_async", "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.nccl_timeout",
+    "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.enable_prefix_caching",
+    "actor_rollout_ref.model.custom_chat_template", "actor_rollout_ref.rollout.trace.backend",
+    "ray_init.timeline_json_file"])
+def test_keys_given_effect_are_supported(path):
+    assert status_of("ppo_trainer", path).startswith(SUPPORTED)
+
+
+def test_profiler_tool_torch_memory_is_refused_as_cuda_only():
+    from rlhf_core.config import load_config
+    from rlhf_core.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.profiler.tool='torch_memory' needs CUDA"):
+        load_config("ppo_trainer", ["actor_rollout_ref.actor.profiler.tool=torch_memory"])
+    assert status_of("ppo_trainer", "global_profiler.global_tool_config.torch_memory.stack_depth").startswith(
+        NO_EFFECT_ON_CPU)
 
 
 @pytest.mark.parametrize("path", ["actor_rollout_ref.model.enable_activation_offload",
