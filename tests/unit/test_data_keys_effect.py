@@ -188,7 +188,8 @@ def test_data_tokenizer_and_trust_remote_code(tiny_model_dir, tmp_path):
     tok_cfg.pop("tokenizer_class", None)
     cfg_path.write_text(json.dumps(tok_cfg))
     cfg = OmegaConf.create({"data": {"tokenizer": None, "trust_remote_code": True},
-                            "actor_rollout_ref": {"model": {"path": tiny_model_dir}}})
+                            "actor_rollout_ref": {"model": {"path": tiny_model_dir, "tokenizer_path": None,
+                                                            "custom_chat_template": None}}})
     assert driver_tokenizer_path(cfg) == tiny_model_dir
     assert type(load_driver_tokenizer(cfg)).__name__ != "RemoteTok"
     cfg.data.tokenizer = str(tok_dir)
