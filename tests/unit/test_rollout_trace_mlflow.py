@@ -52,3 +52,31 @@ def test_weave_backend_is_refused_by_name():
         load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=weave"])
     cfg = load_config("ppo_trainer", [])
     assert rollout_tracer(cfg.actor_rollout_ref.rollout.trace, cfg.trainer, None) is None  # null: no tracing
+
+
+def test_agent_rollout_traces_its_trajectories(tmp_path, monkeypatch):
+    """A real AgentRollout (tiny model, tool agent loop) with trace.backend=mlflow: one trace per row, whose
+    response ids are the rollout's own."""
+    import mlflow
+
+    from rlhf_core.workers.rollout.agent_rollout import AgentRollout
+    from rlhf_core.workers.rollout.hf_rollout import HFRollout
+    from tests.unit.agent_fixtures import make_model, make_tokenizer
+    from tests.unit.test_agent_rollout import _batch, _rollout_cfg
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    tok = make_tokenizer()
+    cfg = _rollout_cfg(tmp_path, mode="async", **{"trace.backend": "mlflow"})
+    trainer = {"project_name": "proj", "experiment_name": "agent"}
+    tracer = rollout_tracer(cfg.trace, type("T", (), trainer), tok)
+    rollout = AgentRollout(HFRollout(make_model(tok), tok, cfg, seed=5), tok, cfg, tracer)
+    batch = _batch(2)
+    batch.meta["global_steps"] = 3
+    out = rollout.generate_sequences(batch)
+    traces = mlflow.search_traces(locations=[tracer.experiment_id], return_type="list")
+    assert len(traces) == 2
+    by_row = {int(t.info.tags["sample_index"]): t.data.spans[0] for t in traces}
+    for row in range(2):
+        assert by_row[row].outputs["response_ids"] == out["responses"][row][out["response_mask"][row].bool()].tolist()
+        assert by_row[row].outputs["num_turns"] == int(out["num_turns"][row])
+    assert all(t.info.tags["step"] == "3" for t in traces)
