@@ -106,6 +106,13 @@ def overrides_parser(prog: str, config_name: str, description: str, example: str
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help=f"verl/Hydra overrides of {config_name}.yaml: a.b=v, +a.new=v, ++a.b=v, ~a.b")
+    from rlhf_core.config.views import VIEWS
+
+    views = [v for v, (of, _) in VIEWS.items() if of == config_name]
+    parser.add_argument("--config-name", dest="config_name", default=config_name,
+                        choices=[config_name, *views] if views else [config_name],
+                        help=f"the config to start from (default {config_name}"
+                             + (f"; {', '.join(views)}: the same keys with verl 0.9.1's defaults)" if views else ")"))
     return parser
 
 
@@ -131,9 +138,9 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
     importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as :func:`run_command`
     shows them."""
     def command(args: list[str]) -> int:
-        overrides = overrides_parser(prog, config_name, description, example).parse_args(args).overrides
+        parsed = overrides_parser(prog, config_name, description, example).parse_args(args)
         setup_logging()
-        config = load_config_with_notices(config_name, overrides)
+        config = load_config_with_notices(parsed.config_name, parsed.overrides)
         with _sigint_seen() as seen:
             try:
                 result = run(config)
@@ -151,10 +158,10 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
 
     main.__doc__ = f"``{prog} key=value ...``: {description} Returns the exit code."
     def check(args: list[str]) -> None:
-        overrides = overrides_parser(prog, config_name, description, example).parse_args(args).overrides
+        parsed = overrides_parser(prog, config_name, description, example).parse_args(args)
         with warnings.catch_warnings():  # the run that follows shows the notices
             warnings.simplefilter("ignore")
-            load_config(config_name, overrides)
+            load_config(parsed.config_name, parsed.overrides)
 
     main.check = check  # type: ignore[attr-defined]
     return main

@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlhf config", description="Show or check a verl-style config.")
     p.add_argument("action", choices=("show", "check"), help="show: print the resolved YAML; check: validate only")
     p.add_argument("--config-name", default="ppo_trainer",
-                   help=f"one of {', '.join(CONFIG_NAMES)} or a path to a YAML file (default ppo_trainer)")
+                   help=f"one of {', '.join(CONFIG_NAMES)}, sft_trainer_engine (verl 0.9's SFT defaults) or a path to a YAML file (default ppo_trainer)")
     p.add_argument("--config-dir", default=None, help="folder holding the shipped configs (default: the repo's)")
     p.add_argument("--world-size", type=int, default=None,
                    help="training workers to validate against (default trainer.nnodes x trainer.n_gpus_per_node)")

@@ -22,6 +22,7 @@ from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import schema_paths, shipped_defaults, to_typed, typed_defaults
 from .validate import convert_deprecated, validate_generation_config, validate_ppo_config, validate_sft_config
+from .views import VIEWS, drop_group_choices, view_of
 from .yaml_file import read_yaml_mapping
 
 def config_dir() -> str:
@@ -56,6 +57,12 @@ def load_base(name: str, config_dir: str | None = None) -> DictConfig:
     classes, or the YAML file ``<config_dir>/<name>.yaml`` when a folder is given (``--config-dir`` or
     ``RLHF_CONFIG_DIR``), whose keys must be keys of the classes."""
     folder = config_dir or os.environ.get("RLHF_CONFIG_DIR")
+    view = view_of(name)
+    if view is not None:  # sft_trainer_engine: the sft_trainer defaults with verl 0.9.1's (rlhf_core/config/views.py)
+        base = load_base(view[0], config_dir)
+        for key, value in view[1].items():
+            OmegaConf.update(base, key, value, merge=False)
+        return base
     if not folder:
         if name not in CONFIG_NAMES:
             raise ConfigError(f"Unknown config '{name}'; known configs: {list(CONFIG_NAMES)}")
@@ -92,9 +99,9 @@ def _is_target(override: str) -> bool:
 
 def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig, DictConfig]:
     """(kind, base, cfg): a shipped name, or a user YAML file merged over the shipped config it extends."""
-    if name in CONFIG_NAMES:
+    if name in CONFIG_NAMES or name in VIEWS:
         base = load_base(name, config_dir)
-        return name, base, copy.deepcopy(base)
+        return VIEWS[name][0] if name in VIEWS else name, base, copy.deepcopy(base)
     path = Path(name).expanduser()
     if not path.is_file():
         looks_like_path = "/" in name or name.endswith((".yaml", ".yml"))
@@ -202,7 +209,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     """
     _remember_secrets(overrides)
     kind, base, cfg = _load_unresolved(name, config_dir)
-    overrides = _renamed_overrides(overrides, kind)
+    overrides = _renamed_overrides(drop_group_choices(overrides, kind), kind)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
     user_set |= named_engine_keys(overrides)  # e.g. rollout.tensor_model_parallel_size=2 (its default) with hf

@@ -377,10 +377,16 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
         errors.append(f"data.train_batch_size={tbs} and world size {world} must be > 0.")
     elif tbs % world:
         errors.append(f"data.train_batch_size={tbs} is not divisible by world size {world}.")
-    elif micro and (tbs // world) % micro:
+    elif micro and not _get(cfg, "data.use_dynamic_bsz") and (tbs // world) % micro:
         errors.append(f"data.train_batch_size={tbs} / world size {world} = {tbs // world} per worker is not "
                       f"divisible by data.micro_batch_size_per_gpu={micro}.")
     errors += finite_errors(cfg, (("optim.lr", 0, True, _LR),)) + section_errors(cfg, "sft_trainer")
+    errors += [f"trainer.{k}={_get(cfg, 'trainer.' + k)!r}: use a number of steps or after_each_epoch."
+               for k in ("save_freq", "test_freq") if isinstance(_get(cfg, "trainer." + k), str)
+               and _get(cfg, "trainer." + k) != "after_each_epoch"]
+    if _get(cfg, "data.use_dynamic_bsz") and (_get(cfg, "data.max_token_len_per_gpu") or 0) <= 0:
+        errors.append(f"data.use_dynamic_bsz=True needs data.max_token_len_per_gpu > 0, got "
+                      f"{_get(cfg, 'data.max_token_len_per_gpu')}.")
     if (_get(cfg, "data.max_length") or 0) <= 0:
         errors.append(f"data.max_length={_get(cfg, 'data.max_length')} must be > 0.")
     _raise(errors)

@@ -8,6 +8,7 @@ response token, i.e. ``input_ids[i + 1]`` is a response token. The trainer compu
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -59,7 +60,13 @@ class SFTDataset(Dataset):
     Single-turn: the prompt is ``[{"role": "user", "content": prompt}]`` rendered with
     ``add_generation_prompt=True``; the response is ``response + eos_token``; both tokenized without extra
     special tokens. Multi-turn: each assistant message's tokens (content and its end-of-turn token, not the
-    ``<|im_start|>assistant`` header) are response tokens; the rendering must be prefix-consistent.
+    ``<|im_start|>assistant`` header) are response tokens; the rendering must be prefix-consistent, unless
+    ``ignore_input_ids_mismatch`` (verl 0.9): then each turn's tokens are what rendering up to that turn adds
+    to rendering the turns before it, and the sample is their concatenation (a template that re-renders earlier
+    turns, e.g. drops their ``<think>`` part, gives a sequence no single rendering gives). A row's
+    ``multiturn.tools_key`` column (a list of tool schemas, or its JSON text) goes to the template as
+    ``tools=``; its ``multiturn.enable_thinking_key`` column (else ``enable_thinking_default`` unless that is
+    ``none``/null) as ``enable_thinking=``.
 
     Item: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``, each ``(max_length,)`` int64,
     right-padded (pad id, mask 0, loss 0); alignment as in the module docstring.
@@ -80,6 +87,11 @@ class SFTDataset(Dataset):
         self.response_dict_keys = [] if config.response_dict_keys is None else list(config.response_dict_keys)
         self.multiturn = bool(config.multiturn.enable)
         self.messages_key = config.multiturn.messages_key
+        self.tools_key = config.multiturn.tools_key
+        self.enable_thinking_key = config.multiturn.enable_thinking_key
+        default = config.enable_thinking_default
+        self.enable_thinking_default = None if default is None or str(default).lower() == "none" else bool(default)
+        self.ignore_mismatch = bool(config.ignore_input_ids_mismatch)
         self.max_length = int(config.max_length)
         self.truncation = config.truncation
         if self.truncation not in SFT_TRUNCATIONS:
@@ -101,18 +113,40 @@ class SFTDataset(Dataset):
             validate_messages(messages, str(src), self.messages_key)
             if not any(m["role"] == "assistant" for m in messages):
                 raise DataError(f"{src}: field {self.messages_key!r} has no assistant message to train on")
-            return list(messages)
+            return list(messages), self._row_template_kwargs(row, src)
         prompt = _lookup(row, self.prompt_key, self.prompt_dict_keys, src, "prompt")
         response = _lookup(row, self.response_key, self.response_dict_keys, src, "response")
         return prompt, response
 
+    def _row_template_kwargs(self, row: dict[str, Any], src: RowSource) -> dict[str, Any]:
+        """The chat-template arguments of one multi-turn row: ``apply_chat_template_kwargs`` plus its ``tools``
+        and ``enable_thinking`` (see the class docstring)."""
+        kwargs = dict(self.apply_chat_template_kwargs)
+        tools = row.get(self.tools_key)
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{src}: field {self.tools_key!r} is not JSON ({exc})") from exc
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise DataError(f"{src}: field {self.tools_key!r} must be a list of tool schemas (dicts), got "
+                                f"{type(tools).__name__}")
+            kwargs["tools"] = tools
+        thinking = row.get(self.enable_thinking_key, self.enable_thinking_default)
+        if thinking is not None:
+            kwargs["enable_thinking"] = bool(thinking)
+        return kwargs
+
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+        template_kwargs = self.apply_chat_template_kwargs if template_kwargs is None else template_kwargs
         if generation_prompt:
-            return render_prompt(self.tokenizer, messages, self.chat_template, self.apply_chat_template_kwargs)
-        kwargs = dict(self.apply_chat_template_kwargs)
+            return render_prompt(self.tokenizer, messages, self.chat_template, template_kwargs)
+        kwargs = dict(template_kwargs)
         if self.chat_template:
             kwargs["chat_template"] = self.chat_template
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False, **kwargs)
@@ -123,14 +157,18 @@ class SFTDataset(Dataset):
             prompt, response = sample
             prompt_text = self._render([{"role": "user", "content": prompt}], generation_prompt=True)
             return [(prompt_text, 0), (response + self.tokenizer.eos_token, 1)]
+        messages, kwargs = sample
         segments: list[tuple[str, int]] = []
         done = ""
-        for i, msg in enumerate(sample):
-            full = self._render(sample[: i + 1], generation_prompt=False)
-            head = self._render(sample[:i], generation_prompt=True) if msg["role"] == "assistant" else full
+        for i, msg in enumerate(messages):
+            full = self._render(messages[: i + 1], False, kwargs)
+            head = self._render(messages[:i], True, kwargs) if msg["role"] == "assistant" else full
+            if self.ignore_mismatch and not head.startswith(done):  # this turn's own delta (class docstring)
+                done = self._render(messages[:i], False, kwargs) if i else ""
             if not head.startswith(done) or not full.startswith(head):
+                hint = "" if self.ignore_mismatch else " (data.ignore_input_ids_mismatch=True builds it turn by turn)"
                 raise DataError(f"{where}: the chat template is not prefix-consistent at message {i}; "
-                                "cannot locate the assistant tokens")
+                                f"cannot locate the assistant tokens{hint}")
             segments.append((head[len(done):], 0))
             if msg["role"] == "assistant":
                 segments.append((full[len(head):], 1))

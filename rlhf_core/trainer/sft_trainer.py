@@ -98,8 +98,8 @@ class SFTTrainer:
         if self.tracker is None:
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
         last_ckpt = self._resume(resume_from)
-        save_freq, test_freq = int(t.save_freq), int(t.test_freq)
         steps_per_epoch = len(self.train_loader)
+        save_freq, test_freq = _freq(t.save_freq, steps_per_epoch), _freq(t.test_freq, steps_per_epoch)
         metrics: dict[str, float] = {}
         n_epochs = -(-self.total_steps // steps_per_epoch)
         start_epoch = self.global_step // steps_per_epoch
@@ -155,6 +155,12 @@ class SFTTrainer:
             self.wg.shutdown()
         if self.tracker is not None and hasattr(self.tracker, "finish"):
             self.tracker.finish()
+
+
+def _freq(value: Any, steps_per_epoch: int) -> int:
+    """A ``trainer.save_freq``/``test_freq`` value as steps: verl 0.9's ``after_each_epoch`` is ``steps_per_epoch``
+    (the value was checked at load: an int or that word)."""
+    return steps_per_epoch if value == "after_each_epoch" else int(value)
 
 
 def _cluster_has_gpu() -> bool:

@@ -21,7 +21,7 @@ from rlhf_core.config.structured import full_key
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
 from rlhf_core.models.lora import apply_lora, merge_lora
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.batching import all_reduce_sum, global_counts
+from rlhf_core.workers.batching import all_reduce_sum, global_counts, micro_batches
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
@@ -54,10 +54,13 @@ class SFTWorker:
         use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
-        fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload})
+        engine = self.config.engine  # verl 0.9's FSDP engine settings that FSDP2 honours here
+        fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload, "fsdp_size": engine.fsdp_size,
+                         "reshard_after_forward": engine.reshard_after_forward})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
-        if self.config.use_remove_padding:
-            check_packing_support(self.model, full_key(self.config, "use_remove_padding"))
+        if self._packed():
+            check_packing_support(self.model, full_key(self.config, "use_remove_padding")
+                                  if self.config.use_remove_padding else "data.pad_mode=no_padding")
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
         self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
 
@@ -69,15 +72,24 @@ class SFTWorker:
             return int(data.micro_batch_size_per_gpu)
         return max(1, int(data.micro_batch_size) // world_size())
 
+    def _packed(self) -> bool:
+        """Rows packed without padding for the forward: ``use_remove_padding`` (0.6) or verl 0.9's
+        ``data.pad_mode=no_padding`` (the same computation; the loss is the padded one up to rounding)."""
+        return bool(self.config.use_remove_padding) or self.config.data.pad_mode == "no_padding"
+
     def _micro_batches(self, batch: Batch) -> list[Batch]:
-        return batch.split(self._micro_batch_size())
+        """Micro-batches of ``micro_batch_size_per_gpu`` rows, or by token budget under ``data.use_dynamic_bsz``
+        (consecutive rows whose valid tokens stay within ``data.max_token_len_per_gpu``)."""
+        data = self.config.data
+        return micro_batches(batch, self._micro_batch_size(), bool(data.use_dynamic_bsz),
+                             int(data.max_token_len_per_gpu), "data.max_token_len_per_gpu")
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
         """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad); packed under
         ``use_remove_padding`` (:func:`~rlhf_core.workers.packing.packed_next_token_ce`, the same sum)."""
         dev = device()
         input_ids = micro["input_ids"].to(dev)
-        if self.config.use_remove_padding:
+        if self._packed():
             return packed_next_token_ce(self.model, input_ids, micro["attention_mask"].to(dev),
                                         micro["position_ids"].to(dev), micro["loss_mask"].to(dev))
         out = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(dev),
@@ -94,8 +106,11 @@ class SFTWorker:
         ``train/loss`` (global token-mean), ``train/lr`` (before the scheduler step), ``train/grad_norm``,
         ``train/skipped_steps`` (1 when a non-finite grad norm skipped the update)."""
         lr = self.optimizer.param_groups[0]["lr"]
+        data = self.config.data
         schedule = UpdateSchedule(ppo_epochs=1, mini_batch_size=len(batch), micro_batch_size=self._micro_batch_size(),
-                                  grad_clip=self.config.optim.clip_grad)
+                                  grad_clip=self.config.optim.clip_grad, use_dynamic_bsz=bool(data.use_dynamic_bsz),
+                                  max_token_len=int(data.max_token_len_per_gpu),
+                                  max_token_len_key="data.max_token_len_per_gpu")
 
         def micro_loss(micro: Batch, n_tokens: float, _n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)

@@ -22,9 +22,11 @@ PPO (verl's FSDP workers): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 ``cosine`` (the deprecated ``optim.warmup_style``, when set, takes its place, see
 :func:`rlhf_core.config.validate.lr_scheduler_type_of`); a null ``min_lr_ratio`` is 0. The scheduler is stepped
 once per ``update_actor`` / ``update_critic`` call.
-SFT (verl's ``fsdp_sft_trainer``): ``W = int(optim.warmup_steps_ratio × T)``, ``optim.lr_scheduler`` is
-``cosine`` or ``wsd``, ``c = 0.5``, with ``optim.min_lr_ratio`` and ``optim.stable_ratio``; stepped once per
-optimizer update.
+SFT (verl's ``fsdp_sft_trainer``; verl 0.9's ``sft_trainer`` spells the keys ``lr_warmup_steps_ratio`` and
+``lr_scheduler_type``, aliases here): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
+``int(optim.warmup_steps_ratio × T)``; ``optim.lr_scheduler`` is ``constant``, ``cosine`` or ``wsd`` (the deprecated
+``optim.warmup_style``, when set, takes its place), ``c = optim.num_cycles`` (0.5), with ``optim.min_lr_ratio`` and
+``optim.stable_ratio``; stepped once per optimizer update.
 """
 from __future__ import annotations
 
@@ -109,12 +111,15 @@ def build_sft_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, tot
     """The SFT ``LambdaLR`` from ``sft_trainer.yaml``'s ``optim`` over ``total_steps`` updates.
 
     Raises:
-        ValueError: ``optim.lr_scheduler`` not ``cosine``/``wsd``.
+        ValueError: the schedule (``optim.warmup_style`` when set, else ``optim.lr_scheduler``) not one of
+            :data:`SCHEDULES`.
     """
-    kind = str(optim_cfg.lr_scheduler)
-    if kind not in ("cosine", "wsd"):
-        raise ValueError(f"optim.lr_scheduler={kind!r}: use 'cosine' or 'wsd'")
+    kind = str(optim_cfg.warmup_style if optim_cfg.warmup_style is not None else optim_cfg.lr_scheduler)
+    if kind not in SCHEDULES:
+        raise ValueError(f"optim.lr_scheduler={kind!r}: use one of {list(SCHEDULES)}")
     m = float(optim_cfg.min_lr_ratio)
-    return _lambda_lr(optimizer, kind=kind, warmup=int(float(optim_cfg.warmup_steps_ratio) * total_steps),
-                      total=int(total_steps), min_lr_ratio=m, stable_ratio=float(optim_cfg.stable_ratio),
+    steps = int(optim_cfg.lr_warmup_steps)
+    warmup = steps if steps >= 0 else int(float(optim_cfg.warmup_steps_ratio) * total_steps)
+    return _lambda_lr(optimizer, kind=kind, warmup=warmup, total=int(total_steps), min_lr_ratio=m,
+                      num_cycles=float(optim_cfg.num_cycles), stable_ratio=float(optim_cfg.stable_ratio),
                       init_lr_ratio=m if m > 0 else None)

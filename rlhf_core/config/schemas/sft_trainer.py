@@ -9,6 +9,9 @@ from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, key, number, section
 
+from .sft_engine import (EngineConfig, SftFusedKernelOptionsConfig, SftLoraConfig, SftMtpConfig, SftProfilerConfig,
+                         SftTiledMlpConfig)
+
 # The comment lines at the top of the generated YAML file.
 YAML_HEADER = (
     'sft_trainer.yaml — supervised fine-tuning (FSDP backend), verl fsdp_sft_trainer.yaml keys and defaults.',
@@ -22,11 +25,12 @@ class DataMultiturnConfig:
     """``data.multiturn``."""
 
     enable: bool = key(False, 'train on multi-turn message lists instead of prompt/response columns')
-    messages_key: str = key('messages', 'column holding the message list')
-    tools_key: str = key('tools', 'column holding the tool schemas',
-        no_effect_yet='tool schemas are not passed to the chat template')
-    enable_thinking_key: str = key('enable_thinking', 'column holding the per-row enable_thinking flag',
-        no_effect_yet='no per-row enable_thinking flag')
+    messages_key: str = key('messages', 'column holding the message list', aliases=('data.messages_key',))
+    tools_key: str = key('tools', "column holding the row's tool schemas (passed to the chat template as tools)",
+        aliases=('data.tools_key',))
+    enable_thinking_key: str = key('enable_thinking',
+        "column holding the row's enable_thinking flag (passed to the chat template)",
+        aliases=('data.enable_thinking_key',))
 
 
 @dataclass
@@ -64,17 +68,32 @@ class DataConfig:
         choices=('error', 'left', 'right'))
     balance_dp_token: bool = key(False, 'balance tokens across data-parallel ranks',
         no_effect_yet='ranks get equal sample counts')
-    chat_template: Optional[str] = key(None, "chat template name; null = the tokenizer's")
+    chat_template: Optional[str] = key(None, "chat template (Jinja text) to use; null = the tokenizer's",
+        aliases=('model.custom_chat_template',))
     custom_cls: DataCustomClsConfig = section(DataCustomClsConfig)
     use_shm: bool = key(False, 'load data through shared memory (/dev/shm)', why='shared-memory data loading')
     apply_chat_template_kwargs: Dict[str, Any] = free_form('extra keyword arguments for tokenizer.apply_chat_template (e.g. enable_thinking)')
+    # verl 0.9: engine SFT (--config-name sft_trainer_engine gives verl 0.9.1's defaults: True / no_padding)
+    use_dynamic_bsz: bool = key(False,
+        'micro-batches packed by token budget (max_token_len_per_gpu) instead of micro_batch_size_per_gpu rows')
+    max_token_len_per_gpu: int = key(8192, 'valid tokens per micro-batch on one worker when use_dynamic_bsz')
+    enable_thinking_default: Any = key('none',
+        "enable_thinking for rows without the enable_thinking_key column: true | false | none (not passed)",
+        types=(str, bool), null_ok=True)
+    pad_mode: str = key('right', 'right: padded rows in the forward; no_padding: rows packed without padding '
+        '(as use_remove_padding)', choices=('right', 'no_padding'))
+    num_workers: int = key(8, 'dataloader worker processes',
+        no_effect_yet='the SFT samples are read in the driver process (already tokenized lazily per row)')
+    ignore_input_ids_mismatch: bool = key(False,
+        'multi-turn: accept a chat template that re-renders earlier turns (token ids built turn by turn)')
 
 
 @dataclass
 class ModelFsdpConfigWrapPolicyConfig:
     """``model.fsdp_config.wrap_policy``."""
 
-    min_num_params: int = key(0, 'wrap modules with at least this many parameters; 0 = by decoder layer')
+    min_num_params: int = key(0, 'wrap modules with at least this many parameters; 0 = by decoder layer',
+        aliases=('engine.wrap_policy.min_num_params',))
 
 
 @dataclass
@@ -82,7 +101,7 @@ class ModelFsdpConfigConfig:
     """``model.fsdp_config``."""
 
     model_dtype: str = key('fp32', 'dtype of the trained parameters: bf16 | fp16 | fp32',
-        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'), aliases=('engine.model_dtype',))
     wrap_policy: ModelFsdpConfigWrapPolicyConfig = section(ModelFsdpConfigWrapPolicyConfig)
     cpu_offload: bool = key(False, 'enable FSDP CPU offload',
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
@@ -96,11 +115,12 @@ class ModelFsdpConfigConfig:
 class ModelConfig:
     """``model``."""
 
-    partial_pretrain: str = key('~/models/gemma-1.1-7b-it', 'Hugging Face model to fine-tune (local, hdfs:// or s3://)')
+    partial_pretrain: str = key('~/models/gemma-1.1-7b-it', 'Hugging Face model to fine-tune (local, hdfs:// or s3://)',
+        aliases=('model.path',))
     use_shm: bool = key(False, 'load the model through shared memory (/dev/shm; default only)',
         why='shared-memory model loading')
     strategy: str = key('fsdp2', 'FSDP implementation: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
-        why='only FSDP backends; Megatron is a backend this project does not have')
+        why='only FSDP backends; Megatron is a backend this project does not have', aliases=('engine.strategy',))
     fsdp_config: ModelFsdpConfigConfig = section(ModelFsdpConfigConfig)
     external_lib: Optional[str] = key(None, 'python module to import first (registers custom models)')
     enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing')
@@ -109,6 +129,24 @@ class ModelConfig:
     lora_alpha: int = key(16, 'LoRA scaling alpha')
     target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
     use_liger: bool = key(False, 'apply Liger kernels (GPU)', no_effect_yet='Liger kernels are not applied; same loss')
+    # verl 0.9: engine SFT
+    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path',
+        no_effect_yet='the HF config is read from model.path')
+    tokenizer_path: Optional[str] = key(None, 'tokenizer folder; null = model.path',
+        no_effect_yet='the tokenizer is read from model.path')
+    override_config: Dict[str, Any] = free_form("overrides of the model's HF config",
+        no_effect_yet="the model's own HF config is used")
+    enable_activation_offload: bool = key(False, 'offload activations to CPU',
+        no_effect_on_cpu='on CPU activations already live in host memory')
+    exclude_modules: Optional[Any] = key(None, 'module names that never get LoRA adapters; null = none',
+        types=(str, list), no_effect_yet='every target_modules match gets a LoRA adapter')
+    lora_adapter_path: Optional[str] = key(None, 'LoRA adapter to continue training from; null = fresh adapters',
+        no_effect_yet='LoRA adapters start fresh')
+    use_fused_kernels: bool = key(False, 'fused log-prob kernels from hidden states', why='fused kernels')
+    fused_kernel_options: SftFusedKernelOptionsConfig = section(SftFusedKernelOptionsConfig)
+    tiled_mlp: SftTiledMlpConfig = section(SftTiledMlpConfig)
+    mtp: SftMtpConfig = section(SftMtpConfig)
+    lora: SftLoraConfig = section(SftLoraConfig)
 
 
 @dataclass
@@ -118,12 +156,28 @@ class OptimConfig:
     lr: float = key(1e-05, 'peak learning rate')
     betas: List[float] = key([0.9, 0.95], 'AdamW betas')
     weight_decay: float = key(0.01, 'AdamW weight decay')
-    warmup_steps_ratio: float = key(0.1, 'warmup steps as a fraction of total steps')
+    warmup_steps_ratio: float = key(0.1, 'warmup steps as a fraction of total steps',
+        aliases=('optim.lr_warmup_steps_ratio',))
     clip_grad: float = key(1.0, 'clip the global gradient norm to this value')
-    lr_scheduler: str = key('cosine', 'scheduler: cosine | wsd', choices=('cosine', 'wsd'))
+    lr_scheduler: str = key('cosine', 'scheduler after warmup: constant | cosine | wsd',
+        choices=('constant', 'cosine', 'wsd'), aliases=('optim.lr_scheduler_type',))
     min_lr_ratio: float = key(0.0, 'final lr as a fraction of lr (cosine and wsd)', ours=True)
     stable_ratio: float = key(0.9,
         "wsd: fraction of the post-warmup steps held at the peak lr (verl's function default)", ours=True)
+    # verl 0.9: engine SFT
+    optimizer: str = key('AdamW', 'optimizer class name', only=('AdamW',), why='other optimizers (AdamW only)')
+    optimizer_impl: str = key('torch.optim', 'module of the optimizer class', only=('torch.optim',),
+        why='other optimizer modules (torch.optim only)')
+    total_training_steps: int = key(-1, 'total optimizer steps; -1 = set by the trainer',
+        no_effect_yet='the trainer sets it from trainer.total_training_steps (or epochs), as verl does')
+    lr_warmup_steps: int = key(-1, 'warmup steps; negative = warmup_steps_ratio x total steps')
+    num_cycles: float = key(0.5, 'cosine: number of cosine cycles (0.5 = one fall from lr to min_lr_ratio x lr)')
+    zero_indexed_step: bool = key(True, 'the schedule counts updates from 0', only=(True,),
+        why='1-indexed LR schedules')
+    warmup_style: Optional[str] = key(None, 'deprecated spelling of lr_scheduler; null = lr_scheduler',
+        choices=('constant', 'cosine', 'wsd'))
+    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra optimizer keyword arguments',
+        no_effect_yet='AdamW gets lr, betas and weight_decay only')
 
     def __post_init__(self) -> None:
         check_section([f"{{section}}.{key}={getattr(self, key)} must lie in [0, 1]."
@@ -136,9 +190,9 @@ class TrainerCheckpointConfig:
     """``trainer.checkpoint``."""
 
     save_contents: List[str] = key(['model', 'optimizer', 'extra'], 'what to save: model, optimizer, extra, hf_model',
-        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'), aliases=('checkpoint.save_contents',))
     load_contents: List[str] = key('${trainer.checkpoint.save_contents}', 'what to load when resuming',
-        item_choices=('model', 'optimizer', 'extra', 'hf_model'))
+        item_choices=('model', 'optimizer', 'extra', 'hf_model'), aliases=('checkpoint.load_contents',))
 
 
 @dataclass
@@ -156,8 +210,9 @@ class TrainerConfig:
         'metric sinks: console, mlflow, tensorboard, file, wandb, swanlab, trackio', types=(list, str,),
         item_choices=('console', 'mlflow', 'tensorboard', 'file', 'wandb', 'swanlab', 'trackio'))
     seed: int = key(1, 'random seed')
-    save_freq: int = key(-1, 'save a checkpoint every N steps; -1 = only at the end')
-    test_freq: int = key(-1, 'validate every N steps; -1 = only at the end')
+    save_freq: Any = key(-1, 'save a checkpoint every N steps; -1 = only at the end; after_each_epoch',
+        types=(int, str))
+    test_freq: Any = key(-1, 'validate every N steps; -1 = only at the end; after_each_epoch', types=(int, str))
     nnodes: int = key(1, 'nodes used for training')
     n_gpus_per_node: int = key(8, 'workers (GPUs, or CPU slots) per node')
     max_ckpt_to_keep: Optional[int] = key(None, 'keep at most this many checkpoints; null = all')
@@ -166,6 +221,11 @@ class TrainerConfig:
     checkpoint: TrainerCheckpointConfig = section(TrainerCheckpointConfig)
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
+    # verl 0.9: engine SFT
+    balance_batch: bool = key(True, 'reorder samples so ranks get similar token counts',
+        no_effect_yet='ranks get the samples in loader order')
+    profile_interval: List[int] = key([-1, -1], 'first and last step profiled; [-1, -1] = none',
+        no_effect_yet='SFT writes no profiler traces yet')
 
     def __post_init__(self) -> None:
         check_section(["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
@@ -190,7 +250,11 @@ class SFTTrainerConfig:
     model: ModelConfig = section(ModelConfig)
     optim: OptimConfig = section(OptimConfig)
     ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
-        why='sequence parallelism')
-    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
+        why='sequence parallelism', aliases=('engine.ulysses_sequence_parallel_size',))
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass',
+        aliases=('model.use_remove_padding',))
+    # verl 0.9: engine SFT
+    engine: EngineConfig = section(EngineConfig, "verl 0.9's FSDP engine settings")
+    profiler: SftProfilerConfig = section(SftProfilerConfig, 'profiler of the SFT steps')
     trainer: TrainerConfig = section(TrainerConfig)
     ray_init: RayInitConfig = section(RayInitConfig)

@@ -1,0 +1,262 @@
+"""The sections verl 0.9's engine-shaped SFT config adds (``sft_trainer_engine.yaml``): ``engine``, ``profiler``,
+``model.lora``, ``model.mtp``, ``model.tiled_mlp``, ``model.fused_kernel_options``.
+
+Keys whose meaning equals a verl 0.6 key are not here: they are ``aliases`` of that key in sft_trainer.py
+(``engine.model_dtype`` is read as ``model.fsdp_config.model_dtype``). What is left is declared here with verl
+0.9.1's name and default and its status on this project.
+"""
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from rlhf_core.config.spec import key, section
+
+# verl 0.9: engine SFT
+
+_MEGATRON = 'Megatron LoRA (verl 0.9 model.lora.*), a backend this project does not have; FSDP LoRA is model.lora_rank'
+_TURBO = 'the fsdp_turbo engine, a backend this project does not have'
+_QAT = 'quantization-aware training (NVFP4 kernels), which this project does not have'
+_PROFILE = 'SFT writes no profiler traces yet'
+_NPU = 'Ascend NPU profiling, a backend we do not have'
+
+
+@dataclass
+class EngineQatConfig:
+    """``engine.qat``."""
+
+    enable: bool = key(False, 'quantization-aware training (default only)', why=_QAT)
+    mode: str = key('w4a16', 'QAT mode: w4a16 | w4a4 (default only)', why=_QAT)
+    group_size: int = key(16, 'QAT quantization group size (default only)', why=_QAT)
+    ignore_patterns: List[str] = key(['lm_head', 'embed_tokens', 're:.*mlp.gate$'],
+        'module patterns QAT leaves alone (default only)', why=_QAT)
+    activation_observer: str = key('static_minmax', 'QAT activation observer of w4a4 (default only)', why=_QAT)
+    quantization_config_path: Optional[str] = key(None, "vLLM quantization config JSON of QAT (default only)",
+        why=_QAT)
+
+
+@dataclass
+class TurboFsdpPlanConfig:
+    """``engine.turbo_config.distributed.fsdp_plan``."""
+
+    param_dtype: str = key('bf16', 'fsdp_turbo: parameter dtype (default only)', why=_TURBO)
+    reduce_dtype: str = key('fp32', 'fsdp_turbo: gradient reduce dtype (default only)', why=_TURBO)
+    output_dtype: str = key('bf16', 'fsdp_turbo: output dtype (default only)', why=_TURBO)
+    fsdp_implementation: str = key('native', 'fsdp_turbo: FSDP implementation (default only)', why=_TURBO)
+    num_to_forward_prefetch: int = key(1, 'fsdp_turbo: modules prefetched in forward (default only)', why=_TURBO)
+    num_to_backward_prefetch: int = key(1, 'fsdp_turbo: modules prefetched in backward (default only)', why=_TURBO)
+
+
+@dataclass
+class TurboDistributedConfig:
+    """``engine.turbo_config.distributed``."""
+
+    fully_shard_parallel_size: int = key(16, 'fsdp_turbo: fully-shard group size (default only)', why=_TURBO)
+    tensor_parallel_size: int = key(1, 'fsdp_turbo: tensor-parallel size (default only)', why=_TURBO)
+    expert_parallel_size: int = key(1, 'fsdp_turbo: expert-parallel size (default only)', why=_TURBO)
+    expert_fully_shard_parallel_size: int = key(1, 'fsdp_turbo: expert fully-shard size (default only)', why=_TURBO)
+    ulysses_parallel_size: int = key(1, 'fsdp_turbo: Ulysses size (default only)', why=_TURBO)
+    fsdp_plan: TurboFsdpPlanConfig = section(TurboFsdpPlanConfig)
+
+
+@dataclass
+class TurboConfig:
+    """``engine.turbo_config``."""
+
+    distributed: TurboDistributedConfig = section(TurboDistributedConfig)
+
+
+@dataclass
+class EngineConfig:
+    """``engine``: verl 0.9's FSDP engine settings (its ``engine@engine: fsdp`` default). The settings verl 0.6 had
+    under ``model.fsdp_config`` / the root are aliases there: ``engine.model_dtype``, ``engine.wrap_policy.*``,
+    ``engine.strategy``, ``engine.ulysses_sequence_parallel_size``."""
+
+    param_offload: bool = key(False, 'offload parameters to CPU between uses',
+        no_effect_on_cpu='on CPU the weights already live in host memory')
+    optimizer_offload: bool = key(False, 'offload optimizer state to CPU between steps',
+        no_effect_on_cpu='on CPU the optimizer state already lives in host memory')
+    offload_policy: bool = key(False, 'FSDP2 CPUOffloadPolicy during training',
+        no_effect_on_cpu='on CPU the weights already live in host memory')
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
+    forward_prefetch: bool = key(False, 'FSDP1: prefetch the next all-gather in forward',
+        no_effect_yet='FSDP2 prefetches by its own schedule')
+    use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
+        no_effect_yet='FSDP2 has no flat parameters')
+    seed: int = key(42, "engine's random seed", no_effect_yet='the model is seeded with trainer.seed')
+    full_determinism: bool = key(False, 'deterministic kernels for debugging',
+        no_effect_yet='kernels are not forced deterministic')
+    entropy_from_logits_with_chunking: bool = key(False, 'compute entropy in chunks',
+        no_effect_yet='SFT computes no entropy')
+    entropy_from_logits_chunk_size: int = key(2048, 'chunk size of the chunked entropy',
+        no_effect_yet='SFT computes no entropy')
+    use_torch_compile: bool = key(True, 'torch.compile the entropy/log-prob helpers',
+        no_effect_yet='nothing is torch.compiled')
+    entropy_checkpointing: bool = key(False, 'recompute entropy in backward', no_effect_yet='SFT computes no entropy')
+    use_no_sync_for_gradient_accumulation: bool = key(False, 'defer gradient sync to the last micro-batch',
+        no_effect_yet='gradients are reduced every micro-batch')
+    pad_to_length: bool = key(False, 'round packed micro-batches up to pad_to_length_bucket tokens',
+        no_effect_yet='packed micro-batches keep their own length')
+    pad_to_length_bucket: int = key(1024, 'token granularity of pad_to_length',
+        no_effect_yet='packed micro-batches keep their own length')
+    forward_only: bool = key(False, 'build the engine without optimizer (inference)', only=(False,),
+        why='SFT always trains')
+    dtype: str = key('bfloat16', 'mixed-precision parameter dtype: bfloat16 | float16',
+        no_effect_on_cpu='on CPU the forward runs in model.fsdp_config.model_dtype (engine.model_dtype)')
+    qat: EngineQatConfig = section(EngineQatConfig)
+    turbo_config: TurboConfig = section(TurboConfig)
+
+
+@dataclass
+class SftLoraConfig:
+    """``model.lora``: verl 0.9's Megatron LoRA (FSDP LoRA is ``model.lora_rank``/``lora_alpha``)."""
+
+    type: str = key('lora', 'Megatron LoRA type: lora | vlm_lora | canonical_lora | dora (default only)',
+        why=_MEGATRON)
+    merge: bool = key(False, 'merge adapters before syncing weights (default only)', why=_MEGATRON)
+    rank: int = key(0, 'Megatron LoRA rank (default only)', why=_MEGATRON)
+    alpha: int = key(32, 'Megatron LoRA alpha (default only)', why=_MEGATRON)
+    dropout: float = key(0.0, 'Megatron LoRA dropout (default only)', why=_MEGATRON)
+    target_modules: List[str] = key(['linear_qkv', 'linear_proj', 'linear_fc1', 'linear_fc2'],
+        'Megatron LoRA target modules (default only)', why=_MEGATRON)
+    exclude_modules: List[str] = key([], 'Megatron LoRA excluded modules (default only)', why=_MEGATRON)
+    dropout_position: str = key('pre', 'Megatron LoRA dropout position (default only)', why=_MEGATRON)
+    lora_A_init_method: str = key('xavier', 'Megatron LoRA A init (default only)', why=_MEGATRON)
+    lora_B_init_method: str = key('zero', 'Megatron LoRA B init (default only)', why=_MEGATRON)
+    a2a_experimental: bool = key(False, 'Megatron LoRA all-to-all (default only)', why=_MEGATRON)
+    dtype: Optional[str] = key(None, 'Megatron LoRA weight dtype (default only)', why=_MEGATRON)
+    adapter_path: Optional[str] = key(None, 'Megatron LoRA adapter to load (default only)', why=_MEGATRON)
+    freeze_vision_model: bool = key(True, 'VLM LoRA: freeze the vision model (default only)', why=_MEGATRON)
+    freeze_vision_projection: bool = key(True, 'VLM LoRA: freeze the vision projection (default only)',
+        why=_MEGATRON)
+    freeze_language_model: bool = key(True, 'VLM LoRA: freeze the language model (default only)', why=_MEGATRON)
+
+
+@dataclass
+class SftMtpConfig:
+    """``model.mtp``: multi-token prediction (Megatron / speculative decoding)."""
+
+    enable: bool = key(False, 'multi-token prediction heads (default only)', why='multi-token prediction')
+    enable_train: bool = key(False, 'train the MTP heads (default only)', why='multi-token prediction')
+    enable_rollout: bool = key(False, 'MTP speculative decoding (default only)', why='multi-token prediction')
+    detach_encoder: bool = key(False, 'MTP: detach the encoder (default only)', why='multi-token prediction')
+    mtp_loss_scaling_factor: float = key(0.1, 'MTP loss weight (default only)', why='multi-token prediction')
+    speculative_algorithm: str = key('EAGLE', 'MTP speculative algorithm (default only)', why='multi-token prediction')
+    speculative_num_steps: int = key(3, 'MTP speculative steps (default only)', why='multi-token prediction')
+    speculative_eagle_topk: int = key(1, 'MTP EAGLE top-k (default only)', why='multi-token prediction')
+    speculative_num_draft_tokens: int = key(4, 'MTP draft tokens (default only)', why='multi-token prediction')
+    method: str = key('mtp', 'MTP method (default only)', why='multi-token prediction')
+    num_speculative_tokens: int = key(1, 'MTP speculative tokens (default only)', why='multi-token prediction')
+
+
+@dataclass
+class SftTiledMlpConfig:
+    """``model.tiled_mlp``."""
+
+    enabled: bool = key(False, 'TiledMLP: compute the MLP in tiles to cut peak memory',
+        no_effect_yet='the MLP runs untiled (same numbers)')
+    num_shards: int = key(4, 'TiledMLP: tiles per MLP input', no_effect_yet='the MLP runs untiled (same numbers)')
+
+
+@dataclass
+class SftFusedKernelOptionsConfig:
+    """``model.fused_kernel_options``."""
+
+    impl_backend: str = key('torch', 'fused-kernel backend: torch | triton | liger',
+        choices=('torch', 'triton', 'liger'), no_effect_yet='fused kernels are not used (model.use_fused_kernels)')
+
+
+@dataclass
+class SchedulePlanConfig:
+    """``profiler.tool_config.torch.schedule``."""
+
+    skip_first: int = key(0, 'torch profiler schedule: steps skipped first', no_effect_yet=_PROFILE)
+    wait: int = key(0, 'torch profiler schedule: idle steps', no_effect_yet=_PROFILE)
+    warmup: int = key(0, 'torch profiler schedule: warmup steps', no_effect_yet=_PROFILE)
+    active: int = key(0, 'torch profiler schedule: traced steps', no_effect_yet=_PROFILE)
+    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = until the end', no_effect_yet=_PROFILE)
+
+
+@dataclass
+class SftNpuToolConfig:
+    """``profiler.tool_config.npu``."""
+
+    contents: List[Any] = key([], 'Ascend NPU profiler: what to collect (default only)', why=_NPU)
+    level: str = key('level0', 'Ascend NPU profiler: level (default only)', why=_NPU)
+    analysis: bool = key(True, 'Ascend NPU profiler: parse after collection (default only)', why=_NPU)
+    discrete: bool = key(False, 'Ascend NPU profiler: one trace per task (default only)', why=_NPU)
+    profile_token_start: Optional[int] = key(None, 'Ascend NPU profiler: first token (default only)', why=_NPU)
+    profile_token_end: Optional[int] = key(None, 'Ascend NPU profiler: last token (default only)', why=_NPU)
+    name: str = key('npu', 'tool name (fixed)', only=('npu',), why='the name of this tool section')
+
+
+@dataclass
+class SftNsysToolConfig:
+    """``profiler.tool_config.nsys``."""
+
+    discrete: Optional[bool] = key(None, 'Nsight Systems: one trace per task (default only)',
+        why='NVIDIA Nsight Systems (nsys) profiling, a backend we do not have')
+    name: str = key('nsight', 'tool name (fixed)', only=('nsight',), why='the name of this tool section')
+
+
+@dataclass
+class SftTorchToolConfig:
+    """``profiler.tool_config.torch``."""
+
+    contents: List[Any] = key([], 'torch profiler: what to record (cpu, cuda, memory, shapes, stack)',
+        no_effect_yet=_PROFILE)
+    discrete: bool = key(False, 'torch profiler: one trace per task', no_effect_yet=_PROFILE)
+    profile_token_start: Optional[int] = key(None, 'torch profiler: first token', no_effect_yet=_PROFILE)
+    profile_token_end: Optional[int] = key(None, 'torch profiler: last token', no_effect_yet=_PROFILE)
+    schedule: SchedulePlanConfig = section(SchedulePlanConfig)
+    name: str = key('torch', 'tool name (fixed)', only=('torch',), why='the name of this tool section')
+
+
+@dataclass
+class SftTorchMemoryToolConfig:
+    """``profiler.tool_config.torch_memory``."""
+
+    trace_alloc_max_entries: int = key(100000, 'torch memory snapshot: max allocation events',
+        no_effect_yet=_PROFILE)
+    stack_depth: int = key(32, 'torch memory snapshot: stack frames per event', no_effect_yet=_PROFILE)
+    memory_snapshot_num_steps: int = key(1, 'torch memory snapshot: steps recorded', no_effect_yet=_PROFILE)
+    name: str = key('torch_memory', 'tool name (fixed)', only=('torch_memory',), why='the name of this tool section')
+
+
+@dataclass
+class SftPrecisionDebuggerToolConfig:
+    """``profiler.tool_config.precision_debugger``."""
+
+    config_path: Optional[str] = key(None, 'msprobe precision-debugger config (default only)', why=_NPU)
+    steps: Optional[List[Any]] = key(None, 'precision debugger: steps (default only)', why=_NPU)
+    stages: Optional[List[Any]] = key(None, 'precision debugger: stages (default only)', why=_NPU)
+    name: str = key('precision_debugger', 'tool name (fixed)', only=('precision_debugger',),
+        why='the name of this tool section')
+
+
+@dataclass
+class SftProfilerToolConfig:
+    """``profiler.tool_config``."""
+
+    npu: SftNpuToolConfig = section(SftNpuToolConfig)
+    nsys: SftNsysToolConfig = section(SftNsysToolConfig)
+    torch: SftTorchToolConfig = section(SftTorchToolConfig)
+    torch_memory: SftTorchMemoryToolConfig = section(SftTorchMemoryToolConfig)
+    precision_debugger: SftPrecisionDebuggerToolConfig = section(SftPrecisionDebuggerToolConfig)
+
+
+@dataclass
+class SftProfilerConfig:
+    """``profiler`` (verl 0.9's ``profiler@profiler: profiler`` default; steps in trainer.profile_interval)."""
+
+    tool: Optional[str] = key('torch', 'profiler: torch | torch_memory | nsys | npu | precision_debugger',
+        no_effect_yet=_PROFILE)
+    enable: bool = key(False, 'profile the steps of trainer.profile_interval', no_effect_yet=_PROFILE)
+    all_ranks: bool = key(False, 'profile every rank', no_effect_yet=_PROFILE)
+    ranks: List[Any] = key([], 'ranks to profile when all_ranks is False', no_effect_yet=_PROFILE)
+    save_path: str = key('outputs/profile', 'folder for the traces', no_effect_yet=_PROFILE)
+    relocate_results: bool = key(False, 'move the traces after profiling', no_effect_yet=_PROFILE)
+    finish_hook_cmd: Optional[str] = key(None, 'shell command run when profiling ends', no_effect_yet=_PROFILE)
+    finish_hook_all_ranks: bool = key(False, 'run the finish hook on every rank', no_effect_yet=_PROFILE)
+    finish_hook_ranks: List[Any] = key([], 'ranks that run the finish hook', no_effect_yet=_PROFILE)
+    tool_config: SftProfilerToolConfig = section(SftProfilerToolConfig)
