@@ -39,8 +39,6 @@ VIEWS: dict[str, tuple[str, dict[str, object]]] = {
 DIFFERENCES: dict[str, dict[str, str]] = {
     "sft_trainer_engine": {
         "trainer.device": "auto: cuda when there is one, else cpu (verl's default is cuda)",
-        "data.enable_thinking_default": "'none' and null both mean: enable_thinking is not passed to the template "
-                                        "(verl passes bool('none') = True)",
     },
 }
 

@@ -61,9 +61,10 @@ class SFTDataset(Dataset):
     ``add_generation_prompt=True``; the response is ``response + eos_token``; both tokenized without extra
     special tokens. Multi-turn: each assistant message's tokens (content and its end-of-turn token, not the
     ``<|im_start|>assistant`` header) are response tokens; the rendering must be prefix-consistent, unless
-    ``ignore_input_ids_mismatch`` (verl 0.9): then each turn's tokens are what rendering up to that turn adds
-    to rendering the turns before it, and the sample is their concatenation (a template that re-renders earlier
-    turns, e.g. drops their ``<think>`` part, gives a sequence no single rendering gives). A row's
+    ``ignore_input_ids_mismatch`` (verl 0.9): then a message where the rendering stops extending the previous
+    one (a template that re-renders earlier turns, e.g. drops their ``<think>`` part once they are not last) is
+    rendered on its own, less the template's preamble, and the sample is the concatenation of the turns as each
+    was rendered (a sequence no single rendering of the whole conversation gives). A row's
     ``multiturn.tools_key`` column (a list of tool schemas, or its JSON text) goes to the template as
     ``tools=``; its ``multiturn.enable_thinking_key`` column (else ``enable_thinking_default`` unless that is
     ``none``/null) as ``enable_thinking=``.
@@ -163,17 +164,44 @@ class SFTDataset(Dataset):
         for i, msg in enumerate(messages):
             full = self._render(messages[: i + 1], False, kwargs)
             head = self._render(messages[:i], True, kwargs) if msg["role"] == "assistant" else full
-            if self.ignore_mismatch and not head.startswith(done):  # this turn's own delta (class docstring)
-                done = self._render(messages[:i], False, kwargs) if i else ""
-            if not head.startswith(done) or not full.startswith(head):
-                hint = "" if self.ignore_mismatch else " (data.ignore_input_ids_mismatch=True builds it turn by turn)"
-                raise DataError(f"{where}: the chat template is not prefix-consistent at message {i}; "
-                                f"cannot locate the assistant tokens{hint}")
-            segments.append((head[len(done):], 0))
-            if msg["role"] == "assistant":
-                segments.append((full[len(head):], 1))
+            if head.startswith(done) and full.startswith(head):
+                segments.append((head[len(done):], 0))
+                if msg["role"] == "assistant":
+                    segments.append((full[len(head):], 1))
+            elif self.ignore_mismatch:
+                segments += self._alone(msg, kwargs, where, i)
+            else:
+                raise DataError(f"{where}: the chat template is not prefix-consistent at message {i}; cannot locate "
+                                "the assistant tokens (data.ignore_input_ids_mismatch=True renders such a message "
+                                "on its own)")
             done = full
         return [(t, r) for t, r in segments if t]
+
+    def _alone(self, msg: dict[str, Any], kwargs: dict[str, Any], where: str, i: int) -> list[tuple[str, int]]:
+        """Segments of message ``i`` rendered on its own, less the template's preamble (system prompt, tools):
+        ``ignore_input_ids_mismatch``'s fallback, as verl 0.9 tokenizes turn by turn.
+
+        The preamble is found with a stand-in message ``x`` of the same role: ``render([x, x])`` is
+        ``render([x])`` plus ``x``'s own text, so the preamble is ``render([x])`` less that text; an assistant
+        message's header is what ``add_generation_prompt`` adds after a stand-in user message."""
+        stand_in = {"role": msg["role"], "content": "x"}
+        one = self._render([stand_in], False, kwargs)
+        two = self._render([stand_in, stand_in], False, kwargs)
+        alone = self._render([msg], False, kwargs)
+        own = two[len(one):]
+        preamble = one[: len(one) - len(own)]
+        if not two.startswith(one) or not one.endswith(own) or not alone.startswith(preamble):
+            raise DataError(f"{where}: message {i} rendered on its own does not follow the template's preamble; "
+                            "cannot locate its tokens")
+        piece = alone[len(preamble):]
+        if msg["role"] != "assistant":
+            return [(piece, 0)]
+        user = [{"role": "user", "content": "x"}]
+        header = self._render(user, True, kwargs)[len(self._render(user, False, kwargs)):]
+        if not piece.startswith(header):
+            raise DataError(f"{where}: assistant message {i} rendered on its own does not start with the "
+                            f"generation prompt {header!r}; cannot locate its tokens")
+        return [(header, 0), (piece[len(header):], 1)]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         where = str(self.sources[i])

@@ -78,7 +78,8 @@ class DataConfig:
         'micro-batches packed by token budget (max_token_len_per_gpu) instead of micro_batch_size_per_gpu rows')
     max_token_len_per_gpu: int = key(8192, 'valid tokens per micro-batch on one worker when use_dynamic_bsz')
     enable_thinking_default: Any = key('none',
-        "enable_thinking for rows without the enable_thinking_key column: true | false | none (not passed)",
+        'enable_thinking for rows without the enable_thinking_key column: true | false | none (not passed; verl '
+        "passes bool('none'), i.e. true)",
         types=(str, bool), null_ok=True)
     pad_mode: str = key('right', 'right: padded rows in the forward; no_padding: rows packed without padding '
         '(as use_remove_padding)', choices=('right', 'no_padding'))
