@@ -189,3 +189,31 @@ def test_ignore_input_ids_mismatch(tiny_tokenizer, tmp_path):
     trained = tiny_tokenizer.decode([ids[i + 1] for i in range(len(ids) - 1) if mask[i]])
     # each assistant turn as rendered when it was last: both keep their <think> part
     assert trained == "<think>a</think>2<|im_end|>\n<think>b</think>4<|im_end|>\n"
+
+
+@pytest.mark.slow
+def test_two_steps_with_a_verl09_command_line(tiny_model_dir, tmp_path, monkeypatch):
+    from rlhf_core.trainer.commands import sft_main
+    from rlhf_core.trainer.tracking import read_metrics_jsonl
+
+    monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
+    rows = [{"messages": CHAT, "tools": [TOOL]}, {"messages": CHAT[:2], "tools": [TOOL]}] * 2
+    train = write_parquet(tmp_path / "train.parquet", rows)
+    out = tmp_path / "ckpt"
+    # verl 0.9's spelling (tests/special_e2e/sft/run_sft_engine.sh, fsdp backend), model path and device swapped
+    code = sft_main([
+        "--config-name", "sft_trainer_engine", "engine=fsdp", "optim=fsdp", f"model.path={tiny_model_dir}",
+        f"data.train_files={train}", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2",
+        "data.pad_mode=no_padding", "data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=128",
+        "data.messages_key=messages", "data.tools_key=tools", "data.max_length=64", "model.use_remove_padding=True",
+        "optim.lr=1e-4", "optim.lr_warmup_steps_ratio=0.5", "optim.lr_scheduler_type=cosine",
+        "engine.strategy=fsdp", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1",
+        "trainer.test_freq=after_each_epoch", "trainer.logger=[file]", f"trainer.default_local_dir={out}",
+        "trainer.resume_mode=disable", "trainer.device=cpu", "checkpoint.save_contents=[model,optimizer,extra]"])
+    assert code == 0
+    m = read_metrics_jsonl(str(out / "metrics.jsonl"))
+    assert sorted(m) == [1, 2]
+    # T = 2 updates, W = int(0.5 · 2) = 1: update 0 at 1/(W + 1) = 0.5 of the lr, update 1 at the cosine's start, 1.0
+    assert [m[1]["train/lr"], m[2]["train/lr"]] == pytest.approx([5e-5, 1e-4])
+    assert all(0 < m[s]["train/loss"] < 20 for s in (1, 2))
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2"]  # max_ckpt_to_keep=1
