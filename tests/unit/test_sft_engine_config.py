@@ -3,6 +3,7 @@ every leaf accepted with verl's default (or a difference listed in rlhf_core/con
 keys, Hydra group choices, and multi-turn SFT with tools through the chat template (exact loss mask)."""
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).parent))
+from config_fixtures import typed_config  # noqa: E402
 from data_fixtures import sft_data_cfg, write_parquet  # noqa: E402
 
 from rlhf_core.config import ConfigError, load_config  # noqa: E402
@@ -189,6 +191,49 @@ def test_ignore_input_ids_mismatch(tiny_tokenizer, tmp_path):
     trained = tiny_tokenizer.decode([ids[i + 1] for i in range(len(ids) - 1) if mask[i]])
     # each assistant turn as rendered when it was last: both keep their <think> part
     assert trained == "<think>a</think>2<|im_end|>\n<think>b</think>4<|im_end|>\n"
+
+
+def test_dynamic_bsz_and_no_padding_in_the_worker():
+    import torch
+
+    from rlhf_core.protocol import Batch
+    from rlhf_core.trainer.sft_worker import SFTWorker
+
+    # 4 rows of 3, 3, 2, 4 valid tokens (of 5): micro_batch_size_per_gpu=1 gives 4 micro-batches; the token budget
+    # of 6 packs consecutive rows while their sum stays <= 6: [3, 3], [2, 4]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    batch = Batch(tensors={"attention_mask": mask, "input_ids": torch.zeros_like(mask)})
+    fixed = SFTWorker(typed_config("sft_trainer", "data.micro_batch_size_per_gpu=1"), 1)
+    assert [len(b) for b in fixed._micro_batches(batch)] == [1, 1, 1, 1] and not fixed._packed()
+    dynamic = SFTWorker(typed_config("sft_trainer", "data.micro_batch_size_per_gpu=1", "data.use_dynamic_bsz=True",
+                                     "data.max_token_len_per_gpu=6", "data.pad_mode=no_padding"), 1)
+    assert [b["attention_mask"].sum().item() for b in dynamic._micro_batches(batch)] == [6, 6]
+    assert dynamic._packed()  # pad_mode=no_padding runs the packed forward, as use_remove_padding
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    # constant after W = lr_warmup_steps = 2 (it wins over the ratio): (s + 1)/(W + 1) for s < W, then 1
+    (["optim.lr_scheduler_type=constant", "optim.lr_warmup_steps=2", "optim.lr_warmup_steps_ratio=0.5"],
+     [1 / 3, 2 / 3, 1.0, 1.0]),
+    # the deprecated warmup_style takes the scheduler's place; W = int(0.25 · 4) = 1; cosine with num_cycles 0.25
+    # (a quarter period over T - W = 3 updates): s = 1, 2, 3 at cos(2π · 0.25 · p), p = 0, 1/3, 2/3
+    (["optim.lr_scheduler_type=constant", "optim.warmup_style=cosine", "optim.lr_warmup_steps_ratio=0.25",
+      "optim.num_cycles=0.25"], [0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 6)), 0.75]),  # cos(π/3) = 0.5
+])
+def test_sft_lr_schedule_verl09_keys(overrides, expected):
+    import torch
+
+    from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
+
+    optim = _load("sft_trainer_engine", ["model.path=/m", *overrides]).optim
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_sft_lr_scheduler(opt, optim, 4)
+    got = []
+    for _ in range(4):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert got == pytest.approx(expected)
 
 
 @pytest.mark.slow
