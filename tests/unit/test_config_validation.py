@@ -196,7 +196,7 @@ def test_sft_rules():
     assert "You have set both 'data.micro_batch_size'=16 (deprecated) AND 'data.micro_batch_size_per_gpu'=4" in msg
     assert "data.truncation='middle' is not one of ['error', 'left', 'right']" in \
         error_of("data.truncation=middle", name="sft_trainer", base=[])
-    assert "optim.lr_scheduler='linear' is not one of ['cosine', 'wsd']" in \
+    assert "optim.lr_scheduler='linear' is not one of ['constant', 'cosine', 'wsd']" in \
         error_of("optim.lr_scheduler=linear", name="sft_trainer", base=[])
     assert "optim.warmup_steps_ratio=1.5 must lie in [0, 1]" in \
         error_of("optim.warmup_steps_ratio=1.5", name="sft_trainer", base=[])
