@@ -55,7 +55,9 @@ class SFTWorker:
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
         engine = self.config.engine  # verl 0.9's FSDP engine settings that FSDP2 honours here
-        fsdp_cfg.update({"param_offload": offload, "optimizer_offload": offload, "fsdp_size": engine.fsdp_size,
+        fsdp_cfg.update({"param_offload": offload or engine.param_offload,
+                         "optimizer_offload": offload or engine.optimizer_offload,
+                         "offload_policy": engine.offload_policy, "fsdp_size": engine.fsdp_size,
                          "reshard_after_forward": engine.reshard_after_forward})
         self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
         if self._packed():

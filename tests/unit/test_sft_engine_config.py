@@ -76,13 +76,18 @@ def test_plain_sft_trainer_keeps_06_defaults():
     assert cfg.data.multiturn.enable is False and cfg.model.partial_pretrain == "~/models/gemma-1.1-7b-it"
 
 
-def test_alias_and_06_key_set_differently_is_one_error():
+def test_alias_and_06_key_set_differently_is_one_error(tmp_path):
     with pytest.raises(ConfigError) as err:
         _load("sft_trainer_engine", ["model.path=/m/a", "model.partial_pretrain=/m/b"])
     assert "model.path" in str(err.value) and "model.partial_pretrain" in str(err.value)
     assert str(err.value).count("\n") == 0  # one line
     cfg = _load("sft_trainer_engine", ["model.path=/m/a", "model.partial_pretrain=/m/a"])  # same value: fine
     assert cfg.model.partial_pretrain == "/m/a"
+
+    both = tmp_path / "both.yaml"  # the same in a user file
+    both.write_text("model:\n  path: /m/a\n  partial_pretrain: /m/b\n")
+    with pytest.raises(ConfigError, match=r"model.path='/m/a' and model.partial_pretrain='/m/b' are two spellings"):
+        _load(str(both))
 
 
 def test_verl09_launch_keys():
@@ -96,7 +101,8 @@ def test_verl09_launch_keys():
         "model.use_remove_padding=True", "trainer.test_freq=after_each_epoch", "trainer.resume_mode=disable",
         "trainer.logger=['console','file']", "trainer.total_training_steps=2"])
     assert (cfg.optim.warmup_steps_ratio, cfg.optim.lr_scheduler, cfg.model.strategy) == (0.2, "cosine", "fsdp2")
-    assert (cfg.engine.fsdp_size, cfg.trainer.test_freq, cfg.data.max_token_len_per_gpu) == (1, "after_each_epoch", 2048)
+    assert (cfg.engine.fsdp_size, cfg.trainer.test_freq, cfg.data.max_token_len_per_gpu) == \
+        (1, "after_each_epoch", 2048)
 
 
 @pytest.mark.parametrize("override, needle", [

@@ -102,7 +102,8 @@ class EngineConfig:
     forward_only: bool = key(False, 'build the engine without optimizer (inference)', only=(False,),
         why='SFT always trains')
     dtype: str = key('bfloat16', 'mixed-precision parameter dtype: bfloat16 | float16',
-        no_effect_on_cpu='on CPU the forward runs in model.fsdp_config.model_dtype (engine.model_dtype)')
+        no_effect_yet='SFT has no mixed-precision policy: it trains in model.fsdp_config.model_dtype '
+                      '(engine.model_dtype)')
     qat: EngineQatConfig = section(EngineQatConfig)
     turbo_config: TurboConfig = section(TurboConfig)
 

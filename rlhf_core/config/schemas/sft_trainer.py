@@ -138,7 +138,7 @@ class ModelConfig:
     override_config: Dict[str, Any] = free_form("overrides of the model's HF config",
         no_effect_yet="the model's own HF config is used")
     enable_activation_offload: bool = key(False, 'offload activations to CPU',
-        no_effect_on_cpu='on CPU activations already live in host memory')
+        no_effect_yet='SFT keeps activations on the training device')
     exclude_modules: Optional[Any] = key(None, 'module names that never get LoRA adapters; null = none',
         types=(str, list), no_effect_yet='every target_modules match gets a LoRA adapter')
     lora_adapter_path: Optional[str] = key(None, 'LoRA adapter to continue training from; null = fresh adapters',
