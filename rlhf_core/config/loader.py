@@ -111,9 +111,9 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     user = _load_mapping(path)
     redact(OmegaConf.to_container(user, resolve=False))  # remembers its secret values: no error quotes them
     user = _drop_targets(user)
-    kind = _kind_of(user, path)
+    kind = VIEWS[path.stem][0] if path.stem in VIEWS else _kind_of(user, path)
     user = _renamed(user, kind, str(path))
-    base = load_base(kind, config_dir)
+    base = load_base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
         if key not in known and not is_open(key):

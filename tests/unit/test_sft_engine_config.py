@@ -62,11 +62,16 @@ def test_engine_view_holds_every_verl_default(verl_leaves):
     assert list(cfg.trainer.checkpoint.load_contents) == ["model", "optimizer", "extra"]  # checkpoint.load_contents
 
 
-def test_verl_file_with_every_leaf_loads(verl_leaves):
+def test_verl_file_with_every_leaf_loads(verl_leaves, tmp_path):
     # the vendored file as a user config: every leaf (verl spellings, verl values) is a key here
     cfg = _load(str(VERL))
     assert {p for p, v in verl_leaves.items() if _value(cfg, p) != v} == set()  # each one read as written
     assert cfg.trainer.device == "cuda" and cfg.model.partial_pretrain == "~/models/deepseek-llm-7b-chat"
+    # a user file named sft_trainer_engine.yaml extends the engine view: keys it leaves out keep verl 0.9.1's values
+    short = tmp_path / "sft_trainer_engine.yaml"
+    short.write_text("model:\n  path: /m/x\n")
+    cfg = _load(str(short))
+    assert (cfg.model.partial_pretrain, cfg.optim.lr, cfg.data.pad_mode) == ("/m/x", 1e-3, "no_padding")
 
 
 def test_plain_sft_trainer_keeps_06_defaults():
