@@ -79,7 +79,7 @@ class SFTDataset(Dataset):
         ValueError: unknown ``truncation``.
     """
 
-    def __init__(self, parquet_files: str | list[str], tokenizer: Any, config: Any) -> None:
+    def __init__(self, parquet_files: str | list[str], tokenizer: Any, config: Any, max_samples: int = -1) -> None:
         self.tokenizer = tokenizer
         self.prompt_key = config.prompt_key
         self.response_key = config.response_key
@@ -104,6 +104,8 @@ class SFTDataset(Dataset):
         if not self.multiturn and getattr(tokenizer, "eos_token", None) is None:
             raise ValueError("SFT needs a tokenizer with an eos token (appended to every response)")
         rows, self.sources = read_rows(parquet_files)
+        if 0 < max_samples < len(rows):  # verl 0.9's train/val_max_samples: the first N rows (its shuffle is off)
+            rows, self.sources = rows[:max_samples], self.sources[:max_samples]
         self.samples: list[Any] = [self._parse(row, src) for row, src in zip(rows, self.sources)]
 
     def _parse(self, row: dict[str, Any], src: RowSource) -> Any:
@@ -232,8 +234,9 @@ class SFTDataset(Dataset):
         }
 
 
-def create_sft_dataset(data_files: str | list[str], tokenizer: Any, config: Any) -> Dataset:
-    """``config.custom_cls`` when set (called as ``cls(parquet_files=..., tokenizer=..., config=...)``), else
-    :class:`SFTDataset`."""
+def create_sft_dataset(data_files: str | list[str], tokenizer: Any, config: Any, max_samples: int = -1) -> Dataset:
+    """``config.custom_cls`` when set (called as ``cls(parquet_files=..., tokenizer=..., config=...)``, plus
+    ``max_samples=`` when it is not -1), else :class:`SFTDataset` (``max_samples`` > 0: its first rows only)."""
     cls = load_custom_cls(config.custom_cls) or SFTDataset
-    return cls(parquet_files=data_files, tokenizer=tokenizer, config=config)
+    extra = {} if max_samples == -1 else {"max_samples": int(max_samples)}
+    return cls(parquet_files=data_files, tokenizer=tokenizer, config=config, **extra)

@@ -187,12 +187,13 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
         require_chat_template(tokenizer, f"model.partial_pretrain={str(model.partial_pretrain)!r}",
                               "SFT renders the prompts with it; add one to that folder or set data.chat_template",
                               data.chat_template)
-    train = create_sft_dataset(_as_list(data.train_files), tokenizer, data)
+    train = create_sft_dataset(_as_list(data.train_files), tokenizer, data, int(data.train_max_samples))
     if len(train) < int(data.train_batch_size):  # drop_last: not one step
         raise DataError(f"data.train_batch_size={int(data.train_batch_size)} is larger than the {len(train)} training "
                         f"rows of data.train_files={_as_list(data.train_files)}: not one full batch (the partial "
                         "batch is dropped)")
-    val = create_sft_dataset(_as_list(data.val_files), tokenizer, data) if data.val_files else None
+    val = (create_sft_dataset(_as_list(data.val_files), tokenizer, data, int(data.val_max_samples))
+           if data.val_files else None)
     trainer = SFTTrainer(config, train, val)
     try:
         return trainer.fit()

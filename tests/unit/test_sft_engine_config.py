@@ -122,6 +122,13 @@ def test_refused_by_name(override, needle):
         _load("sft_trainer_engine", [override])
 
 
+def test_max_samples_keeps_the_first_rows(tiny_tokenizer, tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(3)]
+    path = write_parquet(tmp_path / "r.parquet", rows)
+    ds = SFTDataset(path, tiny_tokenizer, sft_data_cfg(max_length=32), max_samples=2)
+    assert len(ds) == 2 and ds.samples == [("q0", "a0"), ("q1", "a1")]
+    assert len(SFTDataset(path, tiny_tokenizer, sft_data_cfg(max_length=32), max_samples=-1)) == 3
+
 # A ChatML template that renders the tools (as JSON in a system turn) and a /no_think line first when
 # enable_thinking is false: the tiny tokenizer's own template renders neither.
 TOOLS_TEMPLATE = (

@@ -52,10 +52,8 @@ class DataConfig:
         'samples per forward/backward on one worker (gradient accumulation)')
     train_files: Any = key('~/data/gsm8k/train.parquet', 'training parquet file(s)', types=(str, list,))
     val_files: Any = key('~/data/gsm8k/test.parquet', 'validation parquet file(s)', types=(str, list,), null_ok=True)
-    train_max_samples: int = key(-1, 'max training rows; -1 = all (ours / newer verl)',
-        no_effect_yet='the SFT dataset uses every row of data.train_files')
-    val_max_samples: int = key(-1, 'max validation rows; -1 = all (ours / newer verl)',
-        no_effect_yet='the SFT dataset uses every row of data.val_files')
+    train_max_samples: int = key(-1, 'use the first N training rows; -1 = all (verl 0.9)')
+    val_max_samples: int = key(-1, 'use the first N validation rows; -1 = all (verl 0.9)')
     prompt_key: str = key('question', 'column holding the prompt')
     response_key: str = key('answer', 'column holding the response')
     prompt_dict_keys: Any = key(None, 'nested keys inside the prompt column; null = the column is the text',
