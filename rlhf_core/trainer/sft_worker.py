@@ -77,7 +77,7 @@ class SFTWorker:
     def _packed(self) -> bool:
         """Rows packed without padding for the forward: ``use_remove_padding`` (0.6) or verl 0.9's
         ``data.pad_mode=no_padding`` (the same computation; the loss is the padded one up to rounding)."""
-        return bool(self.config.use_remove_padding) or self.config.data.pad_mode == "no_padding"
+        return any((bool(self.config.use_remove_padding), self.config.data.pad_mode == "no_padding"))
 
     def _micro_batches(self, batch: Batch) -> list[Batch]:
         """Micro-batches of ``micro_batch_size_per_gpu`` rows, or by token budget under ``data.use_dynamic_bsz``
