@@ -1,4 +1,4 @@
-"""Three of verl 0.9's own launch scripts train a few steps here (tests/data/verl09_examples/, README there).
+"""Three of verl 0.9's own launch scripts (GRPO with LoRA, RLOO, CISPO) train a few steps here (tests/data/verl09_examples/, README there).
 
 Each script's verl command is read as a shell would (``DEVICE=gpu``), the CPU user's swaps of
 ``tests/unit/test_verl09_examples.py::cpu_args`` are applied (local tiny model and GSM8K rows, CPU worker counts, HF
@@ -55,8 +55,7 @@ SMOKE = {
     "trainer.total_epochs": "1", "trainer.test_freq": "-1", "trainer.val_before_train": "False",
     "trainer.save_freq": "-1", "trainer.logger": "[console,file]", "ray_init.num_cpus": "2",
 }
-RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh",
-        "reinforce_plus_plus_trainer__run_qwen3_8b_fsdp.sh")
+RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh", "cispo_trainer__run_qwen3_8b_fsdp.sh")
 
 
 def smoke_args(args: list[str], out: Path) -> list[str]:
