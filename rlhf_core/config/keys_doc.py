@@ -81,14 +81,16 @@ def status_of(name: str, path: str) -> str:
 
 def render_markdown() -> str:
     """The whole CONFIG_KEYS.md text."""
+    from .gen_yaml import scalar
+
     parts = [HEADER]
     for name in CONFIG_NAMES:
         parts.append(f"\n## {name}.yaml\n\n| key | default | status | origin | what it does |\n| --- | --- | --- | --- | --- |")
         for path, default, helptext in yaml_keys(name):
             origin = "ours" if specs(name)[path].ours else "verl"
-            aliases = specs(name)[path].aliases
+            aliases, verl = specs(name)[path].aliases, specs(name)[path].verl
             what = (helptext + (" Also read from: " + ", ".join(f"`{a}`" for a in aliases) + "." if aliases else "")
-                    ).replace("|", "\\|")
+                    + (f" verl 0.9.1: `{scalar(verl[0])}` ({verl[1]})." if verl else "")).replace("|", "\\|")
             status = status_of(name, path).replace("|", "\\|")
             parts.append(f"| `{path}` | `{default}` | {status} | {origin} | {what} |")
     return "\n".join(parts) + "\n"

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
-from .spec import DEFAULT_ONLY, KeySpec, Registered, spec_table
+from .spec import DEFAULT_ONLY, KeySpec, Registered, section_aliases, spec_table
 
 CONFIG_NAMES = ("ppo_trainer", "sft_trainer", "evaluation", "generation")
 
@@ -37,8 +37,12 @@ def specs(name: str) -> dict[str, KeySpec]:
 
 @functools.lru_cache(maxsize=None)
 def alias_map(name: str) -> dict[str, str]:
-    """Earlier path -> current path, for every key of config ``name`` declared with ``aliases``."""
-    return {old: path for path, s in specs(name).items() for old in s.aliases}
+    """Earlier path -> current path, for every key and section of config ``name`` declared with ``aliases``."""
+    from .schemas import root_class
+
+    out = {old: path for path, s in specs(name).items() for old in s.aliases}
+    out.update(section_aliases(root_class(name)))
+    return out
 
 
 def renamed_path(path: str, name: str) -> str | None:

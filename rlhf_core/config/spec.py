@@ -82,7 +82,7 @@ def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple |
         no_effect_yet: str | None = None, no_effect_on_cpu: str | None = None,
         backend_values: dict[Any, str] | None = None, same_as: str | None = None, engine: str | None = None,
         ours: bool = False, leaf_help: dict[str, str] | None = None, aliases: tuple[str, ...] = (),
-        null_ok: bool = False) -> Any:
+        null_ok: bool = False, verl_default: Any = None, differs: str | None = None) -> Any:
     """A dataclass field for one config key (see the module docstring for each argument).
 
     ``only=None`` with ``why`` set means "accepted at its default only". A dict default with ``leaf_help`` is a
@@ -90,12 +90,16 @@ def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple |
     key with that help. ``aliases``: earlier dotted paths of this key (verl renamed or moved it); a user file or
     override that sets one is read as this key, with one notice naming it. ``null_ok``: null is accepted though the
     default is not null, for a key whose annotation is ``Any`` (several types; otherwise write ``Optional[...]``).
+    ``differs``: why our default is not verl 0.9.1's, which is ``verl_default`` (the reference's default wins, or a
+    CPU/product reason); tests/unit/test_config_verl091.py holds every other key to verl's default.
     Mutable defaults are copied per instance.
     """
     meta = {"help": help, "types": types, "choices": choices, "item_choices": item_choices, "only": only,
             "why": why, "no_effect_yet": no_effect_yet, "no_effect_on_cpu": no_effect_on_cpu,
             "backend_values": backend_values, "same_as": same_as, "engine": engine, "ours": ours,
             "leaf_help": leaf_help, "aliases": tuple(aliases), "null_ok": null_ok}
+    if differs is not None:
+        meta["verl_default"] = (verl_default, differs)
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -107,9 +111,10 @@ def free_form(help: str, default: dict | None = None, *, ours: bool = False, **s
                  metadata={"help": help, "open": True, "ours": ours, **status})
 
 
-def section(cls: type, help: str = "") -> Any:
-    """A field holding the section dataclass ``cls``; ``help`` is the comment above it in the YAML."""
-    return field(default_factory=cls, metadata={"help": help})
+def section(cls: type, help: str = "", aliases: tuple[str, ...] = ()) -> Any:
+    """A field holding the section dataclass ``cls``; ``help`` is the comment above it in the YAML; ``aliases``:
+    earlier dotted paths of the whole section (verl moved it), each key below one read as the key below this."""
+    return field(default_factory=cls, metadata={"help": help, "aliases": tuple(aliases)})
 
 
 class SectionErrors(ValueError):
@@ -158,6 +163,7 @@ class KeySpec:
     engine: str | None
     ours: bool
     aliases: tuple[str, ...] = ()
+    verl: tuple | None = None  # (verl 0.9.1's default, why ours differs), declared with differs=
 
     def choice_values(self) -> tuple | None:
         """The allowed values now (a registry's names are read at this call), or None when any value goes."""
@@ -201,7 +207,7 @@ def _leaf(path: str, f: dataclasses.Field, hint: Any, default: Any) -> KeySpec:
                    item_choices=meta.get("item_choices"), status=status, why=why, allowed=allowed,
                    backend_values=meta.get("backend_values"), open=bool(meta.get("open")),
                    same_as=meta.get("same_as"), engine=meta.get("engine"), ours=bool(meta.get("ours")),
-                   aliases=tuple(meta.get("aliases") or ()))
+                   aliases=tuple(meta.get("aliases") or ()), verl=meta.get("verl_default"))
 
 
 def _default_of(f: dataclasses.Field) -> Any:
@@ -239,6 +245,17 @@ def section_help(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, str,
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             yield prefix + f.name, f.metadata.get("help", ""), hint
             yield from section_help(hint, prefix + f.name + ".")
+
+
+def section_aliases(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, str]]:
+    """(earlier path, current path) of every section below ``cls`` declared with ``aliases``."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            for old in f.metadata.get("aliases") or ():
+                yield old, prefix + f.name
+            yield from section_aliases(hint, prefix + f.name + ".")
 
 
 def spec_table(cls: type) -> dict[str, KeySpec]:
