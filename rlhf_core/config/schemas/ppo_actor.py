@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
+from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, QATConfig
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -36,7 +37,7 @@ class FusedKernelOptionsConfig:
 
 
 @dataclass
-class HFModelConfig:
+class HFModelConfig(Model09):
     """``actor_rollout_ref.model``."""
 
     path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path (local, hdfs:// or s3://)')
@@ -44,13 +45,15 @@ class HFModelConfig:
     tokenizer_path: Any = key(None, 'tokenizer folder; null = model.path')
     external_lib: Optional[str] = key(None, 'python module to import first (registers custom models/tokenizers)')
     override_config: OverrideConfig = section(OverrideConfig, "overrides of the model's HF config")
-    enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing for the actor')
+    enable_gradient_checkpointing: bool = key(False, 'activation (gradient) checkpointing for the actor',
+        verl_default=True, differs="the reference's default")
     enable_activation_offload: bool = key(False, 'offload activations to CPU',
         no_effect_on_cpu='on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already '
                          'live in host memory',
 )
     trust_remote_code: bool = key(False, 'allow remote code when loading the model')
-    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass (varlen attention)')
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass (varlen attention)',
+        verl_default=True, differs="the reference's default")
     use_fused_kernels: bool = key(False, 'use fused kernels for log-prob/entropy from hidden states',
         why='fused kernels')
     fused_kernel_options: FusedKernelOptionsConfig = section(FusedKernelOptionsConfig, 'options for fused kernels')
@@ -97,7 +100,8 @@ class ActorOptimConfig:
     """``actor_rollout_ref.actor.optim``."""
 
     optimizer: str = key('adam', 'optimizer: adam (AdamW)', choices=('adam', 'adamw'),
-        no_effect_yet='adam and adamw both build torch.optim.AdamW')
+        no_effect_yet='adam and adamw both build torch.optim.AdamW',
+        verl_default='AdamW', differs="the reference's default (adam = torch.optim.AdamW)")
     lr: float = key(1e-06, 'peak learning rate')
     betas: List[float] = key([0.9, 0.999], 'AdamW betas')
     eps: float = key(1e-08, "AdamW epsilon (ours; torch's default)")
@@ -111,6 +115,13 @@ class ActorOptimConfig:
     total_training_steps: int = key(-1, 'total optimizer steps; -1 = injected by the trainer at run time')
     warmup_style: Optional[str] = key(None,
         'deprecated spelling of lr_scheduler_type (constant | cosine); null = unset', choices=('constant', 'cosine'))
+    # verl 0.9: optimizer
+    optimizer_impl: str = key('torch.optim', 'module the optimizer class is taken from', only=('torch.optim',),
+        why='optimizers from other modules (e.g. torchao, bitsandbytes)')
+    zero_indexed_step: bool = key(True, 'the scheduler counts optimizer steps from 0',
+        no_effect_yet='the scheduler counts from 0')
+    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra keyword arguments for the optimizer',
+        no_effect_yet='the optimizer is built from lr, betas, eps and weight_decay')
     clip_grad: float = key(1.0, 'Megatron: gradient clip (FSDP uses actor.grad_clip; default only)',
         why='Megatron-only optimizer key; set actor_rollout_ref.actor.grad_clip')
     lr_warmup_init: float = key(0.0, 'Megatron: initial lr of warmup (default only)',
@@ -134,7 +145,7 @@ class ActorOptimConfig:
 
 
 @dataclass
-class ActorFSDPConfig:
+class ActorFSDPConfig(FSDPEngine09):
     """``actor_rollout_ref.actor.fsdp_config``."""
 
     wrap_policy: WrapPolicyConfig = section(WrapPolicyConfig)
@@ -154,11 +165,11 @@ class ActorFSDPConfig:
         no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
-    entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
+    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}', 'new-engine copy of entropy_from_logits_with_chunking',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
-    entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
+    entropy_checkpointing: bool = key('${actor_rollout_ref.actor.entropy_checkpointing}', 'new-engine copy of entropy_checkpointing',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
     forward_only: bool = key(False, 'new engine: build the actor for forward passes only',
         no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
@@ -167,6 +178,11 @@ class ActorFSDPConfig:
     cpu_threads: Optional[int] = key(None,
         "intra-op CPU threads of each actor/rollout/ref rank; null = the node's CPUs ÷ its ranks", ours=True)
     mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
+    entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.actor.entropy_from_logits_chunk_size}',
+        'new-engine copy of entropy_from_logits_chunk_size',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the role's key")
+    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}', "new-engine copy of the actor's pad_to_length",
+        no_effect_yet="a copy read by verl's new engine workers")
 
 
 @dataclass
@@ -179,6 +195,9 @@ class ActorCheckpointConfig:
     load_contents: List[str] = key('${actor_rollout_ref.actor.checkpoint.save_contents}',
         'what to load when resuming', item_choices=('model', 'optimizer', 'extra', 'hf_model'))
     async_save: bool = key(False, 'save checkpoints off the training thread')
+    # verl 0.9: checkpoint
+    strict: bool = key(True, 'fail when a loaded checkpoint misses or adds model keys',
+        no_effect_yet='checkpoints always load strictly (a missing or extra key fails)')
 
 
 @dataclass
@@ -191,7 +210,8 @@ class ActorConfig:
     ppo_micro_batch_size: Optional[int] = key(None,
         'deprecated global micro-batch; divided by world size into ppo_micro_batch_size_per_gpu')
     ppo_micro_batch_size_per_gpu: Optional[int] = key(8,
-        'sequences per forward/backward on one worker (gradient accumulation)')
+        'sequences per forward/backward on one worker (gradient accumulation)',
+        verl_default=None, differs="the reference's default")
     use_dynamic_bsz: bool = key(False, 'pack micro-batches by token budget instead of count')
     ppo_max_token_len_per_gpu: int = key(16384, 'token budget per worker micro-batch when use_dynamic_bsz')
     grad_clip: float = key(1.0, 'clip the global gradient norm to this value')
@@ -207,7 +227,8 @@ class ActorConfig:
         'how token losses are aggregated: token-mean | seq-mean-token-sum | seq-mean-token-mean | '
         'seq-mean-token-sum-norm',
         choices=('token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'))
-    entropy_coeff: float = key(0.0, 'entropy bonus coefficient')
+    entropy_coeff: float = key(0.0, 'entropy bonus coefficient',
+        verl_default=0, differs="the reference's default, written 0.0 (a float)")
     entropy_from_logits_with_chunking: bool = key(False, 'compute entropy from logits in chunks to save memory',
         no_effect_yet='entropy is always computed in 1024-row chunks')
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
@@ -233,7 +254,8 @@ class ActorConfig:
         "KL estimator for the KL loss: kl|k1|abs|mse|k2|low_var_kl|k3|full, with optional '+' suffix",
         choices=('kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'full', 'kl+', 'k1+', 'abs+', 'mse+', 'k2+', 'low_var_kl+', 'k3+'))
     ppo_epochs: int = key(1, 'passes over the batch per PPO step')
-    data_loader_seed: Optional[int] = key(None, 'seed of the mini-batch shuffling; null = unseeded')
+    data_loader_seed: Optional[int] = key(None, 'seed of the mini-batch shuffling; null = unseeded',
+        verl_default=42, differs="the reference's default (null = unseeded shuffling)")
     shuffle: bool = key(False, 'reshuffle mini-batches every epoch')
     freeze_vision_tower: bool = key(False,
         'freeze the vision encoder of a vision-language model (multimodal only; default only)',
@@ -246,6 +268,21 @@ class ActorConfig:
 )
     ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
         why='sequence parallelism')
+    # verl 0.9: actor
+    rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
+        no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
+    loss_scale_factor: Optional[float] = key(None,
+        'divide the summed token loss by this constant instead of the token count (seq-mean-token-sum-norm); '
+        'null = the longest response length', no_effect_yet='the loss is normalised as loss_agg_mode says')
+    calculate_entropy: bool = key(False, 'compute the entropy even when entropy_coeff is 0 (for the metric)',
+        no_effect_yet='the entropy metric is computed every update')
+    use_prefix_grouper: bool = key(False, 'share the prompt prefix of a group in one forward (prefix grouping)',
+        why="verl's prefix-grouper forward, which this project does not have")
+    entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
+        no_effect_yet='entropy is always computed in 1024-row chunks')
+    pad_to_length: bool = key(False, 'pad each micro-batch to the full prompt + response length',
+        no_effect_yet='micro-batches are padded to their longest sequence; same outputs')
+    qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
     policy_loss: ActorPolicyLossConfig = section(ActorPolicyLossConfig)
     optim: ActorOptimConfig = section(ActorOptimConfig)
     fsdp_config: ActorFSDPConfig = section(ActorFSDPConfig)
@@ -266,7 +303,7 @@ class ActorConfig:
 
 
 @dataclass
-class RefFSDPConfig:
+class RefFSDPConfig(FSDPEngine09):
     """``actor_rollout_ref.ref.fsdp_config``."""
 
     param_offload: bool = key(False, 'offload reference parameters to CPU',
@@ -289,17 +326,25 @@ class RefFSDPConfig:
         no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
-    entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
+    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}', 'new-engine copy of entropy_from_logits_with_chunking',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
-    entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
+    entropy_checkpointing: bool = key('${actor_rollout_ref.ref.entropy_checkpointing}', 'new-engine copy of entropy_checkpointing',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
-    forward_only: bool = key(False, 'new engine: build the reference for forward passes only',
+    forward_only: bool = key(True, 'new engine: build the reference for forward passes only',
         no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
 
+    entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.ref.entropy_from_logits_chunk_size}',
+        'new-engine copy of entropy_from_logits_chunk_size',
+        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the role's key")
+    pad_to_length: bool = key('${actor_rollout_ref.ref.pad_to_length}', "new-engine copy of the reference's pad_to_length",
+        no_effect_yet="a copy read by verl's new engine workers")
+    pad_to_length_bucket: int = key('${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}',
+        "new engine: bucket padding of packed sequences (follows the actor's)",
+        no_effect_yet='sequences are packed without bucket padding; performance only')
 
 @dataclass
 class RefConfig:
@@ -316,7 +361,8 @@ class RefConfig:
     log_prob_micro_batch_size: Optional[int] = key(None,
         'deprecated global micro-batch for ref log-probs; divided by world size')
     log_prob_micro_batch_size_per_gpu: Optional[int] = key(16,
-        'sequences per forward on one worker when computing ref log-probs')
+        'sequences per forward on one worker when computing ref log-probs',
+        verl_default=None, differs="the reference's default")
     log_prob_use_dynamic_bsz: bool = key('${actor_rollout_ref.actor.use_dynamic_bsz}',
         'pack ref log-prob micro-batches by token budget')
     log_prob_max_token_len_per_gpu: int = key('${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}',
@@ -331,4 +377,11 @@ class RefConfig:
         no_effect_yet='entropy is always computed in 1024-row chunks')
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
         no_effect_yet='the reference computes no gradients')
+    # verl 0.9: reference
+    rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
+        no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
+    entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
+        no_effect_yet='entropy is always computed in 1024-row chunks')
+    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}',
+        'pad each micro-batch to the full prompt + response length', no_effect_yet="micro-batches are padded to their longest sequence")
     profiler: ProfilerConfig = section(ProfilerConfig)

@@ -35,6 +35,33 @@ class MixedPrecisionConfig:
         choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
 
 
+# verl 0.9: profiler
+@dataclass
+class TorchScheduleConfig:
+    """``<role>.profiler.tool_config.torch.schedule``: torch.profiler.schedule over the update mini-batches."""
+
+    skip_first: int = key(0, 'torch profiler schedule: mini-batches skipped before the first cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
+    wait: int = key(0, 'torch profiler schedule: idle mini-batches at the start of each cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
+    warmup: int = key(0, 'torch profiler schedule: traced-but-dropped mini-batches per cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
+    active: int = key(0, 'torch profiler schedule: recorded mini-batches per cycle; 0 = no schedule', no_effect_yet='no code reads it yet: no profiler traces are written')
+    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = until the step ends', no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
+class PrecisionDebuggerConfig:
+    """``<role>.profiler.tool_config.precision_debugger`` (Ascend msprobe's PrecisionDebugger)."""
+
+    config_path: Optional[str] = key('${oc.select:global_profiler.global_tool_config.precision_debugger.config_path,null}',
+        'msprobe precision debugger: its JSON config (follows global_profiler)', only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    steps: Any = key(None, 'msprobe precision debugger: deprecated step filter (global_profiler.steps decides)',
+        only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    stages: Any = key('${oc.select:global_profiler.global_tool_config.precision_debugger.stages,null}',
+        'msprobe precision debugger: stages dumped; null = all (follows global_profiler)', no_effect_yet='no code reads it yet: no profiler traces are written')
+    strict: bool = key('${oc.select:global_profiler.global_tool_config.precision_debugger.strict,False}',
+        'msprobe precision debugger: fail on an unknown stage (follows global_profiler)', no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
 @dataclass
 class NsysToolConfig:
     """Sections ``actor_rollout_ref.actor.profiler.tool_config.nsys``,
@@ -52,7 +79,7 @@ class NpuToolConfig:
 
     contents: List[Any] = key([], 'Ascend NPU profiler: what to collect (NPU only; default only)',
         why='Ascend NPU profiling, a backend we do not have')
-    level: str = key('level1', 'Ascend NPU profiler: collection level (NPU only; default only)',
+    level: str = key('level0', 'Ascend NPU profiler: collection level (NPU only; default only)',
         why='Ascend NPU profiling, a backend we do not have')
     analysis: bool = key(True, 'Ascend NPU profiler: parse the trace after collection (NPU only; default only)',
         why='Ascend NPU profiling, a backend we do not have')
@@ -69,6 +96,11 @@ class TorchToolConfig:
         no_effect_yet='no code reads it yet: no profiler traces are written')
     step_end: Any = key(None, 'torch profiler: step after the last traced one; null = to the end',
         no_effect_yet='no code reads it yet: no profiler traces are written')
+    # verl 0.9: profiler
+    contents: List[str] = key([], 'torch profiler: what to record (cpu, cuda, memory, shapes, stack); [] = cpu+cuda',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    discrete: bool = key(False, 'torch profiler: one trace per stage instead of one per step', no_effect_yet='no code reads it yet: no profiler traces are written')
+    schedule: TorchScheduleConfig = section(TorchScheduleConfig, 'which update mini-batches are traced')
 
 
 @dataclass
@@ -82,6 +114,9 @@ class TorchMemoryToolConfig:
     stack_depth: int = key('${global_profiler.global_tool_config.torch_memory.stack_depth}',
         'torch memory snapshot: stack frames kept per event',
         no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
+    memory_snapshot_num_steps: int = key('${global_profiler.global_tool_config.torch_memory.memory_snapshot_num_steps}',
+        'torch memory snapshot: steps recorded per snapshot',
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
 
 
 @dataclass
@@ -93,6 +128,7 @@ class ProfilerToolConfig:
     npu: NpuToolConfig = section(NpuToolConfig)
     torch: TorchToolConfig = section(TorchToolConfig)
     torch_memory: TorchMemoryToolConfig = section(TorchMemoryToolConfig)
+    precision_debugger: PrecisionDebuggerConfig = section(PrecisionDebuggerConfig)
 
 
 @dataclass
@@ -110,6 +146,14 @@ class ProfilerConfig:
     save_path: str = key('${oc.select:global_profiler.save_path,null}',
         "folder for this role's traces (follows global_profiler.save_path)")
     tool_config: ProfilerToolConfig = section(ProfilerToolConfig, 'settings of each profiler tool')
+    # verl 0.9: profiler
+    relocate_results: bool = key('${global_profiler.relocate_results}',
+        "move this role's traces under save_path/<step> when the step ends", no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_cmd: Optional[str] = key('${global_profiler.finish_hook_cmd}',
+        'shell command run on each trace when profiling ends; null = none', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_all_ranks: bool = key('${global_profiler.finish_hook_all_ranks}',
+        'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_ranks: List[Any] = key('${global_profiler.finish_hook_ranks}', 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')
 
 
 @dataclass
@@ -129,7 +173,7 @@ class FollowerNpuToolConfig:
         'Ascend NPU profiler: what to collect (NPU only; default only)', only=([],),
         why='Ascend NPU profiling, a backend we do not have')
     level: str = key('${actor_rollout_ref.actor.profiler.tool_config.npu.level}',
-        'Ascend NPU profiler: collection level (NPU only; default only)', only=('level1',),
+        'Ascend NPU profiler: collection level (NPU only; default only)', only=('level0',),
         why='Ascend NPU profiling, a backend we do not have')
     analysis: bool = key('${actor_rollout_ref.actor.profiler.tool_config.npu.analysis}',
         'Ascend NPU profiler: parse the trace after collection (NPU only; default only)', only=(True,),
@@ -137,6 +181,11 @@ class FollowerNpuToolConfig:
     discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.npu.discrete}',
         'Ascend NPU profiler: one trace per task (NPU only; default only)', only=(False,),
         why='Ascend NPU profiling, a backend we do not have')
+    # verl 0.9: profiler
+    profile_token_start: Optional[int] = key(None, 'Ascend NPU profiler: first generated token traced (NPU only)',
+        only=(None,), why='Ascend NPU profiling, a backend we do not have')
+    profile_token_end: Optional[int] = key(None, 'Ascend NPU profiler: token after the last traced one (NPU only)',
+        only=(None,), why='Ascend NPU profiling, a backend we do not have')
 
 
 @dataclass
@@ -149,6 +198,12 @@ class FollowerTorchToolConfig:
         no_effect_yet='no code reads it yet: no profiler traces are written')
     step_end: Any = key('${actor_rollout_ref.actor.profiler.tool_config.torch.step_end}',
         'torch profiler: step after the last traced one; null = to the end',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    # verl 0.9: profiler
+    contents: List[str] = key('${actor_rollout_ref.actor.profiler.tool_config.torch.contents}', "torch profiler: what to record (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
+    discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.torch.discrete}', "torch profiler: one trace per stage (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
+    profile_token_start: Optional[int] = key(None, 'torch profiler: first generated token traced; null = 0', no_effect_yet='no code reads it yet: no profiler traces are written')
+    profile_token_end: Optional[int] = key(None, 'torch profiler: token after the last traced one; null = all',
         no_effect_yet='no code reads it yet: no profiler traces are written')
 
 
@@ -166,6 +221,21 @@ class FollowerTorchMemoryToolConfig:
 
 
 @dataclass
+class FollowerPrecisionDebuggerConfig:
+    """``actor_rollout_ref.rollout.profiler.tool_config.precision_debugger`` (follows the actor's)."""
+
+    config_path: Optional[str] = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.config_path}',
+        "msprobe precision debugger: its JSON config (follows the actor's)", only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    steps: Any = key(None, 'msprobe precision debugger: deprecated step filter', only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    stages: Any = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.stages}', "msprobe precision debugger: stages dumped (follows the actor's)",
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    strict: bool = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.strict}',
+        "msprobe precision debugger: fail on an unknown stage (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
 class FollowerProfilerToolConfig:
     """``actor_rollout_ref.rollout.profiler.tool_config``, ``reward_model.profiler.tool_config``."""
 
@@ -173,6 +243,7 @@ class FollowerProfilerToolConfig:
     npu: FollowerNpuToolConfig = section(FollowerNpuToolConfig)
     torch: FollowerTorchToolConfig = section(FollowerTorchToolConfig)
     torch_memory: FollowerTorchMemoryToolConfig = section(FollowerTorchMemoryToolConfig)
+    precision_debugger: FollowerPrecisionDebuggerConfig = section(FollowerPrecisionDebuggerConfig)
 
 
 @dataclass
@@ -193,3 +264,11 @@ class FollowerProfilerConfig:
         "folder for this role's traces (follows global_profiler.save_path)")
     tool_config: FollowerProfilerToolConfig = section(FollowerProfilerToolConfig,
         "settings of each profiler tool (follow the actor's)")
+    # verl 0.9: profiler
+    relocate_results: bool = key('${actor_rollout_ref.actor.profiler.relocate_results}',
+        "move this role's traces under save_path/<step> when the step ends", no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_cmd: Optional[str] = key('${actor_rollout_ref.actor.profiler.finish_hook_cmd}',
+        'shell command run on each trace when profiling ends; null = none', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_all_ranks: bool = key('${actor_rollout_ref.actor.profiler.finish_hook_all_ranks}',
+        'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_ranks: List[Any] = key('${actor_rollout_ref.actor.profiler.finish_hook_ranks}', 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')

@@ -75,17 +75,21 @@ class CriticModelConfig:
     """``critic.model``."""
 
     path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path of the critic (a value head is added)')
-    tokenizer_path: str = key('${actor_rollout_ref.model.path}', 'tokenizer of the critic')
+    tokenizer_path: str = key('${actor_rollout_ref.model.path}', 'tokenizer of the critic',
+        verl_default=None, differs="ours: the actor's model path, the tokenizer the rollout used")
     override_config: Dict[str, Any] = free_form("overrides of the critic's HF config")
-    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first')
+    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first',
+        verl_default=None, differs="ours: follows the actor model's setting")
     enable_gradient_checkpointing: bool = key(True, 'activation (gradient) checkpointing for the critic')
     enable_activation_offload: bool = key(False, 'offload activations to CPU',
         no_effect_on_cpu='on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations already '
                          'live in host memory',
 )
-    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
+    use_remove_padding: bool = key(False, 'unpad sequences before the forward pass',
+        verl_default=True, differs='ours: pads like the actor, whose reference default is False')
     trust_remote_code: bool = key('${actor_rollout_ref.model.trust_remote_code}',
-        'allow remote code when loading the critic')
+        'allow remote code when loading the critic',
+        verl_default=False, differs="ours: follows the actor model's setting")
     use_shm: bool = key(False, 'load the critic through shared memory (/dev/shm; default only)',
         why='shared-memory model loading')
     fsdp_config: CriticFSDPConfig = section(CriticFSDPConfig)
@@ -119,7 +123,8 @@ class CriticConfig:
         'prompts per critic optimizer step (multiplied by rollout_n)')
     ppo_micro_batch_size: Optional[int] = key(None, 'deprecated global micro-batch; divided by world size')
     ppo_micro_batch_size_per_gpu: Optional[int] = key('${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}',
-        "sequences per forward/backward on one worker (ours: defaults to the actor's; verl: null)")
+        "sequences per forward/backward on one worker (ours: defaults to the actor's; verl: null)",
+        verl_default='${oc.select:.ppo_micro_batch_size,null}', differs="ours: follows the actor's; verl's null fails verl's own critic check with adv_estimator gae")
     forward_micro_batch_size: Optional[int] = key('${critic.ppo_micro_batch_size}',
         'deprecated global micro-batch for value computation')
     forward_micro_batch_size_per_gpu: Optional[int] = key('${critic.ppo_micro_batch_size_per_gpu}',
@@ -173,9 +178,12 @@ class RewardModelModelConfig:
     input_tokenizer: Optional[str] = key('${actor_rollout_ref.model.path}',
         "tokenizer the inputs are decoded with before the RM's chat template; null = same template")
     path: str = key('~/models/Anomy-RM-v0.1', 'path of the reward model (AutoModelForSequenceClassification)',
-        aliases=("reward.reward_model.model_path",))  # verl 0.9: reward section
-    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first')
-    trust_remote_code: bool = key(False, 'allow remote code when loading the reward model')
+        aliases=("reward.reward_model.model_path",), verl_default=None,  # verl 0.9: reward section
+        differs="the reference's default")
+    external_lib: Optional[str] = key('${actor_rollout_ref.model.external_lib}', 'python module to import first',
+        verl_default=None, differs="the reference's default")
+    trust_remote_code: bool = key(False, 'allow remote code when loading the reward model',
+        verl_default=None, differs="the reference's default")
     use_shm: bool = key(False, 'load the reward model through shared memory (/dev/shm; default only)',
         why='shared-memory model loading')
     use_remove_padding: bool = key(False, 'unpad sequences before the forward pass')
@@ -204,17 +212,17 @@ class RewardModelConfig:
 
     # verl 0.9: reward section (the 0.9 spellings reward.reward_model.* are aliases)
     enable: bool = key(False, 'score with a reward model (False = rule/custom reward function only)',
-        aliases=("reward.reward_model.enable",))
+        aliases=("reward.reward_model.enable",), verl_default=None, differs="the reference's default")
     enable_resource_pool: bool = key(False,
         'run the reward model in its own resource pool instead of next to the actor',
         why='a separate Ray resource pool for the reward model; it runs next to the actor',
-        aliases=("reward.reward_model.enable_resource_pool",))
+        aliases=("reward.reward_model.enable_resource_pool",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     n_gpus_per_node: int = key(0, 'GPUs per node of that pool (with enable_resource_pool)',
         no_effect_yet='read only with reward_model.enable_resource_pool',
-        aliases=("reward.reward_model.n_gpus_per_node",))
+        aliases=("reward.reward_model.n_gpus_per_node",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     nnodes: int = key(0, 'nodes of that pool (with enable_resource_pool)',
         no_effect_yet='read only with reward_model.enable_resource_pool',
-        aliases=("reward.reward_model.nnodes",))
+        aliases=("reward.reward_model.nnodes",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     strategy: str = key('fsdp', 'backend of the reward model: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
     model: RewardModelModelConfig = section(RewardModelModelConfig)
@@ -231,7 +239,7 @@ class RewardModelConfig:
         'dapo (naive + overlong penalty) | remote (reward.num_workers processes) | rate_limited (reward.max_*); '
         'with reward.reward_manager.source=importlib, a class name in reward.reward_manager.module.path',
         choices=registered("reward_manager", unless=("reward.reward_manager.source", "importlib")),
-        aliases=("reward.reward_manager.name",))
+        aliases=("reward.reward_manager.name",), verl_default=None, differs="the reference's default")
     launch_reward_fn_async: bool = key(False, 'run the reward function in the background while the old log-probs, '
         'reference log-probs and values are computed (joined before the advantages; same scores)')
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
@@ -247,7 +255,8 @@ class CustomRewardConfig:
     path: Optional[str] = key(None, 'file holding a custom reward function; null = built-in scorers',
                               aliases=("reward.custom_reward_function.path",))
     name: str = key('compute_score', 'name of the function in that file',
-                    aliases=("reward.custom_reward_function.name",))
+                    aliases=("reward.custom_reward_function.name",),
+        verl_default=None, differs="the reference's default")
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments passed to the custom reward function',
                                               aliases=("reward.custom_reward_function.reward_kwargs",))
 

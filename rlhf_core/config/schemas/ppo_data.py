@@ -62,12 +62,15 @@ class DataConfig:
         'prompts per validation batch (deprecated in verl); null = the whole validation set at once')
     return_raw_input_ids: bool = key(False,
         'also return un-templated prompt ids (reward model with another chat template)')
-    return_raw_chat: bool = key(False, 'also return the raw chat message list')
+    return_raw_chat: bool = key(False, 'also return the raw chat message list',
+        verl_default=True, differs="the reference's default")
     return_full_prompt: bool = key(False, 'also return the rendered prompt string (chat template applied)')
     shuffle: bool = key(True, 'shuffle the training dataloader')
-    dataloader_num_workers: int = key(0, 'dataloader worker processes (0 = load in the main process)')
+    dataloader_num_workers: int = key(0, 'dataloader worker processes (0 = load in the main process)',
+        verl_default=8, differs='ours: rows load in the trainer process; 8 loader processes cost more than they save on few-core machines')
     validation_shuffle: bool = key(False, 'shuffle the validation dataloader')
-    seed: Optional[int] = key(42, 'seed for shuffling and sampling of max_samples subsets')
+    seed: Optional[int] = key(42, 'seed for shuffling and sampling of max_samples subsets',
+        verl_default=None, differs="the reference's default")
     filter_overlong_prompts: bool = key(False, 'drop prompts longer than max_prompt_length after chat templating')
     filter_overlong_prompts_workers: int = key(1, 'processes used to filter overlong prompts')
     truncation: str = key('error', 'what to do with an overlong prompt: error | left | right | middle',
@@ -85,7 +88,7 @@ class DataConfig:
         "allow remote code in the driver's tokenizer. True is the reference's default (kept, as for every "
         "reference key); the model keys (actor_rollout_ref.model / critic.model / reward_model.model) default"
         " to False",
-)
+        verl_default=False, differs="the reference's default")
     custom_cls: DataCustomClsConfig = section(DataCustomClsConfig, 'custom dataset class')
     sampler: DataSamplerConfig = section(DataSamplerConfig)
     datagen: DataDatagenConfig = section(DataDatagenConfig)

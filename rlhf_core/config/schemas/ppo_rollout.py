@@ -100,12 +100,15 @@ class RolloutConfig:
     """``actor_rollout_ref.rollout``."""
 
     name: str = key('vllm', 'rollout engine: hf | vllm (sglang not supported yet)', only=('hf', 'vllm'),
-        why='rollout engines other than hf and vllm (e.g. sglang)')
+        why='rollout engines other than hf and vllm (e.g. sglang)',
+        verl_default='???', differs="the reference's default; verl 0.9.1 makes it mandatory (???)")
     mode: str = key('sync',
         'sync = generate in the trainer loop; async = agent loops (each trajectory its own request, '
         'continuous batching)',
-        only=('sync', 'async'), why='a rollout mode other than sync or async (agent loop)')
-    seed: Optional[int] = key(None, 'sampling seed of the rollout engine; null = data.seed', ours=True)
+        only=('sync', 'async'), why='a rollout mode other than sync or async (agent loop)',
+        verl_default='async', differs='ours: sync generation in the trainer loop is the tested path on CPU; async (agent loops) is opt-in')
+    seed: Optional[int] = key(None, 'sampling seed of the rollout engine; null = data.seed',
+        verl_default=42, differs='ours: null follows data.seed (42), so one key seeds both')
     temperature: float = key(1.0, 'sampling temperature')
     top_k: int = key(-1, 'top-k sampling; -1 (vllm) or 0 (hf) = disabled')
     top_p: float = key(1, 'top-p (nucleus) sampling')
@@ -117,7 +120,8 @@ class RolloutConfig:
         no_effect_on_cpu="vLLM on CUDA only: vLLM's CPU backend sizes its KV cache by VLLM_CPU_KVCACHE_SPACE",
         engine="vllm")
     ignore_eos: bool = key(False, 'keep generating after EOS')
-    enforce_eager: bool = key(True, 'vllm: disable CUDA graphs', engine="vllm")
+    enforce_eager: bool = key(True, 'vllm: disable CUDA graphs', engine="vllm",
+        verl_default=False, differs="the reference's default")
     cudagraph_capture_sizes: Any = key(None, "vllm: batch sizes captured as CUDA graphs; null = vLLM's choice",
         no_effect_on_cpu="CUDA graphs: passed to vLLM's compilation_config on CUDA only", engine="vllm")
     free_cache_engine: bool = key(True, 'vllm: release the KV cache after generation',
@@ -125,7 +129,7 @@ class RolloutConfig:
                          "freed) and wakes before the next sync or generate; vLLM's sleep mode is CUDA only",
         engine="vllm")
     load_format: str = key('dummy_dtensor', 'vllm: initial weight loader (weights are synced from the actor)',
-        engine="vllm")
+        engine="vllm", verl_default='dummy', differs="the reference's default")
     tensor_model_parallel_size: int = key(2, 'vllm: tensor-parallel size of the engine', engine="vllm")
     data_parallel_size: int = key(1, 'vllm: data-parallel size of the engine (default only)',
         why='vLLM data-parallel rollout engines')
@@ -134,7 +138,8 @@ class RolloutConfig:
     pipeline_model_parallel_size: int = key(1, 'vllm: pipeline-parallel size of the engine (default only)',
         why='vLLM pipeline-parallel rollout engines')
     max_num_batched_tokens: int = key(8192, 'vllm: max tokens per engine batch', engine="vllm")
-    max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch', engine="vllm")
+    max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch', engine="vllm",
+        verl_default=256, differs="the reference's default")
     max_model_len: Any = key(None, 'vllm: max prompt + response tokens; null = prompt_length + response_length',
         engine="vllm")
     enable_chunked_prefill: bool = key(True, 'vllm: split long prompts over engine steps',
@@ -145,7 +150,8 @@ class RolloutConfig:
     log_prob_micro_batch_size: Optional[int] = key(None,
         'deprecated global micro-batch for old log-probs; divided by world size')
     log_prob_micro_batch_size_per_gpu: Optional[int] = key(16,
-        'sequences per forward on one worker when recomputing old log-probs')
+        'sequences per forward on one worker when recomputing old log-probs',
+        verl_default=None, differs="the reference's default")
     log_prob_use_dynamic_bsz: bool = key('${actor_rollout_ref.actor.use_dynamic_bsz}',
         'pack log-prob micro-batches by token budget')
     log_prob_max_token_len_per_gpu: int = key('${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}',
@@ -159,7 +165,8 @@ class RolloutConfig:
         no_effect_on_cpu='the engine sleeps on CUDA only (see free_cache_engine)', engine="vllm")
     engine_kwargs: RolloutEngineKwargsConfig = section(RolloutEngineKwargsConfig, 'extra engine arguments')
     n: int = key(1, 'responses sampled per prompt (GRPO/RLOO need > 1)')
-    calculate_log_probs: bool = key(False, "return the engine's log-probs (needed by rollout_is)")
+    calculate_log_probs: bool = key(False, "return the engine's log-probs (needed by rollout_is)",
+        verl_default=True, differs="the reference's default")
     multi_turn: RolloutMultiTurnConfig = section(RolloutMultiTurnConfig)
     val_kwargs: RolloutValKwargsConfig = section(RolloutValKwargsConfig)
     agent: RolloutAgentConfig = section(RolloutAgentConfig)

@@ -44,7 +44,8 @@ class KLControlConfig:
     """``algorithm.kl_ctrl``."""
 
     type: str = key('fixed', 'KL controller: fixed | adaptive', choices=('fixed', 'adaptive'))
-    kl_coef: float = key(0.005, '(initial) KL coefficient beta')
+    kl_coef: float = key(0.005, '(initial) KL coefficient beta',
+        verl_default=0.001, differs="the reference's default")
     horizon: int = key(10000, 'adaptive controller horizon')
     target_kl: float = key(0.1, 'adaptive controller target KL')
 
@@ -183,7 +184,8 @@ class TrainerConfig:
     save_freq: int = key(-1, 'save a checkpoint every N steps and at the last step; -1 = no checkpoints')
     val_before_train: bool = key(True, 'validate before the first step')
     val_only: bool = key(False, 'only validate, then exit (no training)')
-    test_freq: int = key(2, 'validate every N steps; -1 = never')
+    test_freq: int = key(2, 'validate every N steps; -1 = never',
+        verl_default=-1, differs="the reference's default")
     critic_warmup: int = key(0, 'steps that train only the critic before the actor starts')
     balance_batch: bool = key(True, 'reorder the batch so each worker gets a similar token count')
     default_hdfs_dir: Optional[str] = key(None, 'HDFS folder to copy checkpoints to; null = none')
@@ -204,7 +206,8 @@ class TrainerConfig:
         'worker implementation: auto | enable (legacy workers) | disable (new engine)',
         choices=('auto', 'enable', 'disable'), no_effect_yet='one worker implementation here')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
-        choices=('auto', 'cpu', 'cuda'), ours=True)
+        choices=('auto', 'cpu', 'cuda'), ours=True,
+        verl_default='cuda', differs='ours: auto = cuda when available, else cpu')
     stop_after_step: Optional[int] = key(None,
         'stop after this global step, saving a checkpoint; null = run to the end', ours=True)
     total_training_seconds: Optional[float] = key(None,
@@ -270,6 +273,8 @@ class GlobalTorchMemoryToolConfig:
         no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stack_depth: int = key(32, 'torch memory snapshot: stack frames kept per event',
         no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
+    memory_snapshot_num_steps: int = key(1, 'torch memory snapshot: steps recorded per snapshot',
+        no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     context: str = key('all', 'torch memory snapshot: which events to record: all | alloc | state',
         no_effect_on_cpu='read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); profiler tool torch_memory is refused here')
     stacks: str = key('all', 'torch memory snapshot: which stacks to record: all | python',
@@ -279,11 +284,24 @@ class GlobalTorchMemoryToolConfig:
 
 
 @dataclass
+class GlobalPrecisionDebuggerConfig:
+    """``global_profiler.global_tool_config.precision_debugger`` (Ascend msprobe's PrecisionDebugger)."""
+
+    config_path: Optional[str] = key(None, 'msprobe precision debugger: its JSON config; null = off', only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    steps: Any = key(None, 'msprobe precision debugger: deprecated step filter (global_profiler.steps decides)',
+        only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    stages: Any = key(None, 'msprobe precision debugger: stages dumped; null = all', no_effect_yet='no code reads it yet: no profiler traces are written')
+    strict: bool = key(False, 'msprobe precision debugger: fail on an unknown stage', no_effect_yet='no code reads it yet: no profiler traces are written')
+
+
+@dataclass
 class GlobalToolConfig:
     """``global_profiler.global_tool_config``."""
 
     nsys: GlobalNsysToolConfig = section(GlobalNsysToolConfig)
     torch_memory: GlobalTorchMemoryToolConfig = section(GlobalTorchMemoryToolConfig)
+    precision_debugger: GlobalPrecisionDebuggerConfig = section(GlobalPrecisionDebuggerConfig)
 
 
 @dataclass
@@ -300,6 +318,12 @@ class GlobalProfilerConfig:
     profile_continuous_steps: bool = key(False, 'profile the listed steps as one continuous trace')
     save_path: str = key('outputs/profile', 'folder for profiler traces')
     global_tool_config: GlobalToolConfig = section(GlobalToolConfig)
+    # verl 0.9: profiler
+    relocate_results: bool = key(False, 'move traces under save_path/<step> when a step ends', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_cmd: Optional[str] = key(None, 'shell command run on each trace when profiling ends; null = none',
+        no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_all_ranks: bool = key(False, 'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
+    finish_hook_ranks: List[Any] = key([], 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')
 
 
 @dataclass
