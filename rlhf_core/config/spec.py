@@ -111,6 +111,12 @@ def free_form(help: str, default: dict | None = None, *, ours: bool = False, **s
                  metadata={"help": help, "open": True, "ours": ours, **status})
 
 
+def follower(default: str, help: str, **status: Any) -> Any:
+    """A ``Dict[str, Any]`` field whose default interpolates a whole section (``${oc.select:a.b.qat,null}``): verl's
+    copy of another section, one leaf here (its sub-keys are the followed section's, checked there)."""
+    return field(default=default, metadata={"help": help, "open": True, **status})
+
+
 def section(cls: type, help: str = "", aliases: tuple[str, ...] = ()) -> Any:
     """A field holding the section dataclass ``cls``; ``help`` is the comment above it in the YAML; ``aliases``:
     earlier dotted paths of the whole section (verl moved it), each key below one read as the key below this."""

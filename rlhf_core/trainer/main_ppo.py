@@ -94,7 +94,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
               config.actor_rollout_ref.actor.fsdp_config.cpu_threads)]
     collective_timeout = {"actor_rollout": float(config.actor_rollout_ref.nccl_timeout)}  # verl: the actor's only
     if use_critic:
-        specs.append(("critic", CriticWorker, {"config": config}, "critic", config.critic.model.fsdp_config.cpu_threads))
+        specs.append(("critic", CriticWorker, {"config": config}, "critic", config.critic.fsdp.cpu_threads))
     if use_rm:
         specs.append(("rm", RewardModelWorker, {"config": config}, "rm",
                       config.reward_model.model.fsdp_config.cpu_threads))

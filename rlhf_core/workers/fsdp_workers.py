@@ -322,7 +322,7 @@ class CriticWorker(ProfiledWorker):
         self.tokenizer = load_tokenizer(mcfg.tokenizer_path, bool(mcfg.trust_remote_code))
         n = int(ccfg.rollout_n)
         note_unsupported(mcfg, False, "critic")
-        self.module = build_model(mcfg, mcfg.fsdp_config, "critic", value_head=True)
+        self.module = build_model(mcfg, ccfg.fsdp, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
         self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
         self.critic.use_remove_padding = bool(mcfg.use_remove_padding)

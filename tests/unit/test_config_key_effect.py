@@ -26,8 +26,8 @@ def test_spot_checked_statuses_and_reasons():
     # moved from the deleted status06_effects.yaml's test: one entry per status, with its reason
     ppo = specs("ppo_trainer")
     assert ppo["actor_rollout_ref.rollout.gpu_memory_utilization"].status == NO_EFFECT_ON_CPU
-    assert (ppo["critic.model.fsdp_config.use_orig_params"].status,
-            ppo["critic.model.fsdp_config.use_orig_params"].why) == (
+    assert (ppo["critic.fsdp.use_orig_params"].status,
+            ppo["critic.fsdp.use_orig_params"].why) == (
         NO_EFFECT_YET, "an FSDP1 option; FSDP2 has no flat parameters")
     # the same path can mean something else in another config: sft's data.train_max_samples is not read there
     assert specs("sft_trainer")["data.train_max_samples"].status == NO_EFFECT_YET

@@ -56,9 +56,9 @@ def test_ray_worker_threads_follow_the_node_not_the_reservation(ray_2cpu):
         assert wg.execute_all("threads") == [(2, "2")]
     finally:
         wg.shutdown()
-    # a user's per-role split: critic.model.fsdp_config.cpu_threads=1
-    cfg1 = load_config("ppo_trainer", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "critic.model.fsdp_config.cpu_threads=1"])
-    n1 = worker_threads(cfg1, cfg1.critic.model.fsdp_config.cpu_threads)
+    # a user's per-role split: critic.fsdp.cpu_threads=1
+    cfg1 = load_config("ppo_trainer", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "critic.fsdp.cpu_threads=1"])
+    n1 = worker_threads(cfg1, cfg1.critic.fsdp.cpu_threads)
     wg = RayWorkerGroup(ThreadReport, 1, {}, num_cpus_per_worker=0.5, name_prefix="thr1", num_threads=n1)
     try:
         assert wg.execute_all("threads") == [(1, "1")]

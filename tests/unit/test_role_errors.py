@@ -24,16 +24,16 @@ def test_worker_return_of_the_wrong_size_names_the_role():
 def test_missing_model_path_names_role_and_key(tmp_path, section, role, word):
     cfg = typed_config("ppo_trainer", f"actor_rollout_ref.model.path={tmp_path}/nope",
                        f"critic.model.path={tmp_path}/nope")
-    fsdp = cfg.actor_rollout_ref.actor.fsdp_config if section != "critic" else cfg.critic.model.fsdp_config
+    fsdp = cfg.actor_rollout_ref.actor.fsdp_config if section != "critic" else cfg.critic.fsdp
     with pytest.raises(FileNotFoundError, match=rf"^{word}: {section}.model.path='{tmp_path}/nope'"):
         build_model(cfg[section].model, fsdp, role, value_head=role == "critic")
 
 
 def test_fsdp_size_error_names_role_and_key():
     cfg = typed_config("ppo_trainer")
-    key = full_key(cfg.critic.model.fsdp_config, "fsdp_size")
-    assert key == "critic.model.fsdp_config.fsdp_size"
-    with pytest.raises(ValueError, match="^critic: critic.model.fsdp_config.fsdp_size=3 must divide the world size 4"):
+    key = full_key(cfg.critic.fsdp, "fsdp_size")
+    assert key == "critic.fsdp.fsdp_size"
+    with pytest.raises(ValueError, match="^critic: critic.fsdp.fsdp_size=3 must divide the world size 4"):
         mesh_shape(3, 4, key, "critic")
     assert mesh_shape(2, 4, key, "critic") == (2, 2) and mesh_shape(-1, 4) == (4,) and mesh_shape(8, 4) == (4,)
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, key, registered, section
+from rlhf_core.config.schemas.sections09 import RewardModelRolloutConfig
+from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -32,11 +34,20 @@ class CriticOptimConfig:
         why="verl's new-engine spelling; set critic.grad_clip")
     warmup_style: Optional[str] = key(None,
         'deprecated spelling of lr_scheduler_type (constant | cosine); null = unset', choices=('constant', 'cosine'))
+    # verl 0.9: optimizer
+    optimizer: str = key('AdamW', 'optimizer class name: AdamW (adam is the same)', choices=('AdamW', 'adam', 'adamw'),
+        no_effect_yet='the critic is trained with torch.optim.AdamW')
+    optimizer_impl: str = key('torch.optim', 'module the optimizer class is taken from', only=('torch.optim',),
+        why='optimizers from other modules (e.g. torchao, bitsandbytes)')
+    zero_indexed_step: bool = key(True, 'the scheduler counts optimizer steps from 0',
+        no_effect_yet='the scheduler counts from 0')
+    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra keyword arguments for the optimizer',
+        no_effect_yet='the optimizer is built from lr, betas, eps and weight_decay')
 
 
 @dataclass
-class CriticFSDPConfig:
-    """``critic.model.fsdp_config``."""
+class CriticFSDPConfig(FSDPEngine09):
+    """``critic.fsdp`` (verl 0.6: ``critic.model.fsdp_config``)."""
 
     param_offload: bool = key(False, 'offload critic parameters to CPU',
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
@@ -71,7 +82,15 @@ class CriticFSDPConfig:
 
 
 @dataclass
-class CriticModelConfig:
+class CriticFusedKernelOptions:
+    """``critic.model.fused_kernel_options``."""
+
+    impl_backend: str = key('torch', 'implementation backend of fused kernels: torch | triton',
+        choices=('torch', 'triton'), no_effect_yet='fused kernels are not supported yet')
+
+
+@dataclass
+class CriticModelConfig(Model09):
     """``critic.model``."""
 
     path: str = key('~/models/deepseek-llm-7b-chat', 'Hugging Face model path of the critic (a value head is added)')
@@ -92,7 +111,17 @@ class CriticModelConfig:
         verl_default=False, differs="ours: follows the actor model's setting")
     use_shm: bool = key(False, 'load the critic through shared memory (/dev/shm; default only)',
         why='shared-memory model loading')
-    fsdp_config: CriticFSDPConfig = section(CriticFSDPConfig)
+    # verl 0.9: model
+    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path',
+        no_effect_yet='the HF config is read from critic.model.path')
+    custom_chat_template: Optional[str] = key(None, "chat template instead of the tokenizer's; null = the tokenizer's",
+        no_effect_yet='the critic scores token ids made by the rollout; no template is applied')
+    exclude_modules: Optional[str] = key(None, 'module names that never get LoRA adapters; null = none',
+        no_effect_yet='every target_modules match gets a LoRA adapter')
+    use_liger: bool = key(False, 'apply Liger kernels to the critic', no_effect_yet='Liger kernels are not applied')
+    use_fused_kernels: bool = key(False, 'fused log-prob kernels (an actor option; the critic has a value head)',
+        only=(False,), why='fused kernels')
+    fused_kernel_options: CriticFusedKernelOptions = section(CriticFusedKernelOptions)
     lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
     lora_alpha: int = key(16, 'LoRA scaling alpha')
     target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
@@ -142,6 +171,13 @@ class CriticConfig:
     loss_agg_mode: str = key('${actor_rollout_ref.actor.loss_agg_mode}', 'how token losses are aggregated')
     checkpoint: CriticCheckpointConfig = section(CriticCheckpointConfig)
     profiler: ProfilerConfig = section(ProfilerConfig)
+    # verl 0.9: critic
+    fsdp: CriticFSDPConfig = section(CriticFSDPConfig, "the critic's FSDP engine", aliases=("critic.model.fsdp_config",))
+    data_loader_seed: int = key(42, 'seed of the critic mini-batch shuffling',
+        no_effect_yet="the critic's mini-batches follow the actor's order (actor.shuffle)")
+    loss_scale_factor: Optional[float] = key('${actor_rollout_ref.actor.loss_scale_factor}',
+        "constant divisor of the summed value loss (follows the actor's); null = the token count",
+        no_effect_yet='the value loss is normalised as loss_agg_mode says')
 
 
 @dataclass
@@ -245,6 +281,17 @@ class RewardModelConfig:
     reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
     sandbox_fusion: RewardModelSandboxFusionConfig = section(RewardModelSandboxFusionConfig)
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
+    # verl 0.9: reward model
+    num_workers: Optional[int] = key(None, 'reward-loop workers; null = verl 0.9.1 reads reward.num_workers',
+        no_effect_yet='rewards are computed in the trainer process')
+    reward_loop_source: Optional[str] = key(None, "where a custom reward loop comes from: null (verl's) | register | "
+        'importlib', only=(None,), why='custom reward loops')
+    reward_loop_module_path: Optional[str] = key(None, 'file of a custom reward loop', only=(None,),
+        why='custom reward loops')
+    reward_loop_class_name: Optional[str] = key(None, 'class of a custom reward loop', only=(None,),
+        why='custom reward loops')
+    rollout: RewardModelRolloutConfig = section(RewardModelRolloutConfig,
+        'engine of a generative reward model (not supported)')
 
 
 @dataclass

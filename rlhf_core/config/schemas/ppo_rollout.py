@@ -8,7 +8,8 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
+from rlhf_core.config.schemas.sections09 import CheckpointEngineConfig, DisaggregationConfig, PrometheusConfig
+from rlhf_core.config.spec import check_section, follower, free_form, key, number, registered, section
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig
 
 
@@ -18,6 +19,8 @@ class RolloutEngineKwargsConfig:
 
     vllm: Dict[str, Any] = free_form('extra vllm.LLM arguments')
     sglang: Dict[str, Any] = key({}, 'extra sglang arguments (sglang not supported yet; default only)', why='sglang')
+    trtllm: Dict[str, Any] = key({}, 'extra TensorRT-LLM arguments (default only)',
+        why='TensorRT-LLM, a rollout engine this project does not have')
 
 
 @dataclass
@@ -40,6 +43,8 @@ class RolloutMultiTurnConfig:
         'check that incremental tokenization matches a full re-tokenization: strict | ignore_strippable | disable',
         choices=('strict', 'ignore_strippable', 'disable'))
     format: str = key('hermes', 'tool-call format of the chat template', choices=registered("tool_parser"))
+    function_tool_path: Optional[str] = key(None, 'python file whose functions become tools; null = none',
+        no_effect_yet='tools are declared in tool_config_path')
     num_repeat_rollouts: Any = key(None,
         'interaction continuations rolled out after the trained turn, for the reward (collabllm_agent loop only)')
 
@@ -93,6 +98,13 @@ class RolloutTraceConfig:
         'the MLflow experiment trainer.project_name at MLFLOW_TRACKING_URI)', choices=('weave', 'mlflow'),
         backend_values={'weave': 'the Weights & Biases Weave tracing client'})
     token2text: bool = key(False, 'decode token ids to text in traces')
+    # verl 0.9: rollout trace
+    project_name: Optional[str] = key('${oc.select:trainer.project_name,null}', 'trace project (follows trainer)',
+        no_effect_yet='read only with rollout.trace.backend')
+    experiment_name: Optional[str] = key('${oc.select:trainer.experiment_name,null}',
+        'trace experiment (follows trainer)', no_effect_yet='read only with rollout.trace.backend')
+    max_samples_per_step_per_worker: Optional[int] = key(None, 'traced trajectories per step and worker; null = all',
+        no_effect_yet='read only with rollout.trace.backend')
 
 
 @dataclass
@@ -170,6 +182,36 @@ class RolloutConfig:
     multi_turn: RolloutMultiTurnConfig = section(RolloutMultiTurnConfig)
     val_kwargs: RolloutValKwargsConfig = section(RolloutValKwargsConfig)
     agent: RolloutAgentConfig = section(RolloutAgentConfig)
+    # verl 0.9: rollout
+    nnodes: int = key(0, 'nodes of a standalone rollout pool; 0 = colocated with the actor',
+        only=(0,), why='a standalone rollout pool (the rollout shares the actor workers here)')
+    n_gpus_per_node: int = key('${trainer.n_gpus_per_node}', 'accelerators per node of a standalone rollout pool',
+        no_effect_yet='the rollout runs on the actor workers (rollout.nnodes=0)')
+    full_determinism: bool = key(False, 'deterministic engine kernels and scheduling',
+        no_effect_yet='the engine runs with its default kernels')
+    logprobs_mode: str = key('processed_logprobs', 'which log-probs the engine returns: processed_logprobs | '
+        'raw_logprobs | processed_logits | raw_logits', no_effect_yet="the engine's default log-probs are returned")
+    scheduling_policy: str = key('fcfs', 'engine request scheduling: fcfs | priority',
+        no_effect_yet='requests are served first come, first served')
+    router_config_path: Optional[str] = key(None, 'config of a request router in front of the servers',
+        only=(None,), why='a request router in front of the rollout servers')
+    checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig)
+    enable_rollout_routing_replay: bool = key(False, 'record MoE routing in the rollout and replay it in training',
+        why='MoE router replay, which this project does not have')
+    moe_load_balance_metrics_interval: int = key(0, 'log MoE load-balance metrics every N steps; 0 = never',
+        no_effect_yet='no MoE metrics are logged')
+    prometheus: PrometheusConfig = section(PrometheusConfig)
+    quantization: Optional[str] = key(None, 'quantize the rollout weights (e.g. fp8); null = none', only=(None,),
+        why='quantized rollout weights')
+    quantization_config_file: Optional[str] = key(None, 'config file of that quantization', only=(None,),
+        why='quantized rollout weights')
+    mtp: Optional[Dict[str, Any]] = follower('${oc.select:actor_rollout_ref.model.mtp,null}',
+        'copy of model.mtp for the engine (follows it)',
+        no_effect_yet='follows actor_rollout_ref.model.mtp, which is accepted at its defaults only')
+    qat: Optional[Dict[str, Any]] = follower('${oc.select:actor_rollout_ref.actor.fsdp_config.qat,null}',
+        "copy of the actor's qat for the engine (follows it)",
+        no_effect_yet='follows actor_rollout_ref.actor.fsdp_config.qat, which is accepted at its defaults only')
+    disaggregation: DisaggregationConfig = section(DisaggregationConfig)
     update_weights_bucket_megabytes: int = key(512, 'size of each weight bucket sent to the engine, in MB',
         engine="vllm")
     trace: RolloutTraceConfig = section(RolloutTraceConfig)

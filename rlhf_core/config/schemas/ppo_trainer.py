@@ -8,6 +8,8 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CON
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from rlhf_core.config.schemas.sections09 import (DistillationConfig, SandboxFusionConfig, SkipConfig,
+                                                 TransferQueueConfig)
 from rlhf_core.config.spec import check_section, free_form, key, registered, section
 from rlhf_core.config.schemas.ppo_async import AsyncTrainingConfig, StandaloneRolloutConfig
 from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
@@ -205,6 +207,12 @@ class TrainerConfig:
     use_legacy_worker_impl: str = key('auto',
         'worker implementation: auto | enable (legacy workers) | disable (new engine)',
         choices=('auto', 'enable', 'disable'), no_effect_yet='one worker implementation here')
+    # verl 0.9: trainer
+    use_v1: bool = key(True, "verl 0.9's v1 trainer loop (its trainer.v1 section configures it)",
+        no_effect_yet='one trainer loop here')
+    checkpoint_callback_class: Optional[str] = key(None,
+        'dotted path of a class called after each checkpoint save; null = none',
+        no_effect_yet='no callback runs after a checkpoint save')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True,
         verl_default='cuda', differs='ours: auto = cuda when available, else cpu')
@@ -234,11 +242,21 @@ class RayInitConfig:
 
 
 @dataclass
+class RayRuntimeEnvConfig:
+    """``ray_kwargs.ray_init.runtime_env`` (Ray's runtime_env; verl's uv-launched scripts set py_executable)."""
+
+    # verl 0.9: ray
+    py_executable: Optional[str] = key(None,
+        "command that starts Ray's worker processes (e.g. 'uv run'); null = this Python")
+
+
+@dataclass
 class RayKwargsRayInitConfig:
     """``ray_kwargs.ray_init``."""
 
     num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all (alias of ray_init.num_cpus)',
         same_as='ray_init.num_cpus')
+    runtime_env: RayRuntimeEnvConfig = section(RayRuntimeEnvConfig)
 
 
 @dataclass
@@ -348,3 +366,10 @@ class PPOTrainerConfig:
         'standalone rollout workers (verl one_step_off_ppo_trainer.yaml); read with async_training.mode != on_policy')
     async_training: AsyncTrainingConfig = section(AsyncTrainingConfig,
         'off-policy trainers: async_training.mode picks one (verl fully_async_ppo_trainer.yaml keys)')
+    # verl 0.9: top-level sections
+    model_engine: str = key('dp', "verl's worker engine family: dp (FSDP data parallel)", only=('dp',),
+        why='engines other than dp (Megatron, torchtitan, veomni)')
+    transfer_queue: TransferQueueConfig = section(TransferQueueConfig, 'TransferQueue data plane (not supported)')
+    distillation: DistillationConfig = section(DistillationConfig, 'on-policy distillation (not supported yet)')
+    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, 'code-execution sandbox of code rewards')
+    skip: SkipConfig = section(SkipConfig, 'dump a stage or replay its dump (not supported yet)')

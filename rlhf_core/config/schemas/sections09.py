@@ -1,0 +1,248 @@
+"""Top-level sections verl 0.9 added to ppo_trainer.yaml (``distillation``, ``skip``, ``transfer_queue``,
+``sandbox_fusion``) and the rollout/reward-model sub-sections it added (``checkpoint_engine``, ``prometheus``,
+``disaggregation``, ``reward_model.rollout``). Backends we do not have are accepted at their defaults only, their
+error naming the backend.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from rlhf_core.config.spec import free_form, key, section
+
+DISTILL = 'on-policy distillation from teacher models, which this project does not have yet'
+TQ = "verl's TransferQueue data plane, which this project does not have"
+SKIP = "verl's rollout dump/replay (skip), which this project does not have yet"
+DISAGG = 'prefill/decode disaggregation (sglang), a backend this project does not have'
+PROM = 'Prometheus metrics of the rollout servers, which this project does not export'
+
+
+@dataclass
+class CheckpointEngineConfig:
+    """``actor_rollout_ref.rollout.checkpoint_engine``: how trained weights reach the rollout engine."""
+
+    backend: str = key('naive', 'weight-sync backend: naive (in-process copy)', only=('naive',),
+        why='weight-sync backends other than naive (nccl, nixl, ...)')
+    update_weights_bucket_megabytes: int = key(2048, 'weights are sent to the engine in buckets of this many MB',
+        no_effect_yet='weights are handed to the engine in one piece')
+    engine_kwargs: Dict[str, Any] = free_form('extra arguments of the weight-sync backend',
+        no_effect_yet='read only by weight-sync backends other than naive')
+    custom_backend_module: Optional[str] = key(None, 'python module registering a custom weight-sync backend',
+        only=(None,), why='custom weight-sync backends')
+
+
+@dataclass
+class PrometheusConfig:
+    """``actor_rollout_ref.rollout.prometheus``."""
+
+    enable: bool = key(False, 'serve rollout-server metrics to Prometheus', why=PROM)
+    port: int = key(9090, 'Prometheus: port', why=PROM)
+    file: str = key('/tmp/ray/session_latest/metrics/prometheus/prometheus.yml', 'Prometheus: its config file',
+        why=PROM)
+    served_model_name: Optional[str] = key('${oc.select:actor_rollout_ref.model.path,null}',
+        'Prometheus: model name on the metrics (follows model.path)', no_effect_yet=PROM)
+
+
+@dataclass
+class DisaggregationConfig:
+    """``actor_rollout_ref.rollout.disaggregation``."""
+
+    enabled: bool = key(False, 'run prefill and decode on separate engine replicas', why=DISAGG)
+    prefill_replicas: int = key(1, 'disaggregation: prefill replicas', why=DISAGG)
+    decode_replicas: int = key(1, 'disaggregation: decode replicas', why=DISAGG)
+    decode_tensor_model_parallel_size: Optional[int] = key(None, 'disaggregation: decode TP size; null = rollout TP',
+        why=DISAGG)
+    transfer_backend: str = key('nixl', 'disaggregation: KV-cache transfer backend', why=DISAGG)
+    bootstrap_port: Optional[int] = key(None, 'disaggregation: bootstrap port; null = chosen', why=DISAGG)
+    ib_device: Optional[str] = key(None, 'disaggregation: InfiniBand device; null = auto', why=DISAGG)
+
+
+@dataclass
+class DistillationLossConfig:
+    """``distillation.distillation_loss``."""
+
+    loss_mode: str = key('k3', 'distillation loss: KL estimator between student and teacher', why=DISTILL)
+    topk: int = key(32, 'distillation: teacher top-k log-probs used per token', why=DISTILL)
+    use_task_rewards: bool = key(True, 'distillation: keep the task reward beside the distillation loss', why=DISTILL)
+    distillation_loss_coef: float = key(1.0, 'distillation: weight of the distillation loss', why=DISTILL)
+    loss_max_clamp: Optional[float] = key(None, 'distillation: clamp of the per-token loss; null = none', why=DISTILL)
+    log_prob_min_clamp: Optional[float] = key(None, 'distillation: floor of the log-probs; null = none', why=DISTILL)
+    use_policy_gradient: bool = key(False, 'distillation: optimise the loss as a reward with policy gradient',
+        why=DISTILL)
+    policy_loss_mode: str = key('vanilla', 'distillation: policy loss when use_policy_gradient', why=DISTILL)
+    clip_ratio: float = key(0.2, 'distillation: PPO clip epsilon of that policy loss', why=DISTILL)
+    clip_ratio_low: float = key(0.2, 'distillation: lower clip epsilon', why=DISTILL)
+    clip_ratio_high: float = key(0.2, 'distillation: upper clip epsilon', why=DISTILL)
+
+
+@dataclass
+class TeacherInferenceConfig:
+    """``distillation.teacher_models.teacher_model.inference``: the teacher's inference engine."""
+
+    name: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.name}', "teacher engine (follows the rollout's)",
+        no_effect_yet=DISTILL)
+    dtype: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.dtype}', "teacher dtype (follows the rollout's)",
+        no_effect_yet=DISTILL)
+    gpu_memory_utilization: float = key(0.5, 'teacher: fraction of accelerator memory for the engine', why=DISTILL)
+    enforce_eager: bool = key(True, 'teacher: no CUDA graphs', why=DISTILL)
+    cudagraph_capture_sizes: Optional[List[int]] = key(None, 'teacher: CUDA-graph batch sizes', why=DISTILL)
+    free_cache_engine: bool = key(True, 'teacher: free the KV cache between steps', why=DISTILL)
+    data_parallel_size: int = key(1, 'teacher: data-parallel size', why=DISTILL)
+    expert_parallel_size: int = key(1, 'teacher: expert-parallel size', why=DISTILL)
+    tensor_model_parallel_size: int = key(2, 'teacher: tensor-parallel size', why=DISTILL)
+    max_num_batched_tokens: int = key(8192, 'teacher: tokens per engine step', why=DISTILL)
+    max_model_len: Optional[int] = key(None, 'teacher: max sequence length; null = prompt + response', why=DISTILL)
+    max_num_seqs: int = key(1024, 'teacher: sequences per engine batch', why=DISTILL)
+    load_format: str = key('auto', 'teacher: weight loading format', why=DISTILL)
+    engine_kwargs: Dict[str, Any] = free_form('teacher: extra engine arguments', why=DISTILL)
+    limit_images: Optional[int] = key(None, 'teacher: images per prompt', why=DISTILL)
+    enable_chunked_prefill: bool = key(True, 'teacher: chunked prefill', why=DISTILL)
+    enable_prefix_caching: bool = key(True, 'teacher: prefix caching', why=DISTILL)
+    disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', why=DISTILL)
+    skip_tokenizer_init: bool = key(True, 'teacher: the engine gets token ids, no tokenizer', why=DISTILL)
+    prompt_length: int = key('${oc.select:actor_rollout_ref.rollout.prompt_length}',
+        "teacher: prompt length (follows the rollout's)", no_effect_yet=DISTILL)
+    response_length: int = key('${oc.select:actor_rollout_ref.rollout.response_length}',
+        "teacher: response length (follows the rollout's)", no_effect_yet=DISTILL)
+    temperature: float = key('${oc.select:actor_rollout_ref.rollout.temperature}',
+        "teacher: temperature of its log-probs (follows the rollout's)", no_effect_yet=DISTILL)
+
+
+@dataclass
+class TeacherModelConfig:
+    """``distillation.teacher_models.teacher_model``: one teacher."""
+
+    model_path: Optional[str] = key(None, 'teacher model path', why=DISTILL)
+    num_replicas: int = key(0, 'teacher engine replicas', why=DISTILL)
+    inference: TeacherInferenceConfig = section(TeacherInferenceConfig)
+    # last: the field named key shadows spec.key in the class body
+    key: Optional[str] = key(None, 'value of distillation.teacher_key whose rows this teacher scores; null = all',
+        why=DISTILL)
+
+
+@dataclass
+class TeacherModelsConfig:
+    """``distillation.teacher_models``."""
+
+    teacher_model: TeacherModelConfig = section(TeacherModelConfig)
+
+
+@dataclass
+class DistillationConfig:
+    """``distillation``: on-policy distillation from teacher models."""
+
+    enabled: bool = key(False, 'add a distillation loss against teacher models', why=DISTILL)
+    distillation_loss: DistillationLossConfig = section(DistillationLossConfig)
+    n_gpus_per_node: int = key(8, 'distillation: accelerators per node of the teacher pool', why=DISTILL)
+    nnodes: int = key(0, 'distillation: nodes of the teacher pool', why=DISTILL)
+    teacher_models: TeacherModelsConfig = section(TeacherModelsConfig)
+    teacher_key: str = key('data_source', 'dataset column choosing the teacher of each row', why=DISTILL)
+
+
+@dataclass
+class SkipStageConfig:
+    """``skip.rollout``, ``skip.rollout_tq``, ``skip.async_rollout``: dump a stage's output or replay a dump."""
+
+    enable: bool = key(False, "dump this stage's output, or load it instead of running the stage", why=SKIP)
+    dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumps', why=SKIP)
+    steps: List[int] = key([], 'steps dumped or replayed; [] = every step', why=SKIP)
+    action: str = key('cache', 'cache (replay when a dump exists, else run and dump) | dump | load', why=SKIP)
+
+
+@dataclass
+class SkipConfig:
+    """``skip``."""
+
+    rollout: SkipStageConfig = section(SkipStageConfig, 'the synchronous rollout')
+    rollout_tq: SkipStageConfig = section(SkipStageConfig, 'the TransferQueue rollout')
+    async_rollout: SkipStageConfig = section(SkipStageConfig, 'the asynchronous rollout')
+
+
+@dataclass
+class TQMetricsConfig:
+    """``transfer_queue.metrics``."""
+
+    enabled: bool = key(False, 'TransferQueue: serve its metrics', why=TQ)
+    port: int = key(0, 'TransferQueue: metrics port; 0 = chosen', why=TQ)
+
+
+@dataclass
+class TQSimpleStorageConfig:
+    """``transfer_queue.backend.SimpleStorage``."""
+
+    total_storage_size: int = key(100000, 'TransferQueue SimpleStorage: rows held', why=TQ)
+    num_data_storage_units: int = key(8, 'TransferQueue SimpleStorage: storage actors', why=TQ)
+
+
+@dataclass
+class TQMooncakeStoreConfig:
+    """``transfer_queue.backend.MooncakeStore``."""
+
+    auto_init: bool = key(False, 'Mooncake: start the store', why=TQ)
+    metadata_server: str = key('localhost:50123', 'Mooncake: metadata server', why=TQ)
+    master_server_address: str = key('localhost:50124', 'Mooncake: master server', why=TQ)
+    local_hostname: str = key('localhost', 'Mooncake: this host', why=TQ)
+    protocol: str = key('tcp', 'Mooncake: transfer protocol', why=TQ)
+    global_segment_size: int = key(4294967296, 'Mooncake: bytes of the global segment', why=TQ)
+    local_buffer_size: int = key(1073741824, 'Mooncake: bytes of the local buffer', why=TQ)
+    device_name: str = key('', 'Mooncake: RDMA device; empty = auto', why=TQ)
+
+
+@dataclass
+class TQBackendConfig:
+    """``transfer_queue.backend``."""
+
+    storage_backend: str = key('SimpleStorage', 'TransferQueue storage: SimpleStorage | MooncakeStore', why=TQ)
+    SimpleStorage: TQSimpleStorageConfig = section(TQSimpleStorageConfig)
+    MooncakeStore: TQMooncakeStoreConfig = section(TQMooncakeStoreConfig)
+
+
+@dataclass
+class TransferQueueConfig:
+    """``transfer_queue``."""
+
+    enable: bool = key(False, 'move batches through TransferQueue instead of the driver', why=TQ)
+    metrics: TQMetricsConfig = section(TQMetricsConfig)
+    backend: TQBackendConfig = section(TQBackendConfig)
+
+
+@dataclass
+class SandboxFusionConfig:
+    """``sandbox_fusion``: the code-execution sandbox used by code reward functions."""
+
+    url: Optional[str] = key(None, 'Sandbox Fusion URL; null = no sandbox',
+        no_effect_yet="read by verl's code reward functions; set reward_model.sandbox_fusion.url here")
+    max_concurrent: Optional[int] = key(None, 'Sandbox Fusion: concurrent requests; null = its default',
+        no_effect_yet='see sandbox_fusion.url')
+    memory_limit_mb: Optional[int] = key(None, 'Sandbox Fusion: memory limit per run (MB); null = its default',
+        no_effect_yet='see sandbox_fusion.url')
+
+
+RM_ROLLOUT = "a generative reward model served by a rollout engine, which this project does not have"
+
+
+@dataclass
+class RewardModelRolloutConfig:
+    """``reward_model.rollout``: the engine serving a generative reward model (verl 0.9.1 leaves each null)."""
+
+    name: Optional[str] = key(None, 'reward-model engine', why=RM_ROLLOUT)
+    dtype: Optional[str] = key(None, 'reward-model engine dtype', why=RM_ROLLOUT)
+    gpu_memory_utilization: Optional[float] = key(None, 'reward-model engine memory fraction', why=RM_ROLLOUT)
+    enforce_eager: Optional[bool] = key(None, 'reward-model engine: no CUDA graphs', why=RM_ROLLOUT)
+    cudagraph_capture_sizes: Optional[List[int]] = key(None, 'reward-model engine: CUDA-graph sizes', why=RM_ROLLOUT)
+    free_cache_engine: Optional[bool] = key(None, 'reward-model engine: free the KV cache', why=RM_ROLLOUT)
+    data_parallel_size: Optional[int] = key(None, 'reward-model engine: data-parallel size', why=RM_ROLLOUT)
+    expert_parallel_size: Optional[int] = key(None, 'reward-model engine: expert-parallel size', why=RM_ROLLOUT)
+    tensor_model_parallel_size: Optional[int] = key(None, 'reward-model engine: tensor-parallel size',
+        why=RM_ROLLOUT)
+    max_num_batched_tokens: Optional[int] = key(None, 'reward-model engine: tokens per step', why=RM_ROLLOUT)
+    max_model_len: Optional[int] = key(None, 'reward-model engine: max sequence length', why=RM_ROLLOUT)
+    max_num_seqs: Optional[int] = key(None, 'reward-model engine: sequences per batch', why=RM_ROLLOUT)
+    load_format: Optional[str] = key(None, 'reward-model engine: weight loading format', why=RM_ROLLOUT)
+    engine_kwargs: Optional[Dict[str, Any]] = key(None, 'reward-model engine: extra arguments', why=RM_ROLLOUT)
+    limit_images: Optional[int] = key(None, 'reward-model engine: images per prompt', why=RM_ROLLOUT)
+    enable_chunked_prefill: Optional[bool] = key(None, 'reward-model engine: chunked prefill', why=RM_ROLLOUT)
+    enable_prefix_caching: Optional[bool] = key(None, 'reward-model engine: prefix caching', why=RM_ROLLOUT)
+    disable_log_stats: Optional[bool] = key(None, 'reward-model engine: no statistics logging', why=RM_ROLLOUT)
+    skip_tokenizer_init: Optional[bool] = key(None, 'reward-model engine: no tokenizer', why=RM_ROLLOUT)
+    prompt_length: Optional[int] = key(None, 'reward-model engine: prompt length', why=RM_ROLLOUT)
+    response_length: Optional[int] = key(None, 'reward-model engine: response length', why=RM_ROLLOUT)
