@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 from omegaconf import DictConfig
 
 from rlhf_core.config.errors import ConfigError
-from rlhf_core.config.loader import load_config
+from rlhf_core.config.loader import CONFIG_NAMES, config_name_of, load_config
 from rlhf_core.config.notices import ConfigNotice
 from rlhf_core.data import DataError, RemoteUnavailableError
 from rlhf_core.redact import install_log_redaction, redact_text
@@ -110,10 +110,22 @@ def overrides_parser(prog: str, config_name: str, description: str, example: str
 
     views = [v for v, (of, _) in VIEWS.items() if of == config_name]
     parser.add_argument("--config-name", dest="config_name", default=config_name,
-                        choices=[config_name, *views] if views else [config_name],
-                        help=f"the config to start from (default {config_name}"
-                             + (f"; {', '.join(views)}: the same keys with verl 0.9.1's defaults)" if views else ")"))
+                        help=f"{config_name} (default; verl's names of it are accepted)"
+                             + (f", {', '.join(views)} (the same keys with verl 0.9.1's defaults)" if views else "")
+                             + " or a YAML file extending it")
     return parser
+
+
+def _command_config(parsed: argparse.Namespace, config_name: str) -> str:
+    """The config a trainer command loads: ``--config-name`` mapped from verl's spelling
+    (:func:`~rlhf_core.config.loader.config_name_of`); ConfigError for a shipped config of another command."""
+    from rlhf_core.config.views import VIEWS
+
+    name = config_name_of(parsed.config_name)
+    if name in CONFIG_NAMES and name != config_name or name in VIEWS and VIEWS[name][0] != config_name:
+        raise ConfigError(f"--config-name {parsed.config_name}: this command runs {config_name}; "
+                          f"{name} belongs to another command")
+    return name
 
 
 def setup_logging() -> None:
@@ -138,9 +150,9 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
     importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as :func:`run_command`
     shows them."""
     def command(args: list[str]) -> int:
-        parsed = overrides_parser(prog, config_name, description, example).parse_args(args)
+        parsed = overrides_parser(prog, config_name, description, example).parse_intermixed_args(args)
         setup_logging()
-        config = load_config_with_notices(parsed.config_name, parsed.overrides)
+        config = load_config_with_notices(_command_config(parsed, config_name), parsed.overrides)
         with _sigint_seen() as seen:
             try:
                 result = run(config)
@@ -158,10 +170,10 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
 
     main.__doc__ = f"``{prog} key=value ...``: {description} Returns the exit code."
     def check(args: list[str]) -> None:
-        parsed = overrides_parser(prog, config_name, description, example).parse_args(args)
+        parsed = overrides_parser(prog, config_name, description, example).parse_intermixed_args(args)
         with warnings.catch_warnings():  # the run that follows shows the notices
             warnings.simplefilter("ignore")
-            load_config(parsed.config_name, parsed.overrides)
+            load_config(_command_config(parsed, config_name), parsed.overrides)
 
     main.check = check  # type: ignore[attr-defined]
     return main

@@ -35,6 +35,27 @@ def config_dir() -> str:
     return str(Path(env) if env else Path(__file__).resolve().parents[2] / "configs")
 
 
+# verl 0.9.1's --config-name values: the same config under another name, or a config of a backend we do not have.
+VERL_CONFIG_NAMES = {"_generated_ppo_trainer": "ppo_trainer"}  # sft_trainer_engine: a view of sft_trainer (views.py)
+FOREIGN_CONFIG_NAMES = {"ppo_megatron_trainer": "Megatron", "_generated_ppo_megatron_trainer": "Megatron",
+                        "ppo_torchtitan_trainer": "torchtitan", "_generated_ppo_torchtitan_trainer": "torchtitan",
+                        "ppo_veomni_trainer": "veomni", "_generated_ppo_veomni_trainer": "veomni"}
+
+
+def config_name_of(name: str) -> str:
+    """Our config name for ``name`` as verl 0.9.1 spells it (``_generated_ppo_trainer`` -> ``ppo_trainer``; verl's
+    ``sft_trainer_engine`` is a view of ``sft_trainer`` with verl 0.9.1's defaults, :mod:`.views`, kept as named); any
+    other name or path is returned as it is.
+
+    Raises:
+        ConfigError: for verl's configs of a backend we do not have (``ppo_megatron_trainer``...), naming it.
+    """
+    if name in FOREIGN_CONFIG_NAMES:
+        raise ConfigError(f"--config-name {name} is verl's config for its {FOREIGN_CONFIG_NAMES[name]} backend, which "
+                          f"this project does not have; use ppo_trainer (FSDP)")
+    return VERL_CONFIG_NAMES.get(name, name)
+
+
 def _kind_of(user: DictConfig, path: Path) -> str:
     if path.stem in CONFIG_NAMES:
         return path.stem
@@ -98,7 +119,9 @@ def _is_target(override: str) -> bool:
 
 
 def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig, DictConfig]:
-    """(kind, base, cfg): a shipped name, or a user YAML file merged over the shipped config it extends."""
+    """(kind, base, cfg): a shipped name (or verl 0.9.1's name of one), or a user YAML file merged over the shipped
+    config it extends."""
+    name = config_name_of(name)
     if name in CONFIG_NAMES or name in VIEWS:
         base = load_base(name, config_dir)
         return VIEWS[name][0] if name in VIEWS else name, base, copy.deepcopy(base)
@@ -308,4 +331,4 @@ def resolved_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
 
 
-__all__ = ["CONFIG_NAMES", "config_dir", "load_base", "load_config", "resolved_yaml"]
+__all__ = ["CONFIG_NAMES", "config_dir", "config_name_of", "load_base", "load_config", "resolved_yaml"]

@@ -13,8 +13,8 @@ def one_step_config_errors(config: Any) -> list[str]:
     if algo.adv_estimator == "remax":
         errors.append("algorithm.adv_estimator=remax: its greedy baseline rollout runs on the actor's colocated "
                       "engine, which async_training.mode=one_step_off_policy does not have")
-    if arr.rollout.skip_rollout:
-        errors.append("actor_rollout_ref.rollout.skip_rollout=True: replaying dumps per step is not supported "
+    if config.skip.rollout.enable:
+        errors.append("skip.rollout.enable=True: replaying dumps per step is not supported "
                       "with async_training.mode=one_step_off_policy")
     if arr.rollout.name != "hf":
         errors.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the standalone rollout group of "

@@ -314,9 +314,9 @@ def _filter_groups_errors(cfg: DictConfig) -> list[str]:
         errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the KL "
                       "penalty needs the old and reference log-probs, computed only after the groups are filtered; "
                       "use metric=seq_reward (the score before the penalty).")
-    if _get(cfg, f"{A}.rollout.skip_rollout"):
-        errors.append(f"algorithm.filter_groups.enable=True with {A}.rollout.skip_rollout=True: the rollout dump "
-                      f"holds one generation per step, dynamic sampling generates several.")
+    if _get(cfg, "skip.rollout.enable"):
+        errors.append("algorithm.filter_groups.enable=True with skip.rollout.enable=True: the rollout dump "
+                      "holds one generation per step, dynamic sampling generates several.")
     return errors
 
 

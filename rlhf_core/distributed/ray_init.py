@@ -106,7 +106,18 @@ def set_embedded_ray_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def ray_runtime_env(reads: str | None, py_executable: str | None) -> dict | None:
+    """Ray's ``runtime_env`` for ``ray.init``: ``RLHF_CONFIG_READS`` passed to every worker when set (config-read
+    recording) and ``py_executable`` when given; None when neither is."""
+    env: dict = {}
+    if reads:
+        env["env_vars"] = {"RLHF_CONFIG_READS": reads}
+    if py_executable is not None:
+        env["py_executable"] = py_executable
+    return env or None
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, py_executable: str | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
 
     Args:
@@ -114,6 +125,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             embedded local instance; ``"auto"`` / ``"ray://..."`` / ``"host:port"`` → connect to an existing
             cluster (``num_cpus`` is then ignored: a cluster's size is its own).
         num_cpus: CPUs the embedded instance offers (``None`` → Ray detects them).
+        py_executable: the command Ray starts its worker processes with (Ray's ``runtime_env.py_executable``, e.g.
+            ``uv run`` as verl's uv-launched scripts set ``ray_kwargs.ray_init.runtime_env.py_executable``);
+            ``None`` → this Python.
 
     The embedded case is :func:`start_embedded_ray`: every port on ``127.0.0.1``, no dashboard or job API, Ray's
     files in a private temp folder, and :func:`set_embedded_ray_env`'s defaults (:data:`EMBEDDED_RAY_ENV`: no token
@@ -128,7 +142,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     # config-read recording (rlhf_core/config/reads.py) must reach every worker process too
     reads = os.environ.get("RLHF_CONFIG_READS")
-    runtime_env = {"env_vars": {"RLHF_CONFIG_READS": reads}} if reads else None
+    runtime_env = ray_runtime_env(reads, py_executable)
     if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:

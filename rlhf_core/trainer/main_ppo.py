@@ -258,7 +258,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     check_rollout_kv_cache(config, None if val_ds is None else len(val_ds))
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    init_ray(config.ray_init.address, config.ray_init.num_cpus)
+    init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable)
     trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()

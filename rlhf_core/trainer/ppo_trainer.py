@@ -90,7 +90,7 @@ class RayPPOTrainer:
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.horizon, kc.target_kl)
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
-        self.rollout_dump = RolloutDump.from_config(config)  # rollout.skip_rollout
+        self.rollout_dump = RolloutDump.from_config(config)  # skip.rollout.enable
         self.global_steps = 0
         self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
         self._budget_stop = False  # the last train_step found the budget spent (it validated and checkpointed)
@@ -301,7 +301,7 @@ class RayPPOTrainer:
     def generate(self, batch: Batch) -> Batch:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
 
-        ``rollout.skip_rollout`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
+        ``skip.rollout.enable`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
         responses (``rlhf_core.trainer.rollout_control``)."""
         batch.meta.update({"global_steps": self.global_steps, "validate": False})
         out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None

@@ -1,10 +1,11 @@
-"""Driver-side rollout controls: ``rollout.skip_rollout`` / ``skip_dump_dir`` and ``rollout.over_sample_rate``.
+"""Driver-side rollout controls: ``skip.rollout.enable`` / ``dump_dir`` (verl 0.6: ``rollout.skip_rollout`` /
+``skip_dump_dir``) and ``rollout.over_sample_rate``.
 
-``skip_rollout`` (verl ``utils/rollout_skip.RolloutSkip``): the [gen] stage first looks for a dumped generation
-under ``skip_dump_dir``; when there is one it is used instead of calling the rollout engine, otherwise the engine
+``skip.rollout`` (verl ``utils/skip``, action ``cache``): the [gen] stage first looks for a dumped generation
+under ``dump_dir``; when there is one it is used instead of calling the rollout engine, otherwise the engine
 generates and the output is dumped for the next run. Layout::
 
-    <skip_dump_dir>/<experiment_name>_<project_name>_GBS<train_batch_size>__N<rollout.n>/step_<global_step>.pt
+    <dump_dir>/<experiment_name>_<project_name>_GBS<train_batch_size>__N<rollout.n>/step_<global_step>.pt
 
 verl keeps one dump per folder and replays that same generation at every step; we keep one per global step, so
 a rerun with the same data order replays each step's own responses (a changed batch size or ``n`` picks another
@@ -39,7 +40,7 @@ class RolloutDump:
     """Per-step dumps of the rollout engine's output (``skip_rollout``).
 
     Args:
-        dump_dir: ``rollout.skip_dump_dir``. experiment_name, project_name, train_batch_size, n: name the folder.
+        dump_dir: ``skip.rollout.dump_dir``. experiment_name, project_name, train_batch_size, n: name the folder.
     """
 
     def __init__(self, dump_dir: str, experiment_name: str, project_name: str, train_batch_size: int, n: int):
@@ -48,12 +49,12 @@ class RolloutDump:
 
     @classmethod
     def from_config(cls, config: Any) -> "RolloutDump | None":
-        """None unless ``actor_rollout_ref.rollout.skip_rollout`` is set."""
-        rollout, trainer = config.actor_rollout_ref.rollout, config.trainer
-        if not rollout.skip_rollout:
+        """None unless ``skip.rollout.enable`` (verl 0.6: ``actor_rollout_ref.rollout.skip_rollout``) is set."""
+        skip, trainer = config.skip.rollout, config.trainer
+        if not skip.enable:
             return None
-        return cls(rollout.skip_dump_dir, trainer.experiment_name, trainer.project_name,
-                   config.data.train_batch_size, rollout.n)
+        return cls(skip.dump_dir, trainer.experiment_name, trainer.project_name,
+                   config.data.train_batch_size, config.actor_rollout_ref.rollout.n)
 
     def path(self, step: int) -> str:
         return os.path.join(self.folder, f"step_{int(step)}.pt")

@@ -50,6 +50,9 @@ EXCEPTIONS: dict[tuple[str, str], tuple[object, object, str]] = {
     ("ppo_trainer", "critic.profiler.tool_config.npu.level"): ("level1", "level0", "verl 0.9.1"),
     ("ppo_trainer", "reward_model.profiler.tool_config.npu.level"): ("level1", "level0", "verl 0.9.1"),
     ("ppo_trainer", A + "ref.fsdp_config.forward_only"): (False, True, "verl 0.9.1"),
+    # moved in verl 0.9.1 (read at the new key, tests/unit/test_config_verl091.py), with 0.9.1's default
+    ("ppo_trainer", A + "rollout.update_weights_bucket_megabytes"): (512, 2048, "verl 0.9.1 checkpoint_engine"),
+    ("ppo_trainer", A + "rollout.skip_dump_dir"): ("/tmp/rollout_dump", "~/.verl/rollout_dump", "verl 0.9.1 skip"),
     # --- project decisions (not in the reference)
     ("ppo_trainer", "data.dataloader_num_workers"): (
         8, 0, "ours: rows load in the trainer process; 8 loader processes per run cost more than they save on the "

@@ -184,3 +184,82 @@ def test_interpolations_compare_by_meaning():
     # a missing path means its default, parsed as YAML (Megatron's qat is absent from the FSDP config)
     assert meaning("${oc.select:actor_rollout_ref.actor.megatron.qat,null}", "x", nodes, "ppo_trainer") is None
     assert meaning("${oc.select:a.b,${oc.select:c.d,False}}", "x", nodes, "ppo_trainer") is False
+
+
+def test_verl06_spellings_of_moved_keys_are_read_as_the_091_keys():
+    import warnings
+
+    from rlhf_core.config import ConfigError, load_config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config("ppo_trainer", ["critic.model.fsdp_config.fsdp_size=2",
+                                          "actor_rollout_ref.rollout.skip_rollout=true",
+                                          "actor_rollout_ref.rollout.update_weights_bucket_megabytes=64"])
+    assert (cfg.critic.fsdp.fsdp_size, cfg.skip.rollout.enable,
+            cfg.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes) == (2, True, 64)
+    notices = [str(w.message) for w in caught if "is read as" in str(w.message)]
+    assert len(notices) == 3 and any("read as critic.fsdp.fsdp_size" in n for n in notices)
+    with pytest.raises(ConfigError, match="two spellings of one key"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_config("ppo_trainer", ["critic.model.fsdp_config.fsdp_size=2", "critic.fsdp.fsdp_size=4"])
+
+
+def test_backends_we_do_not_have_are_refused_by_name():
+    from rlhf_core.config import ConfigError, load_config
+
+    for override, named in (("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
+                            ("transfer_queue.enable=true", "TransferQueue"),
+                            ("+actor_rollout_ref.rollout.engine_kwargs.trtllm.a=1", "TensorRT-LLM"),
+                            ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
+                            ("distillation.enabled=true", "distillation")):
+        with pytest.raises(ConfigError, match=named):
+            load_config("ppo_trainer", [override])
+
+
+@pytest.mark.parametrize("verl_name,ours", [("ppo_trainer", "ppo_trainer"), ("_generated_ppo_trainer", "ppo_trainer"),
+                                            ("evaluation", "evaluation"), ("sft_trainer_engine", "sft_trainer")])
+def test_verl091_config_names(verl_name, ours):
+    from rlhf_core.config import load_config
+    from rlhf_core.config.structured import schema_class
+
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.get_type(load_config(verl_name)) is schema_class(ours)
+
+
+@pytest.mark.parametrize("verl_name,backend", [("ppo_megatron_trainer", "Megatron"),
+                                               ("ppo_torchtitan_trainer", "torchtitan"),
+                                               ("ppo_veomni_trainer", "veomni")])
+def test_foreign_backend_config_names_are_refused(verl_name, backend, capsys):
+    from rlhf_core.config.cli import main as config_main
+    from rlhf_core.trainer.commands import ppo_main
+
+    assert config_main(["check", "--config-name", verl_name]) == 1
+    assert f"verl's config for its {backend} backend" in capsys.readouterr().err
+    assert ppo_main([f"--config-name={verl_name}"]) == 1  # refused before any training starts
+    assert f"{backend} backend, which this project does not have" in capsys.readouterr().err
+
+
+def test_ppo_command_takes_verl_name_and_refuses_another_commands_config(capsys):
+    from rlhf_core.trainer.commands import ppo_main
+
+    assert ppo_main.check(["--config-name", "_generated_ppo_trainer", "trainer.total_epochs=1"]) is None
+    assert ppo_main(["--config-name", "evaluation"]) == 1
+    assert "this command runs ppo_trainer; evaluation belongs to another command" in capsys.readouterr().err
+
+
+def test_py_executable_reaches_rays_runtime_env(monkeypatch):
+    import rlhf_core.distributed.ray_init as ray_init
+    from rlhf_core.config import load_config
+
+    cfg = load_config("ppo_trainer", ["ray_kwargs.ray_init.runtime_env.py_executable=uv run"])
+    assert cfg.ray_kwargs.ray_init.runtime_env.py_executable == "uv run"
+    seen = {}
+    monkeypatch.setattr(ray_init.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_init, "start_embedded_ray", lambda num_cpus, **kw: seen.update(kw))
+    monkeypatch.delenv("RLHF_CONFIG_READS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_init.init_ray(None, 1, cfg.ray_kwargs.ray_init.runtime_env.py_executable)
+    assert seen["runtime_env"] == {"py_executable": "uv run"}
+    assert ray_init.ray_runtime_env(None, None) is None

@@ -55,8 +55,8 @@ def test_one_step_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
                 "algorithm.adv_estimator=remax")
     with pytest.raises(ConfigError, match=r"algorithm.filter_groups.enable=True: dynamic sampling draws further "):
         _config(tmp_path, "async_training.mode=one_step_off_policy", "algorithm.filter_groups.enable=True")
-    cfg.actor_rollout_ref.rollout.skip_rollout = True  # a config built past the loader: the driver refuses it too
-    with pytest.raises(ConfigError, match="one_step_off_policy:\n  - actor_rollout_ref.rollout.skip_rollout=True"):
+    cfg.skip.rollout.enable = True  # a config built past the loader: the driver refuses it too
+    with pytest.raises(ConfigError, match="one_step_off_policy:\n  - skip.rollout.enable=True"):
         check_one_step_config(cfg)
 
 

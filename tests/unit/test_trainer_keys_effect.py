@@ -1,5 +1,5 @@
 """PPO driver keys with the fake worker groups of test_trainer_ppo: data.validation_shuffle, data.sampler (curriculum
-update), datagen's on_batch_end, rollout.skip_rollout/skip_dump_dir, rollout.over_sample_rate, global_profiler and
+update), datagen's on_batch_end, skip.rollout.enable/dump_dir, rollout.over_sample_rate, global_profiler and
 the role profiler blocks (tool torch), checkpoint.async_save."""
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ def test_dataset_on_batch_end_is_called_after_every_step(tmp_path):
 
 def test_skip_rollout_dumps_then_replays_each_steps_generation(tmp_path):
     cfg = _steps(tmp_path, 2)
-    cfg.actor_rollout_ref.rollout.skip_rollout = True
-    cfg.actor_rollout_ref.rollout.skip_dump_dir = str(tmp_path / "dump")
+    cfg.skip.rollout.enable = True
+    cfg.skip.rollout.dump_dir = str(tmp_path / "dump")
     first = IndexActor([])
     _fit(cfg, first)
     folder = tmp_path / "dump" / "e_p_GBS2__N2"  # experiment e, project p, train_batch_size 2, n 2

@@ -212,11 +212,7 @@ class RolloutConfig:
         "copy of the actor's qat for the engine (follows it)",
         no_effect_yet='follows actor_rollout_ref.actor.fsdp_config.qat, which is accepted at its defaults only')
     disaggregation: DisaggregationConfig = section(DisaggregationConfig)
-    update_weights_bucket_megabytes: int = key(512, 'size of each weight bucket sent to the engine, in MB',
-        engine="vllm")
     trace: RolloutTraceConfig = section(RolloutTraceConfig)
-    skip_rollout: bool = key(False, 'reuse rollouts dumped in skip_dump_dir instead of generating')
-    skip_dump_dir: str = key('/tmp/rollout_dump', 'folder of the dumped rollouts read by skip_rollout')
     skip_tokenizer_init: bool = key(True, 'start the engine without a tokenizer (token ids in and out)',
         engine="vllm")
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)

@@ -22,8 +22,8 @@ class CheckpointEngineConfig:
 
     backend: str = key('naive', 'weight-sync backend: naive (in-process copy)', only=('naive',),
         why='weight-sync backends other than naive (nccl, nixl, ...)')
-    update_weights_bucket_megabytes: int = key(2048, 'weights are sent to the engine in buckets of this many MB',
-        no_effect_yet='weights are handed to the engine in one piece')
+    update_weights_bucket_megabytes: int = key(2048, 'vllm: weights are staged to the engine in buckets of this many MB',
+        engine="vllm", aliases=('actor_rollout_ref.rollout.update_weights_bucket_megabytes',))
     engine_kwargs: Dict[str, Any] = free_form('extra arguments of the weight-sync backend',
         no_effect_yet='read only by weight-sync backends other than naive')
     custom_backend_module: Optional[str] = key(None, 'python module registering a custom weight-sync backend',
@@ -149,10 +149,25 @@ class SkipStageConfig:
 
 
 @dataclass
+class RolloutSkipConfig:
+    """``skip.rollout`` (verl 0.6: ``actor_rollout_ref.rollout.skip_rollout`` / ``skip_dump_dir``): each step's
+    generation is read from its dump when there is one, else generated and dumped (rlhf_core/trainer/rollout_control.py)."""
+
+    enable: bool = key(False, "reuse each step's dumped generation from dump_dir, else generate and dump it",
+        aliases=('actor_rollout_ref.rollout.skip_rollout',))
+    dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumped generations',
+        aliases=('actor_rollout_ref.rollout.skip_dump_dir',))
+    steps: List[int] = key([], 'steps dumped or replayed; [] = every step', only=([],),
+        why='a step list (every step is dumped or replayed)')
+    action: str = key('cache', 'cache: replay a step that has a dump, else generate and dump it | repeat',
+        only=('cache',), why='action repeat (replaying the latest dump at every step)')
+
+
+@dataclass
 class SkipConfig:
     """``skip``."""
 
-    rollout: SkipStageConfig = section(SkipStageConfig, 'the synchronous rollout')
+    rollout: RolloutSkipConfig = section(RolloutSkipConfig, 'the synchronous rollout')
     rollout_tq: SkipStageConfig = section(SkipStageConfig, 'the TransferQueue rollout')
     async_rollout: SkipStageConfig = section(SkipStageConfig, 'the asynchronous rollout')
 

@@ -128,14 +128,15 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
 def weight_buckets(state: Mapping[str, torch.Tensor], megabytes: int) -> list[list[tuple[str, torch.Tensor]]]:
     """Split ``state`` (name -> tensor, in its order) into consecutive buckets of at most ``megabytes`` MiB
     (``numel * element_size`` bytes summed) for the engine update, as verl 0.9.1's ``BucketedWeightSender``
-    (``rollout.update_weights_bucket_megabytes``): a bucket is closed when the next tensor would overflow it; a
+    (``rollout.checkpoint_engine.update_weights_bucket_megabytes``): a bucket is closed when the next tensor would overflow it; a
     tensor larger than the bucket travels alone.
 
     Raises:
         ValueError: ``megabytes`` < 1, naming the key.
     """
     if int(megabytes) < 1:
-        raise ValueError(f"actor_rollout_ref.rollout.update_weights_bucket_megabytes={megabytes} must be >= 1")
+        raise ValueError(f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={megabytes} "
+                         f"must be >= 1")
     limit = int(megabytes) << 20
     buckets: list[list[tuple[str, torch.Tensor]]] = []
     current: list[tuple[str, torch.Tensor]] = []
@@ -183,7 +184,7 @@ class VLLMRollout:
         self.eos_ids = _eos_ids(kwargs["model"], tokenizer)
         self.detokenize = not kwargs["skip_tokenizer_init"]  # skip_tokenizer_init: token ids in and out
         self.asleep = False
-        self.sync_buckets = 0  # buckets of the last weight update (rollout.update_weights_bucket_megabytes)
+        self.sync_buckets = 0  # buckets of the last weight update (rollout.checkpoint_engine.update_weights_bucket_megabytes)
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Push the actor's full weights (HF names) into the engine and drop the prefix cache."""
@@ -193,7 +194,7 @@ class VLLMRollout:
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: vLLM still needs the head
         self._wake(("weights",) if self.config.multi_stage_wake_up else None)
-        buckets = weight_buckets(state, self.config.update_weights_bucket_megabytes)
+        buckets = weight_buckets(state, self.config.checkpoint_engine.update_weights_bucket_megabytes)
         # one reload session over all buckets: vLLM 0.32's layer-wise reload fuses q/k/v and gate/up as their
         # last piece arrives, so a layer split over two sessions would lose the first part
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._staged(buckets)})
