@@ -6,7 +6,7 @@ fails when it is stale, so the table cannot drift from the classes.
 
 from __future__ import annotations
 
-from .schema import CONFIG_NAMES, specs
+from .schema import CONFIG_NAMES, alias_map, specs
 from .spec import DEFAULT_ONLY, SUPPORTED, Registered
 
 HEADER = """# Config keys
@@ -45,6 +45,11 @@ Decisions worth knowing:
   `tests/unit/test_config_verl06.py` holds the list. verl's `_target_` entries are accepted and ignored.
   Keys of backends we do not have (Megatron, sglang, Ascend NPU, NVIDIA Nsight Systems, multimodal) are
   "default only" and their error names the backend.
+- Every leaf of verl 0.9.1's composed `ppo_trainer` and `evaluation` configs is a key here (or an earlier
+  spelling read as one) with verl 0.9.1's default, except where a key says "verl 0.9.1's default: ... (why)":
+  the reference's default, or a CPU/product reason (`tests/unit/test_config_verl091.py`). verl 0.6 spellings
+  of keys 0.9 moved (`critic.model.fsdp_config.*` → `critic.fsdp.*`, `rollout.skip_rollout` →
+  `skip.rollout.enable`...) are read as the new key with one notice.
 - `ray_init.*` and verl 0.6's `ray_kwargs.ray_init.*` / `ray_kwargs.timeline_json_file` are one setting:
   set either; both set to different values is an error naming both.
 - A key set away from its default whose status is "no effect on CPU" (on a CPU run) or "accepted, no
@@ -89,8 +94,11 @@ def render_markdown() -> str:
         for path, default, helptext in yaml_keys(name):
             origin = "ours" if specs(name)[path].ours else "verl"
             aliases, verl = specs(name)[path].aliases, specs(name)[path].verl
-            what = (helptext + (" Also read from: " + ", ".join(f"`{a}`" for a in aliases) + "." if aliases else "")
-                    + (f" verl 0.9.1: `{scalar(verl[0])}` ({verl[1]})." if verl else "")).replace("|", "\\|")
+            aliases += tuple(old + path[len(new):] for old, new in alias_map(name).items()
+                             if path.startswith(new + "."))  # below a moved section (critic.model.fsdp_config)
+            what = (helptext + (". Also read from: " + ", ".join(f"`{a}`" for a in aliases) + "." if aliases else "")
+                    + (f". verl 0.9.1's default: `{scalar(verl[0])}` ({verl[1]})." if verl else "")
+                    ).replace("|", "\\|")
             status = status_of(name, path).replace("|", "\\|")
             parts.append(f"| `{path}` | `{default}` | {status} | {origin} | {what} |")
     return "\n".join(parts) + "\n"

@@ -39,8 +39,8 @@ python3 -m verl.trainer.main_ppo \
     trainer.total_training_steps=$STEPS \
     trainer.project_name=my_proj \
     trainer.n_gpus_per_node=$N \
-    +actor_rollout_ref.actor.calculate_entropy=True \
-    actor_rollout_ref.rollout.logprobs_mode=processed_logprobs \
+    +actor_rollout_ref.actor.megatron.use_mbridge=True \
+    actor_rollout_ref.ref.megatron.param_offload=True \
     data.tokenizer=$TOKENIZER_DIR \
     data.prompt_key='$not_a_variable' \
     custom_reward_function.path=reward.py \
@@ -79,15 +79,15 @@ def test_a_hand_written_script_is_converted_as_derived_by_hand(tmp_path, capsys)
     # kept in the file as comments, each with its reason; nothing silently dropped
     for line in ("# - critic.model.path=/models/base  # set by the pipeline",
                  "# - trainer.save_freq=5  # set by the pipeline",
-                 "# - +actor_rollout_ref.actor.calculate_entropy=True  # unknown key",
-                 "# - actor_rollout_ref.rollout.logprobs_mode=processed_logprobs  # unknown key",
+                 "# - +actor_rollout_ref.actor.megatron.use_mbridge=True  # unknown key",
+                 "# - actor_rollout_ref.ref.megatron.param_offload=True  # unknown key",
                  "# - data.tokenizer=$TOKENIZER_DIR  # unexpanded $TOKENIZER_DIR",
                  "# - data.path=/out/gen.parquet  # set by the pipeline"):
         assert line in text, line
-    # the unknown verl keys (verl 0.8 has both; this project does not) are listed in the header and on stdout
+    # the unknown verl keys (Megatron keys: this project has no Megatron backend) are listed in the header and on stdout
     for where in (text, stdout):
-        assert "ppo: actor_rollout_ref.actor.calculate_entropy (line 8)" in where
-        assert "ppo: actor_rollout_ref.rollout.logprobs_mode (line 8)" in where
+        assert "ppo: actor_rollout_ref.actor.megatron.use_mbridge (line 8)" in where
+        assert "ppo: actor_rollout_ref.ref.megatron.param_offload (line 8)" in where
         assert "$TOKENIZER_DIR: ppo data.tokenizer" in where
         assert "ppo: trainer.n_gpus_per_node=2" in where  # a GPU count a CPU run must check
         assert "$N_GPUS used its default '2'" in where
