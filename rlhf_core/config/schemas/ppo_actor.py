@@ -197,7 +197,7 @@ class ActorCheckpointConfig:
     async_save: bool = key(False, 'save checkpoints off the training thread')
     # verl 0.9: checkpoint
     strict: bool = key(True, 'fail when a loaded checkpoint misses or adds model keys',
-        no_effect_yet='checkpoints always load strictly (a missing or extra key fails)')
+        no_effect_yet='checkpoints always load strictly: a model key missing from the checkpoint fails the load')
 
 
 @dataclass
