@@ -164,7 +164,7 @@ def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
 def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
     """``overrides`` with an earlier spelling of a key (declared ``aliases``) replaced by the key, one AliasNotice
     per rename (an override that does not parse is left for :func:`apply_overrides` to name)."""
-    from .schema import renamed_path
+    from .schema import renamed_path, specs
 
     out, given = [], {}  # given: key as read -> (key as written, value) of each setting override
     for text in overrides:
@@ -182,7 +182,9 @@ def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
                                   f"(overrides); set one of them.")
         if new is not None:
             start = text.index(key)
-            text = text[:start] + new + text[start + len(key):]
+            # `+old=v` (verl's struct lacked the old spelling) names a key declared here: set it, do not add it
+            prefix = text[:start].replace("+", "", 1) if override.op == "add" and new in specs(kind) else text[:start]
+            text = prefix + new + text[start + len(key):]
             warnings.warn(alias_notice(key, new, "override"), AliasNotice, stacklevel=3)
         out.append(text)
     return out

@@ -296,6 +296,9 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
     errors += _filter_groups_errors(cfg)
+    if _get(cfg, f"{A}.hybrid_engine") is False and _get(cfg, "async_training.mode") != "one_step_off_policy":
+        errors.append(f"{A}.hybrid_engine=False (rollout in workers of its own) runs only with "
+                      f"async_training.mode=one_step_off_policy, got {_get(cfg, 'async_training.mode')!r}.")
     if _get(cfg, "async_training.mode") == "one_step_off_policy" and not errors:  # sizes sane first
         errors += one_step_config_errors(cfg)
     return errors

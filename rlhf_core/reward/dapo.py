@@ -102,6 +102,17 @@ class DAPORewardManager(NaiveRewardManager):
                 raise ValueError(f"{_KEY}.max_resp_len={self.max_resp_len} must be >= "
                                  f"overlong_buffer_cfg.len={buf.len}")
 
+    @classmethod
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        """``reward_model.overlong_buffer`` (the DAPO recipe's spelling) as ``overlong_buffer_cfg`` with
+        ``max_resp_len = data.max_response_length``, when enabled; ``reward_model.reward_kwargs`` still wins (the
+        loader merges it after)."""
+        buffer = config.reward_model.overlong_buffer
+        if not buffer.enable:
+            return {}
+        return {"overlong_buffer_cfg": {k: buffer[k] for k in ("enable", "len", "penalty_factor", "log")},
+                "max_resp_len": int(config.data.max_response_length)}
+
     def __call__(self, batch: Batch, return_dict: bool = False) -> Any:
         if "rm_scores" in batch:
             return super().__call__(batch, return_dict)

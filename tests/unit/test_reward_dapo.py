@@ -79,3 +79,20 @@ def test_dapo_strips_a_trailing_eos_string():
 def test_bad_buffer_settings_fail_when_the_manager_is_built(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DAPORewardManager(CharTokenizer(), **kwargs)
+
+
+def test_dapo_recipe_spellings_reach_the_manager():
+    # verl-recipe's DAPO scripts: reward_model.overlong_buffer.* (max_resp_len from data.max_response_length), and
+    # verl 0.9 recipes' +reward.reward_kwargs.* (an alias of reward_model.reward_kwargs, which wins over the former)
+    cfg = load_config("ppo_trainer", ["reward_model.reward_manager=dapo", "data.max_response_length=10",
+                                      "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4",
+                                      "reward_model.overlong_buffer.penalty_factor=0.5"])
+    manager = load_reward_manager(cfg, CharTokenizer())
+    assert (manager.max_resp_len, manager.overlong_buffer.len, manager.overlong_buffer.penalty_factor) == (10, 4, 0.5)
+    cfg = load_config("ppo_trainer", ["reward_model.reward_manager=dapo", "data.max_response_length=10",
+                                      "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4",
+                                      "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+                                      "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+                                      "+reward.reward_kwargs.max_resp_len=8"])
+    manager = load_reward_manager(cfg, CharTokenizer())
+    assert (manager.max_resp_len, manager.overlong_buffer.len, manager.overlong_buffer.penalty_factor) == (8, 2, 0.0)

@@ -39,10 +39,13 @@ EXPECTED = {
     "otb_trainer__run_qwen3_8b_fsdp.sh": ("optimal token baseline, calculate_sum_pi_squared", "ppo",
                                           "optimal_token_baseline"),
     "gdpo_trainer__run_qwen3_8b_fsdp.sh": ("GDPO, the reward.* section", "ppo", "gdpo"),
-    "rollout_correction__run_qwen2_5_7b_fsdp.sh": ("algorithm.rollout_correction, bypass mode", "ppo", "rloo"),
+    "rollout_correction__run_qwen2_5_7b_fsdp.sh": ("rollout_correction with RLOO at rollout.n=1", "ppo", "rloo"),
+    "rollout_correction__run_qwen2_5_7b_fsdp_multi_rs.sh": ("algorithm.rollout_correction: two rejection options, "
+                                                            "bypass mode", "ppo", "grpo"),
     "recipe_dapo__run_dapo_qwen2.5_32b.sh": ("DAPO dynamic sampling (algorithm.filter_groups), $((arithmetic))",
                                              "ppo", "grpo"),
     "tuning_lora__run_qwen3_8b_fsdp.sh": ("GRPO with LoRA", "ppo", "grpo"),
+    "recipe_retool__run_qwen2_7b_dapo.sh": ("multi-turn tools (ReTool, a sandbox code tool), DAPO loss", "ppo", "grpo"),
     "one_step_off_policy__grpo_0.6b_gsm8k_fsdp2_2_6.sh": ("one-step off-policy trainer", "ppo", "grpo"),
     "fully_async_policy__dapo_7b_async_retool.sh": ("fully async trainer, multi-turn tools", "ppo", "grpo"),
     "sft_gsm8k__run_qwen2_5_0_5b_fsdp.sh": ("engine SFT (model.path, engine=fsdp)", "sft", None),
@@ -52,6 +55,18 @@ EXPECTED = {
 MODEL_KEYS = {"actor_rollout_ref.model.path", "critic.model.path", "model.path", "model.partial_pretrain"}
 DATA_KEYS = {"data.train_files": "train", "data.val_files": "val"}
 REWARD_KEYS = {"reward.custom_reward_function.path", "custom_reward_function.path"}
+
+
+# Scripts `rlhf config check` refuses, and why (the line it prints must match): the rest pass.
+REFUSED = {
+    # SEMANTICS "estimators": RLOO's baseline is the mean of the *other* samples, so n = 1 is a config error (verl
+    # silently trains on the raw score); the script leaves rollout.n at its default, 1
+    "rollout_correction__run_qwen2_5_7b_fsdp.sh": r"algorithm.adv_estimator=rloo needs actor_rollout_ref.rollout.n >= 2",
+    # verl's fully asynchronous trainer is not built here (docs/OFF_POLICY.md): refused by name, never run as
+    # something else
+    "fully_async_policy__dapo_7b_async_retool.sh": r"async_training.staleness_threshold=0.5 is not supported yet \(the "
+                                                    r"fully asynchronous trainer",
+}
 
 
 def cpu_args(args: list[str], stage: str, model_dir: str, data_dir: Path, reward_file: str) -> list[str]:
@@ -79,6 +94,8 @@ def cpu_args(args: list[str], stage: str, model_dir: str, data_dir: Path, reward
         out.append(f"{written}={value}" if _ or written != arg else arg)
     if stage == "ppo" and not any(a.startswith("actor_rollout_ref.rollout.name=") for a in out):
         out.append("actor_rollout_ref.rollout.name=hf")  # a script that never names the engine: verl's vllm
+    if stage == "ppo" and not any(a.startswith("trainer.n_gpus_per_node=") for a in out):
+        out.append(f"trainer.n_gpus_per_node={CPU_VALUES['trainer.n_gpus_per_node']}")  # nor its GPUs: verl's 8
     return out
 
 
@@ -89,7 +106,7 @@ def _shell_fills(value: str) -> str:
 
 
 def test_every_vendored_script_is_expected_and_the_issue_s_kinds_are_covered():
-    assert {p.name for p in SCRIPTS} == set(EXPECTED) and len(SCRIPTS) >= 10
+    assert {p.name for p in SCRIPTS} == set(EXPECTED) and len(set(EXPECTED) - set(REFUSED)) >= 10
     kinds = " ".join(what for what, _, _ in EXPECTED.values())
     for kind in ("GAE", "GRPO", "RLOO", "REINFORCE++", "ReMax", "GSPO", "CISPO", "DAPO dynamic sampling",
                  "rollout_correction", "LoRA", "multi-turn tools", "SFT"):
@@ -110,10 +127,12 @@ def test_a_verl_09_script_passes_config_check_once_local(script, tmp_path, capsy
     config_name = CONFIG_OF[stage]
     code = rlhf_main(["config", "check", "--config-name", config_name, *args])
     err = capsys.readouterr().err
+    if script.name in REFUSED:
+        assert code == 1 and re.search(REFUSED[script.name], err), err
+        return
     assert code == 0, f"{script.name}: {err}"
     assert f"OK: {config_name} is valid" in err
     if adv is not None:
         assert f"algorithm.adv_estimator={adv}" in args
     conv = convert(script.read_text(), str(script), PRESET)
     assert conv.unknown == [], conv.unknown  # every key of the script is one this project knows
-    assert not any(re.search(r"does not load", line) for line in conv.loads) or conv.unexpanded, conv.loads

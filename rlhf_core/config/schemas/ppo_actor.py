@@ -221,8 +221,10 @@ class ActorConfig:
     clip_ratio_c: float = key(3.0, 'dual-clip constant c for negative advantages (dppo_tv/dppo_kl: the truncation '
         'bound of the detached ratio)')
     # verl 0.9: policy losses
-    tau_pos: float = key(1.0, 'sapo: temperature of the soft gate for tokens with advantage > 0')
-    tau_neg: float = key(1.05, 'sapo: temperature of the soft gate for tokens with advantage <= 0')
+    tau_pos: float = key(1.0, 'sapo: temperature of the soft gate for tokens with advantage > 0',
+        aliases=('actor_rollout_ref.actor.policy_loss.tau_pos',))  # the spelling of verl 0.9.0's sapo example
+    tau_neg: float = key(1.05, 'sapo: temperature of the soft gate for tokens with advantage <= 0',
+        aliases=('actor_rollout_ref.actor.policy_loss.tau_neg',))
     loss_agg_mode: str = key('token-mean',
         'how token losses are aggregated: token-mean | seq-mean-token-sum | seq-mean-token-mean | '
         'seq-mean-token-sum-norm',

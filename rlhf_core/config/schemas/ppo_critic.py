@@ -228,6 +228,19 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """``reward_model.overlong_buffer``: DAPO's soft overlong punishment as the DAPO recipe spells it (verl-recipe
+    ``dapo``, ``recipe.dapo.main_dapo``); read by the ``dapo`` reward manager when ``reward_model.reward_kwargs``
+    holds no ``overlong_buffer_cfg`` (rlhf_core/reward/dapo.py). Defaults as that recipe's: off."""
+
+    enable: bool = key(False, 'dapo: penalise responses that run into the last len tokens of data.max_response_length',
+        ours=True)
+    len: int = key(0, 'dapo: length of the overlong buffer in tokens', ours=True)
+    penalty_factor: float = key(0.0, 'dapo: penalty at data.max_response_length', ours=True)
+    log: bool = key(False, 'dapo: log overlong_reward and overlong per sample', ours=True)
+
+
+@dataclass
 class RewardModelSandboxFusionConfig:
     """``reward_model.sandbox_fusion``."""
 
@@ -278,7 +291,11 @@ class RewardModelConfig:
         aliases=("reward.reward_manager.name",), verl_default=None, differs="the reference's default")
     launch_reward_fn_async: bool = key(False, 'run the reward function in the background while the old log-probs, '
         'reference log-probs and values are computed (joined before the advantages; same scores)')
-    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager')
+    reward_kwargs: Dict[str, Any] = free_form('extra keyword arguments for the reward manager',
+                                              aliases=("reward.reward_kwargs",))  # verl 0.9 recipes' spelling
+    overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig,
+        "verl's DAPO recipe spelling of the dapo manager's overlong_buffer_cfg (with max_resp_len = "
+        "data.max_response_length)")
     sandbox_fusion: RewardModelSandboxFusionConfig = section(RewardModelSandboxFusionConfig)
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
     # verl 0.9: reward model

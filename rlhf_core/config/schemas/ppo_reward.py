@@ -11,6 +11,7 @@ key's alias (declared on the 0.6 key, which stays the spelling of the reference)
 from dataclasses import dataclass
 from typing import Optional
 
+from rlhf_core.config.schemas.sections09_engines import RewardRewardModelConfig
 from rlhf_core.config.spec import check_section, key, section
 
 
@@ -46,6 +47,7 @@ class RewardConfig:
 
     num_workers: int = key(8, 'worker processes of the remote reward manager (each scores samples in turn)')
     reward_manager: RewardManagerConfig = section(RewardManagerConfig)
+    reward_model: RewardRewardModelConfig = section(RewardRewardModelConfig)
     # read by the rate_limited reward manager (verl reads them from reward.* though its YAML does not list them)
     max_concurrent: int = key(1, 'rate_limited: reward calls running at once')
     max_rpm: Optional[int] = key(None, 'rate_limited: reward calls started per minute; null = no limit')

@@ -16,6 +16,7 @@ from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefCo
 from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
 from rlhf_core.config.schemas.ppo_data import DataConfig
 from rlhf_core.config.schemas.ppo_reward import RewardConfig
+from rlhf_core.config.schemas.sections09_engines import TrainerV1Config
 from rlhf_core.config.schemas.ppo_rollout import RolloutConfig
 
 # The comment lines at the top of the generated YAML file.
@@ -31,8 +32,8 @@ YAML_HEADER = (
 class ActorRolloutRefConfig:
     """``actor_rollout_ref``."""
 
-    hybrid_engine: bool = key(True, 'actor and rollout share weights in one worker (only hybrid engine is supported)',
-        why='only the hybrid engine is supported')
+    hybrid_engine: bool = key(True, 'actor and rollout share weights in one worker; False (separate rollout workers) '
+        'only with async_training.mode=one_step_off_policy, which needs it so')
     nccl_timeout: int = key(600, "timeout of the actor/rollout workers' collective process group (nccl, or gloo "
         "on CPU), in seconds")
     model: HFModelConfig = section(HFModelConfig)
@@ -210,6 +211,7 @@ class TrainerConfig:
     # verl 0.9: trainer
     use_v1: bool = key(True, "verl 0.9's v1 trainer loop (its trainer.v1 section configures it)",
         no_effect_yet='one trainer loop here')
+    v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,
         'dotted path of a class called after each checkpoint save; null = none',
         no_effect_yet='no callback runs after a checkpoint save')

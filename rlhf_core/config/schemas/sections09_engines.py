@@ -1,0 +1,124 @@
+"""verl 0.9.1 sections of trainers and engines this project does not run: ``reward.reward_model.rollout`` (the engine
+of a generative reward model) and ``trainer.v1`` (verl's experimental v1 trainer loop). Every key is accepted at
+verl's default and refused, naming what it needs, at any other value."""
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from rlhf_core.config.schemas.sections09 import DisaggregationConfig
+from rlhf_core.config.spec import free_form, key, section
+
+GEN_RM = "a generative reward model served by its own rollout engine, which this project does not have"
+V1 = "verl 0.9's experimental v1 trainer loop (trainer.use_v1); this project runs its own PPO driver"
+
+
+@dataclass
+class RewardModelEngineConfig:
+    """``reward.reward_model.rollout``: the engine serving a generative reward model (verl 0.9.1 ``RolloutConfig``
+    defaults; the legacy ``reward_model.rollout`` leaves are null)."""
+
+    name: Optional[str] = key(None, 'engine of the generative reward model (verl: vllm | sglang; required there)',
+        why=GEN_RM, verl_default='???', differs='verl requires it when a generative reward model is enabled; none runs here')
+    dtype: str = key('bfloat16', 'generative reward model engine: engine dtype', why=GEN_RM)
+    gpu_memory_utilization: float = key(0.5, 'generative reward model engine: engine memory fraction', why=GEN_RM)
+    enforce_eager: bool = key(True, 'generative reward model engine: no CUDA graphs', why=GEN_RM)
+    cudagraph_capture_sizes: Optional[Any] = key(None, 'generative reward model engine: CUDA-graph batch sizes', why=GEN_RM)
+    free_cache_engine: bool = key(True, 'generative reward model engine: free the KV cache after generation', why=GEN_RM)
+    data_parallel_size: int = key(1, 'generative reward model engine: data-parallel size', why=GEN_RM)
+    expert_parallel_size: int = key(1, 'generative reward model engine: expert-parallel size', why=GEN_RM)
+    tensor_model_parallel_size: int = key(2, 'generative reward model engine: tensor-parallel size', why=GEN_RM)
+    pipeline_model_parallel_size: int = key(1, 'generative reward model engine: pipeline-parallel size', why=GEN_RM)
+    max_num_batched_tokens: int = key(8192, 'generative reward model engine: tokens per engine step', why=GEN_RM)
+    max_model_len: Optional[Any] = key(None, 'generative reward model engine: max sequence length; null = prompt + response', why=GEN_RM)
+    max_num_seqs: int = key(1024, 'generative reward model engine: sequences per batch', why=GEN_RM)
+    load_format: str = key('auto', 'generative reward model engine: weight loading format', why=GEN_RM)
+    layered_summon: bool = key(False, 'generative reward model engine: gather weights layer by layer', why=GEN_RM)
+    scheduling_policy: str = key('fcfs', 'generative reward model engine: request scheduling policy', why=GEN_RM)
+    full_determinism: bool = key(False, 'generative reward model engine: deterministic kernels', why=GEN_RM)
+    seed: int = key(42, 'generative reward model engine: sampling seed', why=GEN_RM)
+    multi_stage_wake_up: bool = key(False, 'generative reward model engine: wake weights and KV cache in stages', why=GEN_RM)
+    engine_kwargs: Dict[str, Any] = free_form('generative reward model engine: extra engine arguments', no_effect_yet=GEN_RM)
+    limit_images: Optional[Any] = key(None, 'generative reward model engine: images per prompt', why=GEN_RM)
+    enable_chunked_prefill: bool = key(True, 'generative reward model engine: chunked prefill', why=GEN_RM)
+    enable_prefix_caching: bool = key(True, 'generative reward model engine: prefix caching', why=GEN_RM)
+    disable_log_stats: bool = key(True, 'generative reward model engine: no statistics logging', why=GEN_RM)
+    skip_tokenizer_init: bool = key(False, 'generative reward model engine: no tokenizer in the engine', why=GEN_RM)
+    ignore_eos: bool = key(False, 'generative reward model engine: generate past EOS', why=GEN_RM)
+    temperature: float = key(1.0, 'generative reward model engine: sampling temperature', why=GEN_RM)
+    top_k: int = key(-1, 'generative reward model engine: top-k; -1 = off', why=GEN_RM)
+    top_p: int = key(1, 'generative reward model engine: top-p', why=GEN_RM)
+    do_sample: bool = key(True, 'generative reward model engine: sample (false = greedy)', why=GEN_RM)
+    n: int = key(1, 'generative reward model engine: samples per prompt', why=GEN_RM)
+    prompt_length: int = key(2048, 'generative reward model engine: prompt tokens', why=GEN_RM)
+    response_length: int = key(2048, 'generative reward model engine: response tokens', why=GEN_RM)
+    quantization: Optional[Any] = key(None, 'generative reward model engine: weight quantization', why=GEN_RM)
+    quantization_config_file: Optional[Any] = key(None, 'generative reward model engine: quantization config file', why=GEN_RM)
+    mtp: Optional[Any] = key(None, 'generative reward model engine: multi-token prediction settings', why=GEN_RM)
+    disaggregation: DisaggregationConfig = section(DisaggregationConfig)
+
+
+@dataclass
+class RewardRewardModelConfig:
+    """``reward.reward_model``: its ``enable``, ``enable_resource_pool``, ``n_gpus_per_node``, ``nnodes`` and
+    ``model_path`` are aliases of the ``reward_model.*`` keys (declared there); the engine section is here."""
+
+    rollout: RewardModelEngineConfig = section(RewardModelEngineConfig, 'engine of a generative reward model')
+
+
+@dataclass
+class HybridRolloutConfig:
+    """``trainer.v1.separate_async.hybrid_rollout``."""
+
+    enable_switch: bool = key(False, 'v1 separate_async: switch rollout between pools', why=V1)
+    switch_threshold_ratio: float = key(0.4, 'v1 separate_async: switch threshold ratio', why=V1)
+    adaptive_switch_threshold: bool = key(True, 'v1 separate_async: adapt the switch threshold', why=V1)
+    switch_threshold_step_up: float = key(0.05, 'v1 separate_async: threshold step up', why=V1)
+    switch_threshold_step_down: float = key(0.03, 'v1 separate_async: threshold step down', why=V1)
+    switch_threshold_release_steps: int = key(2, 'v1 separate_async: steps before release', why=V1)
+    switch_cost_window_size: int = key(3, 'v1 separate_async: switch cost window', why=V1)
+
+
+@dataclass
+class ColocateAsyncConfig:
+    """``trainer.v1.colocate_async``."""
+
+    num_warmup_batches: int = key(1, 'v1 colocate_async: warm-up batches', why=V1)
+
+
+@dataclass
+class SeparateAsyncConfig:
+    """``trainer.v1.separate_async``."""
+
+    num_warmup_batches: int = key(1, 'v1 separate_async: warm-up batches', why=V1)
+    parameter_sync_step: int = key(4, 'v1 separate_async: steps between weight syncs', why=V1)
+    hybrid_rollout: HybridRolloutConfig = section(HybridRolloutConfig)
+
+
+@dataclass
+class CustomSamplerConfig:
+    """``trainer.v1.sampler.custom_sampler``."""
+
+    path: Optional[str] = key(None, 'v1: file of a custom sampler', why=V1)
+    name: Optional[str] = key(None, 'v1: class name of the custom sampler', why=V1)
+
+
+@dataclass
+class V1SamplerConfig:
+    """``trainer.v1.sampler``."""
+
+    max_off_policy_threshold: int = key(8, 'v1: staleness above which samples are handled by the strategy', why=V1)
+    max_off_policy_strategy: str = key('drop', 'v1: what happens to samples past the threshold', why=V1)
+    sync_refill_failed_groups: bool = key(False, 'v1: refill failed groups synchronously', why=V1)
+    custom_sampler: CustomSamplerConfig = section(CustomSamplerConfig)
+    sampler_kwargs: Dict[str, Any] = free_form('v1: extra sampler arguments', no_effect_yet=V1)
+
+
+@dataclass
+class TrainerV1Config:
+    """``trainer.v1``: verl 0.9's experimental trainer loop settings."""
+
+    trainer_mode: str = key('sync', 'v1 trainer mode: sync | colocate_async | separate_async', why=V1)
+    sync: Dict[str, Any] = free_form('v1 sync mode settings', no_effect_yet=V1)
+    colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig)
+    separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig)
+    sampler: V1SamplerConfig = section(V1SamplerConfig)
