@@ -29,7 +29,7 @@ def reward_manager_cls(config: Any) -> type:
         return get_reward_manager_cls(name)
     module_cfg = config.reward.reward_manager.module
     path = resolve_user_file(str(module_cfg.path), MODULE_KEY)
-    module = exec_user_file(path, MODULE_KEY, str(module_cfg.name or "rlhf_custom_reward_manager"))
+    module = exec_user_file(path, MODULE_KEY, str(module_cfg.name))
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise AttributeError(f"reward.reward_manager.name (reward_model.reward_manager)={name!r}: {path!r} has no "

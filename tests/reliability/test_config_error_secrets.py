@@ -22,7 +22,7 @@ CASES = {  # override -> a fragment the message must still carry (the key, the r
     "wrong type": (f"data.train_batch_size=http://ci-user:{PASSWORD}@host/x",
                    "expected int, got str", "http://ci-user:***@host/x"),
     "bad choice": (f"algorithm.adv_estimator=https://{TOKEN}@github.com/org/repo",
-                   "is not one of ['gae', 'gpg', 'grpo'", "https://***@github.com/org/repo"),  # registered names, sorted
+                   "is not one of ['gae', 'gdpo', 'gpg', 'grpo'", "https://***@github.com/org/repo"),  # registered names, sorted
     "not among the allowed values": (f"trainer.logger=[console,'http://u:{PASSWORD}@mlflow:5000']",
                                      "not among the allowed values", "http://u:***@mlflow:5000"),
     "unsupported engine": (f"actor_rollout_ref.rollout.name=s3://u:{PASSWORD}@h", "accepted: ['hf', 'vllm']",

@@ -227,7 +227,8 @@ def test_old_log_prob_stage_is_not_skipped_when_sum_pi_squared_is_needed():
     from rlhf_core.workers.on_policy import skip_old_log_prob
     cfg = OmegaConf.create({
         "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "ppo_mini_batch_size": 4, "rollout_is": False,
-                                        "calculate_sum_pi_squared": False}},
+                                        "calculate_sum_pi_squared": False},
+                              "rollout": {"calculate_log_probs": False}},
         "algorithm": {"use_kl_in_reward": False, "rollout_is_threshold": None, "adv_estimator": "grpo"},
         "data": {"train_batch_size": 4}, "trainer": {"critic_warmup": 0}})
     assert skip_old_log_prob(cfg, 1)

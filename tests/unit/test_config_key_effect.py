@@ -29,9 +29,9 @@ def test_spot_checked_statuses_and_reasons():
     assert (ppo["critic.fsdp.use_orig_params"].status,
             ppo["critic.fsdp.use_orig_params"].why) == (
         NO_EFFECT_YET, "an FSDP1 option; FSDP2 has no flat parameters")
-    # the same path can mean something else in another config: sft's data.train_max_samples is not read there
-    assert specs("sft_trainer")["data.train_max_samples"].status == NO_EFFECT_YET
-    assert ppo["data.train_max_samples"].status == SUPPORTED
+    # the same path can have another status in another config: sft's data.balance_dp_token is not read there
+    assert specs("sft_trainer")["data.balance_dp_token"].status == NO_EFFECT_YET
+    assert specs("sft_trainer")["data.train_max_samples"].status == ppo["data.train_max_samples"].status == SUPPORTED
 
 
 @pytest.mark.parametrize("path", ["actor_rollout_ref.model.use_liger", "trainer.esi_redundant_time"])

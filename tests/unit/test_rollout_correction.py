@@ -120,7 +120,8 @@ def test_bypass_loss_value_and_gradient(loss_type):
     log_prob = (roll + torch.tensor([[L(3.0), L(0.5)]])).requires_grad_(True)
     adv = torch.tensor([[1.0, -2.0]])
     inputs = PolicyLossInputs(roll, log_prob, adv, torch.ones(1, 2))
-    cfg = PolicyLossConfig("token-mean", 0.2, 0.2, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    cfg = PolicyLossConfig("token-mean", 0.2, 0.2, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, tau_pos=1.0, tau_neg=1.05,
+                           dro_beta=None)
     rc = settings(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, loss_type=loss_type)
     loss, m = compute_policy_loss_bypass_mode(inputs, cfg, rc)
     loss.backward()
@@ -143,7 +144,8 @@ def test_bypass_rejection_masks_the_loss():
     log_prob = (roll + torch.tensor([[L(3.0), L(0.8)]])).requires_grad_(True)
     rc = settings(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0", bypass_mode=True, loss_type="reinforce")
     loss, _ = compute_policy_loss_bypass_mode(PolicyLossInputs(roll, log_prob, torch.ones(1, 2), torch.ones(1, 2)),
-                                              PolicyLossConfig("token-mean", .2, .2, 3., 0, 0, 0, 0, 0), rc)
+                                              PolicyLossConfig("token-mean", .2, .2, 3., 0, 0, 0, 0, 0, tau_pos=1.0,
+                                                               tau_neg=1.05, dro_beta=None), rc)
     loss.backward()   # token 0 (ratio 3) rejected: L = −log π_1 / 1, ∂L/∂lp = (0, −1)
     assert torch.allclose(log_prob.grad, torch.tensor([[0.0, -1.0]]))
 

@@ -22,7 +22,7 @@ class RewardManagerModuleConfig:
 
     path: Optional[str] = key(None, 'python file (or pkg://module) holding the reward manager class, with '
                               'reward.reward_manager.source=importlib')
-    name: Optional[str] = key('custom_reward_manager', 'module name the file is imported as')
+    name: str = key('custom_reward_manager', 'module name the file is imported as')
 
 
 @dataclass
