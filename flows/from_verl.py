@@ -362,7 +362,7 @@ def _load_check(stage: str, overrides: list[Any]) -> str:
             load_config(CONFIG_OF[stage], active)
             result = "loads"
         except ConfigError as exc:
-            result = "does not load as written: " + " ".join(str(exc).split())[:400]
+            result = "does not load as written: " + " ".join(str(exc).split())  # whole: the reason may be last
     quiet = sorted({str(w.message).split(":")[0].split()[0].strip("'") for w in caught
                     if issubclass(w.category, ConfigNotice) and not issubclass(w.category, AliasNotice)})
     renamed = sorted({str(w.message).split(" (")[0] + " -> " + str(w.message).split(" is read as ")[1].split(":")[0]

@@ -8,7 +8,8 @@ read (its assignments and commands are skipped). A test it cannot decide (a word
 ``$#`` or ``$(python3 -c ...)``, a file test, a command as condition) reads every branch, as before, and says so in
 :attr:`Flow.notes`. Loops and functions are not evaluated.
 
-Supported tests: ``[ ... ]``, ``[[ ... ]]`` and ``test ...`` with ``=``, ``==``, ``!=``, ``-z``, ``-n``, ``-eq``,
+A test guarding one command (``[ "$X" = 1 ] && ARGS+=(...)``, ``|| ...``) is decided the same way. Supported tests:
+``[ ... ]``, ``[[ ... ]]`` and ``test ...`` with ``=``, ``==``, ``!=``, ``-z``, ``-n``, ``-eq``,
 ``-ne``, ``-lt``, ``-le``, ``-gt``, ``-ge``, ``!`` and a single word; tests joined by ``&&``/``||`` (left to right, as
 bash). ``case`` patterns are glob patterns (``gpu | npu)``, ``*)``); the first clause that matches is taken.
 """
@@ -97,6 +98,14 @@ def _split(tokens: list[str], seps: tuple[str, ...]) -> list[tuple[list[str], st
     return parts + [(current, None)]
 
 
+def _guarded(guard: tuple[str, bool | None] | None) -> bool:
+    """Whether the command after ``[ test ] &&`` (runs when the test is true) or ``||`` (when false) runs; an
+    undecided test (None) reads it."""
+    if guard is None or guard[1] is None:
+        return True
+    return guard[1] if guard[0] == "&&" else not guard[1]
+
+
 class Flow:
     """The branches being read while a script is read top to bottom (see the module docstring).
 
@@ -115,12 +124,22 @@ class Flow:
     def feed(self, tokens: list[str], line: int, separators: set[str]) -> list[list[str]]:
         commands: list[list[str]] = []
         cmd: list[str] = []
+        guard: tuple[str, bool | None] | None = None  # `[ test ] && cmd` / `|| cmd`: the test's value for cmd
         i = 0
         while i < len(tokens):
             t = tokens[i]
             if t in separators:
-                if cmd and self.reading():
+                if cmd and t in ("&&", "||") and cmd[0] in ("[", "[[", "test", "!"):
+                    guard = (t, _one(cmd))  # a test guarding the next command, not a command
+                    if guard[1] is None and self.reading():
+                        self.notes.append(f"line {line}: `{' '.join(cmd)} {t} ...` cannot be decided here (a value "
+                                          f"the script leaves to its caller; set it with --set NAME=VALUE): the "
+                                          f"command after it is read")
+                elif cmd and self.reading() and _guarded(guard):
                     commands.append(cmd)
+                    guard = None
+                else:
+                    guard = None
                 cmd = []
                 if t == ";;" and self.stack and self.stack[-1].kind == "case":
                     self.stack[-1].in_clause = False
@@ -161,7 +180,7 @@ class Flow:
                 continue
             cmd.append(t)
             i += 1
-        if cmd and self.reading():
+        if cmd and self.reading() and _guarded(guard):
             commands.append(cmd)
         return commands
 

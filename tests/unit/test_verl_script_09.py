@@ -146,3 +146,15 @@ def test_set_must_name_a_shell_variable(tmp_path):
     script.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo\n")
     with pytest.raises(ConfigError, match=r"--set '1X=gpu': expected NAME=VALUE"):
         from_verl_main(["from-verl", str(script), "--set", "1X=gpu"])
+
+
+def test_a_test_guarding_one_command_is_decided_too():
+    # bash: [ "$USE_KL" = 1 ] && ARGS+=(...) adds nothing with USE_KL=0; `|| ARGS+=(...)` adds; an undecided test
+    # ($NG: a command substitution) reads its command and says so
+    text = ('USE_KL=${USE_KL:-0}\nNG=$(nvidia-smi -L | wc -l)\nARGS=(a=1)\n'
+            '[ "$USE_KL" = 1 ] && ARGS+=(kl=on)\n[[ "$USE_KL" == 1 ]] || ARGS+=(kl=off)\n'
+            '[ "$NG" -gt 4 ] && ARGS+=(big=1)\npython3 -m verl.trainer.main_ppo "${ARGS[@]}"\n')
+    script = read_script(text, "g.sh")
+    assert script.commands[0].args == ["a=1", "kl=off", "big=1"]
+    assert [n.split(":")[0] for n in script.branches] == ["line 6"]
+    assert read_script(text, "g.sh", {"USE_KL": "1"}).commands[0].args == ["a=1", "kl=on", "big=1"]
