@@ -47,6 +47,21 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "async_training.one_step_overlap": _ONE_STEP + "test_without_overlap_the_run_equals_the_on_policy_run",
+        _A + "hybrid_engine": _ONE_STEP + "test_hybrid_engine_false_only_with_the_one_step_trainer",
+        # verl 0.9 keys read on paths the short runs do not take (vLLM engine, LoRA exclusions, traces, DAPO recipe
+        # spelling, gdpo, the Ray timeline)
+        **{_A + f"rollout.{k}": "tests/unit/test_vllm_engine_args.py::test_engine_settings_reach_vllm_args" for k in (
+            "load_format", "max_model_len", "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init")},
+        _A + "rollout.checkpoint_engine.update_weights_bucket_megabytes":
+            "tests/unit/test_vllm_engine_args.py::test_weight_buckets_cut_at_the_megabyte_limit",
+        _A + "model.exclude_modules":
+            "tests/unit/test_model_source_keys.py::test_exclude_modules_keeps_adapters_off_those_modules",
+        _A + "rollout.trace.token2text": "tests/unit/test_rollout_trace_mlflow.py::test_each_trajectory_is_one_mlflow_trace",
+        **{f"reward_model.overlong_buffer.{k}": "tests/unit/test_reward_dapo.py::test_dapo_recipe_spellings_reach_the_manager"
+           for k in ("enable", "len", "penalty_factor", "log")},
+        **{f"algorithm.gdpo_reward_{k}": "tests/unit/test_trainer_adv_09.py::test_gdpo_reads_the_reward_components_and_logs_them"
+           for k in ("keys", "weights")},
+        "ray_kwargs.timeline_json_file": "tests/unit/test_distributed_ray.py::test_ray_timeline_is_written",
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
         "data.filter_overlong_prompts_workers": "tests/unit/test_data_rl_dataset.py::test_filter_two_workers_equals_one",

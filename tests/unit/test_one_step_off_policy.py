@@ -60,6 +60,15 @@ def test_one_step_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
         check_one_step_config(cfg)
 
 
+def test_hybrid_engine_false_only_with_the_one_step_trainer(tmp_path):
+    # verl's one-step scripts set hybrid_engine=False (the rollout in workers of its own); the on-policy driver
+    # colocates them, so there the setting is refused rather than ignored
+    assert _config(tmp_path, "async_training.mode=one_step_off_policy", "actor_rollout_ref.hybrid_engine=False")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.hybrid_engine=False \(rollout in workers of its own\) "
+                                          r"runs only with async_training.mode=one_step_off_policy, got 'on_policy'"):
+        _config(tmp_path, "actor_rollout_ref.hybrid_engine=False")
+
+
 class _Recorder:
     def __init__(self):
         self.steps: dict[int, dict] = {}
