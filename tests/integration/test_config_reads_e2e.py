@@ -100,8 +100,6 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "global_profiler.steps": _PROFILER, "global_profiler.save_path": _PROFILER,
         "skip.rollout.dump_dir":
             "tests/unit/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
-        "ray_kwargs.ray_init.runtime_env.py_executable":
-            "tests/unit/test_config_verl091.py::test_py_executable_reaches_rays_runtime_env",
         **{_A + f"rollout.{k}": _AGENT for k in (
             "multi_turn.max_assistant_turns", "multi_turn.tool_config_path", "multi_turn.max_user_turns",
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
