@@ -198,8 +198,8 @@ def apply(spec: DeploymentSpec) -> tuple[str, bool]:
 def flow_parameter_schema() -> dict[str, Any]:
     """The flow's parameter schema as ``prefect deploy`` records it (the UI's run form: names, types, defaults,
     docstring), from the ``rlhf`` function's own source alone: Prefect's ``parameter_schema_from_entrypoint`` on
-    the whole of ``flows/rlhf.py`` first imports every module that file imports (MLflow, Ray...: 8-13 s on two
-    busy cores), which the signature's builtin annotations do not need (0.2 s)."""
+    the whole of ``flows/rlhf.py`` first imports every module that file imports (MLflow, Ray...: seconds), which
+    the signature's builtin annotations do not need."""
     import ast
     import tempfile
 

@@ -79,14 +79,15 @@ def start_embedded_ray(num_cpus: int | None = None, **init_kwargs) -> None:
         ray.init(**kwargs)
 
 
-# Ray system settings of an embedded instance (env form ``RAY_<name>``), each a measured cost on a 2-core machine
+# Ray system settings of an embedded instance (env form ``RAY_<name>``); each removes a cost that slows the training
+# ranks on a few-core machine (the Ray path's cost: BENCHMARKS.md, "The Ray path against the in-process step")
 EMBEDDED_RAY_ENV = {
     # no token authentication: Ray 2.60 enables it by default, which a private local instance does not need
     "RAY_AUTH_MODE": "disabled",
     # workers at the driver's priority: Ray starts them at nice 15, so the training ranks lost the CPU to anything
-    # else runnable (the driver, the reward pool, another program; a 4 s GRPO step took 39 s beside one busy process)
+    # else runnable (the driver, the reward pool, another program)
     "RAY_worker_niceness": "0",
-    # no idle Python workers started ahead of tasks: each woke about 90 times a second, preempting the ranks'
+    # no idle Python workers started ahead of tasks: each wakes many times a second, preempting the ranks'
     # compute threads (the actors are started explicitly; a task's first worker starts on demand)
     "RAY_enable_worker_prestart": "0",
     "RAY_prestart_worker_first_driver": "0",
@@ -98,10 +99,9 @@ EMBEDDED_RAY_ENV = {
 
 def set_embedded_ray_env() -> None:
     """Environment defaults for an embedded Ray instance, set before ``ray.init`` starts it (an explicit value in
-    the environment is kept): :data:`EMBEDDED_RAY_ENV`. With them the 1 M GRPO step through the Ray worker group
-    took 0.293-0.315 s against 0.310-0.322 s without (three alternating runs each of
-    ``bench/bench_ppo_step.py --peers ours_ray --steps 15 --warmup 2``). Used by :func:`init_ray` and by the flow's
-    ``infra.ray_cluster.connect_ray``."""
+    the environment is kept): :data:`EMBEDDED_RAY_ENV`. Used by :func:`init_ray` and by the flow's
+    ``infra.ray_cluster.connect_ray``. Their effect on the step: ``bench/bench_ppo_step.py --peers ours_ray``
+    (BENCHMARKS.md, "The Ray path against the in-process step")."""
     for key, value in EMBEDDED_RAY_ENV.items():
         os.environ.setdefault(key, value)
 

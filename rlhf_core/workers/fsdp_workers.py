@@ -277,7 +277,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.lr_scheduler.step()
         start = time.perf_counter()
         self.sync_rollout_weights()
-        metrics["timing_s/weight_sync"] = time.perf_counter() - start  # issue 14: < 5 % of the step
+        metrics["timing_s/weight_sync"] = time.perf_counter() - start  # logged so its share of the step shows
         return metrics
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
