@@ -9,7 +9,7 @@ Every estimator is called with keywords only, takes what it needs and ignores th
 Inputs: ``token_level_rewards (B, T)`` float, ``response_mask (B, T)`` 0/1, ``index (B,)`` group keys
 (numpy object/str array, list or tensor; verl's ``uid``), ``values (B, T)`` float (gae),
 ``reward_baselines (B,)`` float (remax). Outputs: ``advantages (B, T)`` and ``returns (B, T)``,
-float32, exactly 0 at masked positions, computed without gradient. Semantics: ``shared/spec/SEMANTICS.md``.
+float32, exactly 0 at masked positions, computed without gradient. Semantics: ``docs/SEMANTICS.md``.
 """
 from __future__ import annotations
 
