@@ -202,7 +202,7 @@ class _Converter:
                 near = nearest_key(key, known)
                 self.conv.unknown.append(f"{cmd.stage}: {key} (line {cmd.line})"
                                          + (f"; did you mean {near}?" if near else ""))
-                out.append(Commented(word, f"unknown key: not in configs/{CONFIG_OF[cmd.stage]}.yaml"))
+                out.append(Commented(word, f"unknown key: not in rlhf_core/configs/{CONFIG_OF[cmd.stage]}.yaml"))
             elif refs:
                 out.append(Commented(word, f"unexpanded {', '.join(refs)}"))
             else:

@@ -76,7 +76,7 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> dict
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# What a cluster node needs of the checkout: the packages and configs/ (rlhf_core finds it beside itself)
+# What a cluster node needs of the checkout: the packages (with rlhf_core/configs/, beside the code)
 CODE_EXCLUDES = [".git", ".rlhf", ".venv*", "tests", "bench", "docs", "**/__pycache__", "*.parquet",
                  "*.safetensors", "*.pt", "data", "checkpoints", "mlruns"]
 REACH_TIMEOUT_S = 5.0

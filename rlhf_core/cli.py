@@ -97,7 +97,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def overrides_parser(prog: str, config_name: str, description: str, example: str) -> argparse.ArgumentParser:
-    """A parser taking verl-style dotted overrides of ``configs/<config_name>.yaml`` as positional arguments.
+    """A parser taking verl-style dotted overrides of ``rlhf_core/configs/<config_name>.yaml`` as positional arguments.
 
     ``example`` is one command line shown under the options; the epilog also says how to list every key."""
     epilog = (f"example:\n  {example}\n\nevery key and its default: rlhf config show --config-name {config_name}\n"

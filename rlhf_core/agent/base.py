@@ -64,8 +64,9 @@ class AgentLoopOutput:
 @dataclass(frozen=True)
 class MultiTurnSettings:
     """The scalars an agent loop needs, unpacked once from ``actor_rollout_ref.rollout`` (see
-    :func:`rlhf_core.agent.registry.settings_from_config`; the defaults there come from ``configs/ppo_trainer.yaml``,
-    these are for direct construction in tests). ``None`` turn limits mean no limit.
+    :func:`rlhf_core.agent.registry.settings_from_config`; the defaults there come from
+    ``rlhf_core/configs/ppo_trainer.yaml``, these are for direct construction in tests). ``None`` turn limits mean no
+    limit.
     ``use_inference_chat_template``: see :class:`rlhf_core.agent.loops.ToolAgentLoop`;
     ``tokenization_sanity_check_mode``: see :mod:`rlhf_core.agent.sanity`; ``num_repeat_rollouts``: see
     :mod:`rlhf_core.agent.repeat` (read by the ``collabllm_agent`` loop only, as in verl)."""

@@ -80,7 +80,7 @@ class PolicyLossInputs:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-    """The settings every policy loss is called with (verl's names; defaults live in ``configs/*.yaml``).
+    """The settings every policy loss is called with (verl's names; defaults live in ``rlhf_core/configs/*.yaml``).
 
     Attributes:
         loss_agg_mode: ``actor.loss_agg_mode`` (``rlhf_core.algos.loss_agg.LOSS_AGG_MODES``).

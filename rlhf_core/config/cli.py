@@ -19,7 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("show", "check"), help="show: print the resolved YAML; check: validate only")
     p.add_argument("--config-name", default="ppo_trainer",
                    help=f"one of {', '.join(CONFIG_NAMES)}, sft_trainer_engine (verl 0.9's SFT defaults) or a path to a YAML file (default ppo_trainer)")
-    p.add_argument("--config-dir", default=None, help="folder holding the shipped configs (default: the repo's)")
+    p.add_argument("--config-dir", default=None, help="a folder of <name>.yaml files to load instead of the shipped defaults (default: "
+                        "the config classes' defaults, which rlhf_core/configs/*.yaml show)")
     p.add_argument("--world-size", type=int, default=None,
                    help="training workers to validate against (default trainer.nnodes x trainer.n_gpus_per_node)")
     p.add_argument("overrides", nargs="*", help="verl/Hydra overrides: a.b=v, +a.new=v, ~a.b")

@@ -1,8 +1,8 @@
-"""Write configs/*.yaml from the config classes (rlhf_core/config/schemas/): the files users read, copy and pass to
-``--config-name``, one comment (the key's ``help``) above each key.
+"""Write rlhf_core/configs/*.yaml from the config classes (rlhf_core/config/schemas/): the files users read, copy
+and pass to ``--config-name``, one comment (the key's ``help``) above each key.
 
-``python -m rlhf_core.config.gen_yaml`` rewrites configs/*.yaml and docs/CONFIG_KEYS.md; ``--check`` exits 1 naming
-each stale file (tests/unit/test_config_generated.py runs it, as verl checks its ``_generated_ppo_trainer.yaml``).
+``python -m rlhf_core.config.gen_yaml`` rewrites rlhf_core/configs/*.yaml and docs/CONFIG_KEYS.md; ``--check`` exits 1
+naming each stale file (tests/unit/test_config_generated.py runs it, as verl checks its ``_generated_ppo_trainer.yaml``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from .loader import shipped_config_dir
 from .schemas import ROOTS, root_class, yaml_header
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: docs/CONFIG_KEYS.md (not shipped in the wheel)
 WIDTH = 116
 
 
@@ -69,7 +70,7 @@ def _lines(cls: type, indent: str) -> list[str]:
 
 
 def render(name: str) -> str:
-    """The text of configs/``name``.yaml."""
+    """The text of rlhf_core/configs/``name``.yaml."""
     lines = [f"# {h}" if h else "#" for h in yaml_header(name)] + [""]
     body = _lines(root_class(name), "")
     for i, line in enumerate(body):  # a blank line before each top-level section
@@ -82,10 +83,11 @@ def render(name: str) -> str:
 
 
 def outputs() -> dict[Path, str]:
-    """Every generated file and its text: configs/*.yaml and docs/CONFIG_KEYS.md."""
+    """Every generated file and its text: rlhf_core/configs/*.yaml (:func:`~.loader.shipped_config_dir`),
+    docs/CONFIG_KEYS.md and schemas/_registered.py."""
     from .keys_doc import render_markdown
 
-    files = {REPO / "configs" / f"{name}.yaml": render(name) for name in ROOTS}
+    files = {shipped_config_dir() / f"{name}.yaml": render(name) for name in ROOTS}
     files[REPO / "docs" / "CONFIG_KEYS.md"] = render_markdown()
     files[Path(__file__).with_name("schemas") / "_registered.py"] = render_registered()
     return files

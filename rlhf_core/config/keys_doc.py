@@ -1,6 +1,6 @@
 """Render docs/CONFIG_KEYS.md from the config classes (rlhf_core/config/schemas/: default, help, status per key).
 
-`python -m rlhf_core.config.gen_yaml` regenerates it with configs/*.yaml; tests/unit/test_config_generated.py
+`python -m rlhf_core.config.gen_yaml` regenerates it with rlhf_core/configs/*.yaml; tests/unit/test_config_generated.py
 fails when it is stale, so the table cannot drift from the classes.
 """
 

@@ -25,14 +25,20 @@ from .validate import convert_deprecated, validate_generation_config, validate_p
 from .views import VIEWS, drop_group_choices, view_of
 from .yaml_file import read_yaml_mapping
 
-def config_dir() -> str:
-    """Absolute path of the repository's ``configs/`` folder (the YAML generated from the config classes).
+def shipped_config_dir() -> Path:
+    """The folder of the YAML shipped with the package, ``rlhf_core/configs/`` (``ppo_trainer.yaml``...,
+    generated from the config classes by :mod:`.gen_yaml`, and ``tools/``: verl's GSM8K tool and interaction
+    configs). It is package data, as verl ships ``verl/trainer/config/*.yaml``, so a checkout, an editable install
+    and an installed wheel all find it beside the code; the one place that computes the path (:func:`config_dir`,
+    :mod:`.gen_yaml` and the tests go through it)."""
+    return Path(__file__).resolve().parents[1] / "configs"
 
-    Found relative to this file (``rlhf_core/config/`` → ``../../configs``), which is the checkout
-    in an editable install; ``RLHF_CONFIG_DIR`` overrides it.
-    """
+
+def config_dir() -> str:
+    """Absolute path of the folder the configs are read from: ``$RLHF_CONFIG_DIR`` when set, else
+    :func:`shipped_config_dir`."""
     env = os.environ.get("RLHF_CONFIG_DIR")
-    return str(Path(env) if env else Path(__file__).resolve().parents[2] / "configs")
+    return str(Path(env) if env else shipped_config_dir())
 
 
 # verl 0.9.1's --config-name values: the same config under another name, or a config of a backend we do not have.
@@ -218,8 +224,8 @@ def _remember_secrets(overrides: Sequence[str]) -> None:
 def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
     """Load a config, apply verl-style overrides, resolve, convert deprecated keys and validate.
 
-    ``name``: "ppo_trainer", "sft_trainer", "evaluation", "generation" (from ``config_dir``, default the repo's
-    configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
+    ``name``: "ppo_trainer", "sft_trainer", "evaluation", "generation" (from ``config_dir``, default the shipped
+    rlhf_core/configs/), or a path to a YAML file whose keys are merged over the shipped config it extends.
     Overrides are applied before interpolations are resolved (``${data.max_prompt_length}`` sees
     ``data.max_prompt_length=256``). A key written in another of verl's spellings (declared ``aliases``, e.g.
     verl 0.9's ``reward.custom_reward_function.path``) is read as the key, with one AliasNotice. verl's ``_target_``
@@ -322,8 +328,8 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
             given = [o for o in overrides if o.lstrip("~").partition("=")[0] in
                      {".".join(key.split(".")[: i + 1]) for i in range(key.count(".") + 1)}]
             how = f" (override {given[0]!r})" if given else ""
-            errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of configs/{kind}.yaml; "
-                          f"set it instead (e.g. {key}=null where null is allowed).")
+            errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of "
+                          f"rlhf_core/configs/{kind}.yaml; set it instead (e.g. {key}=null where null is allowed).")
     return errors
 
 
@@ -333,4 +339,5 @@ def resolved_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
 
 
-__all__ = ["CONFIG_NAMES", "config_dir", "config_name_of", "load_base", "load_config", "resolved_yaml"]
+__all__ = ["CONFIG_NAMES", "config_dir", "config_name_of", "load_base", "load_config", "resolved_yaml",
+           "shipped_config_dir"]

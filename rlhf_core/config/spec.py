@@ -16,7 +16,7 @@ The config classes (``rlhf_core/config/schemas/``) are plain dataclasses, one pe
   0.6's ``ray_kwargs.ray_init``); both are kept equal on load; ``aliases``: earlier paths of the key, not in the
   config (verl renamed or moved it), read as the key with one notice; ``engine``: the rollout engine that alone reads the key; ``ours``: not a verl key.
 
-Everything else is generated from these classes: the YAML in ``configs/`` (:mod:`.gen_yaml`), the table in
+Everything else is generated from these classes: the YAML in ``rlhf_core/configs/`` (:mod:`.gen_yaml`), the table in
 ``docs/CONFIG_KEYS.md`` (:mod:`.keys_doc`), the type/choice/support checks (:mod:`.schema`) and the notices for
 keys without effect (:mod:`.notices`). :func:`specs` flattens a config class into one :class:`KeySpec` per
 dotted path.

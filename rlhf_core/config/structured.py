@@ -4,7 +4,8 @@
 complete, typed (an int key holds an int; assigning ``"x"`` to it raises) and in struct mode (reading an unknown
 attribute raises). The classes are ordinary importable dataclasses, so pickle (Ray workers) finds them by reference.
 Adding a key: declare it once in its class with :func:`rlhf_core.config.spec.key` (default, help, status), read it in
-code by attribute, run ``python -m rlhf_core.config.gen_yaml`` (rewrites configs/*.yaml and docs/CONFIG_KEYS.md).
+code by attribute, run ``python -m rlhf_core.config.gen_yaml`` (rewrites rlhf_core/configs/*.yaml and
+docs/CONFIG_KEYS.md).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_column_and_token_count_names_are_not_secret(name):
 
 @pytest.mark.parametrize("config_name", ["ppo_trainer", "sft_trainer", "evaluation"])
 def test_no_shipped_config_key_is_redacted(config_name):
-    """Every key of configs/<name>.yaml (all ``*_key`` columns included) survives redaction unchanged."""
+    """Every key of rlhf_core/configs/<name>.yaml (all ``*_key`` columns included) survives redaction unchanged."""
     base = load_base(config_name)
     raw = OmegaConf.to_container(base, resolve=False)
     assert [k for k in flatten(base, resolve=False) if is_secret_name(k)] == []
@@ -72,7 +72,7 @@ def test_redact_values_nested_urls_overrides_and_copies(monkeypatch):
     assert redact_text("a later line quoting sk-nested-999") == f"a later line quoting {SECRET}"
 
 
-# secrets placed where a user could put them: free-form dicts of configs/ppo_trainer.yaml, a URL key, an
+# secrets placed where a user could put them: free-form dicts of rlhf_core/configs/ppo_trainer.yaml, a URL key, an
 # environment variable whose value is also quoted in a non-secret field
 VALUES = {"reward": "rk-reward-kwargs-0001", "vllm": "hf-engine-kwargs-0002", "url": "url-password-0003",
           "env": "hf-env-token-0004", "rm": "rm-credentials-0005"}

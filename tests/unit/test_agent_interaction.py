@@ -3,7 +3,6 @@ exact layout of user turns, turn scores, termination, turn limits, config and ro
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +13,13 @@ from rlhf_core.agent.interactions import Gsm8kInteraction, InteractionConfigErro
 from rlhf_core.agent.loops import ToolAgentLoop, render_turn
 from rlhf_core.agent.manager import AgentLoopManager
 from rlhf_core.agent.registry import AgentConfigError, check_datasets, load_agent_loop_specs
+from rlhf_core.config import shipped_config_dir
 from rlhf_core.metrics.samples import samples_table, trajectory_columns
 from rlhf_core.protocol import Batch
 from tests.unit.agent_fixtures import ScriptedPolicy, make_tokenizer, tool
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "configs" / "tools" / "gsm8k_interaction_config.yaml"
+CONFIGS = shipped_config_dir()
+SHIPPED = CONFIGS / "tools" / "gsm8k_interaction_config.yaml"
 CALL = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "72"}}</tool_call>'
 ROW = {"raw_prompt": [{"role": "user", "content": "What is 6 times 12?"}],
        "extra_info": {"interaction_kwargs": {"name": "gsm8k", "query": "What is 6 times 12?", "ground_truth": "72"},
@@ -124,8 +124,8 @@ def test_interaction_config_errors_name_the_file_and_entry(tmp_path):
 
 
 def _rollout_cfg(**overrides):
-    cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").actor_rollout_ref.rollout
-    cfg.multi_turn.tool_config_path = str(REPO / "configs" / "tools" / "gsm8k_tool_config.yaml")  # the shipped one
+    cfg = OmegaConf.load(CONFIGS / "ppo_trainer.yaml").actor_rollout_ref.rollout
+    cfg.multi_turn.tool_config_path = str(CONFIGS / "tools" / "gsm8k_tool_config.yaml")  # the shipped one
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value)
     return cfg

@@ -1,21 +1,21 @@
-"""AgentRollout (the worker's engine for rollout.mode=async / multi_turn.enable) built from configs/ppo_trainer.yaml:
-async and sync-multi-turn give the same trajectories for the same seeds; tool config errors fail at start."""
+"""AgentRollout (the worker's engine for rollout.mode=async / multi_turn.enable) built from
+rlhf_core/configs/ppo_trainer.yaml: async and sync-multi-turn give the same trajectories for the same seeds; tool config errors fail at start."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from rlhf_core.agent.layout import multiturn_metrics
+from rlhf_core.config import shipped_config_dir
 from rlhf_core.protocol import Batch
 from rlhf_core.tools.config import ToolConfigError
 from rlhf_core.workers.rollout.agent_rollout import AgentRollout, uses_agent_loop
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from tests.unit.agent_fixtures import make_model, make_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+CONFIGS = shipped_config_dir()
 TOOL_YAML = """tools:
 - class_name: verl.tools.gsm8k_tool.Gsm8kTool
   config: {type: native}
@@ -39,7 +39,7 @@ def model(tok):
 
 
 def _rollout_cfg(tmp_path, **overrides):
-    cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").actor_rollout_ref.rollout
+    cfg = OmegaConf.load(CONFIGS / "ppo_trainer.yaml").actor_rollout_ref.rollout
     tools = tmp_path / "tools.yaml"
     tools.write_text(TOOL_YAML)
     cfg.response_length = 24
@@ -100,7 +100,7 @@ def test_unknown_tool_in_dataset_fails_at_build_naming_the_row(tmp_path, tok):
             {"prompt": [{"role": "user", "content": "q"}], "extra_info": {"tools_kwargs": {"web_search": {"create_kwargs": {"query": "x"}}}}}]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    data_cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").data
+    data_cfg = OmegaConf.load(CONFIGS / "ppo_trainer.yaml").data
     data_cfg.max_prompt_length = 64
     ds = RLHFDataset(str(path), tok, data_cfg)
     assert ds.rows[0]["extra_info"]["tools_kwargs"]["web_search"] is None  # parquet's struct union: null, not absent

@@ -1,5 +1,5 @@
-"""configs/*.yaml and docs/CONFIG_KEYS.md are generated from the config classes and committed: they must be current
-(as verl checks its ``_generated_ppo_trainer.yaml``), and the YAML must load to exactly the classes' defaults."""
+"""rlhf_core/configs/*.yaml and docs/CONFIG_KEYS.md are generated from the config classes and committed: they must be
+current (as verl checks its ``_generated_ppo_trainer.yaml``), and the YAML must load to exactly the classes' defaults."""
 from __future__ import annotations
 
 import os
@@ -48,15 +48,15 @@ def test_scalars_are_written_as_verl_writes_them(value, text):
      "output.nu_b='zz' is not one of ['a', 'b']"),
 ])
 def test_a_class_whose_defaults_do_not_load_is_named_and_nothing_is_written(tmp_path, field, message):
-    for part in ("rlhf_core", "configs", "docs"):
+    for part in ("rlhf_core", "docs"):  # the YAML is package data: rlhf_core/configs/
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     module = tmp_path / "rlhf_core" / "config" / "schemas" / "evaluation.py"
     text = module.read_text()
     anchor = "    samples_dir: Optional[str] = key("
     module.write_text(text.replace(anchor, f"    {field}\n{anchor}", 1))
-    before = (tmp_path / "configs" / "evaluation.yaml").read_text()
+    before = (tmp_path / "rlhf_core" / "configs" / "evaluation.yaml").read_text()
     out = subprocess.run([sys.executable, "-m", "rlhf_core.config.gen_yaml"], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert out.returncode == 1
     assert "the config classes do not load as declared; nothing written" in out.stderr and message in out.stderr
-    assert (tmp_path / "configs" / "evaluation.yaml").read_text() == before
+    assert (tmp_path / "rlhf_core" / "configs" / "evaluation.yaml").read_text() == before

@@ -134,7 +134,7 @@ def _violations() -> list[str]:
 
 def test_no_config_get_or_default_outside_the_config_package():
     bad = _violations()
-    assert not bad, ("read config values by attribute (the default comes from configs/*.yaml):\n  "
+    assert not bad, ("read config values by attribute (the default comes from rlhf_core/configs/*.yaml):\n  "
                      + "\n  ".join(bad))
 
 

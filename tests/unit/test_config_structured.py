@@ -83,13 +83,13 @@ def test_pickled_config_loads_in_a_fresh_process_with_or_without_the_yaml(tmp_pa
     code = (f"import pickle; c = pickle.load(open({str(path)!r}, 'rb')); "
             "print(c.actor.clip_ratio, c._get_root().data.seed, type(c).__name__)")
     assert _run(code, {}) == "0.2 0 DictConfig"
-    # a Ray worker without configs/ (only the package): placeholder classes, values still read
+    # a Ray worker without the YAML folder (RLHF_CONFIG_DIR names none): placeholder classes, values still read
     assert _run(code, {"RLHF_CONFIG_DIR": str(tmp_path / "missing")}) == "0.2 0 DictConfig"
 
 
 def test_a_key_declared_once_is_in_show_check_the_generated_yaml_and_the_doc(tmp_path):
     # how a new key is added: one line in its class (default, type, help), then the generator
-    for part in ("rlhf_core", "configs", "docs"):
+    for part in ("rlhf_core", "docs"):  # the YAML is package data: rlhf_core/configs/
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     module = tmp_path / "rlhf_core" / "config" / "schemas" / "evaluation.py"
     text = module.read_text()
@@ -104,10 +104,10 @@ def test_a_key_declared_once_is_in_show_check_the_generated_yaml_and_the_doc(tmp
     # (run from the copy: `python -c` puts the working directory first on sys.path)
     stale = subprocess.run([sys.executable, "-c", gen.format("['--check']")], capture_output=True, text=True,
                            env={**os.environ, **env}, timeout=120, cwd=tmp_path)
-    assert stale.returncode == 1 and "stale: configs/evaluation.yaml" in stale.stderr
+    assert stale.returncode == 1 and "stale: rlhf_core/configs/evaluation.yaml" in stale.stderr
     assert "stale: docs/CONFIG_KEYS.md" in stale.stderr
     assert _run(gen.format("[]"), env, tmp_path) == ""
-    yaml_text = (tmp_path / "configs" / "evaluation.yaml").read_text()
+    yaml_text = (tmp_path / "rlhf_core" / "configs" / "evaluation.yaml").read_text()
     assert "output:\n  # a throwaway key for a test\n  throwaway_key: 3\n" in yaml_text
     assert "| `output.throwaway_key` | `3` | supported | verl | a throwaway key for a test |" in (
         tmp_path / "docs" / "CONFIG_KEYS.md").read_text()

@@ -3,20 +3,18 @@ logits greedy, rows stopping at EOS mid-batch; sampled, the logits of the model 
 follow the warped distribution (inverse-transform sampling); HFRollout gives generate's batch greedy."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from rlhf_core.config import shipped_config_dir
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.grouped_attention import sdpa_full_attention, supports_grouped_decode
 from rlhf_core.workers.rollout.hf_decode import (decode, next_token_probs, sample_categorical, sampling_warpers,
                                                  supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
-REPO = Path(__file__).resolve().parents[2]
 PAD = 0
 VOCAB = 96
 
@@ -230,7 +228,7 @@ class _Tok:
 
 
 def test_hf_rollout_lean_equals_generate_greedy_and_logs_its_samples_log_probs(model):
-    cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").actor_rollout_ref.rollout
+    cfg = OmegaConf.load(shipped_config_dir() / "ppo_trainer.yaml").actor_rollout_ref.rollout
     cfg.response_length, cfg.calculate_log_probs, cfg.top_k = 12, True, 0
     ids, mask = _prompts()
     eos = _eos_mid_batch(model, ids, mask, 12)

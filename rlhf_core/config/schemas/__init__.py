@@ -18,5 +18,5 @@ def root_class(name: str) -> type:
 
 
 def yaml_header(name: str) -> tuple[str, ...]:
-    """The comment lines written at the top of configs/``name``.yaml."""
+    """The comment lines written at the top of rlhf_core/configs/``name``.yaml."""
     return importlib.import_module(f"{__name__}.{ROOTS[name][0]}").YAML_HEADER

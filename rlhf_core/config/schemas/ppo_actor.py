@@ -2,7 +2,7 @@
 the reference policy (verl's ``HFModelConfig``, ``ActorConfig``, ``FSDPEngineConfig``).
 
 Generated once from the YAML; now the one source of these keys (see rlhf_core/config/spec.py). Edit here, then
-run `python -m rlhf_core.config.gen_yaml` to rewrite configs/*.yaml and docs/CONFIG_KEYS.md.
+run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml and docs/CONFIG_KEYS.md.
 """
 
 from dataclasses import dataclass
