@@ -370,6 +370,29 @@ def _check(exp: Experiment, reader: _Reader) -> None:
         raise reader.fail("reward.path", f"must be a .py file, got {exp.reward.path!r}")
 
 
+def demo_experiment(preset: str | None) -> Path:
+    """The demo experiment file of ``preset`` (``experiments/<preset>.yaml``, ``tiny_cpu`` -> gsm8k_tiny,
+    ``tiny_cpu_tools`` -> gsm8k_tools), or the default ``experiments/gsm8k_tiny.yaml`` for ``None`` or ``""``.
+
+    The demos are files of the repository checkout, found beside ``flows/``; an installed wheel ships the code and
+    ``rlhf_core/configs/`` but not them (an experiment is a file a team copies and keeps in git, and
+    ``gsm8k_tools.yaml`` names its tool config relative to the checkout).
+
+    Raises:
+        ExperimentError: no ``experiments/`` folder (an installed wheel: the message says to pass an experiment
+            file), or an unknown preset (listing the shipped experiments).
+    """
+    file = EXPERIMENTS_DIR / f"{PRESET_ALIASES.get(preset, preset)}.yaml" if preset else DEFAULT_EXPERIMENT
+    what = f"preset {preset!r}" if preset else "the default experiment"
+    if not EXPERIMENTS_DIR.is_dir():
+        raise ExperimentError(f"{what}: no demo experiments at {EXPERIMENTS_DIR} (an installed package does not ship "
+                              "them; they are experiments/*.yaml of the repository): pass --experiment FILE.yaml")
+    if not file.is_file():
+        known = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
+        raise ExperimentError(f"{what}: no experiment file {file}; known: {known + list(PRESET_ALIASES)}")
+    return file
+
+
 def experiment_for_flow(experiment_file: str | None = None, experiment_content: str | None = None,
                         experiment_sha256: str | None = None, experiment_base_dir: str | None = None,
                         preset: str | None = None) -> Experiment:
@@ -388,14 +411,8 @@ def experiment_for_flow(experiment_file: str | None = None, experiment_content: 
             exp = dataclasses.replace(exp, source=experiment_file)
     elif experiment_file:
         exp = load_experiment(Path(experiment_file), base_dir=experiment_base_dir)
-    elif preset:
-        file = EXPERIMENTS_DIR / f"{PRESET_ALIASES.get(preset, preset)}.yaml"
-        if not file.is_file():
-            known = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
-            raise ExperimentError(f"preset {preset!r}: no experiment file {file}; known: {known + list(PRESET_ALIASES)}")
-        exp = load_experiment(file, base_dir=experiment_base_dir)
     else:
-        exp = load_experiment(DEFAULT_EXPERIMENT, base_dir=experiment_base_dir)
+        exp = load_experiment(demo_experiment(preset), base_dir=experiment_base_dir)
     if experiment_sha256 is not None and experiment_sha256 != exp.sha256:
         raise ExperimentError(f"{exp.source}: content sha256 {exp.sha256} is not the expected experiment_sha256 "
                               f"{experiment_sha256} (the file changed since it was deployed)")

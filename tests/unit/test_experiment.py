@@ -79,6 +79,20 @@ def test_flow_content_wins_and_a_wrong_digest_is_refused(tmp_path):
     assert experiment_for_flow(preset="tiny_cpu").sha256 == load_experiment(REPO / "experiments/gsm8k_tiny.yaml").sha256
     with pytest.raises(ConfigError, match="preset 'nope'"):
         experiment_for_flow(preset="nope")
+    assert experiment_for_flow().source == str(REPO / "experiments" / "gsm8k_tiny.yaml")  # no file, no preset
+
+
+def test_without_the_demo_folder_the_default_and_a_preset_say_to_pass_a_file(tmp_path, monkeypatch):
+    # an installed wheel: flows/ in site-packages, no experiments/ beside it (tests/integration/test_wheel_install.py
+    # runs the real one)
+    import flows.experiment as fe
+    monkeypatch.setattr(fe, "EXPERIMENTS_DIR", tmp_path / "experiments")
+    monkeypatch.setattr(fe, "DEFAULT_EXPERIMENT", tmp_path / "experiments" / "gsm8k_tiny.yaml")
+    with pytest.raises(ExperimentError, match="^the default experiment: no demo experiments at .*experiments "
+                                              r"\(an installed package does not ship them.*: pass --experiment FILE"):
+        experiment_for_flow()
+    with pytest.raises(ExperimentError, match="^preset 'countdown': no demo experiments at "):
+        experiment_for_flow(preset="countdown")
 
 
 def test_a_partial_task_option_keeps_the_stages_own_defaults():
