@@ -4,7 +4,7 @@
 The sharded parameters (and the optimizer state) stay in the model's dtype (``model_dtype``, fp32 by default); the
 unsharded parameters used by forward and backward are cast to ``param_dtype``, gradients are reduced in
 ``reduce_dtype``, floating buffers (e.g. rotary ``inv_freq``) are cast to ``buffer_dtype``. All fp32 (the CPU
-default in configs/ppo_trainer.yaml) means no policy: the plain fp32 path. bf16 runs on GPUs and on CPUs with
+default in rlhf_core/configs/ppo_trainer.yaml) means no policy: the plain fp32 path. bf16 runs on GPUs and on CPUs with
 AVX512-BF16/AMX (oneDNN kernels); whether it pays on a given CPU: BENCHMARKS.md, "bf16 against float32".
 """
 from __future__ import annotations

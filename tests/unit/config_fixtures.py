@@ -1,6 +1,6 @@
 """One way for tests to build configs: the full typed config from the schema, plus overrides.
 
-``typed_config("ppo_trainer", "data.seed=0", ...)`` is ``configs/ppo_trainer.yaml`` as the typed structured
+``typed_config("ppo_trainer", "data.seed=0", ...)`` is ``rlhf_core/configs/ppo_trainer.yaml`` as the typed structured
 config (every key present, typed, struct mode) with verl-style overrides applied and interpolations resolved.
 Unlike ``load_config`` it skips the batch-size rules, so unit tests can build a worker's section with small
 sizes without making the whole PPO config consistent. ``section(name, path, **values)`` returns one

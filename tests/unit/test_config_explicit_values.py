@@ -1,4 +1,4 @@
-"""A user's explicit value is never rewritten, and defaults come from configs/*.yaml only.
+"""A user's explicit value is never rewritten, and defaults come from rlhf_core/configs/*.yaml only.
 
 Before the typed config, ``int(data.get("seed", 1) or 1)`` turned ``data.seed=0`` and ``trainer.seed=0`` into 1, and
 code defaults had drifted from the YAML (``balance_batch`` False vs True, ``data.seed`` 1 vs 42, ``rollout.name``

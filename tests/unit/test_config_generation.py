@@ -1,5 +1,5 @@
-"""configs/generation.yaml holds every key of verl 0.6.0's ``generation.yaml`` with verl's default, bar a listed few,
-and loads through ``load_config`` with the same checks as the other configs.
+"""rlhf_core/configs/generation.yaml holds every key of verl 0.6.0's ``generation.yaml`` with verl's default, bar a
+listed few, and loads through ``load_config`` with the same checks as the other configs.
 
 tests/data/verl06/generation.yaml is verl 0.6.0's ``verl/trainer/config/generation.yaml`` (git tag v0.6.0) parsed
 with OmegaConf and dumped again, so no comment survives (as tests/data/verl06/strip_comments.py does for the others).
@@ -42,7 +42,8 @@ def test_every_verl06_generation_key_loads_with_verl_default():
     ours = _ours()
     for path, verl_default in _verl().items():
         value = _ours_at(ours, path)
-        assert value != "<missing>", f"{path} (verl 0.6.0 generation.yaml) is missing from configs/generation.yaml"
+        assert value != "<missing>", (f"{path} (verl 0.6.0 generation.yaml) is missing from "
+                                      "rlhf_core/configs/generation.yaml")
         if path in EXCEPTIONS:
             assert (verl_default, value) == EXCEPTIONS[path][:2], "update EXCEPTIONS"
             continue

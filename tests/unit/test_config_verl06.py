@@ -109,7 +109,7 @@ def test_vendored_files_hold_verl_keys_and_defaults_only():
 def test_every_verl06_leaf_is_ours_with_verl_default(name, path, verl_default):
     # a key verl 0.9 moved (critic.model.fsdp_config -> critic.fsdp) is read at its new path (declared aliases)
     ours = _ours_at(_ours(name), renamed_path(path, name) or path)
-    assert ours != "<missing>", f"{path} (verl 0.6.0 {name}) is missing from configs/{name}.yaml"
+    assert ours != "<missing>", f"{path} (verl 0.6.0 {name}) is missing from rlhf_core/configs/{name}.yaml"
     if (name, path) in EXCEPTIONS:
         verl_listed, ours_listed, _why = EXCEPTIONS[(name, path)]
         assert (verl_default, ours) == (verl_listed, ours_listed), "update EXCEPTIONS"
