@@ -13,6 +13,7 @@ from rlhf_core.agent.manager import AgentLoopManager
 from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config
 from rlhf_core.agent.repeat import RepeatInteractionAgentLoop
 from rlhf_core.protocol import Batch
+from rlhf_core.config import shipped_config_dir
 from tests.unit.agent_fixtures import ScriptedPolicy, make_tokenizer
 from tests.unit.test_agent_interaction import ROW, SHIPPED
 from tests.unit.test_agent_rollout import _rollout_cfg
@@ -94,14 +95,13 @@ def test_a_collabllm_row_without_its_keys_fails_at_dataset_build(tok, tmp_path):
 
     from rlhf_core.agent.registry import AgentConfigError, check_datasets
     from rlhf_core.data.rl_dataset import RLHFDataset
-    from tests.unit.test_agent_rollout import REPO
 
     rows = [{"prompt": [{"role": "user", "content": "q"}], "agent_name": name,
              "extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "1"}}}
             for name in ("tool_agent", "collabllm_agent")]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    data_cfg = OmegaConf.load(REPO / "configs" / "ppo_trainer.yaml").data
+    data_cfg = OmegaConf.load(shipped_config_dir() / "ppo_trainer.yaml").data
     data_cfg.max_prompt_length = 64
     ds = RLHFDataset(str(path), tok, data_cfg)
     cfg = _rollout_cfg(tmp_path, mode="async", **{"multi_turn.interaction_config_path": str(SHIPPED)})
