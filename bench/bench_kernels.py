@@ -55,19 +55,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def _interleaved_median_ms(fns: list, reps: int) -> list[float]:
-    """The median milliseconds of each of ``fns`` over ``reps`` calls after one warm-up call each, the calls taken in
-    turn (rep 1 of every function, then rep 2, ...), so that a host whose speed drifts slows every variant alike."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, out in zip(fns, times):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return [statistics.median(t) * 1e3 for t in times]
+from bench_timing import PACKING_SIZES as _PACKING_SIZES  # noqa: E402 - bench/ is the script's folder
+from bench_timing import interleaved_median_ms as _interleaved_median_ms  # noqa: E402
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -241,12 +230,6 @@ def bench_raycall(reps: int) -> None:
 
 
 _RAGGED = (32, 180, 128)  # rows, prompt width, response width of the packing benchmarks
-_PACKING_SIZES = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=2),
-                  "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
-                              num_key_value_heads=2),
-                  "100m": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=14, num_attention_heads=12,
-                               num_key_value_heads=4)}
 
 
 def _ragged_rows() -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The ``linear`` micro-benchmark of ``bench/bench_kernels.py`` (``--only linear``): each linear layer shape of the
 benchmark's model sizes, a decode step's 32-row product by ``nn.functional.linear`` vs oneDNN on a reordered weight
 (``rollout/packed_linear.py``), float32 and bf16, and an update's 4,096-token float32 forward and backward, torch vs
-``onednn_linear.OneDNNLinear``. Run it through ``bench_kernels.py``, which owns the timing helper and the sizes."""
+``onednn_linear.OneDNNLinear``. Run it through ``bench_kernels.py``; the timing helper and the sizes are ``bench_timing.py``'s."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +9,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from bench_kernels import _PACKING_SIZES, _interleaved_median_ms
+from bench_timing import PACKING_SIZES as _PACKING_SIZES
+from bench_timing import interleaved_median_ms as _interleaved_median_ms
 
 
 def _linear_shapes(size: dict) -> list[tuple[str, int, int]]:

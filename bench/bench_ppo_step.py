@@ -154,7 +154,7 @@ def _peak_rss_mb() -> float:
 def build_ours(spec: dict, args, out_dir: Path, use_ray: bool = False):
     """Our trainer on the benchmark's config, workers started: in-process (one ``LocalWorkerGroup`` rank) or, with
     ``use_ray``, through ``main_ppo.build_worker_groups`` on an embedded Ray started here."""
-    from rlhf_core.data.rl_dataset import create_rl_dataset
+    from rlhf_core.data.factory import create_rl_dataset
     from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.models.loading import load_tokenizer
     from rlhf_core.reward import load_reward_manager

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from infra.results import ResultsStore
-from infra.results_cli import escape_control
+from infra.text import escape_control
 
 PASS_THRESHOLD = 0.5  # a prompt "passes" when its mean score is above this (evaluation's acc rule)
 CHANGE_EPS = 1e-9  # a prompt's score changed when |score_b - score_a| exceeds this (means summed in another order)

@@ -7,6 +7,7 @@ and the field, when the dataset is built (before any training starts).
 
 Modules: ``fs`` (copy_to_local) · ``readers`` (parquet/jsonl rows) · ``gsm8k`` (preprocess_gsm8k) ·
 ``prompts`` (render_prompt, truncation, padding, overlong filter) · ``rl_dataset`` (RLHFDataset, collate_fn) ·
+``datagen`` (DynamicGenDataset) · ``factory`` (create_rl_dataset) ·
 ``sft_dataset`` (SFTDataset) · ``loader`` (build_dataloader) · ``custom`` (custom_cls) · ``cli`` (rlhf data).
 The main names are importable from here too (lazily, so ``import rlhf_core.data`` stays light).
 """
@@ -32,7 +33,7 @@ _LAZY = {
     "render_prompt": "prompts",
     "RLHFDataset": "rl_dataset",
     "collate_fn": "rl_dataset",
-    "create_rl_dataset": "rl_dataset",
+    "create_rl_dataset": "factory",
     "SFTDataset": "sft_dataset",
     "create_sft_dataset": "sft_dataset",
     "build_dataloader": "loader",

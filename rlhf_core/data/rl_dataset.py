@@ -13,7 +13,6 @@ import torch
 from torch.utils.data import Dataset
 
 from rlhf_core.data import DataError
-from rlhf_core.data.custom import load_custom_cls
 from rlhf_core.data.prompts import (
     TRUNCATIONS,
     encode,
@@ -28,7 +27,7 @@ from rlhf_core.data.prompts import (
 from rlhf_core.data.readers import RowSource, read_rows
 from rlhf_core.protocol import Batch
 
-__all__ = ["RLHFDataset", "collate_fn", "create_rl_dataset", "render_prompt", "validate_messages"]
+__all__ = ["RLHFDataset", "collate_fn", "render_prompt", "validate_messages"]
 
 _OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
     "data_source": (str,),
@@ -76,8 +75,8 @@ class RLHFDataset(Dataset):
             ``max_prompt_length``, ``truncation``, ``return_raw_input_ids``, ``return_raw_chat``,
             ``return_full_prompt``, ``shuffle``, ``seed``, ``filter_overlong_prompts``,
             ``filter_overlong_prompts_workers``, ``apply_chat_template_kwargs``. (``custom_cls`` and ``datagen``
-            are honoured by :func:`create_rl_dataset`; ``image_key``/``processor`` (multimodal) are accepted but
-            images are not processed.)
+            are honoured by :func:`rlhf_core.data.factory.create_rl_dataset`; ``image_key``/``processor``
+            (multimodal) are accepted but images are not processed.)
         processor: multimodal processor; unused (kept for verl's signature).
         max_samples: ``train_max_samples`` / ``val_max_samples``; > 0 keeps a seeded random subset of that
             size when ``config.shuffle``, else the first N rows. Applied before the overlong filter, as verl.
@@ -195,22 +194,6 @@ class RLHFDataset(Dataset):
             item["raw_input_ids"] = truncate_ids(encode(self.tokenizer, plain), self.max_prompt_length,
                                                  "right" if self.truncation == "error" else self.truncation)
         return item
-
-
-def create_rl_dataset(data_files: str | list[str], tokenizer: Any, config: Any, processor: Any = None,
-                      max_samples: int = -1, is_train: bool = True) -> Dataset:
-    """``config.custom_cls`` (a Dataset subclass loaded from a file) when set; else, for the training set,
-    :class:`rlhf_core.data.datagen.DynamicGenDataset` when ``config.datagen.path`` is set; else :class:`RLHFDataset`.
-
-    The class is called with the same arguments as ``RLHFDataset`` (verl's ``create_rl_dataset``).
-    """
-    cls = load_custom_cls(config.custom_cls)
-    if cls is None and is_train and config.datagen.path is not None:
-        from rlhf_core.data.datagen import DynamicGenDataset  # lazy: datagen imports this module
-
-        cls = DynamicGenDataset
-    return (cls or RLHFDataset)(data_files=data_files, tokenizer=tokenizer, config=config, processor=processor,
-                                max_samples=max_samples)
 
 
 def collate_fn(items: list[dict[str, Any]]) -> Batch:

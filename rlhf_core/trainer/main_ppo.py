@@ -26,7 +26,7 @@ from rlhf_core.config.notices import engine_errors
 from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
-from rlhf_core.data.rl_dataset import create_rl_dataset
+from rlhf_core.data.factory import create_rl_dataset
 from rlhf_core.distributed.ray_init import init_ray, write_ray_timeline
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache

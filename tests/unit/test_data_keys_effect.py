@@ -16,7 +16,8 @@ from data_fixtures import ppo_data_cfg, sft_data_cfg, verl_row, write_parquet  #
 from rlhf_core.data import DataError  # noqa: E402
 from rlhf_core.data.datagen import DynamicGenDataset  # noqa: E402
 from rlhf_core.data.loader import build_dataloader  # noqa: E402
-from rlhf_core.data.rl_dataset import RLHFDataset, create_rl_dataset  # noqa: E402
+from rlhf_core.data.factory import create_rl_dataset  # noqa: E402
+from rlhf_core.data.rl_dataset import RLHFDataset  # noqa: E402
 from rlhf_core.data.sampler import create_rl_sampler  # noqa: E402
 from rlhf_core.data.sft_dataset import SFTDataset  # noqa: E402
 from rlhf_core.trainer.main_ppo import driver_tokenizer_path, load_driver_tokenizer  # noqa: E402

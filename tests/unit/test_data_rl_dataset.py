@@ -17,7 +17,8 @@ from data_fixtures import ppo_data_cfg, verl_row, write_jsonl, write_parquet  # 
 from rlhf_core.data import DataError  # noqa: E402
 from rlhf_core.data.gsm8k import INSTRUCTION, preprocess_gsm8k  # noqa: E402
 from rlhf_core.data.prompts import truncate_ids  # noqa: E402
-from rlhf_core.data.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, render_prompt  # noqa: E402
+from rlhf_core.data.factory import create_rl_dataset  # noqa: E402
+from rlhf_core.data.rl_dataset import RLHFDataset, collate_fn, render_prompt  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
