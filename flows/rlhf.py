@@ -239,7 +239,7 @@ def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dic
 def _print_learning(run_dir: Path, val_prompts: int) -> None:
     """Log the core validation metric before and after PPO (greedy accuracy under experiments/countdown.yaml) on the
     flow run's logger (``tasks.runlog.log_line``)."""
-    from tasks.common import read_jsonl
+    from infra.run_folders import read_jsonl
 
     folder = run_dir / "metrics"  # in-segment validations (test_freq) and the validate tasks' files
     files = [f for pattern in ("segment_*.jsonl", "validate_step_*.jsonl") for f in sorted(folder.glob(pattern))]

@@ -32,14 +32,11 @@ from typing import Any, Iterator, Mapping
 
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
-from mlflow.utils.validation import (
-    MAX_ENTITY_KEY_LENGTH,
-    MAX_PARAM_VAL_LENGTH,
-    MAX_PARAMS_TAGS_PER_BATCH,
-)
+from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 
 from rlhf_core.redact import redact, redact_text
 from rlhf_core.storage import read_only_reason, sqlite_store_path
+from rlhf_core.trainer.tracking import mlflow_params
 
 PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
@@ -212,36 +209,14 @@ def config_hash(params: Mapping[str, Any]) -> str:
     """sha256 of the flattened ``params`` as sorted JSON (the same config, the same hash)."""
     import json
 
-    return hashlib.sha256(json.dumps(flatten_params(params), sort_keys=True).encode()).hexdigest()
-
-
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Flatten a nested mapping (an OmegaConf DictConfig works) to ``{"a.b.c": "value"}``.
-
-    Values under secret names (``api_key``, ``*_token``, ``password``... : :func:`rlhf_core.redact.redact`)
-    are ``***`` and known secret values are scrubbed from the others, so MLflow params, the DuckDB
-    ``params_json`` and the config artifact built from this never hold a secret.
-    Keys longer than MLflow's limit (250 chars) are cut from the left; values longer than
-    6000 chars are cut and end with ``...``. Lists become their ``str``.
-    """
-    params = redact(params, prefix.rstrip("."))
-    flat: dict[str, str] = {}
-    for key, value in params.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_params(value, prefix=f"{full}."))
-            continue
-        text = str(value)
-        if len(text) > MAX_PARAM_VAL_LENGTH:
-            text = text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
-        flat[full[-MAX_ENTITY_KEY_LENGTH:]] = text
-    return flat
+    return hashlib.sha256(json.dumps(mlflow_params(params), sort_keys=True).encode()).hexdigest()
 
 
 @_unless_degraded(0)
 def log_params(run_id: str, params: Mapping[str, Any]) -> int:
-    """Log flattened ``params`` in batches of 100; returns how many were logged."""
-    flat = flatten_params(params)
+    """Log ``params`` in batches of 100, named and cut as the core's ``mlflow`` sink names them
+    (:func:`rlhf_core.trainer.tracking.mlflow_params`); returns how many were logged."""
+    flat = mlflow_params(params)
     items = [Param(k, v) for k, v in flat.items()]
     c = client()
     for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.results import ResultsStore
 
     if args.cmd == "register":  # a refused folder creates nothing: no home folder, no store
-        from infra.manual_runs import check_run_folder
+        from infra.run_folders import check_run_folder
 
         try:
             check_run_folder(args.path)
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_comparison(cmp, show=args.show, limit=args.limit))
         return 0
     if args.cmd == "register":
-        from infra.manual_runs import register_folder
+        from infra.run_folders import register_folder
 
         try:
             info = register_folder(store, args.path, stage=args.stage)

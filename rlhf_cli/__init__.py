@@ -33,9 +33,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-# with RLHF_HOME set, these run through infra.manual_runs: MLflow under $RLHF_HOME, rows in the results store
-TRACKED: dict[str, tuple[str, str]] = {"ppo": ("infra.manual_runs", "ppo_main"),
-                                       "eval": ("infra.manual_runs", "eval_main")}
+# with RLHF_HOME set, these run through rlhf_cli.tracked: MLflow under $RLHF_HOME, rows in the results store
+TRACKED: dict[str, tuple[str, str]] = {"ppo": ("rlhf_cli.tracked", "ppo_main"),
+                                       "eval": ("rlhf_cli.tracked", "eval_main")}
 
 
 def _usage() -> str:

@@ -11,6 +11,8 @@ from typing import Any, Iterator, Mapping
 
 from infra import lineage
 from infra.results import ResultsStore
+from infra.run_folders import read_jsonl
+from rlhf_core.trainer.tracking import mlflow_params
 
 
 def make_context(home: str, experiment: str, parent_run_id: str | None, flow_run_id: str | None,
@@ -42,7 +44,7 @@ def stage(name: str, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> Itera
         The stage's MLflow run id.
     """
     store = ResultsStore(ctx["home"])
-    flat = lineage.flatten_params(params)
+    flat = mlflow_params(params)
     params_json = json.dumps(flat, sort_keys=True)
     started = _now()
     with lineage.stage_run(name, params, parent_run_id=ctx.get("parent_run_id"), experiment=ctx["experiment"],
@@ -55,20 +57,6 @@ def stage(name: str, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> Itera
             status = "FINISHED"
         finally:
             store.index_run(rid, ctx.get("flow_run_id"), name, status, started, _now(), params_json, name=name)
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a jsonl file ([] when it does not exist); a torn last line is skipped."""
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
 
 
 def parquet_files(folder: str | Path) -> list[str]:
@@ -95,13 +83,3 @@ def keep_steps_through(path: str | Path, last_step: int | None) -> int:
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(kept)
-
-
-def last_per_step_and_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Long metric rows (``step`` + ``name``/``key``) with only the last row of each (step, name): a retry that
-    resumed at step K logs its validation at K again (``val_before_train``), the same number as before."""
-    last: dict[tuple, dict[str, Any]] = {}
-    for row in rows:
-        name = row.get("name", row.get("key"))
-        last[(row.get("step"), name) if name is not None else (row.get("step"), id(row))] = row
-    return list(last.values())

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from tasks.common import read_jsonl
+from infra.run_folders import read_jsonl
 from tasks.runlog import log_line
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ def publish_version(ppo_run_id: str, hf_dir: str | Path, model_name: str, lineag
     return {"version": version, "aliases": aliases, "url": url, "line": line}
 
 
-@task(name="register_model", task_run_name="register_model {model_name}", retries=1, retry_delay_seconds=30,
+@task(name="register_model", task_run_name="register_model {model_name}",
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def register_model(ppo_run_id: str, checkpoint_dir: str | None, model_name: str, lineage_tags: dict[str, Any],
                    ctx: dict[str, Any], evaluation: dict[str, float], verdict: str, detail: str | None = None,

@@ -6,7 +6,9 @@ DuckDB results store. Stages whose output is a pure function of their inputs car
 key over their input files' digests and write into a folder named by that key, so a cache
 hit points at an existing output. Each task enforces its ``tasks.<stage>.timeout_seconds`` where
 its work runs (``tasks.deadline``, not Prefect's thread timeout) and names its run after what it
-does (``tasks.runlog``: ``sft · 64 rows, 1 epoch``).
+does (``tasks.runlog``: ``sft · 64 rows, 1 epoch``). The decorators set no retries: the one place for a stage's
+retries is the experiment's ``tasks.<stage>`` (defaults in ``flows/experiment.py``), applied by the flow
+(``flows.rlhf._configured_tasks``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from prefect.cache_policies import NO_CACHE
 from infra import lineage
 from infra.home import remember
 from infra.results import ResultsStore
+from infra.run_folders import last_per_step_and_key, read_jsonl
 from tasks import plan, remote
-from tasks.common import keep_steps_through, last_per_step_and_key, parquet_files, read_jsonl, stage
+from tasks.common import keep_steps_through, parquet_files, stage
 from tasks.deadline import StageDeadline
 from tasks.progress import StepProgress
 from tasks.runlog import (build_model_run_name, evaluate_run_name, filter_prompts_run_name, log_line,
@@ -71,7 +74,7 @@ def _prepare_key(_ctx: Any, p: dict[str, Any]) -> str | None:
     return plan.inputs_key("prepare_data", files, data=p["data"], home=p["ctx"]["home"])
 
 
-@task(name="prepare_data", task_run_name=prepare_data_run_name, retries=2, retry_delay_seconds=10,
+@task(name="prepare_data", task_run_name=prepare_data_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_prepare_key, persist_result=True)
 def prepare_data(data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     """Copy the experiment's data once (fsspec), check verl's RL schema, cut the first N rows, digest.
@@ -158,7 +161,7 @@ def _filter_key(_ctx: Any, p: dict[str, Any]) -> str | None:
                            cfg=p["cfg"], home=p["ctx"]["home"])
 
 
-@task(name="filter_prompts", task_run_name=filter_prompts_run_name, retries=2, retry_delay_seconds=10,
+@task(name="filter_prompts", task_run_name=filter_prompts_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_filter_key, persist_result=True)
 def filter_prompts(prepared: dict[str, Any], model_path: str, cfg: dict[str, Any],
                    ctx: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +211,7 @@ def _build_key(_ctx: Any, p: dict[str, Any]) -> str:
     return plan.inputs_key("build_model", [p["train_file"]], sizes=p["sizes"], home=p["ctx"]["home"])
 
 
-@task(name="build_model", task_run_name=build_model_run_name, retries=1, retry_delay_seconds=10,
+@task(name="build_model", task_run_name=build_model_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_build_key, persist_result=True)
 def build_model(train_file: str, sizes: dict[str, int], ctx: dict[str, Any]) -> dict[str, str]:
     """Build the tiny Qwen2-style model + BPE tokenizer from the training text (on Ray).
@@ -240,7 +243,7 @@ def _sft_key(_ctx: Any, p: dict[str, Any]) -> str:
                            overrides=p["overrides"], home=p["ctx"]["home"])
 
 
-@task(name="sft", task_run_name=sft_run_name, retries=1, retry_delay_seconds=30,
+@task(name="sft", task_run_name=sft_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_key_fn=_sft_key, persist_result=True)
 def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
         ctx: dict[str, Any]) -> dict[str, str]:
@@ -275,7 +278,7 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
     return {"hf_dir": hf_dir, "run_id": run_id}
 
 
-@task(name="ppo_segment", retries=2, retry_delay_seconds=30,
+@task(name="ppo_segment",
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
                 ctx: dict[str, Any], progress_id: str | None = None) -> dict[str, Any]:
@@ -312,7 +315,7 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     return result
 
 
-@task(name="validate", task_run_name=validate_run_name, retries=1, retry_delay_seconds=30,
+@task(name="validate", task_run_name=validate_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def validate(overrides: list[str], checkpoint: str | None, global_step: int, ppo_run_id: str,
              ctx: dict[str, Any]) -> dict[str, Any]:
@@ -372,7 +375,7 @@ def resume_step(config: Any) -> int | None:
 
 def register_validation_samples(store: ResultsStore, config: Any, run_id: str) -> int:
     """Register the validation sample files of a PPO config with questions and checkpoints."""
-    from infra.manual_runs import checkpoints_by_step
+    from infra.run_folders import checkpoints_by_step
 
     files = parquet_files(config.trainer.validation_data_dir)
     val_files = config.data.val_files
@@ -405,7 +408,7 @@ def merged_policy(checkpoint: str, run_dir: str, deadline: StageDeadline) -> str
     return merged
 
 
-@task(name="evaluate", task_run_name=evaluate_run_name, retries=1, retry_delay_seconds=30,
+@task(name="evaluate", task_run_name=evaluate_run_name,
       retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def evaluate(overrides: list[str], ctx: dict[str, Any], checkpoint: str | None = None,
              val_file: str | None = None, global_step: int = 0, suites: list[dict[str, Any]] | None = None,

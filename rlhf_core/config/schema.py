@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlhf_core.flat import flatten_tree
+
 from .errors import ConfigError
 from .spec import DEFAULT_ONLY, KeySpec, Registered, section_aliases, spec_table
 
@@ -67,16 +69,10 @@ def is_open(path: str) -> bool:
 
 
 def flatten(cfg: DictConfig, resolve: bool = True, prefix: str = "") -> dict[str, Any]:
-    """Map every leaf (and empty dict) of ``cfg`` to its dotted path; lists are leaves."""
-    out: dict[str, Any] = {}
+    """Map every declared leaf of ``cfg`` to its dotted path: lists, empty dicts and the free-form dicts
+    (:func:`open_paths`) are leaves (:func:`rlhf_core.flat.flatten_tree`, the one flattening)."""
     container = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
-    for key, value in container.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and path not in open_paths():
-            out.update(flatten(value, resolve, path + "."))
-        else:
-            out[path] = value
-    return out
+    return flatten_tree(container, prefix, whole=open_paths(), keep_empty=True)
 
 
 def all_paths(cfg: DictConfig) -> list[str]:

@@ -39,6 +39,7 @@ import re
 import time
 from typing import Any
 
+from rlhf_core.flat import flatten_tree
 from rlhf_core.redact import install_log_redaction, redact
 from rlhf_core.storage import (
     StorageError, is_storage_error, read_only_reason, sqlite_store_path, storage_error)
@@ -65,20 +66,32 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def flatten_config(config: Any) -> dict[str, str]:
-    """A nested config (DictConfig or dict) as ``{"a.b.c": "value"}`` strings (for MLflow params and the
-    wandb/swanlab config), with secret values redacted (:func:`rlhf_core.redact.redact`)."""
-    config = redact(config)  # resolves a DictConfig (raw values where an interpolation fails)
+# MLflow's limits (mlflow.utils.validation MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH), not imported: MLflow is
+# heavy and this module is imported by every run
+MLFLOW_KEY_LIMIT = 250
+MLFLOW_PARAM_VALUE_LIMIT = 6000
+
+
+def mlflow_param_name(key: str, limit: int = MLFLOW_KEY_LIMIT) -> str:
+    """The MLflow name of a dotted config key: :func:`sanitize_mlflow_name`, then, when longer than ``limit``
+    characters (MLflow's 250 for param and tag keys), its last ``limit`` characters: the leaf, which tells two
+    keys apart, is kept and the shared section prefix is cut. Every writer (the core's ``mlflow`` sink and
+    ``infra.lineage``) names params with this, so one key has one name in a run."""
+    name = sanitize_mlflow_name(key)
+    return name[-limit:] if len(name) > limit else name
+
+
+def mlflow_params(config: Any) -> dict[str, str]:
+    """A nested config (DictConfig or mapping) as MLflow params ``{name: value}``: secret values redacted
+    (:func:`rlhf_core.redact.redact`), flattened (:func:`rlhf_core.flat.flatten_tree`: one param per scalar or
+    list, empty mappings dropped), names by :func:`mlflow_param_name`, values as ``str`` and, when longer than
+    MLflow's 6000 characters, cut to 5997 and ending in ``...``. Also the run index's ``params_json``."""
     out: dict[str, str] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        else:
-            out[prefix] = str(node)
-
-    walk("", config or {})
+    for key, value in flatten_tree(redact(config) or {}).items():
+        text = str(value)
+        if len(text) > MLFLOW_PARAM_VALUE_LIMIT:
+            text = text[: MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
+        out[mlflow_param_name(key)] = text
     return out
 
 
@@ -167,7 +180,7 @@ class MlflowSink:
             exp_id = exp.experiment_id if exp else self.client.create_experiment(project_name)
             self.run_id = self.client.create_run(exp_id, run_name=experiment_name).info.run_id
         if config is not None:
-            self._log_params(flatten_config(config))
+            self._log_params(mlflow_params(config))
 
     def _log_params(self, params: dict[str, str]) -> None:
         """Log ``params``; into an existing run, only the new keys: a key the run already has with another
@@ -175,10 +188,10 @@ class MlflowSink:
         MLflow params cannot change."""
         from mlflow.entities import Param, RunTag
 
-        items = {sanitize_mlflow_name(k)[:250]: v[:6000] for k, v in params.items()}
         existing = {} if self.owns_run else self.client.get_run(self.run_id).data.params
-        changed = [RunTag(f"param.{k}"[:250], v) for k, v in items.items() if k in existing and existing[k] != v]
-        new = [Param(k, v) for k, v in items.items() if k not in existing]
+        changed = [RunTag("param." + mlflow_param_name(k, MLFLOW_KEY_LIMIT - len("param.")), v)
+                   for k, v in params.items() if k in existing and existing[k] != v]
+        new = [Param(k, v) for k, v in params.items() if k not in existing]
         for i in range(0, len(new), 100):
             self.client.log_batch(self.run_id, params=new[i : i + 100])
         for i in range(0, len(changed), 100):
@@ -218,7 +231,7 @@ class _ModuleSink:
 
     def __init__(self, module_name: str, project_name: str, experiment_name: str, config: Any):
         self.module = importlib.import_module(module_name)
-        cfg = flatten_config(config) if config is not None else None
+        cfg = {k: str(v) for k, v in flatten_tree(redact(config)).items()} if config is not None else None
         self.module.init(project=project_name, name=experiment_name, config=cfg)
 
     def log(self, data: dict[str, Any], step: int) -> None:

@@ -181,7 +181,7 @@ def test_refused_register_creates_nothing(tmp_path, what):
 def test_register_keeps_the_resumed_values_of_a_metrics_file(tmp_path):
     """A plain run appends to <default_local_dir>/metrics.jsonl; resumed at step 1 it logs step 2 again: the
     folder registers each (step, name) once, with the value of the run that continued."""
-    from infra.manual_runs import check_run_folder
+    from infra.run_folders import check_run_folder
 
     rows = [(1, 0.5), (2, 0.25), (2, 0.75), (3, 1.0)]  # step 2 logged by the interrupted run, then by the resumed
     (tmp_path / "metrics.jsonl").write_text("".join(

@@ -85,6 +85,14 @@ class World:
     experiment: str = "faults"
 
 
+def _retries(stage: str) -> int:
+    """``stage``'s retries in the default experiment (``tasks.<stage>`` in flows/experiment.py, the one place the
+    pipeline's retries are set; the ``@task`` decorators set none)."""
+    from flows.experiment import TasksSpec
+
+    return int(getattr(TasksSpec(), stage).retries)
+
+
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
@@ -99,7 +107,8 @@ def _run_stage(world: World, name: str, fault: str | None = None) -> Outcome:
 
     from infra import lineage
     from infra.results import ResultsStore
-    from tasks.common import make_context, read_jsonl, stage
+    from infra.run_folders import read_jsonl
+    from tasks.common import make_context, stage
     from tasks.stages import ppo_segment, retry_unless_bad_input
 
     run_dir = world.home / "runs" / name
@@ -116,7 +125,8 @@ def _run_stage(world: World, name: str, fault: str | None = None) -> Outcome:
 
     @flow(name=f"faults-{name}")
     def one_segment(ctx: dict[str, Any], ppo_run_id: str) -> tuple[dict[str, Any], Any]:
-        task = ppo_segment.with_options(retry_delay_seconds=0, retry_condition_fn=observe_then_decide)
+        task = ppo_segment.with_options(retries=_retries("ppo_segment"), retry_delay_seconds=0,
+                                        retry_condition_fn=observe_then_decide)
         state = task(overrides, 1, ppo_run_id, ctx, return_state=True)
         return state.result(), state.state_details.task_run_id
 
@@ -283,7 +293,8 @@ def test_validate_killed_is_retried_without_retraining(world, reference):
     from infra import lineage
     from infra.results import ResultsStore
     from tasks import plan
-    from tasks.common import make_context, read_jsonl, stage
+    from infra.run_folders import read_jsonl
+    from tasks.common import make_context, stage
     from tasks.stages import evaluate, ppo_segment, validate
 
     name = "validate"
@@ -298,12 +309,12 @@ def test_validate_killed_is_retried_without_retraining(world, reference):
 
     @flow(name="faults-validate")
     def segment_then_validate(ctx: dict[str, Any], ppo_run_id: str) -> tuple:
-        seg = ppo_segment.with_options(retry_delay_seconds=0)(
+        seg = ppo_segment.with_options(retries=_retries("ppo_segment"), retry_delay_seconds=0)(
             plan.segment_overrides(overrides), 1, ppo_run_id, ctx, return_state=True)
         result = seg.result()
         files = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
         seg_rows = read_jsonl(run_dir / "metrics" / "segment_1.jsonl")
-        val = validate.with_options(retry_delay_seconds=0)(
+        val = validate.with_options(retries=_retries("validate"), retry_delay_seconds=0)(
             overrides, result["checkpoint_dir"], result["global_step"], ppo_run_id, ctx, return_state=True)
         ev = evaluate(["ray_init.num_cpus=2"], ctx, checkpoint=result["checkpoint_dir"], val_file=str(world.val),
                       global_step=result["global_step"], suites=suites,

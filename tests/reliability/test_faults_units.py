@@ -16,9 +16,10 @@ import ray.cloudpickle
 
 from conftest_services import ray_local  # noqa: F401 - an embedded Ray (session fixture)
 from infra.ray_cluster import OWNER_ENV, release_owned, run_on_ray
+from infra.run_folders import last_per_step_and_key, read_jsonl
 from rlhf_core.faults import fault_point, parse_fault
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, find_latest_checkpoint, write_tracker
-from tasks.common import keep_steps_through, last_per_step_and_key, read_jsonl
+from tasks.common import keep_steps_through
 
 REPO = Path(__file__).resolve().parents[2]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test modules are not importable on Ray workers

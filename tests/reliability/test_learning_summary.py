@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks import plan
-from tasks.common import read_jsonl
+from infra.run_folders import read_jsonl
 
 ACC = "val-core/openai/gsm8k/acc/mean@1"
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def rlhf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """``rlhf ARGS`` as the console script runs it, in a fresh interpreter."""
     # without RLHF_HOME (an earlier import of flows.rlhf sets it in this process): the plain core commands;
-    # with it, ppo/eval run tracked (infra.manual_runs, tested in test_infra_manual_runs)
+    # with it, ppo/eval run tracked (rlhf_cli.tracked, tested in test_infra_manual_runs)
     env = {k: v for k, v in os.environ.items() if k != "RLHF_HOME"} | {"PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-c", "import sys, rlhf_cli; sys.exit(rlhf_cli.main())", *args],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=300)

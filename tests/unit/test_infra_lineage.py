@@ -6,10 +6,12 @@ import hashlib
 
 import pandas as pd
 import pytest
+from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH
 
 from conftest_services import *  # noqa: F401,F403
 from infra import lineage
 from infra.home import configure_environment, rlhf_home
+from rlhf_core.trainer.tracking import MLFLOW_KEY_LIMIT, MLFLOW_PARAM_VALUE_LIMIT, mlflow_param_name, mlflow_params
 
 
 def test_configure_environment_sets_defaults_but_keeps_user_values(rlhf_env, monkeypatch):
@@ -25,11 +27,38 @@ def test_configure_environment_sets_defaults_but_keeps_user_values(rlhf_env, mon
     assert env["PREFECT_HOME"] == "/tmp/user-prefect-home"
 
 
-def test_flatten_params_nests_and_truncates():
-    flat = lineage.flatten_params({"a": {"b": {"c": 1}}, "l": [1, 2], "long": "x" * 7000, "k" * 300: 1})
-    assert flat["a.b.c"] == "1" and flat["l"] == "[1, 2]"
-    assert len(flat["long"]) == 6000 and flat["long"].endswith("...")
-    assert "k" * 250 in flat
+def test_mlflow_params_nest_and_truncate():
+    flat = mlflow_params({"a": {"b": {"c": 1}}, "l": [1, 2], "long": "x" * 7000, "k" * 300: 1, "e": {}})
+    assert flat["a.b.c"] == "1" and flat["l"] == "[1, 2]" and "e" not in flat  # an empty section has no param
+    assert flat["long"] == "x" * 5997 + "..."  # MLflow's 6000-character limit, the cut marked
+    assert flat["k" * 250] == "1"  # MLflow's 250-character key limit: the last 250 characters
+    assert lineage.config_hash({"a": {"b": 1}}) == hashlib.sha256(b'{"a.b": "1"}').hexdigest()
+    # the limits are MLflow's own (not imported by the core: MLflow is heavy)
+    assert (MLFLOW_KEY_LIMIT, MLFLOW_PARAM_VALUE_LIMIT) == (MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH) == (250, 6000)
+
+
+def test_a_long_key_has_one_mlflow_name_from_both_writers(rlhf_env, mlflow_client, monkeypatch):
+    """The stage (infra.lineage) and the core's ``mlflow`` sink log the same config into the same run: every key gets
+    one name. Before, lineage kept a long key's last 250 characters and the sink its first 250, so this key
+    became two params (and the sink's ``@`` was sanitised, lineage's not)."""
+    from rlhf_core.trainer.tracking import MlflowSink
+
+    config = {"a" * 200: {"b" * 100: 1, "mean@4": 2}, "trainer": {"total_epochs": 3}}
+    # "a"*200 + "." + "b"*100 is 301 characters: its last 250 are 149 a's, the dot and the 100 b's
+    expected = {"a" * 149 + "." + "b" * 100: "1", "a" * 200 + ".mean_at_4": "2", "trainer.total_epochs": "3"}
+    assert mlflow_param_name("a" * 200 + "." + "b" * 100) == "a" * 149 + "." + "b" * 100
+    with lineage.stage_run("ppo", config, experiment="names") as run_id:
+        assert mlflow_client.get_run(run_id).data.params == expected
+        monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+        sink = MlflowSink("names", "ppo", config)  # logs the same config into the stage's run
+        sink.finish()
+    run = mlflow_client.get_run(run_id)
+    assert run.data.params == expected
+    assert [k for k in run.data.tags if k.startswith("param.")] == []  # no key was seen as changed
+    # a value that changes (a later segment's stop_after_step) becomes a tag named the same way, within 250
+    MlflowSink("names", "ppo", {**config, "a" * 200: {"b" * 100: 5, "mean@4": 2}})
+    tags = {k: v for k, v in mlflow_client.get_run(run_id).data.tags.items() if k.startswith("param.")}
+    assert tags == {"param." + "a" * 143 + "." + "b" * 100: "5"}  # 6 + 143 + 1 + 100 = 250 characters
 
 
 def test_parent_and_nested_runs_with_params_inputs_and_artifacts(rlhf_env, mlflow_client, tmp_path):
