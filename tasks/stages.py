@@ -278,8 +278,7 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
     return {"hf_dir": hf_dir, "run_id": run_id}
 
 
-@task(name="ppo_segment",
-      retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
+@task(name="ppo_segment", retry_condition_fn=retry_unless_bad_input, cache_policy=NO_CACHE)
 def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
                 ctx: dict[str, Any], progress_id: str | None = None) -> dict[str, Any]:
     """Run PPO until ``trainer.stop_after_step`` (in ``overrides``), checkpointing there.
