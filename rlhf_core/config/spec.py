@@ -41,7 +41,7 @@ SUPPORTED = "supported"
 REGISTRIES: dict[str, tuple[str, str]] = {
     "adv_estimator": ("rlhf_core.algos", "registered_adv_estimators"),
     "policy_loss": ("rlhf_core.algos", "registered_policy_losses"),
-    "reward_manager": ("rlhf_core.reward.managers", "registered_reward_managers"),
+    "reward_manager": ("rlhf_core.reward.loader", "registered_reward_managers"),
     "tool_parser": ("rlhf_core.tools.parser", "registered_tool_parsers"),
 }
 

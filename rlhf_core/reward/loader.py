@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_core.reward.custom import reward_function_from_config
-from rlhf_core.reward.managers import get_reward_manager_cls
+from rlhf_core.reward.managers import REWARD_MANAGERS, get_reward_manager_cls
 from rlhf_core.reward import dapo as _dapo  # noqa: F401  (registers "dapo")
 from rlhf_core.reward import gdpo as _gdpo  # noqa: F401  (registers "gdpo")
 from rlhf_core.reward import prime as _prime  # noqa: F401  (registers "prime")
@@ -13,6 +13,13 @@ from rlhf_core.reward import remote as _remote  # noqa: F401  (registers "remote
 from rlhf_core.user_code import exec_user_file, resolve_user_file
 
 MODULE_KEY = "reward.reward_manager.module.path"
+
+
+def registered_reward_managers() -> list[str]:
+    """The names ``reward_model.reward_manager`` accepts now: the built-in managers (naive, batch, prime, dapo,
+    remote, rate_limited, gdpo: this module imports them, so their ``@register`` has run) and any registered since
+    (sorted). Here, not in ``managers``: the built-in managers import ``managers``, so it cannot import them back."""
+    return REWARD_MANAGERS.names()
 
 
 def reward_manager_cls(config: Any) -> type:

@@ -51,18 +51,6 @@ def register(name: str) -> Callable[[type], type]:
     return REWARD_MANAGERS.register(name)
 
 
-def registered_reward_managers() -> list[str]:
-    """The names ``reward_model.reward_manager`` accepts now: the built-in managers (naive, batch, prime, dapo,
-    remote, rate_limited, gdpo) and any registered since (sorted)."""
-    import rlhf_core.reward.dapo  # noqa: F401  (registers dapo)
-    import rlhf_core.reward.gdpo  # noqa: F401  (registers gdpo)
-    import rlhf_core.reward.prime  # noqa: F401  (registers prime)
-    import rlhf_core.reward.rate_limited  # noqa: F401  (registers rate_limited)
-    import rlhf_core.reward.remote  # noqa: F401  (registers remote)
-
-    return REWARD_MANAGERS.names()
-
-
 def get_reward_manager_cls(name: str) -> type:
     """Raises ``ValueError`` naming the registered managers when ``name`` is unknown."""
     return REWARD_MANAGERS.get(name)

@@ -65,7 +65,7 @@ def test_an_unregistered_name_is_refused_with_did_you_mean():
 
 def test_registry_choices_are_the_registered_names():
     from rlhf_core.algos import registered_adv_estimators, registered_policy_losses
-    from rlhf_core.reward.managers import registered_reward_managers
+    from rlhf_core.reward.loader import registered_reward_managers
 
     ppo = specs("ppo_trainer")
     assert ppo["algorithm.adv_estimator"].choice_values() == tuple(registered_adv_estimators())

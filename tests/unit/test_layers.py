@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # the repository root
 PACKAGES = ("rlhf_cli", "flows", "tasks", "infra", "rlhf_core")
 _LINT = ("import sys; from importlinter.cli import lint_imports; "
          "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True))")

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from rlhf_core.config import load_config
 from rlhf_core.protocol import Batch
 from rlhf_core.reward import GDPORewardManager, load_reward_manager
-from rlhf_core.reward.managers import registered_reward_managers
+from rlhf_core.reward.loader import registered_reward_managers
 from rlhf_core.trainer.advantage_stage import estimator_extra_inputs
 
 from reward_fixtures import CharTokenizer, make_batch

@@ -12,7 +12,7 @@ from flows.rlhf import _configured_tasks
 from flows.settings import resolve_settings
 from tasks import register, stages
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # the repository root
 STAGES = ("prepare_data", "build_model", "filter_prompts", "sft", "ppo_segment", "validate", "evaluate",
           "register_model")
 
