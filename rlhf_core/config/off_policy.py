@@ -1,36 +1,61 @@
-"""Rules of ``async_training.mode=one_step_off_policy`` across sections (what that driver cannot run), checked
-when the config loads (:func:`rlhf_core.config.validate.ppo_static_errors`), so ``rlhf config check`` and
+"""Rules of ``async_training.mode=one_step_off_policy`` / ``fully_async`` across sections (what those drivers cannot
+run), checked when the config loads (:func:`rlhf_core.config.validate.ppo_static_errors`), so ``rlhf config check`` and
 ``rlhf ppo`` refuse them before anything starts. Torch-free."""
 from __future__ import annotations
 
 from typing import Any
 
 
-def one_step_config_errors(config: Any) -> list[str]:
-    """What this driver cannot run, one line per key (empty: runnable); read before any worker starts."""
+def one_step_config_errors(config: Any, mode: str = "one_step_off_policy") -> list[str]:
+    """What the one-step driver (and the fully async one, which shares its rollout group: ``mode``) cannot run,
+    one line per key (empty: runnable); read before any worker starts."""
     arr, algo = config.actor_rollout_ref, config.algorithm
     errors = []
     if algo.adv_estimator == "remax":
         errors.append("algorithm.adv_estimator=remax: its greedy baseline rollout runs on the actor's colocated "
-                      "engine, which async_training.mode=one_step_off_policy does not have")
+                      f"engine, which async_training.mode={mode} does not have")
     if config.skip.rollout.enable:
         errors.append("skip.rollout.enable=True: replaying dumps per step is not supported "
-                      "with async_training.mode=one_step_off_policy")
+                      f"with async_training.mode={mode}")
     if arr.rollout.name != "hf":
         errors.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the standalone rollout group of "
-                      "async_training.mode=one_step_off_policy runs rollout.name=hf only")
+                      f"async_training.mode={mode} runs rollout.name=hf only")
     if arr.rollout.mode != "sync" or arr.rollout.multi_turn.enable:
         errors.append("actor_rollout_ref.rollout.mode=async / multi_turn.enable: agent loops are not supported with "
-                      "async_training.mode=one_step_off_policy")
+                      f"async_training.mode={mode}")
     if algo.filter_groups.enable:
         errors.append("algorithm.filter_groups.enable=True: dynamic sampling draws further batches inside a step, "
-                      "async_training.mode=one_step_off_policy generates exactly one batch ahead")
+                      f"async_training.mode={mode} generates ahead of the step")
     if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
         errors.append("actor_rollout_ref.actor.kl_loss_type=full needs the reference model in the actor's worker; "
-                      "async_training.mode=one_step_off_policy keeps the reference in its own group")
+                      f"async_training.mode={mode} keeps the reference in its own group")
     rollout_world = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
     rows = int(config.data.train_batch_size) * int(arr.rollout.n)
     if rows % rollout_world:
         errors.append(f"data.train_batch_size × actor_rollout_ref.rollout.n = {rows} responses do not split over "
                       f"rollout.nnodes × rollout.n_gpus_per_node = {rollout_world} rollout ranks")
+    return errors
+
+
+def fully_async_config_errors(config: Any) -> list[str]:
+    """What the fully async driver (``rlhf_core.trainer.fully_async``) cannot run: the one-step driver's limits
+    (the same rollout group) and its own, one line per key (empty: runnable); read before any worker starts."""
+    at, actor = config.async_training, config.actor_rollout_ref.actor
+    errors = one_step_config_errors(config, "fully_async")
+    if at.staleness_threshold < 0:
+        errors.append(f"async_training.staleness_threshold={at.staleness_threshold} must be >= 0 (verl asserts it)")
+    for name in ("trigger_parameter_sync_step", "require_batches"):
+        if at[name] < 1:
+            errors.append(f"async_training.{name}={at[name]} must be >= 1")
+    if at.partial_rollout:
+        errors.append("async_training.partial_rollout=True: resuming generations interrupted by a parameter sync is "
+                      "not built; here a sync waits for the generation in flight. Set async_training.partial_rollout"
+                      "=False")
+    required = int(actor.ppo_mini_batch_size) * int(at.require_batches)
+    if int(config.data.train_batch_size) != required and not errors:
+        errors.append(f"data.train_batch_size={config.data.train_batch_size}: with async_training.mode=fully_async "
+                      f"the rollouter generates one loader batch at a time and the trainer takes "
+                      f"actor_rollout_ref.actor.ppo_mini_batch_size × async_training.require_batches = "
+                      f"{actor.ppo_mini_batch_size} × {at.require_batches} = {required} prompts per step; set "
+                      f"data.train_batch_size={required}")
     return errors

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
-from .off_policy import one_step_config_errors
+from .off_policy import fully_async_config_errors, one_step_config_errors
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -296,11 +296,13 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
     errors += _filter_groups_errors(cfg)
-    if _get(cfg, f"{A}.hybrid_engine") is False and _get(cfg, "async_training.mode") != "one_step_off_policy":
+    if _get(cfg, f"{A}.hybrid_engine") is False and _get(cfg, "async_training.mode") == "on_policy":
         errors.append(f"{A}.hybrid_engine=False (rollout in workers of its own) runs only with "
-                      f"async_training.mode=one_step_off_policy, got {_get(cfg, 'async_training.mode')!r}.")
+                      f"async_training.mode=one_step_off_policy or fully_async, got 'on_policy'.")
     if _get(cfg, "async_training.mode") == "one_step_off_policy" and not errors:  # sizes sane first
         errors += one_step_config_errors(cfg)
+    if _get(cfg, "async_training.mode") == "fully_async" and not errors:
+        errors += fully_async_config_errors(cfg)
     return errors
 
 

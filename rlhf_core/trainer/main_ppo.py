@@ -221,8 +221,14 @@ def check_chat_template(config: DictConfig, tokenizer: Any) -> None:
 def make_trainer(config: DictConfig, *args: Any) -> RayPPOTrainer:
     """The driver ``async_training.mode`` names, on the Ray worker groups it needs: ``on_policy`` →
     :class:`RayPPOTrainer`; ``one_step_off_policy`` → :class:`~rlhf_core.trainer.one_step_off_policy.
-    OneStepOffPolicyTrainer` (``fully_async`` is refused when the config loads). ``args``: the trainer's
-    ``tokenizer, reward_fn, val_reward_fn, train_dataset, val_dataset``."""
+    OneStepOffPolicyTrainer`; ``fully_async`` → :class:`~rlhf_core.trainer.fully_async.FullyAsyncTrainer` (the same
+    worker groups). ``args``: the trainer's ``tokenizer, reward_fn, val_reward_fn, train_dataset, val_dataset``."""
+    if config.async_training.mode == "fully_async":
+        from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+        from rlhf_core.trainer.one_step_off_policy import build_one_step_worker_groups
+
+        tokenizer, *rest = args
+        return FullyAsyncTrainer(config, tokenizer, build_one_step_worker_groups, *rest)
     if config.async_training.mode == "one_step_off_policy":
         from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer, build_one_step_worker_groups
 

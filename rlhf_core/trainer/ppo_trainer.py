@@ -298,17 +298,19 @@ class RayPPOTrainer:
         metrics.update(balance_metrics)
         return batch
 
-    def generate(self, batch: Batch) -> Batch:
+    def generate(self, batch: Batch, step: int | None = None) -> Batch:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
 
         ``skip.rollout.enable`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
-        responses (``rlhf_core.trainer.rollout_control``)."""
-        batch.meta.update({"global_steps": self.global_steps, "validate": False})
-        out = self.rollout_dump.load(self.global_steps, len(batch)) if self.rollout_dump else None
+        responses (``rlhf_core.trainer.rollout_control``). ``step``: the step it is for (default the current one;
+        the fully async rollouter generates ahead)."""
+        step = self.global_steps if step is None else step
+        batch.meta.update({"global_steps": step, "validate": False})
+        out = self.rollout_dump.load(step, len(batch)) if self.rollout_dump else None
         if out is None:
             out = self.rollout_generate(batch)
             if self.rollout_dump:
-                self.rollout_dump.dump(self.global_steps, out)
+                self.rollout_dump.dump(step, out)
         rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
         if rate > 0:
             out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)

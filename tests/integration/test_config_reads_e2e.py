@@ -38,6 +38,7 @@ _KL = "tests/unit/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_co
 _PROFILER = "tests/unit/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
 _AGENT = "tests/unit/test_agent_rollout.py::test_async_equals_sync_multiturn"
 _ONE_STEP = "tests/unit/test_one_step_off_policy.py::"
+_FULLY_ASYNC = "tests/unit/test_fully_async.py::"
 _DEPRECATED = "tests/unit/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
@@ -47,7 +48,16 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "async_training.one_step_overlap": _ONE_STEP + "test_without_overlap_the_run_equals_the_on_policy_run",
-        _A + "hybrid_engine": _ONE_STEP + "test_hybrid_engine_false_only_with_the_one_step_trainer",
+        _A + "hybrid_engine": _ONE_STEP + "test_hybrid_engine_false_only_with_the_off_policy_trainers",
+        # (read only with async_training.mode=fully_async)
+        "async_training.staleness_threshold": _FULLY_ASYNC + "test_staleness_threshold_one_keeps_every_update_within_"
+                                                             "one_version",
+        "async_training.trigger_parameter_sync_step": _FULLY_ASYNC + "test_no_staleness_and_a_sync_every_step_equals_"
+                                                                     "the_on_policy_run",
+        "async_training.require_batches": _FULLY_ASYNC + "test_fully_async_refuses_what_it_cannot_run_when_the_config_"
+                                                         "loads",
+        "async_training.partial_rollout": _FULLY_ASYNC + "test_fully_async_refuses_what_it_cannot_run_when_the_config_"
+                                                         "loads",
         # verl 0.9 keys read on paths the short runs do not take (vLLM engine, LoRA exclusions, traces, DAPO recipe
         # spelling, gdpo, the Ray timeline)
         **{_A + f"rollout.{k}": "tests/unit/test_vllm_engine_args.py::test_engine_settings_reach_vllm_args" for k in (

@@ -3,16 +3,19 @@
 
 verl picks these trainers by entry module (``python -m verl.experimental.one_step_off_policy.main_ppo``); ours
 picks them with ``async_training.mode`` (ours) on ``rlhf ppo``. The one-step off-policy trainer is
-``rlhf_core.trainer.one_step_off_policy``; the fully asynchronous trainer is not built: ``mode=fully_async`` and
-its keys away from their defaults are refused.
+``rlhf_core.trainer.one_step_off_policy``; the fully asynchronous trainer (a minimal version, docs/OFF_POLICY.md) is
+``rlhf_core.trainer.fully_async``: ``staleness_threshold``, ``trigger_parameter_sync_step`` and ``require_batches``
+are read; ``partial_rollout=True`` is refused with ``mode=fully_async`` (not built); its other keys are accepted
+at verl's defaults only.
 """
 
 from dataclasses import dataclass
 
 from rlhf_core.config.spec import check_section, key
 
-FULLY_ASYNC_WHY = ("the fully asynchronous trainer (verl's fully_async_policy) is not built yet: "
-                   "async_training.mode=fully_async is refused")
+FULLY_ASYNC_WHY = ("the fully asynchronous trainer here is a minimal version of verl's fully_async_policy "
+                   "(docs/OFF_POLICY.md) without rollout.total_rollout_steps, trainer-side validation and dynamic "
+                   "resource scheduling")
 
 
 # verl 0.9: off-policy trainers (one-step / fully async)
@@ -21,9 +24,10 @@ class StandaloneRolloutConfig:
     """``rollout`` (top level): the rollout workers apart from the trainer's (verl's one-step and fully async
     configs); read only when ``async_training.mode`` is not ``on_policy``."""
 
-    nnodes: int = key(1, 'nodes of the standalone rollout workers (async_training.mode=one_step_off_policy)')
+    nnodes: int = key(1, 'nodes of the standalone rollout workers (async_training.mode=one_step_off_policy or '
+                      'fully_async)')
     n_gpus_per_node: int = key(8, 'rollout ranks per node (on CPU: worker processes per node) of the standalone '
-                               'rollout workers (async_training.mode=one_step_off_policy)')
+                               'rollout workers (async_training.mode=one_step_off_policy or fully_async)')
     total_rollout_steps: int = key(100, 'total rollout samples of the fully asynchronous trainer', only=None,
                                    why=FULLY_ASYNC_WHY)
 
@@ -39,18 +43,20 @@ class AsyncTrainingConfig:
 
     mode: str = key('on_policy', 'which PPO driver runs: on_policy (RayPPOTrainer, rollout colocated with the actor); '
                     'one_step_off_policy (verl one_step_off_policy: standalone rollout workers generate step k+1 '
-                    'while step k updates, staleness 1); fully_async (refused: not built yet)',
+                    'while step k updates, staleness 1); fully_async (verl fully_async_policy: a rollouter thread '
+                    'generates into a bounded queue, staleness bounded by staleness_threshold)',
                     choices=('on_policy', 'one_step_off_policy', 'fully_async'), ours=True)
     one_step_overlap: bool = key(True, 'one_step_off_policy: generate the next batch during the update (staleness 1); '
                                  'false = generate after the weight sync (staleness 0, the on-policy run exactly)',
                                  ours=True)
-    staleness_threshold: float = key(0.1, 'fully async: maximum sample staleness', only=None, why=FULLY_ASYNC_WHY)
-    trigger_parameter_sync_step: int = key(4, 'fully async: trainer steps between parameter syncs', only=None,
-                                           why=FULLY_ASYNC_WHY)
-    require_batches: int = key(1, 'fully async: ppo mini-batches the trainer takes at once', only=None,
-                               why=FULLY_ASYNC_WHY)
-    partial_rollout: bool = key(True, 'fully async: resume interrupted generation after a parameter sync',
-                                only=None, why=FULLY_ASYNC_WHY)
+    staleness_threshold: float = key(0.1, 'fully async: samples generated between two parameter syncs are at most '
+                                     'required × (1 + staleness_threshold) × trigger_parameter_sync_step (verl\'s '
+                                     'max_required_samples); 0 with trigger 1 is on-policy')
+    trigger_parameter_sync_step: int = key(4, 'fully async: trainer steps between parameter syncs (weight pushes)')
+    require_batches: int = key(1, 'fully async: ppo mini-batches the trainer takes per step (required samples = '
+                               'ppo_mini_batch_size × require_batches)')
+    partial_rollout: bool = key(True, 'fully async: resume interrupted generation after a parameter sync (not built: '
+                                'True is refused with mode=fully_async; set False)')
     use_trainer_do_validate: bool = key(False, 'fully async: validate in the trainer', only=None, why=FULLY_ASYNC_WHY)
     use_dynamic_resource_scheduling: bool = key(False, 'fully async: hybrid rollout replicas on trainer devices',
                                                 only=None, why=FULLY_ASYNC_WHY)
@@ -63,6 +69,3 @@ class AsyncTrainingConfig:
     concurrent_samples_per_replica: int = key(16, 'fully async: concurrent generation requests per replica',
                                               only=None, why=FULLY_ASYNC_WHY)
 
-    def __post_init__(self) -> None:
-        check_section([f"{{section}}.mode=fully_async: {FULLY_ASYNC_WHY}; use mode=one_step_off_policy "
-                       "(staleness 1) or on_policy."] if self.mode == "fully_async" else [])

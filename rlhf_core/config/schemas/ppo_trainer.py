@@ -33,7 +33,7 @@ class ActorRolloutRefConfig:
     """``actor_rollout_ref``."""
 
     hybrid_engine: bool = key(True, 'actor and rollout share weights in one worker; False (separate rollout workers) '
-        'only with async_training.mode=one_step_off_policy, which needs it so')
+        'only with async_training.mode=one_step_off_policy or fully_async, which need it so')
     nccl_timeout: int = key(600, "timeout of the actor/rollout workers' collective process group (nccl, or gloo "
         "on CPU), in seconds")
     model: HFModelConfig = section(HFModelConfig)

@@ -1,0 +1,188 @@
+"""The fully asynchronous PPO driver (verl 0.9's ``verl.experimental.fully_async_policy``), chosen with
+``async_training.mode=fully_async`` on ``rlhf ppo``; a minimal version of verl's, on the one-step driver's resources.
+
+Resources: as :mod:`rlhf_core.trainer.one_step_off_policy` (a rollout group of role ``rollout`` apart from the
+actor group; the weight push ``actor_weights`` → ``load_rollout_weights``).
+
+Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter version v = parameter syncs so far
+(verl's ``current_param_version``):
+
+* the *rollouter*, a driver thread over the rollout group, draws the prompts one loader batch (a chunk of
+  ``data.train_batch_size`` samples) at a time, generates ``rollout.n`` responses each with the version the
+  rollout group holds, and puts the chunk, tagged with that version, into the bounded
+  :class:`~rlhf_core.trainer.fully_async_queue.RolloutQueue`; it pauses while the samples generated since the last
+  sync would pass ``max_required_samples`` (verl's rule, ``staleness_threshold``);
+* the *trainer* takes ``require_batches × ppo_mini_batch_size`` samples per step (one chunk: the config check
+  requires ``data.train_batch_size`` to equal it), computes rewards, log-probs (the actor's: no bypass),
+  advantages, rollout correction as configured, and updates the actor; every ``trigger_parameter_sync_step`` steps
+  it pushes the weights (version v → v+1; the push waits for the chunk being generated, as verl without
+  ``partial_rollout``) and resets the queue's staleness count.
+
+A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_queue.max_staleness` above the
+version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the
+on-policy trainer's. ``versions`` lists ``(step, generating version, trained-at version)``.
+
+Metrics, besides the on-policy trainer's: verl's ``fully_async/count/current_param_version``,
+``fully_async/count/stale_trajectory_processed`` (responses trained at a newer version than generated them, so
+far), the queue's ``fully_async/count/*``, ``fully_async/static/*``, ``fully_async/monitor/queue/mq_queue_size``,
+``fully_async/total_wait_time`` (seconds the step waited for samples), ``fully_async/trainer/idle_ratio`` (that
+wait ÷ (wait + ``timing_s/step``): verl's ``timing_s/gen / timing_s/step``, its step including the wait),
+``timing_s/sync_rollout_weights``; ours: ``fully_async/generation_param_version`` and ``fully_async/staleness``.
+Not built: ``partial_rollout`` (refused), validation in the trainer, dynamic resource scheduling, resuming the
+rollouter's queue (a resumed run restarts it from the checkpoint's loader position).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Iterator
+
+from omegaconf import DictConfig
+
+from rlhf_core.config import ConfigError
+from rlhf_core.config.off_policy import fully_async_config_errors
+from rlhf_core.protocol import Batch
+from rlhf_core.trainer.driver_utils import add_uids, timer
+from rlhf_core.trainer.fully_async_queue import RolloutQueue
+from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
+from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+from rlhf_core.trainer.ppo_validation import Validator
+
+
+def check_fully_async_config(config: DictConfig) -> None:
+    """Raise ConfigError listing :func:`rlhf_core.config.off_policy.fully_async_config_errors` (nothing when
+    runnable); ``load_config`` already refuses them, this guards a config built otherwise."""
+    errors = fully_async_config_errors(config)
+    if errors:
+        raise ConfigError("async_training.mode=fully_async:\n  - " + "\n  - ".join(errors))
+
+
+class _LockedValidator:
+    """The validator on the rollout group while the rollouter is not generating (it holds the generation lock)."""
+
+    def __init__(self, trainer: "FullyAsyncTrainer", inner: Validator) -> None:
+        self.trainer, self.inner = trainer, inner
+
+    def validate(self, global_step: int) -> dict[str, float]:
+        with self.trainer.gen_lock:
+            return self.inner.validate(global_step)
+
+
+class FullyAsyncTrainer(OneStepOffPolicyTrainer):
+    """The fully asynchronous driver (module docstring) on the one-step driver's worker groups
+    (:func:`~rlhf_core.trainer.one_step_off_policy.build_one_step_worker_groups`).
+
+    Raises:
+        ConfigError: from :func:`check_fully_async_config`, before any worker starts.
+        RuntimeError: the rollouter thread failed (its exception chained), raised by the step waiting for samples.
+    """
+
+    def __init__(self, config: DictConfig, *args: Any, **kwargs: Any) -> None:
+        check_fully_async_config(config)
+        RayPPOTrainer.__init__(self, config, *args, **kwargs)
+        at = config.async_training
+        self.trigger = int(at.trigger_parameter_sync_step)
+        self.required_samples = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(at.require_batches)
+        self.queue = RolloutQueue(self.required_samples, float(at.staleness_threshold), self.trigger)
+        self.gen_lock = threading.Lock()  # held by one generation, a weight push or a validation at a time
+        self.param_version = 0  # verl's current_param_version: parameter syncs so far
+        self.rollout_version = -1
+        self.local_trigger_step = 0  # actor updates since the last sync
+        self.versions: list[tuple[int, int, int]] = []
+        self.stale_trajectory_processed = 0
+        self._rollouter: Future | None = None
+        self._executor = None
+        self._timing: dict[str, float] = {}
+        self._wait_s = 0.0
+        self._gen_version = 0
+
+    def init_workers(self) -> None:
+        super().init_workers()
+        self.validator = _LockedValidator(self, self.validator.inner)
+
+    def sync_rollout(self) -> None:
+        """Push the actor's weights to the rollout group (after the generation in flight) when it holds an older
+        version; the queue's staleness count restarts (verl's ``_fit_update_weights`` + ``reset_staleness``)."""
+        with self.gen_lock:
+            super().sync_rollout()
+        self.queue.reset_staleness()
+
+    # ---- the rollouter -----------------------------------------------------------------------------
+    def _rollout_loop(self, stream: Iterator[tuple[int, Batch]], first_step: int) -> None:
+        """The rollouter thread: each loader batch → ``rollout.n`` responses per prompt, queued with its version."""
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        try:
+            for i, (epoch, prompts) in enumerate(stream):
+                if not self.queue.acquire(len(prompts)):
+                    return
+                batch = add_uids(prompts).repeat_interleave(n)
+                with self.gen_lock:
+                    version = self.rollout_version
+                    start = time.perf_counter()
+                    batch = self.generate(batch, step=first_step + i + 1)
+                    seconds = time.perf_counter() - start
+                self.queue.put(len(prompts), version, (epoch, batch, seconds))
+        finally:
+            self.queue.close()
+
+    def rollout_generate(self, batch: Batch) -> Batch:
+        return self.rollout_wg.execute_dp("generate_sequences", batch)
+
+    # ---- the trainer -------------------------------------------------------------------------------
+    def train_batches(self, n_epochs: int, stop_at: int) -> Iterator[tuple[int, Batch]]:
+        """Starts the rollouter over the base order (one loader batch per step up to ``stop_at``) and yields the
+        generated chunks as they come out of the queue (the wait is ``fully_async/total_wait_time``)."""
+        stream = RayPPOTrainer.train_batches(self, n_epochs, stop_at)
+        left = stop_at - self.global_steps
+        limited = (item for _, item in zip(range(left), stream))
+        self._rollouter = self._executor.submit(self._rollout_loop, limited, self.global_steps)
+        while True:
+            start = time.perf_counter()
+            item = self.queue.get()
+            self._wait_s = time.perf_counter() - start
+            if item is None:
+                if self._rollouter.done() and self._rollouter.exception() is not None:
+                    raise RuntimeError("the fully async rollouter failed") from self._rollouter.exception()
+                return
+            self._gen_version, (epoch, batch, seconds) = item
+            self._timing["generate_async"] = seconds
+            yield epoch, batch
+
+    def sample(self, prompts: Batch, more: Iterator[Batch], timing: dict, metrics: dict) -> tuple[Batch, Any]:
+        """The queued chunk (already generated) balanced and its reward started; ``timing_s/gen`` = the wait."""
+        timing["gen"] = self._wait_s
+        batch = self.balance(prompts, metrics) if self.config.trainer.balance_batch else prompts
+        with timer("reward", timing):
+            return self.start_reward(batch)
+
+    def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
+        current, gen = self.param_version, self._gen_version
+        metrics = RayPPOTrainer.train_step(self, batch, epoch, more)
+        if current > gen:
+            self.stale_trajectory_processed += len(batch)
+        step_s = metrics.get("timing_s/step", 0.0)
+        metrics.update(self.queue.stats())
+        metrics.update({"fully_async/count/current_param_version": current,
+                        "fully_async/count/stale_trajectory_processed": self.stale_trajectory_processed,
+                        "fully_async/generation_param_version": gen,
+                        "fully_async/staleness": current - gen,
+                        "fully_async/total_wait_time": self._wait_s,
+                        "fully_async/trainer/idle_ratio": self._wait_s / max(self._wait_s + step_s, 1e-9)})
+        metrics.update({f"timing_s/{k}": v for k, v in self._timing.items()})
+        self._timing = {}
+        return metrics
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        self.versions.append((self.global_steps, self._gen_version, self.param_version))
+        metrics = RayPPOTrainer.update_actor(self, batch)
+        self.local_trigger_step += 1
+        if self.local_trigger_step == self.trigger:  # verl's _fit_update_local_step + _fit_update_weights
+            self.local_trigger_step = 0
+            self.param_version += 1
+            self.sync_rollout()
+        return metrics
+
+    def _stop(self) -> None:
+        self.queue.close()  # a paused or waiting rollouter returns
+        super()._stop()
