@@ -28,8 +28,9 @@ far), the queue's ``fully_async/count/*``, ``fully_async/static/*``, ``fully_asy
 ``fully_async/total_wait_time`` (seconds the step waited for samples), ``fully_async/trainer/idle_ratio`` (that
 wait ÷ (wait + ``timing_s/step``): verl's ``timing_s/gen / timing_s/step``, its step including the wait),
 ``timing_s/sync_rollout_weights``; ours: ``fully_async/generation_param_version`` and ``fully_async/staleness``.
-Not built: ``partial_rollout`` (refused), validation in the trainer, dynamic resource scheduling, resuming the
-rollouter's queue (a resumed run restarts it from the checkpoint's loader position).
+``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
+verl's rollouter stops there. Not built: ``partial_rollout`` (refused), validation in the trainer, dynamic resource
+scheduling, resuming the rollouter's queue (a resumed run restarts it from the checkpoint's loader position).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Iterator
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from rlhf_core.config import ConfigError
 from rlhf_core.config.off_policy import fully_async_config_errors
@@ -80,10 +81,10 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     def __init__(self, config: DictConfig, *args: Any, **kwargs: Any) -> None:
         check_fully_async_config(config)
-        RayPPOTrainer.__init__(self, config, *args, **kwargs)
         at = config.async_training
         self.trigger = int(at.trigger_parameter_sync_step)
         self.required_samples = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(at.require_batches)
+        RayPPOTrainer.__init__(self, config, *args, **kwargs)
         self.queue = RolloutQueue(self.required_samples, float(at.staleness_threshold), self.trigger)
         self.gen_lock = threading.Lock()  # held by one generation, a weight push or a validation at a time
         self.param_version = 0  # verl's current_param_version: parameter syncs so far
@@ -96,6 +97,18 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._timing: dict[str, float] = {}
         self._wait_s = 0.0
         self._gen_version = 0
+
+    def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
+        """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
+        (prompts), so the trainer runs at most ``total_rollout_steps // required_samples`` steps."""
+        super()._build_dataloaders(train_dataset, val_dataset, collate_fn)
+        cap = int(self.config.rollout.total_rollout_steps) // self.required_samples
+        if cap < self.total_training_steps:
+            self.total_training_steps = cap
+            with open_dict(self.config):
+                self.config.actor_rollout_ref.actor.optim.total_training_steps = cap
+                if "critic" in self.config:
+                    self.config.critic.optim.total_training_steps = cap
 
     def init_workers(self) -> None:
         super().init_workers()

@@ -56,6 +56,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                                      "the_on_policy_run",
         "async_training.require_batches": _FULLY_ASYNC + "test_fully_async_refuses_what_it_cannot_run_when_the_config_"
                                                          "loads",
+        "rollout.total_rollout_steps": _FULLY_ASYNC + "test_total_rollout_steps_caps_the_training_steps",
         "async_training.partial_rollout": _FULLY_ASYNC + "test_fully_async_refuses_what_it_cannot_run_when_the_config_"
                                                          "loads",
         # verl 0.9 keys read on paths the short runs do not take (vLLM engine, LoRA exclusions, traces, DAPO recipe

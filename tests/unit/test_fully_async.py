@@ -120,6 +120,26 @@ def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"async_training.use_trainer_do_validate=True is not supported"):
         _config(tmp_path, *FA, "async_training.use_trainer_do_validate=True")
     assert _config(tmp_path, *FA, "actor_rollout_ref.hybrid_engine=False")  # verl's fully async scripts set it
+    with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=1 samples is fewer than one trainer step "
+                                          r"takes \(ppo_mini_batch_size × require_batches = 2\)"):
+        _config(tmp_path, *FA, "rollout.total_rollout_steps=1")
+    # verl's fully async scripts leave data.train_batch_size at 0: the message names the value to set here
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=0: verl's fully async trainer ignores it; .*set "
+                                          r"data.train_batch_size=2\."):
+        _config(tmp_path, *FA, "data.train_batch_size=0")
+
+
+def test_total_rollout_steps_caps_the_training_steps(tmp_path):
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+
+    # 6 prompts, 2 per step: 3 steps (trainer.total_training_steps=3); verl's rollouter stops after
+    # total_rollout_steps=5 samples, which make 5 // 2 = 2 full trainer steps (the 5th prompt is never trained)
+    cfg = _config(tmp_path, *FA, "rollout.total_rollout_steps=5")
+    trainer = FullyAsyncTrainer(cfg, DecodeTok(), lambda c: {}, reward_fn, None, make_dataset(6), None)
+    try:
+        assert trainer.total_training_steps == 2 and cfg.actor_rollout_ref.actor.optim.total_training_steps == 2
+    finally:
+        trainer.shutdown()
 
 
 def _run(cfg, model_dir, fully_async: bool):

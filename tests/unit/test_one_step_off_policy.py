@@ -34,8 +34,9 @@ def _config(tmp_path, *extra):
 
 def test_fully_async_keys_not_built_are_refused_naming_the_key(tmp_path):
     # the fully async trainer is tests/unit/test_fully_async.py; what it does not build stays refused by name
-    with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=64 is not supported yet \(the fully "):
-        _config(tmp_path, "rollout.total_rollout_steps=64")
+    with pytest.raises(ConfigError, match=r"async_training.use_dynamic_resource_scheduling=True is not supported yet "
+                                          r"\(the fully asynchronous trainer here is a minimal version"):
+        _config(tmp_path, "async_training.use_dynamic_resource_scheduling=True")
     with pytest.raises(ConfigError, match=r"rollout.n_gpus_per_node must be >= 1, got 0"):
         _config(tmp_path, "rollout.n_gpus_per_node=0")
 

@@ -62,10 +62,12 @@ REFUSED = {
     # SEMANTICS "estimators": RLOO's baseline is the mean of the *other* samples, so n = 1 is a config error (verl
     # silently trains on the raw score); the script leaves rollout.n at its default, 1
     "rollout_correction__run_qwen2_5_7b_fsdp.sh": r"algorithm.adv_estimator=rloo needs actor_rollout_ref.rollout.n >= 2",
-    # verl's fully asynchronous trainer is not built here (docs/OFF_POLICY.md): refused by name, never run as
-    # something else
-    "fully_async_policy__dapo_7b_async_retool.sh": r"async_training.staleness_threshold=0.5 is not supported yet \(the "
-                                                    r"fully asynchronous trainer",
+    # the fully asynchronous trainer here is minimal (docs/OFF_POLICY.md): its rollout group runs no agent loops
+    # (this script's multi-turn tools) and no partial rollouts, each refused by name, never run as something else
+    "fully_async_policy__dapo_7b_async_retool.sh": r"(?s)multi_turn.enable: agent loops are not supported with "
+                                                    r"async_training.mode=fully_async\n.*async_training.partial_rollout"
+                                                    r"=True: resuming generations interrupted by a parameter sync is "
+                                                    r"not built",
 }
 
 

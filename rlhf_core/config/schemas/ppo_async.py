@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from rlhf_core.config.spec import check_section, key
 
 FULLY_ASYNC_WHY = ("the fully asynchronous trainer here is a minimal version of verl's fully_async_policy "
-                   "(docs/OFF_POLICY.md) without rollout.total_rollout_steps, trainer-side validation and dynamic "
-                   "resource scheduling")
+                   "(docs/OFF_POLICY.md) without trainer-side validation and dynamic resource scheduling")
 
 
 # verl 0.9: off-policy trainers (one-step / fully async)
@@ -28,8 +27,8 @@ class StandaloneRolloutConfig:
                       'fully_async)')
     n_gpus_per_node: int = key(8, 'rollout ranks per node (on CPU: worker processes per node) of the standalone '
                                'rollout workers (async_training.mode=one_step_off_policy or fully_async)')
-    total_rollout_steps: int = key(100, 'total rollout samples of the fully asynchronous trainer', only=None,
-                                   why=FULLY_ASYNC_WHY)
+    total_rollout_steps: int = key(100, 'fully async: total rollout samples (prompts) generated; the trainer runs at '
+                                   'most total_rollout_steps // (ppo_mini_batch_size × require_batches) steps')
 
     def __post_init__(self) -> None:
         check_section([f"{{section}}.{k} must be >= 1, got {v}." for k, v in
