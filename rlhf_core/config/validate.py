@@ -307,7 +307,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
                       f"async_training.mode=one_step_off_policy or fully_async, got 'on_policy'.")
     if _get(cfg, "async_training.mode") == "one_step_off_policy" and not errors:  # sizes sane first
         errors += one_step_config_errors(cfg)
-    if _get(cfg, "async_training.mode") == "fully_async":  # all at once: verl's fully async scripts hit several
+    if _get(cfg, "async_training.mode") == "fully_async" and tbs is not None:  # all at once (verl scripts hit several)
         errors += fully_async_config_errors(cfg)
     return errors
 

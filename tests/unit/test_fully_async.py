@@ -142,7 +142,7 @@ def test_total_rollout_steps_caps_the_training_steps(tmp_path):
         trainer.shutdown()
 
 
-def _run(cfg, model_dir, fully_async: bool):
+def _run(cfg, model_dir, fully_async: bool, validate: bool = False):
     """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
     from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.trainer.fully_async import FullyAsyncTrainer
@@ -161,7 +161,8 @@ def _run(cfg, model_dir, fully_async: bool):
 
     tracker = _Recorder()
     cls = FullyAsyncTrainer if fully_async else RayPPOTrainer
-    trainer = cls(cfg, DecodeTok(), factory, reward_fn, None, make_dataset(6), None, tracker=tracker)
+    val = (reward_fn, make_dataset(2)) if validate else (None, None)
+    trainer = cls(cfg, DecodeTok(), factory, reward_fn, val[0], make_dataset(6), val[1], tracker=tracker)
     try:
         trainer.fit()
         weights = {k: v.clone() for k, v in groups["actor_rollout"].execute_all("actor_weights")[0].items()}
@@ -195,8 +196,9 @@ def test_no_staleness_and_a_sync_every_step_equals_the_on_policy_run(tiny_model_
 def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_model_dir, tmp_path):
     # required 2, threshold 1, trigger 1: max_required_samples 4 (two chunks between syncs), bound 1 (max_staleness)
     torch.manual_seed(0)
-    steps, weights, trainer = _run(_config(tmp_path, *FA, "async_training.staleness_threshold=1",
-                                           "async_training.trigger_parameter_sync_step=1"), tiny_model_dir, True)
+    steps, weights, trainer = _run(_config(tmp_path, *FA, "async_training.staleness_threshold=1", "trainer.test_freq=2",
+                                           "async_training.trigger_parameter_sync_step=1"), tiny_model_dir, True,
+                                   validate=True)
     assert [s for s, _, _ in trainer.versions] == [1, 2, 3]
     assert [t for _, _, t in trainer.versions] == [0, 1, 2]  # a sync after every update
     lags = [t - g for _, g, t in trainer.versions]
@@ -208,3 +210,5 @@ def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_mode
     assert steps[3]["fully_async/count/dropped_stale_samples"] == 0
     assert all(k in steps[s] for s in (2, 3) for k in ("timing_s/sync_rollout_weights",
                                                           "fully_async/count/current_param_version"))
+    # validation (test_freq=2: steps 2 and the last, 3) on the rollout group between the rollouter's chunks
+    assert [any(k.startswith("val-") for k in steps[s]) for s in (1, 2, 3)] == [False, True, True]
