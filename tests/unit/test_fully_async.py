@@ -4,7 +4,7 @@ Fast: the queue's staleness rule on hand-derived sequences, the staleness bound 
 consumer thread, the config refusals. Slow (the tiny model through the real FSDP2 actor and HF rollout, in-process
 worker groups as tests/unit/test_one_step_off_policy.py, 3 steps): (a) staleness_threshold=0 with a sync every step
 equals the on-policy run (metrics and final weights); (b) staleness_threshold=1: every update's lag is within the
-bound, and verl's metrics are logged.
+bound, and verl's metrics are logged; (c) the same through ``run_ppo`` on Ray worker groups (real Ray actors).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_one_step_off_policy import _config, _Recorder, _same  # noqa: E402
 from test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
+from test_verl09_examples_train import gsm8k_parquet  # noqa: E402,F401 (a fixture)
 
 from rlhf_core.config import ConfigError  # noqa: E402
 from rlhf_core.trainer.fully_async_queue import RolloutQueue, max_required_samples, max_staleness  # noqa: E402
@@ -212,3 +213,34 @@ def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_mode
                                                           "fully_async/count/current_param_version"))
     # validation (test_freq=2: steps 2 and the last, 3) on the rollout group between the rollouter's chunks
     assert [any(k.startswith("val-") for k in steps[s]) for s in (1, 2, 3)] == [False, True, True]
+
+
+@pytest.mark.slow
+def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_parquet, tmp_path, monkeypatch):
+    """``rlhf ppo async_training.mode=fully_async`` end to end (run_ppo): Ray actors for the actor and rollout
+    groups, the rollouter thread calling the rollout group while the trainer calls the actor group."""
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.main_ppo import run_ppo
+    from rlhf_core.trainer.tracking import read_metrics_jsonl
+    from test_verl09_examples_train import LENGTH_REWARD, SMOKE  # noqa: I001
+
+    monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
+    train, test = gsm8k_parquet
+    reward = tmp_path / "length_reward.py"
+    reward.write_text(LENGTH_REWARD)
+    out = tmp_path / "run"
+    sizes = dict(SMOKE, **{"trainer.total_training_steps": "3", "trainer.default_local_dir": str(out),
+                           "trainer.validation_data_dir": str(out / "val")})
+    cfg = load_config("ppo_trainer", [
+        f"data.train_files=['{train}']", f"data.val_files=['{test}']", f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=grpo", f"custom_reward_function.path={reward}",
+        "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False", "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1", *FA, "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1", *[f"{k}={v}" for k, v in sizes.items()]])
+    assert run_ppo(cfg)["global_step"] == 3
+    m = read_metrics_jsonl(str(out / "metrics.jsonl"))
+    # a sync after every update: steps 1..3 train at versions 0, 1, 2; each lag within the bound (1 here)
+    assert [m[s]["fully_async/count/current_param_version"] for s in (1, 2, 3)] == [0, 1, 2]
+    assert all(0 <= m[s]["fully_async/staleness"] <= 1 for s in (1, 2, 3))
+    assert m[3]["fully_async/static/max_required_samples"] == 4 and m[3]["fully_async/count/dropped_stale_samples"] == 0
+    assert all("actor/pg_loss" in m[s] and "fully_async/trainer/idle_ratio" in m[s] for s in (1, 2, 3))
