@@ -154,9 +154,10 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
             start = time.perf_counter()
             item = self.queue.get()
             self._wait_s = time.perf_counter() - start
-            if item is None:
-                if self._rollouter.done() and self._rollouter.exception() is not None:
-                    raise RuntimeError("the fully async rollouter failed") from self._rollouter.exception()
+            if item is None:  # closed by the rollouter's end (only _stop closes it otherwise, never during this loop)
+                error = self._rollouter.exception()  # waits for the thread to finish
+                if error is not None:
+                    raise RuntimeError("the fully async rollouter failed") from error
                 return
             self._gen_version, (epoch, batch, seconds) = item
             self._timing["generate_async"] = seconds

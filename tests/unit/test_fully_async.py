@@ -143,6 +143,31 @@ def test_total_rollout_steps_caps_the_training_steps(tmp_path):
         trainer.shutdown()
 
 
+class _FailingRolloutGroup:
+    """A rollout group whose engine fails on the first generation (the rollouter thread's error path)."""
+
+    def execute_dp(self, method, batch):
+        raise ValueError(f"{method}: engine down")
+
+    def shutdown(self):
+        pass
+
+
+def test_a_failing_rollouter_fails_the_step_waiting_for_samples(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+
+    trainer = FullyAsyncTrainer(_config(tmp_path, *FA), DecodeTok(), lambda c: {}, reward_fn, None, make_dataset(6))
+    trainer.wgs, trainer._executor = {"rollout": _FailingRolloutGroup()}, ThreadPoolExecutor(max_workers=1)
+    try:
+        with pytest.raises(RuntimeError, match="the fully async rollouter failed") as info:
+            next(trainer.train_batches(1, 3))
+        assert str(info.value.__cause__) == "generate_sequences: engine down"  # the engine's own error, chained
+    finally:
+        trainer.shutdown()
+
+
 def _run(cfg, model_dir, fully_async: bool, validate: bool = False):
     """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
     from rlhf_core.distributed import LocalWorkerGroup
