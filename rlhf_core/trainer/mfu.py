@@ -1,9 +1,11 @@
 """Model FLOPs utilisation of the actor update (``perf/mfu/actor``), estimated on the driver.
 
 verl's ``FlopsCounter``: achieved FLOPs / (peak FLOPs of the device × number of workers). FLOPs of one training
-pass over the batch ≈ ``6 · N · tokens + 12 · L · H · Σ seqlen²`` (dense matmuls forward+backward, plus the
-attention score/value products; N = matmul parameters from the HF config, L layers, H hidden size, seqlen =
-valid tokens per sequence); the update runs ``ppo_epochs`` passes.
+pass over the batch = ``6 · N · tokens + 6 · L · heads · head_dim · Σ seqlen²`` exactly as verl's
+``_estimate_qwen2_flops`` (``verl/utils/flops_counter.py``): N = the dense matmul parameters of the HF config, the
+embedding and the LM head both counted (``2 · vocab · hidden``, as verl), L layers, seqlen = valid tokens per
+sequence (the causal attention's score and value products, forward + backward); the update runs ``ppo_epochs``
+passes. A forward-only pass (the log-prob passes) is a third of that (:func:`forward_flops`).
 
 Peak FLOP/s of one rank (:func:`rank_peak_flops`, asked of every actor rank once per run): on a CUDA device, the
 bf16 dense peak of its name (the table below, as verl); on CPU, *measured* once per process by timing a large
@@ -123,23 +125,34 @@ def rank_peak_flops(dtype: torch.dtype) -> float | None:
 
 
 def matmul_params(hf_config: Any) -> float:
-    """Parameters that take part in matmuls per token (attention projections, MLP, LM head) of a decoder LM."""
+    """Dense matmul parameters per token of a decoder LM as verl's ``_estimate_qwen2_flops`` counts them:
+    ``L · (3 · hidden · intermediate + hidden · (2 · heads · head_dim + 2 · kv_heads · head_dim)) + 2 · vocab ·
+    hidden`` (q/k/v/o projections, the SwiGLU MLP, the embedding and the LM head)."""
     h = int(hf_config.hidden_size)
     layers = int(hf_config.num_hidden_layers)
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(hf_config, "head_dim", None) or h // heads)
     inter = int(getattr(hf_config, "intermediate_size", 4 * h))
-    attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
+    attn = h * (heads * head_dim * 2 + kv_heads * head_dim * 2)
     mlp = 3 * h * inter
-    return float(layers * (attn + mlp) + int(hf_config.vocab_size) * h)
+    return float(layers * (attn + mlp) + 2 * int(hf_config.vocab_size) * h)
 
 
 def training_flops(hf_config: Any, seqlens: Sequence[int], passes: int = 1) -> float:
-    """FLOPs of ``passes`` training passes (forward + backward) over sequences of ``seqlens`` valid tokens."""
+    """FLOPs of ``passes`` training passes (forward + backward) over sequences of ``seqlens`` valid tokens:
+    ``6 · matmul_params · Σ seqlen + 6 · L · heads · head_dim · Σ seqlen²`` per pass (verl's qwen2 formula)."""
+    heads = int(hf_config.num_attention_heads)
+    head_dim = int(getattr(hf_config, "head_dim", None) or int(hf_config.hidden_size) // heads)
     tokens = float(sum(seqlens))
-    attn = 12.0 * int(hf_config.num_hidden_layers) * int(hf_config.hidden_size) * float(sum(s * s for s in seqlens))
+    attn = 6.0 * int(hf_config.num_hidden_layers) * heads * head_dim * float(sum(s * s for s in seqlens))
     return (6.0 * matmul_params(hf_config) * tokens + attn) * passes
+
+
+def forward_flops(hf_config: Any, seqlens: Sequence[int]) -> float:
+    """FLOPs of one forward pass (a log-prob pass) over ``seqlens``: a third of :func:`training_flops` (the
+    backward costs twice the forward, the convention behind verl's factor 6)."""
+    return training_flops(hf_config, seqlens, 1) / 3.0
 
 
 def estimate_mfu(hf_config: Any, seqlens: Sequence[int], seconds: float, peak_flops: float | None,

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
 
 from rlhf_core.config import load_config  # noqa: E402
-from rlhf_core.trainer.mfu import actor_mfu, cpu_peak_flops, estimate_mfu, gemm_flops_per_s  # noqa: E402
+from rlhf_core.trainer.mfu import (actor_mfu, cpu_peak_flops, estimate_mfu, forward_flops,  # noqa: E402
+                                  gemm_flops_per_s, training_flops)
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer  # noqa: E402
 
 
@@ -36,6 +37,22 @@ def test_cpu_peak_is_measured_once_within_budget_and_leaves_threads_and_rng_alon
     assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
     # the peak at 3 threads is at least 3 × the single-core rate (one core's CPU-time rate, ideal scaling)
     assert peak >= 3 * 0.5 * gemm_flops_per_s(torch.float32, 1, 0.05, clock=time.thread_time)
+
+
+def test_flops_match_a_hand_count_by_verls_qwen2_formula():
+    # verl's _estimate_qwen2_flops (verl/utils/flops_counter.py), counted by hand for a config whose head_dim (16)
+    # is not hidden/heads (8), so a formula using hidden_size for the attention would differ:
+    #   attention projections per layer: 32 · (q 4·16 + k 2·16 + v 2·16 + o 4·16) = 32 · 192 = 6 144
+    #   SwiGLU MLP per layer: 3 · 32 · 48 = 4 608 → 3 layers · 10 752 = 32 256
+    #   embedding + LM head: 2 · 100 · 32 = 6 400 → N = 38 656
+    #   dense: 6 · N · (5 + 7 tokens) = 2 783 232; attention: 6 · Σs² (25 + 49) · 16 · 4 · 3 layers = 85 248
+    cfg = type("Cfg", (), dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, intermediate_size=48, vocab_size=100))()
+    assert training_flops(cfg, [5, 7], passes=1) == 2_783_232 + 85_248
+    assert training_flops(cfg, [5, 7], passes=2) == 2 * 2_868_480  # ppo_epochs = 2: two passes
+    assert forward_flops(cfg, [5, 7]) == 2_868_480 / 3  # a log-prob pass: forward only, 2·N per token
+    # MFU = FLOPs / (seconds · peak): 2 868 480 FLOPs in 1 ms on a 1e10 FLOP/s peak → 0.286848
+    assert estimate_mfu(cfg, [5, 7], 1e-3, 1e10, 1) == pytest.approx(0.286848)
 
 
 def test_an_unknown_peak_leaves_mfu_out():

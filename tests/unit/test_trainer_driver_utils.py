@@ -58,9 +58,9 @@ def test_dump_rollouts_jsonl(tmp_path):
 def test_mfu_estimate():
     cfg = SimpleNamespace(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           intermediate_size=128, vocab_size=1000)
-    # per layer: q,o 64·64 each; k,v 64·32 each → 12288; mlp 3·64·128 = 24576; head 64 000
-    assert matmul_params(cfg) == 2 * (12288 + 24576) + 64000
-    flops = 6 * matmul_params(cfg) * 10 + 12 * 2 * 64 * 100
+    # per layer: q,o 64·64 each; k,v 64·32 each → 12288; mlp 3·64·128 = 24576; embedding + LM head 2·64 000 (verl)
+    assert matmul_params(cfg) == 2 * (12288 + 24576) + 128000
+    flops = 6 * matmul_params(cfg) * 10 + 6 * 2 * 64 * 100  # attention: 6 · L · heads·head_dim · seqlen²
     assert estimate_mfu(cfg, [10], 1.0, device_peak_flops("NVIDIA H200"), 1) == pytest.approx(flops / 989e12)
     assert estimate_mfu(cfg, [10], 1.0, None, 1) is None  # unknown peak: no MFU, never a false 0
     assert device_peak_flops("Some Future GPU") is None and device_peak_flops(None) is None
