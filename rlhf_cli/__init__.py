@@ -16,6 +16,7 @@ import os
 import sys
 
 from rlhf_core.cli import run_command
+from rlhf_core.distributed.threads import OMP_WAIT_POLICY
 
 # subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhf: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = SUBCOMMANDS[name]
+    # before any subcommand imports torch (libgomp reads it once, at load): idle OpenMP threads sleep instead of
+    # spinning on cores other processes need; Ray workers started from here inherit it (rlhf_core.distributed.threads)
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     if name in TRACKED and os.environ.get("RLHF_HOME"):
         # --help, a bad flag or key answer here, before the tracked runner imports DuckDB, MLflow and torch
         code = run_command(f"rlhf {name}", getattr(importlib.import_module(module), func).check, rest)

@@ -50,3 +50,26 @@ def use_driver_threads() -> int:
     before = torch.get_num_threads()
     torch.set_num_threads(DRIVER_THREADS)
     return before
+
+
+# libgomp's wait policy for every rank (issue 38): an idle OpenMP thread sleeps at once instead of spinning
+OMP_WAIT_POLICY = "PASSIVE"
+
+
+def omp_env(threads: int) -> dict[str, str]:
+    """The OpenMP environment of a worker process with ``threads`` intra-op threads: ``OMP_NUM_THREADS`` and
+    ``OMP_WAIT_POLICY=PASSIVE``. Both are read once, when libgomp initialises (the first ``import torch`` of the
+    process), so they belong in the environment the process starts with (a Ray actor's ``runtime_env``).
+
+    Why PASSIVE: with libgomp's default policy a thread that finishes its share of a parallel region spins (up to
+    ``GOMP_SPINCOUNT`` iterations, ~0.3 G by default on an unloaded start) before it sleeps. A PPO step of a small
+    model is thousands of short parallel regions, so on a machine whose cores other processes also want the
+    spinning threads burn the cores the competing work (and the rank's own other threads) need
+    (``bench/bench_contention.py``; BENCHMARKS.md, "Limits of the machine").
+
+    Raises:
+        ValueError: ``threads`` < 1.
+    """
+    if int(threads) < 1:
+        raise ValueError(f"intra-op threads must be >= 1, got {threads}")
+    return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY}

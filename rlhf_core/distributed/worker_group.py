@@ -25,6 +25,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf_core.distributed.ray_init import init_ray
+from rlhf_core.distributed.threads import omp_env
 from rlhf_core.protocol import Batch
 from rlhf_core.redact import install_log_redaction
 
@@ -199,12 +200,14 @@ class RayWorkerGroup:
             self._pgs = _node_placement_groups(nnodes, [dict(bundle) for _ in range(per_node)], pg_timeout_s,
                                                self.name_prefix)
         omp = int(num_threads) if num_threads else max(1, int(num_cpus_per_worker))
-        actor_env = {"OMP_NUM_THREADS": str(omp), **{k: str(v) for k, v in (env or {}).items()}}
+        # OpenMP reads its environment once, when torch loads it: unpickling _WorkerHost imports torch before its
+        # __init__ runs, so the variables go in the actor's runtime_env (set when Ray starts the process)
+        actor_env = {**omp_env(omp), **{k: str(v) for k, v in (env or {}).items()}}
         remote_cls = ray.remote(_WorkerHost)
         self._actors = [
             remote_cls.options(
                 num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
-                name=f"{self.name_prefix}_{rank}",
+                name=f"{self.name_prefix}_{rank}", runtime_env={"env_vars": actor_env},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._pgs[rank // per_node], placement_group_bundle_index=rank % per_node),
             ).remote(actor_env)

@@ -66,6 +66,24 @@ def test_ray_worker_threads_follow_the_node_not_the_reservation(ray_2cpu):
         wg.shutdown()
 
 
+def test_ray_ranks_start_with_the_openmp_environment(ray_2cpu):
+    """libgomp reads OMP_* once, when torch loads it, and unpickling the actor class imports torch before the actor's
+    __init__ runs: the variables must be in the environment the process *started* with (/proc/self/environ, which
+    a later os.environ update does not change), i.e. in the actor's runtime_env (issue 38, contention)."""
+    class StartEnv:  # defined here so Ray pickles it by value
+        def start_env(self) -> dict:
+            with open("/proc/self/environ", "rb") as f:
+                pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+            return {k.decode(): v.decode() for k, v in pairs if k.startswith(b"OMP_")}
+
+    wg = RayWorkerGroup(StartEnv, 1, {}, num_cpus_per_worker=1, name_prefix="ompenv", num_threads=2)
+    try:
+        (env,) = wg.execute_all("start_env")
+    finally:
+        wg.shutdown()
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["OMP_NUM_THREADS"] == "2", env
+
+
 def test_embedded_ray_workers_run_at_the_drivers_priority(ray_2cpu):
     """Ray starts workers at nice 15 (raylet ``worker_niceness``): under any other load on the machine the ranks
     lost the CPU (a 4 s GRPO step took 39 s beside one other busy process). Embedded, they keep the driver's."""
