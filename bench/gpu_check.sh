@@ -8,7 +8,9 @@
 # it ends well inside one 10-minute call; a step that would start with < 20 s left is skipped and says so.
 # Results land in $OUT (at most 8 files, flat):
 #   summary.txt       one line per step: start, end, exit code, TIMEOUT/SKIP
-#   env.txt           nvidia-smi, python/torch/transformers versions, what was installed and how
+#   env.txt           the machine's limits (bench_limits.py --device cuda: bf16/fp32 GEMM peak, HBM bandwidth by a
+#                     STREAM copy/triad, per stage the fraction reached at 1 M / 20 M / 100 M parameters, also in
+#                     summary.txt; in env.txt, not a file of its own: at most 8 files come back), nvidia-smi, python/torch/transformers versions, what was installed and how
 #   pytest_gpu.log    pytest -m gpu tests/gpu (FSDP2 on CUDA with offload, RM on CUDA, vLLM when importable)
 #   bench_tiny.log / bench_tiny.json      bench_ppo_step.py --device cuda, the CPU bench's workload
 #   bench_large.log / bench_large.json    the same step on a ~90 M-parameter Qwen2, 32 prompts x 4 x 128 tokens
@@ -88,6 +90,11 @@ log "environment ready (see env.txt)"
 step "pytest -m gpu tests/gpu" 200 "$OUT/pytest_gpu.log" \
   "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider -o addopts="" --timeout 180
 tail -n 3 "$OUT/pytest_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+
+# ---- the machine's limits and each stage's fraction of them (issue 38) ----------------------------------------
+step "limits (cuda: GEMM peak, HBM bandwidth, stage fractions)" 90 "$ENVF" \
+  "$PY" bench/bench_limits.py --device cuda --sizes 1m,20m,100m --reps 3 --batch 32 --new-tokens 128 --stream-mb 1024
+grep -E "^limits|^[0-9]+m |  (decode|log_prob|update)" "$ENVF" | sed 's/^/    /' | tee -a "$SUMMARY"
 
 # ---- GPU throughput -----------------------------------------------------------------------------------------------
 step "bench tiny (cuda, bf16, packed)" 110 "$OUT/bench_tiny.log" \
