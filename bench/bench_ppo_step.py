@@ -11,6 +11,8 @@ Peers, each in its own subprocess (so one peer's process group or accelerate sta
 * ``ours``: ``RayPPOTrainer.train_step`` — the real driver step (gen, reward, old_log_prob, adv, update_actor
   with the hybrid-engine weight sync) — on one in-process ``LocalWorkerGroup`` rank (FSDP2, single-rank
   gloo/nccl), i.e. without Ray's per-call overhead, as a single-process peer runs.
+  Ours runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the caller set it, as ``rlhf ppo`` does (the other peers keep
+  the caller's environment, as a user runs them): see ``bench_contention.py``.
 * ``ours_ray``: the same step through ``main_ppo.build_worker_groups`` — one Ray worker group exactly as
   ``rlhf ppo`` builds it (fractional CPU reservation, intra-op threads = the node's CPUs ÷ ranks).
 * ``trl``: TRL ``GRPOTrainer`` (``use_cpu=True`` on CPU, no vLLM), ``per_device_train_batch_size=32``,
@@ -219,8 +221,13 @@ def run_peer_subprocess(peer: str, spec_file: Path, args) -> dict:
     out = spec_file.parent / f"result_{peer}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", peer, "--spec", str(spec_file),
            "--result", str(out)] + _passthrough(args)
+    env = dict(os.environ)
+    if peer.startswith("ours"):  # as `rlhf ppo` runs (rlhf_cli sets it before torch loads); peers keep the caller's
+        from rlhf_core.distributed.threads import OMP_WAIT_POLICY
+
+        env.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.peer_timeout)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.peer_timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.peer_timeout:.0f} s (--peer-timeout)"}
     if proc.returncode != 0 or not out.exists():
