@@ -62,7 +62,8 @@ def omp_env(threads: int) -> dict[str, str]:
     process), so they belong in the environment the process starts with (a Ray actor's ``runtime_env``).
 
     Why PASSIVE: with libgomp's default policy a thread that finishes its share of a parallel region spins (up to
-    ``GOMP_SPINCOUNT`` iterations: 300 000 by default, fewer when there are more threads than CPUs) before it sleeps. A PPO step of a small
+    ``GOMP_SPINCOUNT`` iterations: 300 000 by default, fewer when there are more threads than CPUs) before it
+    sleeps. A PPO step of a small
     model is thousands of short parallel regions, so on a machine whose cores other processes also want the
     spinning threads burn the cores the competing work (and the rank's own other threads) need
     (``bench/bench_contention.py``; BENCHMARKS.md, "Limits of the machine").
