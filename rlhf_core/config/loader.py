@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -20,7 +20,8 @@ from .notices import (AliasNotice, ConfigNotice, alias_notice, changed_paths, ef
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
-from .structured import schema_paths, shipped_defaults, to_typed, typed_defaults
+from .structured import (fresh_copy, schema_paths, shared_shipped_defaults, shipped_defaults, to_typed,
+                         typed_defaults)
 from .validate import convert_deprecated, validate_generation_config, validate_ppo_config, validate_sft_config
 from .views import VIEWS, drop_group_choices, view_of
 from .yaml_file import read_yaml_mapping
@@ -83,7 +84,7 @@ def load_base(name: str, config_dir: str | None = None) -> DictConfig:
     """The shipped config ``name`` (one of CONFIG_NAMES), unresolved, unvalidated: the defaults of its config
     classes, or the YAML file ``<config_dir>/<name>.yaml`` when a folder is given (``--config-dir`` or
     ``RLHF_CONFIG_DIR``), whose keys must be keys of the classes."""
-    folder = config_dir or os.environ.get("RLHF_CONFIG_DIR")
+    folder = _folder(config_dir)
     view = view_of(name)
     if view is not None:  # sft_trainer_engine: the sft_trainer defaults with verl 0.9.1's (rlhf_core/config/views.py)
         base = load_base(view[0], config_dir)
@@ -129,8 +130,8 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     config it extends."""
     name = config_name_of(name)
     if name in CONFIG_NAMES or name in VIEWS:
-        base = load_base(name, config_dir)
-        return VIEWS[name][0] if name in VIEWS else name, base, copy.deepcopy(base)
+        base = _base(name, config_dir)
+        return VIEWS[name][0] if name in VIEWS else name, base, fresh_copy(base)
     path = Path(name).expanduser()
     if not path.is_file():
         looks_like_path = "/" in name or name.endswith((".yaml", ".yml"))
@@ -142,16 +143,30 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     user = _drop_targets(user)
     kind = VIEWS[path.stem][0] if path.stem in VIEWS else _kind_of(user, path)
     user = _renamed(user, kind, str(path))
-    base = load_base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
+    base = _base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
         if key not in known and not is_open(key):
             raise unknown_key_error(key, known, f" (in {path})")
         _refuse_value_for_section(base, key, value, path, kind)
-    cfg = copy.deepcopy(base)
+    cfg = fresh_copy(base)
     with open_dict(cfg):
         cfg.merge_with(user)
     return kind, base, cfg
+
+
+def _folder(config_dir: str | None) -> str | None:
+    return config_dir or os.environ.get("RLHF_CONFIG_DIR")
+
+
+def _base(name: str, config_dir: str | None) -> DictConfig:
+    """:func:`load_base`, read-only: the per-process shared shipped defaults when no config folder is given (the
+    loader only reads its base; :func:`~rlhf_core.config.structured.fresh_copy` gives a writable copy)."""
+    if not _folder(config_dir) and name in CONFIG_NAMES:
+        return shared_shipped_defaults(name)
+    base = load_base(name, config_dir)
+    OmegaConf.set_readonly(base, True)
+    return base
 
 
 def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
@@ -253,7 +268,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
             raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
     try:
         OmegaConf.resolve(cfg)
-        OmegaConf.resolve(base)
+        if _folder(config_dir):  # a shipped base (the config classes' defaults) always resolves
+            OmegaConf.resolve(fresh_copy(base))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
     errors = check_schema(cfg, kind) + _shape_errors(kind, cfg, overrides)
@@ -318,10 +334,9 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
     schema = schema_paths(kind)
     have = set(flatten(cfg, resolve=False))
     errors = []
-    known = all_paths(typed_defaults(kind))
     for key in sorted(have - schema):
         if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
-            errors.append(str(unknown_key_error(key, known, f" It is not a key of {kind}: declare it in its class "
+            errors.append(str(unknown_key_error(key, _typed_paths(kind), f" It is not a key of {kind}: declare it in its class "
                                                             f"in rlhf_core/config/schemas/ to make it a config key.")))
     for key in sorted(schema - have):
         if not any(h.startswith(key + ".") for h in have):
@@ -331,6 +346,12 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
             errors.append(f"'{key}' was deleted{how}: every loaded config holds all keys of "
                           f"rlhf_core/configs/{kind}.yaml; set it instead (e.g. {key}=null where null is allowed).")
     return errors
+
+
+@functools.lru_cache(maxsize=None)
+def _typed_paths(kind: str) -> tuple[str, ...]:
+    """Every dotted path of the typed defaults of ``kind`` (the did-you-mean candidates), once per process."""
+    return tuple(all_paths(typed_defaults(kind)))
 
 
 def resolved_yaml(cfg: DictConfig) -> str:
