@@ -190,17 +190,22 @@ def _same(value: Any, allowed: Any) -> bool:
     return value == allowed
 
 
-def check_support(cfg: DictConfig, name: str) -> list[str]:
+def check_support(cfg: DictConfig, name: str, flat: dict[str, Any] | None = None) -> list[str]:
     """Error lines for keys of backends we do not have that are set away from what they accept (status "default
-    only"), and for values (``backend_values``) that need such a backend; each line names the backend."""
+    only"), and for values (``backend_values``) that need such a backend; each line names the backend.
+    ``flat``: ``flatten(cfg)`` when the caller has it (a key it lacks is looked up in ``cfg``)."""
     errors = []
+    flat = flat or {}
     for path, spec in specs(name).items():
         if spec.backend_values is None and spec.status != DEFAULT_ONLY:
             continue
-        node = OmegaConf.select(cfg, path, default="<absent>")
-        if isinstance(node, str) and node == "<absent>":
-            continue
-        value = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+        if path in flat:
+            value = flat[path]
+        else:
+            node = OmegaConf.select(cfg, path, default="<absent>")
+            if isinstance(node, str) and node == "<absent>":
+                continue
+            value = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
         needs = spec.backend_values or {}
         if isinstance(value, str) and value in needs:
             errors.append(f"{path}={value!r} needs {needs[value]}, a backend this project does not have; "
@@ -219,7 +224,8 @@ def check_schema(cfg: DictConfig, name: str) -> list[str]:
     """
     table = specs(name)
     errors: list[str] = []
-    for path, value in flatten(cfg, resolve=True).items():
+    flat = flatten(cfg, resolve=True)
+    for path, value in flat.items():
         spec = table.get(path)
         if spec is None:
             continue
@@ -229,5 +235,6 @@ def check_schema(cfg: DictConfig, name: str) -> list[str]:
             continue
         if fixed is not value:
             OmegaConf.update(cfg, path, fixed, merge=False)
+            flat[path] = fixed
         errors.extend(_check_value(spec, value, cfg))
-    return errors + check_support(cfg, name)
+    return errors + check_support(cfg, name, flat)
