@@ -175,7 +175,7 @@ def world(tmp_path_factory, tiny_model_dir, gsm8k_dir, prefect_harness):  # noqa
     pd.read_parquet(files["test"]).head(2).to_parquet(base / "test.parquet")
     (base / "length_reward.py").write_text(LENGTH_REWARD)
     managed = ("RLHF_HOME", "MLFLOW_TRACKING_URI", "RLHF_MLFLOW_ARTIFACT_ROOT", "MLFLOW_RUN_ID", "RLHF_METRICS_FILE")
-    saved = {k: os.environ.get(k) for k in managed}
+    saved = dict(os.environ)  # all of it: configure_environment also sets PREFECT_HOME (and whatever it adds later)
     for k in managed:
         os.environ.pop(k, None)
     os.environ["RLHF_HOME"] = str(base / "home")
@@ -186,8 +186,8 @@ def world(tmp_path_factory, tiny_model_dir, gsm8k_dir, prefect_harness):  # noqa
                     val=base / "test.parquet")
     finally:
         shutdown_ray()
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
