@@ -194,11 +194,34 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
                         "batch is dropped)")
     val = (create_sft_dataset(_as_list(data.val_files), tokenizer, data, int(data.val_max_samples))
            if data.val_files else None)
+    if val is not None:
+        check_val_rows(val, _as_list(data.val_files), int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node))
     trainer = SFTTrainer(config, train, val)
     try:
         return trainer.fit()
     finally:
         trainer.shutdown()
+
+
+def check_val_rows(val: Any, files: list[str], world_size: int) -> None:
+    """Precheck of the validation rows before any model loads, as the training rows' count is checked: the
+    validation set holds at least one batch for ``world_size`` ranks (fewer rows: validation would silently never
+    run, :class:`SFTTrainer` drops the partial batch), and every row renders to a sample (``val[i]``: within
+    ``data.max_length`` when ``data.truncation=error``, a response token left to score). Without it a bad
+    validation row failed at the first validation, after training (a new user's trial, issue 35).
+
+    Raises:
+        DataError: naming ``data.val_files`` and the file/row of the first bad sample.
+    """
+    if len(val) < world_size:
+        raise DataError(f"data.val_files={files} has {len(val)} rows, fewer than the {world_size} ranks "
+                        "(trainer.nnodes x trainer.n_gpus_per_node): not one validation batch; add rows or set "
+                        "data.val_files=null")
+    for i in range(len(val)):
+        try:
+            val[i]
+        except DataError as exc:
+            raise DataError(f"data.val_files: {exc}") from None
 
 
 main = sft_main  # `rlhf sft`: parsed (rlhf_core.trainer.commands) before this module is imported

@@ -355,3 +355,17 @@ def test_sft_dataset_smaller_than_one_batch_is_refused_before_ray(tiny_model_dir
     msg = _sft_error(_sft_overrides(tiny_model_dir, train), DataError)
     assert msg == (f"data.train_batch_size=4 is larger than the 3 training rows of data.train_files=['{train}']: not "
                    "one full batch (the partial batch is dropped)")
+
+
+def test_a_bad_sft_validation_row_is_refused_before_ray(tiny_model_dir, tmp_path):
+    # issue 35's trial: the validation rows were rendered only at the first validation, after training. Row 1's
+    # question is ~400 tokens, over data.max_length=96; with truncation=right nothing of its answer is left.
+    train = _sft_rows(tmp_path, 8)
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "How many apples? " * 100, "answer": "3"}]
+    val = write_jsonl(tmp_path / "val.jsonl", [json.dumps(r) for r in rows])
+    msg = _sft_error(_sft_overrides(tiny_model_dir, train, f"data.val_files={val}"), DataError)
+    assert msg.startswith(f"data.val_files: {val} line 2: no response token left to train on"), msg
+    # one row for two ranks: validation would never run (the partial batch is dropped)
+    one = write_jsonl(tmp_path / "one.jsonl", [json.dumps(rows[0])])
+    msg = _sft_error(_sft_overrides(tiny_model_dir, train, f"data.val_files={one}"), DataError)
+    assert msg.startswith(f"data.val_files=['{one}'] has 1 rows, fewer than the 2 ranks"), msg
