@@ -337,25 +337,49 @@ def _finish(doc: dict[str, Any], conv: Conversion, script: Script, source: str) 
         conv.notes.append("no RL training data (data.train_files): set it, or data.generator")
     if _get(doc, "reward.path"):
         conv.notes.append("reward.path is read relative to this file's folder")
-    conv.notes += script.branches
+    conv.notes += script.branches + script.assignments
     conv.notes += [f"${name} used its default {value!r} (${{{name}:-...}})" for name, value in
                    script.defaults_used.items()]
     conv.notes += [f"not converted: {s}" for s in script.skipped]
     order = ["name", "description", "model", "data", "sft", "ppo", "reward", "evaluation"]
     for key in sorted(doc, key=order.index):
         doc[key] = doc.pop(key)
+    run_lists, why_not = _run_lists(doc, stages)
     for stage in ("sft", "ppo", "evaluation"):
         if stage in stages:
-            conv.loads.append(f"{stage}: {_load_check(stage, doc[stage]['overrides'])}")
+            active = [o for o in doc[stage]["overrides"] if isinstance(o, str)]
+            check = _load_check(stage, run_lists.get(stage, active))
+            conv.loads.append(f"{stage}: {check}" + (f" (its overrides alone: {why_not})" if why_not else ""))
 
 
-def _load_check(stage: str, overrides: list[Any]) -> str:
-    """``loads`` or the first error of ``load_config(<stage config>, active overrides)``, plus the keys that
-    load but change nothing here (ConfigNotice)."""
+def _run_lists(doc: dict[str, Any], stages: set[str]) -> tuple[dict[str, list[str]], str]:
+    """Each stage's override list as ``rlhf pipeline`` builds it from this experiment (its lifted fields included:
+    ``ppo.adv_estimator``, steps, ``reward.*``; :func:`flows.settings.stage_override_lists`), so the load check is
+    the run's; data files the script does not name are placeholders. ``({}, why)`` when the experiment itself
+    does not load (the check then falls back to each stage's overrides alone)."""
+    from flows.experiment import ExperimentError, load_experiment
+    from flows.settings import resolve_settings, stage_override_lists
+
+    plain = _plain(doc)
+    data = plain.setdefault("data", {})
+    if not data.get("generator"):
+        for key in ("train_files", "val_files"):
+            data[key] = data.get(key) or ["/validate-only/" + key + ".parquet"]
+    plain.setdefault("evaluation", {})["enabled"] = "evaluation" in stages
+    try:
+        settings = resolve_settings({}, load_experiment(yaml.safe_dump(plain, sort_keys=False)))
+    except (ExperimentError, FileNotFoundError, ValueError) as exc:
+        return {}, f"the experiment does not load: {' '.join(str(exc).split())}"
+    names = {"eval": "evaluation"}
+    return {names.get(stage, stage): overrides for stage, _, overrides in stage_override_lists(settings)}, ""
+
+
+def _load_check(stage: str, active: list[str]) -> str:
+    """``loads`` or the first error of ``load_config(<stage config>, active)``, plus the keys that load but change
+    nothing here (ConfigNotice)."""
     from rlhf_core.config.loader import load_config
     from rlhf_core.config.notices import AliasNotice, ConfigNotice
 
-    active = [o for o in overrides if isinstance(o, str)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:

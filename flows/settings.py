@@ -292,6 +292,21 @@ def validate_overrides(s: PipelineSettings) -> None:
     """
     from rlhf_core.config import ConfigError, load_config
 
+    section = {"sft": "sft", "ppo": "ppo", "eval": "evaluation"}
+    for stage, config_name, overrides in stage_override_lists(s):
+        try:
+            cfg = load_config(config_name, overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"{stage} stage ({config_name}): invalid overrides ({s.experiment_file} "
+                              f"{section[stage]}.overrides + --{stage}-overrides), checked before any stage ran: "
+                              f"{exc}") from exc
+        redact(cfg)  # remember its secret values: this process's logs and artifacts scrub them from now on
+
+
+def stage_override_lists(s: PipelineSettings) -> list[tuple[str, str, list[str]]]:
+    """``[(stage, config name, overrides)]`` of the stages that will run (``sft``, ``ppo``, ``eval``), built as the
+    tasks build them, with placeholder paths for the files that do not exist yet (the experiment's fields that map
+    to keys included: ``ppo.adv_estimator``, steps, ``reward.*``)."""
     p = _PLACEHOLDER
     checks: list[tuple[str, str, list[str]]] = []
     if s.sft_enabled:
@@ -305,15 +320,7 @@ def validate_overrides(s: PipelineSettings) -> None:
     if s.evaluate_enabled:
         checks.append(("eval", "evaluation", plan.eval_overrides(
             [], s.eval_list(), responses_path=p + "/responses.parquet", samples_dir=p + "/samples")))
-    section = {"sft": "sft", "ppo": "ppo", "eval": "evaluation"}
-    for stage, config_name, overrides in checks:
-        try:
-            cfg = load_config(config_name, overrides)
-        except ConfigError as exc:
-            raise ConfigError(f"{stage} stage ({config_name}): invalid overrides ({s.experiment_file} "
-                              f"{section[stage]}.overrides + --{stage}-overrides), checked before any stage ran: "
-                              f"{exc}") from exc
-        redact(cfg)  # remember its secret values: this process's logs and artifacts scrub them from now on
+    return checks
 
 
 def ppo_config(s: PipelineSettings) -> Any:

@@ -80,6 +80,43 @@ class Script:
     defaults_used: dict[str, str]
     skipped: list[str]
     branches: list[str] = field(default_factory=list)
+    assignments: list[str] = field(default_factory=list)  # whose value won: undecided branches, --set over a line
+
+
+class _Assignments:
+    """Which assignment of a variable wins, said in notes. ``preset`` (``--set NAME=VALUE``) wins over the script's
+    own ``NAME=...`` (as a user expects of ``--set``; bash would take the script's line), each overridden line named;
+    an assignment read inside an undecided ``if``/``case`` branch (every branch is read, the last read wins) is named
+    with its branch when nothing decided assigns the name after it."""
+
+    def __init__(self, preset: dict[str, str], flow: Flow):
+        self.preset, self.flow = preset, flow
+        self.overridden: dict[str, list[tuple[int, str]]] = {}
+        self.undecided: dict[str, list[tuple[int, str, str]]] = {}
+
+    def allow(self, name: str, value: str, number: int) -> bool:
+        """Whether the script's ``name=value`` at line ``number`` is applied (False: ``--set`` holds the name)."""
+        if name in self.preset:
+            if value != self.preset[name]:
+                self.overridden.setdefault(name, []).append((number, value))
+            return False
+        branch = self.flow.undecided_branch()
+        if branch is None:
+            self.undecided.pop(name, None)
+        else:
+            self.undecided.setdefault(name, []).append((number, branch, value))
+        return True
+
+    def notes(self) -> list[str]:
+        out = [f"--set {name}={self.preset[name]!r} overrides the script's {name}={value!r} (line {number})"
+               for name, lines in self.overridden.items() for number, value in lines]
+        for name, seen in self.undecided.items():
+            number, branch, value = seen[-1]
+            others = ", ".join(f"line {n} in {b}" for n, b, _ in seen[:-1])
+            out.append(f"{name}={value!r} from line {number} in the undecided branch {branch} is the value used (the "
+                       f"last assignment read{'; also assigned at ' + others if others else ''}); choose the branch "
+                       "with --set")
+        return out
 
 
 class _Expander:
@@ -336,18 +373,19 @@ def read_script(text: str, source: str, preset: dict[str, str] | None = None) ->
     arrays: dict[str, list[str]] = {}
     commands, skipped = [], []
     flow = Flow()
+    assignments = _Assignments(dict(preset or {}), flow)
     try:
         for number, expanded, missing in _logical_lines(text, lambda: _Expander(env, refs, defaults, arrays)):
             for words in flow.feed(_tokens(expanded, f"{source}, line {number}"), number, _SEPARATORS):
-                _read_command(words, number, missing, env, refs, arrays, commands, skipped)
+                _read_command(words, number, missing, env, refs, arrays, commands, skipped, assignments)
     except ConfigError as exc:
         raise ConfigError(exc.args[0] if str(exc).startswith(source) else f"{source}: {exc}") from None
-    return Script(commands, dict(env), defaults, skipped, flow.notes)
+    return Script(commands, dict(env), defaults, skipped, flow.notes, assignments.notes())
 
 
 def _read_command(words: list[str], number: int, missing: list[str], env: dict[str, str],
                   refs: dict[str, list[str]], arrays: dict[str, list[str]], commands: list[Command],
-                  skipped: list[str]) -> None:
+                  skipped: list[str], assignments: _Assignments) -> None:
     """Record one command: an assignment updates ``env`` (an array assignment ``arrays``); a verl command is
     appended to ``commands``."""
     assigns = words[1:] if words[0] in _DECLARE else words
@@ -368,7 +406,8 @@ def _read_command(words: list[str], number: int, missing: list[str], env: dict[s
     if assigns and all(_ASSIGN.fullmatch(w) for w in assigns):
         for w in assigns:
             name, value = _ASSIGN.fullmatch(w).groups()
-            env[name], refs[name] = value, [r for r in missing if r in value]
+            if assignments.allow(name, value, number):
+                env[name], refs[name] = value, [r for r in missing if r in value]
         return
     if words[0] == "unset":
         for name in words[1:]:

@@ -32,6 +32,7 @@ class _Frame:
     undecided: bool = False   # an earlier branch was undecided: a later "else" is undecided too
     value: str | None = None  # a case's word (None: unknown)
     in_clause: bool = False   # a case is inside a clause (after "pattern)", before ";;")
+    label: str = ""           # the branch being read, for notes: "`elif [ ... ]` (line 7)"
 
 
 def _known(word: str) -> bool:
@@ -121,6 +122,11 @@ class Flow:
         """Whether the current branch is read (taken, or undecided)."""
         return all(f.active is not False for f in self.stack)
 
+    def undecided_branch(self) -> str | None:
+        """The innermost undecided branch being read (``"`else` (line 9)"``), or None when every enclosing branch
+        was decided: an assignment read there may be overwritten by a sibling branch's (the last read wins)."""
+        return next((f.label for f in reversed(self.stack) if f.active is None), None)
+
     def feed(self, tokens: list[str], line: int, separators: set[str]) -> list[list[str]]:
         commands: list[list[str]] = []
         cmd: list[str] = []
@@ -147,7 +153,7 @@ class Flow:
                 continue
             top = self.stack[-1] if self.stack else None
             if not cmd and top and top.kind == "case" and not top.in_clause and t != "esac":
-                i = self._clause(tokens, i, top)
+                i = self._clause(tokens, i, top, line)
                 continue
             if not cmd and t in ("if", "elif"):
                 end = next((j for j in range(i + 1, len(tokens)) if tokens[j] == "then" and tokens[j - 1] == ";"),
@@ -184,7 +190,7 @@ class Flow:
             commands.append(cmd)
         return commands
 
-    def _clause(self, tokens: list[str], i: int, top: _Frame) -> int:
+    def _clause(self, tokens: list[str], i: int, top: _Frame, line: int) -> int:
         """Read ``pat1 | pat2)`` at ``tokens[i]``; set whether that clause is read; the index after it."""
         patterns: list[str] = []
         while i < len(tokens):
@@ -197,6 +203,7 @@ class Flow:
                 break
         patterns = [re.sub(r"^\(", "", p) for p in patterns if p]
         top.in_clause = True
+        top.label = f"`case {top.value if top.value is not None else '?'} in {' | '.join(patterns)})` (line {line})"
         parent = all(f.active is not False for f in self.stack[:-1])
         if not parent or top.taken:
             top.active = False
@@ -210,7 +217,7 @@ class Flow:
     def _branch(self, word: str, value: bool | None, line: int, text: str) -> None:
         if word == "if":
             parent = self.reading()
-            self.stack.append(_Frame("if", line, value if parent else False))
+            self.stack.append(_Frame("if", line, value if parent else False, label=f"`{text}` (line {line})"))
             frame = self.stack[-1]
             if not parent:
                 return
@@ -218,6 +225,7 @@ class Flow:
             if not self.stack or self.stack[-1].kind != "if":
                 return
             frame = self.stack[-1]
+            frame.label = f"`{text}` (line {line})"
             if all(f.active is not False for f in self.stack[:-1]) is False:
                 frame.active = False
                 return

@@ -220,3 +220,17 @@ def test_verl_09_spellings_are_known_keys_read_as_ours():
     assert conv.doc["reward"] == {"path": "/r.py", "name": "score"}
     assert conv.loads == ["ppo: loads; verl's other spellings, read as ours: reward.reward_manager.name -> "
                           "reward_model.reward_manager"]
+
+
+def test_the_load_check_applies_the_fields_lifted_from_the_script():
+    # issue 35's trial: algorithm.adv_estimator=rloo is lifted to ppo.adv_estimator, so the stage's overrides alone
+    # (rollout.n=1, GAE by default) loaded, and the dry run then refused RLOO with one response per prompt. The
+    # check now loads the list the pipeline builds, adv_estimator=rloo included.
+    conv = convert("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=rloo actor_rollout_ref.rollout.n=1 \\\n"
+                   "    data.train_files=/d/t.parquet data.val_files=/d/v.parquet\n", "run.sh")
+    assert conv.doc["ppo"]["adv_estimator"] == "rloo"
+    assert len(conv.loads) == 1 and conv.loads[0].startswith("ppo: does not load as written: "), conv.loads
+    assert "rloo" in conv.loads[0] and "rollout.n" in conv.loads[0], conv.loads
+    ok = convert("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=rloo actor_rollout_ref.rollout.n=2\n",
+                 "run.sh")
+    assert ok.loads == ["ppo: loads"], ok.loads

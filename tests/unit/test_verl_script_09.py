@@ -158,3 +158,28 @@ def test_a_test_guarding_one_command_is_decided_too():
     assert script.commands[0].args == ["a=1", "kl=off", "big=1"]
     assert [n.split(":")[0] for n in script.branches] == ["line 6"]
     assert read_script(text, "g.sh", {"USE_KL": "1"}).commands[0].args == ["a=1", "kl=on", "big=1"]
+
+
+def test_undecided_branches_say_whose_value_won():
+    script = read_script(DEVICE_SCRIPT, "e.sh")
+    # every clause of the undecided case on DEVICE (line 4) is read: tp=2 at line 6 (the gpu clause), then tp=4 at
+    # line 17 (the npu clause) -- bash-by-hand reading keeps the last, 4 (test above); n=8 (line 12) is assigned only
+    # inside the nested `*)` clause of the undecided case on MACHINE, so it is named too
+    assert script.assignments == [
+        "tp='4' from line 17 in the undecided branch `case ? in npu)` (line 16) is the value used (the last "
+        "assignment read; also assigned at line 6 in `case ? in gpu | cuda)` (line 5)); choose the branch with --set",
+        "n='8' from line 12 in the undecided branch `case ? in *)` (line 11) is the value used (the last assignment "
+        "read); choose the branch with --set"]
+    # decided branches leave nothing to say
+    assert read_script(DEVICE_SCRIPT, "e.sh", {"DEVICE": "gpu", "MACHINE": "h100"}).assignments == []
+
+
+def test_set_wins_over_the_scripts_own_assignment_with_a_notice():
+    text = "N_GPUS=8\nSTEPS=${STEPS:-5}\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$N_GPUS " \
+           "trainer.total_training_steps=$STEPS\n"
+    script = read_script(text, "s.sh", {"N_GPUS": "1", "STEPS": "3"})
+    # --set N_GPUS=1 wins over line 1's N_GPUS=8 (named); STEPS=${STEPS:-5} takes the caller's 3 (no conflict)
+    assert script.commands[0].args == ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=3"]
+    assert script.assignments == ["--set N_GPUS='1' overrides the script's N_GPUS='8' (line 1)"]
+    conv = convert(text, "s.sh", {"N_GPUS": "1"})
+    assert "--set N_GPUS='1' overrides the script's N_GPUS='8' (line 1)" in conv.notes
