@@ -162,6 +162,14 @@ def legacy_settings(rollout_is: bool, threshold: float | None, threshold_lower: 
             "rollout_is_threshold": spec}
 
 
+_DECIDED_BY = {"rollout_is": ("rollout_is", "rollout_is_level"),
+               "rollout_is_threshold": ("rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_mode")}
+"""Each ``rollout_correction`` key of :func:`legacy_settings` -> the verl 0.6 ``algorithm.*`` keys that decide it."""
+_LEGACY_DEFAULTS = {"rollout_is": False, "rollout_is_threshold": None, "rollout_is_threshold_lower": None,
+                    "rollout_is_level": "token", "rollout_is_mode": "truncate"}
+"""verl 0.6's defaults of those keys (``AlgoConfig``): a key at its default was not set by the user."""
+
+
 def convert_rollout_is(cfg: Any) -> list[str]:
     """Write verl 0.6's ``algorithm.rollout_is*`` onto ``algorithm.rollout_correction.*`` in ``cfg`` (a DictConfig)
     with one DeprecationWarning naming the new keys; returns the notices.
@@ -184,9 +192,13 @@ def convert_rollout_is(cfg: Any) -> list[str]:
     for k, v in new.items():
         have = algo.rollout_correction.get(k)
         if have != defaults[k] and have != v and str(have) != str(v):
-            old = "algorithm.rollout_is" if k == "rollout_is" else "algorithm.rollout_is_threshold"
-            errors.append(f"{old} (verl 0.6) means {SECTION}.{k}={v!r}, but {SECTION}.{k}={have!r} is set too; "
-                          f"remove the 0.6 keys (algorithm.rollout_is*) or make them agree.")
+            # name only the 0.6 keys the user set (away from their default) that decide this value; the
+            # threshold (set: the 0.6 block is active at all) when none of them is
+            named = [f"algorithm.{o}" for o in _DECIDED_BY[k] if algo.get(o) != _LEGACY_DEFAULTS[o]]
+            named = named or ["algorithm.rollout_is_threshold"]
+            errors.append(f"{' and '.join(named)} (verl 0.6) {'means' if len(named) == 1 else 'mean'} "
+                          f"{SECTION}.{k}={v!r}, but {SECTION}.{k}={have!r} is set too; remove the 0.6 keys "
+                          f"(algorithm.rollout_is*) or make them agree.")
     if errors:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(errors))
     with open_dict(cfg):

@@ -222,3 +222,19 @@ def test_every_preset_passes_the_section_checks_and_a_string_threshold_survives_
     cfg, _ = _check(*preset_overrides("bypass_pg_token_icepop"))
     assert cfg.algorithm.rollout_correction.rollout_is_threshold == "0.5_5.0"   # a string: IcePop, not 0.55
     assert cfg.algorithm.rollout_correction.loss_type == "reinforce" and cfg.algorithm.rollout_correction.bypass_mode
+
+
+def test_a_06_conflict_names_only_the_keys_the_user_set():
+    # issue 35's trial: only algorithm.rollout_is_threshold was set (rollout_is stays False: 0.9's rollout_is=null,
+    # metrics only), against rollout_correction.rollout_is=token; the error named algorithm.rollout_is, unset
+    with pytest.raises(ValueError) as info:
+        _check("algorithm.rollout_is_threshold=3.0", "algorithm.rollout_correction.rollout_is=token")
+    msg = str(info.value)
+    assert "algorithm.rollout_is_threshold (verl 0.6) means algorithm.rollout_correction.rollout_is=None" in msg, msg
+    assert "algorithm.rollout_is " not in msg and "algorithm.rollout_is=" not in msg, msg
+    # rollout_is_level=sequence set with rollout_is=true: both named, they decide the value together
+    with pytest.raises(ValueError) as info:
+        _check("algorithm.rollout_is=true", "algorithm.rollout_is_level=sequence", "algorithm.rollout_is_threshold=3.0",
+               "algorithm.rollout_correction.rollout_is=token")
+    assert ("algorithm.rollout_is and algorithm.rollout_is_level (verl 0.6) mean "
+            "algorithm.rollout_correction.rollout_is='sequence'") in str(info.value), str(info.value)
