@@ -51,7 +51,9 @@ Decisions worth knowing:
   of keys 0.9 moved (`critic.model.fsdp_config.*` → `critic.fsdp.*`, `rollout.skip_rollout` →
   `skip.rollout.enable`...) are read as the new key with one notice.
 - `ray_init.*` and verl 0.6's `ray_kwargs.ray_init.*` / `ray_kwargs.timeline_json_file` are one setting:
-  set either; both set to different values is an error naming both.
+  set either; both set to different values is an error naming both. Any other argument of `ray.init`
+  (`+ray_kwargs.ray_init.namespace=...`, `+ray_kwargs.ray_init.runtime_env.env_vars={...}`) is passed to
+  `ray.init` as verl does, checked against its signature (a typo gets a did-you-mean).
 - A key set away from its default whose status is "no effect on CPU" (on a CPU run) or "accepted, no
   effect yet" gets one notice at start naming the key and why; vLLM-only rollout keys get one when
   `rollout.name` is not vllm. `rlhf config check` fails when `rollout.name`'s package is not importable.

@@ -133,6 +133,12 @@ def schema_paths(name: str) -> set[str]:
     return set(specs(name))
 
 
+PASS_THROUGH = ("ray_kwargs.ray_init", "ray_kwargs.ray_init.runtime_env")
+"""Typed sections that also take keys the schema does not declare: verl hands ``ray_kwargs.ray_init`` to
+``ray.init`` whole; each such key is checked against ``ray.init``'s signature at load
+(:func:`rlhf_core.distributed.ray_init.ray_init_key_error`) and passed on by ``ray_init_extra``."""
+
+
 def to_typed(name: str, cfg: DictConfig) -> DictConfig:
     """Merge resolved ``cfg`` (every key a schema key) into the typed schema; struct mode, resolved.
 
@@ -145,6 +151,10 @@ def to_typed(name: str, cfg: DictConfig) -> DictConfig:
         # overwrites its default, interpolations included), without re-validating ~950 unchanged leaves each load.
         changed = _changed(OmegaConf.to_container(cfg, resolve=True), _resolved_shipped(name))
         typed = fresh_copy(_typed_resolved(name))
+        for path in PASS_THROUGH:  # sections handed whole to a library call: any of its arguments (checked at load)
+            node = OmegaConf.select(typed, path)
+            if isinstance(node, DictConfig):
+                OmegaConf.set_struct(node, False)
         typed.merge_with(changed)
         OmegaConf.resolve(typed)
     except Exception as exc:  # omegaconf's ValidationError / ConfigKeyError carry the full key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import ray
 
@@ -117,7 +118,50 @@ def ray_runtime_env(reads: str | None, py_executable: str | None) -> dict | None
     return env or None
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, py_executable: str | None = None) -> None:
+RAY_INIT_SECTION = "ray_kwargs.ray_init"
+"""verl passes every key of this section to ``ray.init`` (``ray.init(**ray_kwargs.ray_init)`` in ``run_ppo``)."""
+
+
+def ray_init_key_error(path: str) -> str | None:
+    """None when ``path`` (``ray_kwargs.ray_init.<name>[.sub]``, a key the schema does not declare) names an
+    argument of ``ray.init`` (``inspect.signature(ray.init)``, its ``**kwargs`` aside), which verl passes through;
+    else the error line, with the closest argument names. ``path`` outside the section: None (not ours to judge)."""
+    import difflib
+    import inspect
+
+    if not path.startswith(RAY_INIT_SECTION + "."):
+        return None
+    name = path[len(RAY_INIT_SECTION) + 1:].split(".")[0]
+    params = [p.name for p in inspect.signature(ray.init).parameters.values() if p.kind != p.VAR_KEYWORD]
+    if name in params:
+        return None
+    near = difflib.get_close_matches(name, params, n=3)
+    hint = f" Did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+    return (f"'{path}': {name!r} is not an argument of ray.init (Ray {ray.__version__}), which verl passes "
+            f"{RAY_INIT_SECTION}.* to.{hint}")
+
+
+def ray_init_extra(section: Any, declared: tuple[str, ...] = ("num_cpus", "runtime_env.py_executable")) -> dict:
+    """The ``ray.init`` keyword arguments of ``ray_kwargs.ray_init`` (a DictConfig or dict) less the ``declared``
+    keys (dotted below the section), which the caller reads through the schema and hands to :func:`init_ray` as
+    its own parameters (``num_cpus``, ``py_executable``; the evaluation config declares no runtime_env). Keys the
+    schema does not declare were checked against ``ray.init``'s signature at load (:func:`ray_init_key_error`).
+    An emptied ``runtime_env`` is dropped."""
+    from omegaconf import DictConfig, OmegaConf
+
+    data = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
+    for path in declared:
+        head, _, leaf = path.rpartition(".")
+        node = data.get(head) if head else data
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+            if head and not node:
+                data.pop(head)
+    return data
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, py_executable: str | None = None,
+             extra: dict | None = None) -> None:
     """Initialise Ray once per process; a second call is a no-op.
 
     Args:
@@ -128,6 +172,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, py_executa
         py_executable: the command Ray starts its worker processes with (Ray's ``runtime_env.py_executable``, e.g.
             ``uv run`` as verl's uv-launched scripts set ``ray_kwargs.ray_init.runtime_env.py_executable``);
             ``None`` → this Python.
+        extra: further ``ray.init`` keyword arguments (:func:`ray_init_extra` of ``ray_kwargs.ray_init``, as verl
+            passes that section): they win over the embedded instance's own (``include_dashboard``...); an
+            ``address`` there is used when ``address`` is None; a ``runtime_env`` is merged with ours (its
+            ``env_vars`` joined).
 
     The embedded case is :func:`start_embedded_ray`: every port on ``127.0.0.1``, no dashboard or job API, Ray's
     files in a private temp folder, and :func:`set_embedded_ray_env`'s defaults (:data:`EMBEDDED_RAY_ENV`: no token
@@ -142,14 +190,27 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, py_executa
         return
     # config-read recording (rlhf_core/config/reads.py) must reach every worker process too
     reads = os.environ.get("RLHF_CONFIG_READS")
-    runtime_env = ray_runtime_env(reads, py_executable)
+    kwargs = dict(extra or {})
+    runtime_env = _merge_runtime_env(ray_runtime_env(reads, py_executable), kwargs.pop("runtime_env", None))
+    address = kwargs.pop("address", None) if address is None else address
     if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        start_embedded_ray(num_cpus, log_to_driver=True, runtime_env=runtime_env)
+        start_embedded_ray(num_cpus, **{"log_to_driver": True, **kwargs, "runtime_env": runtime_env})
     else:
+        kwargs.pop("address", None)
         check_ray_address(str(address))
-        ray.init(address=address, runtime_env=runtime_env)
+        ray.init(address=address, runtime_env=runtime_env, **kwargs)
+
+
+def _merge_runtime_env(ours: dict | None, theirs: dict | None) -> dict | None:
+    """``theirs`` (the user's ``runtime_env``) with ours on top; ``env_vars`` joined (ours win on a clash)."""
+    if not theirs:
+        return ours
+    merged = {**theirs, **(ours or {})}
+    if "env_vars" in theirs and ours and "env_vars" in ours:
+        merged["env_vars"] = {**theirs["env_vars"], **ours["env_vars"]}
+    return merged
 
 
 def write_ray_timeline(path: str | None) -> None:

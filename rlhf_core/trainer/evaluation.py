@@ -155,10 +155,11 @@ def score_rows_parallel(records: list[dict], config: Any) -> list[dict]:
         return _score_chunk(records, config, 0)
     import ray  # lazy: only evaluation with Ray workers needs it
 
-    from rlhf_core.distributed.ray_init import init_ray
+    from rlhf_core.distributed.ray_init import init_ray, ray_init_extra
 
     started = not ray.is_initialized()
-    init_ray(ray_cfg.address, ray_cfg.num_cpus)
+    # verl passes ray_kwargs.ray_init to ray.init (num_cpus there is ray_init.num_cpus's alias, read above)
+    init_ray(ray_cfg.address, ray_cfg.num_cpus, extra=ray_init_extra(config.ray_kwargs.ray_init, ("num_cpus",)))
     try:
         n = max(1, min(len(records), int(ray.available_resources().get("CPU", 1))))
         bounds = np.linspace(0, len(records), n + 1).astype(int).tolist()

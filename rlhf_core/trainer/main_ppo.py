@@ -27,7 +27,7 @@ from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
 from rlhf_core.data.factory import create_rl_dataset
-from rlhf_core.distributed.ray_init import init_ray, write_ray_timeline
+from rlhf_core.distributed.ray_init import init_ray, ray_init_extra, write_ray_timeline
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
@@ -264,7 +264,8 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     check_rollout_kv_cache(config, None if val_ds is None else len(val_ds))
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable)
+    init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable,
+             ray_init_extra(config.ray_kwargs.ray_init))
     trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()
