@@ -114,7 +114,8 @@ def changed_paths(cfg: DictConfig, base: DictConfig) -> set[str]:
 def named_engine_keys(overrides: Sequence[str]) -> set[str]:
     """The engine-only keys (:func:`engine_only`) that ``overrides`` set by name, whatever their value: a
     ``rollout.tensor_model_parallel_size=2`` written on the command line says the user expects it to act, even
-    though 2 is the shipped default, so :func:`effect_notices` names it under another engine."""
+    though 2 is the shipped default, so :func:`effect_notices` names it under another engine. ``trainer.logger``
+    too: verl's default ``[console, wandb]`` written out expects wandb (:func:`logger_notices`)."""
     from .overrides import parse_override
 
     named = set()
@@ -123,7 +124,7 @@ def named_engine_keys(overrides: Sequence[str]) -> set[str]:
             override = parse_override(text)
         except ConfigError:  # apply_overrides has named it already
             continue
-        if override.op != "delete" and override.key in engine_only():
+        if override.op != "delete" and (override.key in engine_only() or override.key == "trainer.logger"):
             named.add(override.key)
     return named
 
@@ -162,7 +163,24 @@ def effect_notices(cfg: DictConfig, user_set: set[str], name: str = "ppo_trainer
             if not on_cpu:
                 continue
         notices.append(f"{path}={_select(cfg, path)!r} has no effect here ({spec.status}): {spec.why}.")
-    return notices
+    return notices + logger_notices(cfg, user_set)
+
+
+LOGGER_PACKAGES = {"wandb": "wandb", "swanlab": "swanlab", "trackio": "trackio", "tensorboard": "tensorboard"}
+"""``trainer.logger`` sinks -> the package each needs; without it the run skips that sink with a warning
+(rlhf_core/trainer/tracking.py, so verl's default ``[console, wandb]`` runs anywhere)."""
+
+
+def logger_notices(cfg: DictConfig, user_set: set[str]) -> list[str]:
+    """One line per sink of a user-set ``trainer.logger`` whose package is not importable here: the run will skip it
+    (said at check time, as the other keys that change nothing are, rather than only in the run's log)."""
+    if "trainer.logger" not in user_set:
+        return []
+    value = OmegaConf.select(cfg, "trainer.logger", default=None)
+    sinks = [value] if isinstance(value, str) else list(value or [])
+    return [f"trainer.logger={sinks!r}: {name!r} has no effect here: the '{LOGGER_PACKAGES[name]}' package is not "
+            f"importable in this environment, so the run skips that sink (pip install {LOGGER_PACKAGES[name]})."
+            for name in sinks if name in LOGGER_PACKAGES and importlib.util.find_spec(LOGGER_PACKAGES[name]) is None]
 
 
 def engine_errors(cfg: DictConfig) -> list[str]:

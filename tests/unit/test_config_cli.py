@@ -96,3 +96,14 @@ def test_show_redacts_secret_values(capsys):
     shown = OmegaConf.create(out)
     assert shown.custom_reward_function.reward_kwargs.api_key == "***"
     assert shown.data.prompt_key == "question"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_a_logger_whose_package_is_missing_is_a_notice_at_check_time(capsys):
+    # issue 35's trial: trainer.logger=['console','wandb'] passed `rlhf config check`, then the run skipped wandb
+    assert main(["check", HF, "trainer.logger=['console','wandb']"]) == 0
+    err = capsys.readouterr().err
+    assert ("Notice: trainer.logger=['console', 'wandb']: 'wandb' has no effect here: the 'wandb' package is not "
+            "importable in this environment, so the run skips that sink (pip install wandb).") in err, err
+    assert main(["check", HF, "trainer.logger=['console']"]) == 0
+    assert "has no effect here" not in capsys.readouterr().err
