@@ -142,7 +142,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     redact(OmegaConf.to_container(user, resolve=False))  # remembers its secret values: no error quotes them
     user = _drop_targets(user)
     kind = VIEWS[path.stem][0] if path.stem in VIEWS else _kind_of(user, path)
-    user = _renamed(user, kind, str(path))
+    user = _renamed(user, kind, str(path), native=path.stem in VIEWS)
     base = _base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
@@ -169,12 +169,13 @@ def _base(name: str, config_dir: str | None) -> DictConfig:
     return base
 
 
-def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
-    """``user`` with earlier spellings of keys (declared ``aliases``) renamed, one AliasNotice per rename."""
+def _renamed(user: DictConfig, kind: str, source: str, native: bool = False) -> DictConfig:
+    """``user`` with earlier spellings of keys (declared ``aliases``) renamed, one AliasNotice per rename (none when
+    ``native``: see :func:`_renamed_overrides`)."""
     flat, notices = rename_aliases(flatten(user, resolve=False), kind, source)
     if not notices:
         return user
-    for notice in notices:
+    for notice in notices if not native else []:
         warnings.warn(notice, AliasNotice, stacklevel=3)
     out = OmegaConf.create({})
     for key, value in flat.items():
@@ -182,9 +183,10 @@ def _renamed(user: DictConfig, kind: str, source: str) -> DictConfig:
     return out
 
 
-def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
+def _renamed_overrides(overrides: Sequence[str], kind: str, native: bool = False) -> list[str]:
     """``overrides`` with an earlier spelling of a key (declared ``aliases``) replaced by the key, one AliasNotice
-    per rename (an override that does not parse is left for :func:`apply_overrides` to name)."""
+    per rename (an override that does not parse is left for :func:`apply_overrides` to name). ``native``: a view
+    whose own spellings these are (``sft_trainer_engine``: verl 0.9's, every sft_trainer alias): no notice."""
     from .schema import renamed_path, specs
 
     out, given = [], {}  # given: key as read -> (key as written, value) of each setting override
@@ -206,7 +208,8 @@ def _renamed_overrides(overrides: Sequence[str], kind: str) -> list[str]:
             # `+old=v` (verl's struct lacked the old spelling) names a key declared here: set it, do not add it
             prefix = text[:start].replace("+", "", 1) if override.op == "add" and new in specs(kind) else text[:start]
             text = prefix + new + text[start + len(key):]
-            warnings.warn(alias_notice(key, new, "override"), AliasNotice, stacklevel=3)
+            if not native:
+                warnings.warn(alias_notice(key, new, "override"), AliasNotice, stacklevel=3)
         out.append(text)
     return out
 
@@ -255,7 +258,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
     """
     _remember_secrets(overrides)
     kind, base, cfg = _load_unresolved(name, config_dir)
-    overrides = _renamed_overrides(drop_group_choices(overrides, kind), kind)
+    overrides = _renamed_overrides(drop_group_choices(overrides, kind), kind, native=Path(str(name)).stem in VIEWS)
     apply_overrides(cfg, [o for o in overrides if not _is_target(o)])
     user_set = changed_paths(cfg, base)  # before the aliases copy a value onto its other spelling
     user_set |= named_engine_keys(overrides)  # e.g. rollout.tensor_model_parallel_size=2 (its default) with hf

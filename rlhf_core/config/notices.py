@@ -178,7 +178,7 @@ def logger_notices(cfg: DictConfig, user_set: set[str]) -> list[str]:
         return []
     value = OmegaConf.select(cfg, "trainer.logger", default=None)
     sinks = [value] if isinstance(value, str) else list(value or [])
-    return [f"trainer.logger={sinks!r}: {name!r} has no effect here: the '{LOGGER_PACKAGES[name]}' package is not "
+    return [f"trainer.logger={name} (of {sinks}) has no effect here: the '{LOGGER_PACKAGES[name]}' package is not "
             f"importable in this environment, so the run skips that sink (pip install {LOGGER_PACKAGES[name]})."
             for name in sinks if name in LOGGER_PACKAGES and importlib.util.find_spec(LOGGER_PACKAGES[name]) is None]
 

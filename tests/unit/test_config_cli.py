@@ -103,7 +103,7 @@ def test_a_logger_whose_package_is_missing_is_a_notice_at_check_time(capsys):
     # issue 35's trial: trainer.logger=['console','wandb'] passed `rlhf config check`, then the run skipped wandb
     assert main(["check", HF, "trainer.logger=['console','wandb']"]) == 0
     err = capsys.readouterr().err
-    assert ("Notice: trainer.logger=['console', 'wandb']: 'wandb' has no effect here: the 'wandb' package is not "
+    assert ("Notice: trainer.logger=wandb (of ['console', 'wandb']) has no effect here: the 'wandb' package is not "
             "importable in this environment, so the run skips that sink (pip install wandb).") in err, err
     assert main(["check", HF, "trainer.logger=['console']"]) == 0
     assert "has no effect here" not in capsys.readouterr().err

@@ -280,3 +280,21 @@ def test_two_steps_with_a_verl09_command_line(tiny_model_dir, tmp_path, monkeypa
     assert [m[1]["train/lr"], m[2]["train/lr"]] == pytest.approx([5e-5, 1e-4])
     assert all(0 < m[s]["train/loss"] < 20 for s in (1, 2))
     assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2"]  # max_ckpt_to_keep=1
+
+
+def test_the_engine_view_gives_no_alias_notice_for_its_own_09_spellings():
+    # issue 35's trial: --config-name sft_trainer_engine printed "model.path (override) is read as
+    # model.partial_pretrain ..." for keys that are that config's own; under sft_trainer they stay notices
+    from rlhf_core.config.notices import AliasNotice
+
+    ovs = ["model.path=/m", "engine.strategy=fsdp2", "optim.lr_scheduler_type=cosine", "data.messages_key=msgs"]
+
+    def aliases(name):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = load_config(name, ovs)
+        return cfg, sorted(str(w.message).split(" (")[0] for w in caught if issubclass(w.category, AliasNotice))
+
+    cfg, engine = aliases("sft_trainer_engine")
+    assert engine == [] and cfg.model.partial_pretrain == "/m" and cfg.data.multiturn.messages_key == "msgs"
+    assert aliases("sft_trainer")[1] == ["data.messages_key", "engine.strategy", "model.path", "optim.lr_scheduler_type"]
