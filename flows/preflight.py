@@ -8,8 +8,11 @@ no Ray is started. A failed check raises one line naming the experiment file and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from typing import Any, Callable
+import os
+import warnings
+from typing import Any, Callable, Iterator
 
 from flows.experiment import ExperimentError
 from flows.settings import PipelineSettings, ppo_config, validate_overrides
@@ -142,6 +145,36 @@ def _engine(s: PipelineSettings) -> str:
     if errors:
         raise ConfigError(f"ppo.overrides: {errors[0]}")
     return f"{name} (importable here)"
+
+
+@contextlib.contextmanager
+def config_notes(say: Callable[[str], Any]) -> Iterator[None]:
+    """Collect the config notices (``ConfigNotice``, alias notices, and the ``DeprecationWarning`` of a verl 0.6 key
+    read as its 0.9 one) raised inside, and on leaving (an error too) ``say`` each distinct one once as
+    ``"note <message>"``, aligned with :func:`run_checks`' ``"ok   ..."`` lines: each stage config is loaded
+    several times by the checks, and Python printed every load's warnings raw. Other warnings pass through."""
+    from rlhf_core.config.notices import ConfigNotice
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            seen: set[str] = set()
+            for w in caught:
+                ours = issubclass(w.category, ConfigNotice) or (
+                    issubclass(w.category, DeprecationWarning) and _in_project(w.filename))
+                text = " ".join(str(w.message).split())
+                if not ours:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                elif text not in seen:
+                    seen.add(text)
+                    say(f"note {text}")
+
+
+def _in_project(filename: str) -> bool:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.abspath(filename).startswith(root + os.sep)
 
 
 def run_checks(s: PipelineSettings, say: Callable[[str], Any] | None = None) -> int:

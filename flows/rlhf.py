@@ -41,7 +41,7 @@ from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import get_current_settings  # noqa: E402
 
 from flows import artifacts, report  # noqa: E402
-from flows.preflight import run_checks  # noqa: E402
+from flows.preflight import config_notes, run_checks  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
@@ -408,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     def command(args: list[str]) -> int:
         params = pipeline_params(args)
         if params.pop("dry_run", None):
-            s = resolve_settings(params)
-            n = run_checks(s, say=print)
+            with config_notes(say=print):  # each config notice once, as a "note" line (not a raw warning per load)
+                s = resolve_settings(params)
+                n = run_checks(s, say=print)
             print(f"dry run: {n} checks passed for {s.experiment_file} (sha256 {s.experiment_sha256[:12]}); "
                   "nothing was trained")
             return 0

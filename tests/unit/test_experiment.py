@@ -240,3 +240,18 @@ def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_pa
     rc, lines, err = _dry_run(f, capsys)
     assert rc == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"rlhf pipeline: error: {f}: {field}"), err
+
+
+def test_dry_run_prints_each_config_notice_once_as_a_note_line(tmp_path, capsys, monkeypatch):
+    # issue 35's trial: a key that changes nothing here (a vLLM-only key with rollout.name=hf) came out as raw Python
+    # warnings, once per load of the ppo config (the checks load it several times); now one "note" line
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    f = _experiment(tmp_path)
+    f.write_text(f.read_text().replace("actor_rollout_ref.rollout.name=hf]",
+                                       "actor_rollout_ref.rollout.name=hf, actor_rollout_ref.rollout.enforce_eager=False]"))
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 0, err
+    notes = [line for line in lines if "enforce_eager" in line]
+    assert notes == ["note actor_rollout_ref.rollout.enforce_eager=False has no effect here: it is read only by the "
+                     "vllm rollout engine, and actor_rollout_ref.rollout.name='hf'."], lines
+    assert "enforce_eager" not in err
