@@ -295,6 +295,9 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
         errors.append("algorithm.adv_estimator=gae needs critic values, but critic.enable=False (set critic.enable="
                       "null or true, or choose an estimator without a critic such as grpo).")
     rc = "algorithm.rollout_correction"
+    if _get(cfg, f"{A}.actor.use_rollout_log_probs") and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
+        errors.append(f"{A}.actor.use_rollout_log_probs=True needs {A}.rollout.calculate_log_probs=True (the rollout "
+                      f"engine's log-probs are the old_log_probs then), got False.")
     for key in (f"{A}.actor.rollout_is", "algorithm.rollout_is", f"{rc}.bypass_mode", f"{rc}.rollout_is", f"{rc}.rollout_rs"):
         if _get(cfg, key) and not _get(cfg, f"{A}.rollout.calculate_log_probs"):
             errors.append(f"{key}={_get(cfg, key)} needs {A}.rollout.calculate_log_probs=True (the rollout engine's log-probs "

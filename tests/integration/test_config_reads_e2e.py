@@ -59,6 +59,9 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "rollout.total_rollout_steps": _FULLY_ASYNC + "test_total_rollout_steps_caps_the_training_steps",
         "async_training.partial_rollout": _FULLY_ASYNC + "test_fully_async_refuses_what_it_cannot_run_when_the_config_"
                                                          "loads",
+        # read when old_log_probs are computed (not on the on-policy path the short runs take)
+        _A + "actor.use_rollout_log_probs":
+            "tests/unit/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",
         # verl 0.9 keys read on paths the short runs do not take (vLLM engine, LoRA exclusions, traces, DAPO recipe
         # spelling, gdpo, the Ray timeline)
         **{_A + f"rollout.{k}": "tests/unit/test_vllm_engine_args.py::test_engine_settings_reach_vllm_args" for k in (

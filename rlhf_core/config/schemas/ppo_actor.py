@@ -241,6 +241,10 @@ class ActorConfig:
         'adv_estimator optimal_token_baseline / tir_optimal_token_baseline turn it on themselves')
     use_kl_loss: bool = key(False, 'add a KL(actor || ref) loss term (GRPO uses True)')
     rollout_is: bool = key(False, 'multiply the policy loss by rollout importance-sampling weights')
+    # verl 0.9.1: FSDPActorConfig.use_rollout_log_probs (its fully-async config sets it True)
+    use_rollout_log_probs: bool = key(False,
+        "old_log_probs are the rollout engine's log-probs (rollout.calculate_log_probs=True), not a recompute by the "
+        "actor: pi_old = pi_rollout, as algorithm.rollout_correction.bypass_mode does for the loss's ratio")
     rollout_is_threshold: Optional[float] = key(None, 'upper bound on IS weights; null = disabled')
     rollout_is_threshold_lower: Optional[float] = key(None, 'lower bound on IS weights; null = 1/upper')
     rollout_is_level: str = key('token', 'IS aggregation level: token | sequence | geometric',
