@@ -338,8 +338,9 @@ class RayPPOTrainer:
         """[old_log_prob] ``old_log_probs (B, T)``; logs ``actor/entropy`` (by ``loss_agg_mode``); skipped when on-policy."""
         if skip_old_log_prob(self.config, self.global_steps):
             return batch  # on-policy: the update's first forward provides them (rlhf_core/workers/on_policy.py)
-        if self.config.algorithm.rollout_correction.bypass_mode:  # verl 0.9 bypass: π_old = π_rollout (checked at load)
-            return batch.merge(Batch({"old_log_probs": batch["rollout_log_probs"]}), "bypass old_log_probs")
+        if self.config.algorithm.rollout_correction.bypass_mode or self.config.actor_rollout_ref.actor.use_rollout_log_probs:
+            # verl 0.9 bypass / actor.use_rollout_log_probs: π_old = π_rollout (calculate_log_probs checked at load)
+            return batch.merge(Batch({"old_log_probs": batch["rollout_log_probs"]}), "rollout old_log_probs")
         out = self.actor_wg.execute_dp("compute_log_prob", batch)
         if "entropys" in out:
             mode = self.config.actor_rollout_ref.actor.loss_agg_mode
