@@ -76,6 +76,7 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
         self.versions: list[tuple[int, int, int]] = []
         self._lookahead: tuple[int, Batch] | None = None  # the next step's (epoch, prompts)
         self._pending: tuple[int, int, Future] | None = None  # (step, version, generation) launched ahead
+        self._trained_state: dict[str, Any] | None = None  # the loader's position before the look-ahead
         self._executor: ThreadPoolExecutor | None = None
         self._timing: dict[str, float] = {}
 
@@ -139,9 +140,15 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
         step, current = self.global_steps, next(batches, None)
         while current is not None:
             step += 1
+            self._trained_state = self.train_dataloader.state_dict()  # before the look-ahead: a checkpoint's position
             self._lookahead = next(batches, None) if step < stop_at else None
             yield current
             current = self._lookahead
+
+    def loader_state(self) -> dict[str, Any]:
+        """The position before the batch drawn ahead: resuming trains it (its generation, not yet trained when the
+        checkpoint was written, is redone by the resumed run's weights: that step's staleness is 0)."""
+        return super().loader_state() if self._trained_state is None else self._trained_state
 
     def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
         self._timing = {}

@@ -63,7 +63,7 @@ def save_ppo_checkpoint(trainer: Any) -> str:
     if async_save(trainer):  # checkpoint.async_save: the tracker follows once every worker's files are written
         waits = [lambda wg=wg: wg.execute_all("wait_checkpoint")
                  for wg in [trainer.actor_wg] + ([trainer.wgs["critic"]] if trainer.use_critic else [])]
-    trainer.last_checkpoint_dir = trainer.checkpoints.save(step, fns, trainer.train_dataloader.state_dict(),
+    trainer.last_checkpoint_dir = trainer.checkpoints.save(step, fns, trainer.loader_state(),
                                                            trainer_state, wait_fns=waits)
     return trainer.last_checkpoint_dir
 

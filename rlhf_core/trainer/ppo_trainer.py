@@ -192,6 +192,11 @@ class RayPPOTrainer:
         (``stop_at``: the last step; one-step off-policy looks ahead one batch)."""
         return train_batches(self.train_dataloader, n_epochs)
 
+    def loader_state(self) -> dict[str, Any]:
+        """The data position a checkpoint of this step records: the loader's (every batch drawn so far was trained;
+        the one-step off-policy driver returns the position before the batch it drew ahead)."""
+        return self.train_dataloader.state_dict()
+
     def budget_spent(self) -> bool:
         """True once ``trainer.total_training_seconds`` (wall clock, seconds) have passed since the training loop
         started; always False when the key is null or the loop has not started."""

@@ -146,3 +146,26 @@ def test_without_overlap_the_run_equals_the_on_policy_run(tiny_model_dir, tmp_pa
     for s in (1, 2, 3):
         assert _same(one[s]) == _same(on[s]), s
     assert one_w.keys() == on_w.keys() and all(torch.equal(one_w[k], on_w[k]) for k in on_w)
+
+
+@pytest.mark.slow
+def test_resume_trains_the_batch_drawn_ahead(tiny_model_dir, tmp_path):
+    # 6 prompts in batches of 2: 3 batches an epoch. During step k the driver has already drawn batch k+1 (its
+    # generation overlaps step k's update), so the loader stood at k+1 when step k's checkpoint was written; resuming
+    # from it skipped batch k+1, generated but never trained (issue 35's trial). The checkpoint now records the
+    # position before the look-ahead: data.pt of global_step_k says k batches done.
+    torch.manual_seed(0)
+    cfg = _config(tmp_path, "async_training.mode=one_step_off_policy", "trainer.save_freq=1")
+    _run(cfg, tiny_model_dir, True)
+    for k in (1, 2, 3):
+        state = torch.load(tmp_path / "ckpt" / f"global_step_{k}" / "data.pt", weights_only=False)
+        assert (state["epoch"], state["batches_done"]) == divmod(k, 3), (k, state)
+    # resumed from step 1, steps 2 and 3 train batches 2 and 3 and the loader ends at the end of epoch 0, as the
+    # uninterrupted run did (before the fix: batches 3 and epoch 1's first, ending at (1, 1))
+    resumed = _config(tmp_path, "async_training.mode=one_step_off_policy", "trainer.resume_mode=resume_path",
+                      f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_1'}",
+                      f"trainer.default_local_dir={tmp_path / 'ckpt2'}")
+    steps, _, trainer = _run(resumed, tiny_model_dir, True)
+    assert sorted(steps) == [2, 3]
+    end = trainer.train_dataloader.state_dict()
+    assert (end["epoch"], end["batches_done"]) == (1, 0), end
