@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,55 +343,14 @@ def _finish(doc: dict[str, Any], conv: Conversion, script: Script, source: str) 
     order = ["name", "description", "model", "data", "sft", "ppo", "reward", "evaluation"]
     for key in sorted(doc, key=order.index):
         doc[key] = doc.pop(key)
-    run_lists, why_not = _run_lists(doc, stages)
+    from flows.from_verl_check import load_check, run_lists
+
+    lists, why_not = run_lists(_plain(doc), stages)
     for stage in ("sft", "ppo", "evaluation"):
         if stage in stages:
             active = [o for o in doc[stage]["overrides"] if isinstance(o, str)]
-            check = _load_check(stage, run_lists.get(stage, active))
+            check = load_check(CONFIG_OF[stage], lists.get(stage, active))
             conv.loads.append(f"{stage}: {check}" + (f" (its overrides alone: {why_not})" if why_not else ""))
-
-
-def _run_lists(doc: dict[str, Any], stages: set[str]) -> tuple[dict[str, list[str]], str]:
-    """Each stage's override list as ``rlhf pipeline`` builds it from this experiment (its lifted fields included:
-    ``ppo.adv_estimator``, steps, ``reward.*``; :func:`flows.settings.stage_override_lists`), so the load check is
-    the run's; data files the script does not name are placeholders. ``({}, why)`` when the experiment itself
-    does not load (the check then falls back to each stage's overrides alone)."""
-    from flows.experiment import ExperimentError, load_experiment
-    from flows.settings import resolve_settings, stage_override_lists
-
-    plain = _plain(doc)
-    data = plain.setdefault("data", {})
-    if not data.get("generator"):
-        for key in ("train_files", "val_files"):
-            data[key] = data.get(key) or ["/validate-only/" + key + ".parquet"]
-    plain.setdefault("evaluation", {})["enabled"] = "evaluation" in stages
-    try:
-        settings = resolve_settings({}, load_experiment(yaml.safe_dump(plain, sort_keys=False)))
-    except (ExperimentError, FileNotFoundError, ValueError) as exc:
-        return {}, f"the experiment does not load: {' '.join(str(exc).split())}"
-    names = {"eval": "evaluation"}
-    return {names.get(stage, stage): overrides for stage, _, overrides in stage_override_lists(settings)}, ""
-
-
-def _load_check(stage: str, active: list[str]) -> str:
-    """``loads`` or the first error of ``load_config(<stage config>, active)``, plus the keys that load but change
-    nothing here (ConfigNotice)."""
-    from rlhf_core.config.loader import load_config
-    from rlhf_core.config.notices import AliasNotice, ConfigNotice
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigNotice)
-        try:
-            load_config(CONFIG_OF[stage], active)
-            result = "loads"
-        except ConfigError as exc:
-            result = "does not load as written: " + " ".join(str(exc).split())  # whole: the reason may be last
-    quiet = sorted({str(w.message).split(":")[0].split()[0].strip("'") for w in caught
-                    if issubclass(w.category, ConfigNotice) and not issubclass(w.category, AliasNotice)})
-    renamed = sorted({str(w.message).split(" (")[0] + " -> " + str(w.message).split(" is read as ")[1].split(":")[0]
-                      for w in caught if issubclass(w.category, AliasNotice)})
-    return (result + (f"; accepted but change nothing here: {', '.join(quiet)}" if quiet else "")
-            + (f"; verl's other spellings, read as ours: {', '.join(renamed)}" if renamed else ""))
 
 
 def _scalar(value: Any) -> str:
