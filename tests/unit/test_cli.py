@@ -12,8 +12,7 @@ import pandas as pd
 import pytest
 
 import rlhf_cli
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def rlhf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -125,7 +124,7 @@ def test_pipeline_bad_override_value_names_the_key_and_the_reason():
     # config:"), dropping the line that says which key and why
     from flows.rlhf import check_parameters
 
-    countdown = str(Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml")
+    countdown = str(REPO / "experiments" / "countdown.yaml")
     error = check_parameters({"experiment_file": countdown, "ppo_overrides": ["data.train_batch_size=abc"]})
     assert "ppo stage" in error and "data.train_batch_size='abc': expected int, got str" in error
     assert check_parameters({"experiment_file": countdown}) is None
@@ -136,7 +135,7 @@ def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path
     # had started; the countdown generator makes its data and ignores gsm8k_dir
     from flows.rlhf import check_parameters
 
-    countdown = str(Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml")
+    countdown = str(REPO / "experiments" / "countdown.yaml")
 
     (tmp_path / "train.jsonl").write_text("")
     error = check_parameters({"gsm8k_dir": str(tmp_path)})

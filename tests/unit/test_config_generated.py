@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -15,8 +14,9 @@ from rlhf_core.config import config_dir
 from rlhf_core.config.gen_yaml import render, scalar
 from rlhf_core.config.schema import CONFIG_NAMES
 from rlhf_core.config.structured import shipped_defaults
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def test_generated_files_are_current():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +9,9 @@ from rlhf_core.config import load_base
 from rlhf_core.config.keys_doc import yaml_keys
 from rlhf_core.config.loader import CONFIG_NAMES
 from rlhf_core.config.schema import all_paths, specs
+from tests.paths import REPO
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "CONFIG_KEYS.md"
+DOC = REPO / "docs" / "CONFIG_KEYS.md"
 
 
 def test_doc_lists_every_leaf_key_once():

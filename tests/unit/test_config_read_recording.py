@@ -8,7 +8,6 @@ import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
@@ -16,8 +15,9 @@ from omegaconf.errors import ConfigAttributeError, ReadonlyConfigError
 
 from rlhf_core.config import load_config, reads
 from rlhf_core.config.reads import RecordingConfig
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 @pytest.fixture

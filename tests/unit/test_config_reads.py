@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
+
+ROOT = REPO
 SCANNED = ("rlhf_core", "tasks", "flows", "infra", "rlhf_cli")
 EXEMPT_DIR = ROOT / "rlhf_core" / "config"
 _CONFIG_NAME = re.compile(r"^(?!hf_)(config|cfg|\w+_cfg|\w*cfg|\w+_config)$")  # hf_config: a transformers config

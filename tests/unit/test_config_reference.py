@@ -16,10 +16,11 @@ from omegaconf import OmegaConf
 
 from rlhf_core.config import config_dir, load_config
 from rlhf_core.config.schema import flatten
+from tests.paths import REPO
 
 REFERENCE = Path("/work/shared/spec/config-reference.zh.txt")
 if not REFERENCE.exists():  # the spec may also live next to the repo
-    REFERENCE = Path(__file__).resolve().parents[3] / "shared/spec/config-reference.zh.txt"
+    REFERENCE = REPO.parent / "shared/spec/config-reference.zh.txt"
 
 
 def _blocks() -> list[tuple[str, str, str]]:

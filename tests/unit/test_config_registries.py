@@ -6,15 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from rlhf_core.config import ConfigError, load_config
 from rlhf_core.config.notices import ConfigNotice
 from rlhf_core.config.schema import specs
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 EXTENSION = textwrap.dedent('''
     import torch
     from rlhf_core.algos import register_adv_est, register_policy_loss

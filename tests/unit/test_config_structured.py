@@ -19,8 +19,9 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 from rlhf_core.config import ConfigError, config_dir, load_config
 from rlhf_core.config.schema import flatten, specs
 from rlhf_core.config.structured import schema_class, schema_paths
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 @pytest.mark.parametrize("name", ["ppo_trainer", "sft_trainer", "evaluation"])

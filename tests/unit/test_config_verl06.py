@@ -9,15 +9,15 @@ sides are resolved (verl writes `${oc.select:...}` where we write `${...}`; the 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from rlhf_core.config import ConfigError, load_base, load_config
 from rlhf_core.config.schema import flatten, renamed_path
+from tests.paths import TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "verl06"
+DATA = TEST_DATA / "verl06"
 A = "actor_rollout_ref."
 
 # Where our default differs from verl 0.6.0's: (config, path) -> (verl's, ours, why). The test checks both

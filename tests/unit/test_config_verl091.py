@@ -19,16 +19,15 @@ literal default against an interpolation is a difference.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from rlhf_core.config.schema import renamed_path, specs
+from tests.paths import TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "verl091"
-
+DATA = TEST_DATA / "verl091"
 
 
 def _leaves(node, prefix: str = "") -> dict:

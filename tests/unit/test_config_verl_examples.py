@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from rlhf_core.config.cli import main
+from tests.paths import TEST_DATA
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "verl06" / "examples"
+EXAMPLES = TEST_DATA / "verl06" / "examples"
 LOCAL_MODEL = "/tmp/rlhf-tests/tiny-model"  # the check does not open the model: any local path will do
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

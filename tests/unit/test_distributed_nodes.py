@@ -9,6 +9,7 @@ import ray
 import ray.cloudpickle
 
 from rlhf_core.distributed import RayWorkerGroup
+from tests.paths import REPO
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -66,7 +67,7 @@ def test_embedded_ray_never_attaches_to_a_cluster_started_on_this_machine(two_no
             "    start(); print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU']); "
             "ray.shutdown()\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = str(REPO)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
                           timeout=300)

@@ -15,8 +15,7 @@ from flows.experiment import ExperimentError, experiment_for_flow, load_experime
 from flows.settings import resolve_settings
 from rlhf_core.config import ConfigError
 from rlhf_core.data.generators import GENERATORS, Generator, register
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def _rows(n: int) -> list[dict]:

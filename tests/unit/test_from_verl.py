@@ -19,8 +19,9 @@ from flows.from_verl import CONFIG_OF, convert, render
 from rlhf_cli import main as rlhf_main
 from rlhf_core.config.loader import load_config
 from tests.unit.verl_example_fixtures import cpu_local, local_inputs  # noqa: F401 - a fixture
+from tests.paths import TEST_DATA
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "verl_examples"
+EXAMPLES = TEST_DATA / "verl_examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
 
 HAND_SCRIPT = r"""#!/bin/bash

@@ -14,6 +14,7 @@ from infra.compare import RunNotFoundError, compare_runs, paired_bootstrap_ci, r
 from infra.results import prompt_id
 from infra.results_cli import main as results_main
 from rlhf_core.metrics.samples import write_samples_parquet
+from tests.paths import REPO
 
 T0 = dt.datetime(2026, 11, 1, 2, 0, 0)
 
@@ -115,9 +116,8 @@ def test_baseline_resolution(results_store, tmp_path):
 
 def test_readme_sql_examples_run_and_answer(results_store, tmp_path):
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     block = re.search(r"```sql\n(.*?)```", readme, re.S).group(1)
     queries = [q.strip() for q in block.split(";") if q.strip()]
     assert len(queries) == 4

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from flows.settings import resolve_settings
 from tasks import plan
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 @pytest.mark.parametrize("total,seg,expected", [

@@ -21,8 +21,9 @@ from rlhf_core.config.schema import renamed_path  # noqa: E402
 from rlhf_core.config.views import DIFFERENCES  # noqa: E402
 from rlhf_core.data import DataError  # noqa: E402
 from rlhf_core.data.sft_dataset import SFTDataset  # noqa: E402
+from tests.paths import TEST_DATA  # noqa: E402
 
-VERL = Path(__file__).parents[1] / "data" / "verl091" / "sft_trainer_engine.yaml"
+VERL = TEST_DATA / "verl091" / "sft_trainer_engine.yaml"
 
 
 def _leaves(d: dict, prefix: str = "") -> dict:

@@ -154,19 +154,19 @@ def test_truncation_each_side():
 
 
 @pytest.fixture
-def test_tools(tmp_path):
+def runner_tools(tmp_path):
     here = "tests.unit.test_tools"
     body = (_entry(f"{here}.RaisingTool", "raiser") + _entry(f"{here}.HangingTool", "hanger", "{type: native, timeout: 0.2}")
             + _entry(f"{here}.NonStringTool", "nonstring") + _entry(f"{here}.SleepEchoTool", "sleeper"))
     return load_tools(_write(tmp_path, body))
 
 
-def test_failures_become_error_responses_and_are_counted(test_tools):
+def test_failures_become_error_responses_and_are_counted(runner_tools):
     stats = ToolCallStats()
     calls = [FunctionCall("raiser", {}), FunctionCall("hanger", {}), FunctionCall("nonstring", {}),
              FunctionCall("nope", {}), FunctionCall("", {}, error="tool call is not valid JSON (x)"),
              FunctionCall("sleeper", {"x": "0"})]
-    results = asyncio.run(run_tool_calls(calls, test_tools, {}, 10, 256, "middle", stats))
+    results = asyncio.run(run_tool_calls(calls, runner_tools, {}, 10, 256, "middle", stats))
     assert [r.text for r in results] == [
         "Error: tool raiser failed: RuntimeError: boom",
         "Error: tool hanger timed out after 0.2s",
@@ -184,12 +184,12 @@ def test_failures_become_error_responses_and_are_counted(test_tools):
         "tool_calls/total": 6.0, "tool_calls/failures": 5.0}
 
 
-def test_parallel_calls_run_concurrently_and_are_capped(test_tools):
+def test_parallel_calls_run_concurrently_and_are_capped(runner_tools):
     loop_time = {}
 
     async def timed():
         start = asyncio.get_running_loop().time()
-        results = await run_tool_calls([FunctionCall("sleeper", {"x": "0.4"})] * 4, test_tools,
+        results = await run_tool_calls([FunctionCall("sleeper", {"x": "0.4"})] * 4, runner_tools,
                                        {"sleeper": {"execute_kwargs": {"k": 1}}}, 3, 256, "left", ToolCallStats())
         loop_time["elapsed"] = asyncio.get_running_loop().time() - start
         return results

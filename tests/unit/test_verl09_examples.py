@@ -21,8 +21,9 @@ from flows.from_verl import CONFIG_OF, convert
 from flows.verl_script import read_script
 from rlhf_cli import main as rlhf_main
 from tests.unit.verl_example_fixtures import CPU_VALUES, SEQUENCE_PARALLEL
+from tests.paths import TEST_DATA
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "verl09_examples"
+EXAMPLES = TEST_DATA / "verl09_examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
 PRESET = {"DEVICE": "gpu", "MACHINE": ""}
 
