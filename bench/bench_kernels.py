@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import statistics
 import sys
@@ -247,7 +248,8 @@ def bench_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf_core.protocol import Batch
-    from rlhf_core.workers import actor, packing
+    from rlhf_core.kernels import packing
+    from rlhf_core.workers import actor
 
     b, P, T = _RAGGED
     ids, mask = _ragged_rows()
@@ -255,29 +257,32 @@ def bench_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     ids_n, mask_n = torch.cat([ids[rep, :P], ids[:, P:]], 1), torch.cat([mask[rep, :P], mask[:, P:]], 1)
     batches = [(name, Batch({"input_ids": i, "attention_mask": m, "position_ids": (m.cumsum(-1) - 1).clamp(min=0)},
                             {}, {})) for name, i, m in (("32 distinct prompts", ids, mask), ("8 prompts x 4", ids_n, mask_n))]
-    varlen, shared = packing.supports_varlen_attention, actor.supports_shared_prefix
+    varlen = packing.supports_varlen_attention
     never = lambda model: False  # noqa: E731
-    variants = {"32 distinct prompts": (("padded", False, varlen, shared), ("transformers packed", True, never, shared),
-                                        ("varlen packed", True, varlen, shared)),
-                "8 prompts x 4": (("shared prefix", False, varlen, shared),
-                                  ("shared prefix, packed prompts", True, varlen, shared),
-                                  ("varlen packed", True, varlen, never))}
+    # (label, packed, varlen check, shared prefix allowed in the path chosen for the model)
+    variants = {"32 distinct prompts": (("padded", False, varlen, True), ("transformers packed", True, never, True),
+                                        ("varlen packed", True, varlen, True)),
+                "8 prompts x 4": (("shared prefix", False, varlen, True),
+                                  ("shared prefix, packed prompts", True, varlen, True),
+                                  ("varlen packed", True, varlen, False))}
     for name, size in ((k, _PACKING_SIZES[k]) for k in sizes):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2000, **size)).train()
         for label, mb in batches:
-            def step(packed: bool) -> None:
+            def step(packed: bool, shared: bool) -> None:
                 model.zero_grad(set_to_none=True)
-                logits = actor.forward_response_logits(model, mb, T, use_remove_padding=packed)
+                chosen = actor.choose_response_forward(model, packed)
+                path = dataclasses.replace(chosen, shared_prefix=chosen.shared_prefix and shared)
+                logits = actor.forward_response_logits(model, mb, T, path=path)
                 lp = torch.log_softmax(logits.float(), -1).gather(-1, mb["input_ids"][:, -T:, None])
                 lp.mul(mb["attention_mask"][:, -T:, None]).sum().backward()
 
-            def run(packed: bool, varlen_check, shared_check) -> None:
-                packing.supports_varlen_attention, actor.supports_shared_prefix = varlen_check, shared_check
+            def run(packed: bool, varlen_check, shared: bool) -> None:
+                packing.supports_varlen_attention = varlen_check
                 try:
-                    step(packed)
+                    step(packed, shared)
                 finally:
-                    packing.supports_varlen_attention, actor.supports_shared_prefix = varlen, shared
+                    packing.supports_varlen_attention = varlen
 
             fns = [lambda v=v: run(*v[1:]) for v in variants[label]]
             row = list(zip((v[0] for v in variants[label]), _interleaved_median_ms(fns, max(3, reps // 10))))
@@ -292,7 +297,7 @@ def bench_rm_packing(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     32 distinct rows of 60-180 prompt and 32-128 response tokens (the first batch of :func:`bench_packing`)."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from rlhf_core.workers import packing
+    from rlhf_core.kernels import packing
 
     ids, mask = _ragged_rows()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -320,8 +325,9 @@ def bench_attention(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from rlhf_core.protocol import Batch
-    from rlhf_core.workers import actor, packing
-    from rlhf_core.workers.matmul_attention import matmul_attention
+    from rlhf_core.kernels import packing
+    from rlhf_core.workers import actor
+    from rlhf_core.kernels.matmul_attention import matmul_attention
 
     b, P, T = _RAGGED
     ids, mask = _ragged_rows()
@@ -410,6 +416,9 @@ def main(argv=None) -> int:
     ap.add_argument("--packing-sizes", default="1m,20m", help="model sizes of packing, rm_packing, attention and linear, "
                     f"of {','.join(_PACKING_SIZES)}")
     args = ap.parse_args(argv)
+    from rlhf_core import kernels
+
+    kernels.install()  # the attention functions a worker registers at set-up (packing, matmul attention)
     sizes = tuple(k.strip() for k in args.packing_sizes.split(","))
     unknown = [k for k in sizes if k not in _PACKING_SIZES]
     if unknown:

@@ -25,8 +25,8 @@ def _linear_shapes(size: dict) -> list[tuple[str, int, int]]:
 def bench_linear(reps: int, sizes: tuple[str, ...] = ("1m", "20m")) -> None:
     """Decode-step products (32 rows) torch vs oneDNN on a reordered weight, float32 and bf16, and the update's
     float32 forward and backward products (4,096 tokens) torch vs ``OneDNNLinear``, per layer shape and size."""
-    from rlhf_core.workers.onednn_linear import OneDNNLinear, onednn_available, onednn_is_faster
-    from rlhf_core.workers.rollout.packed_linear import PackedLinear
+    from rlhf_core.kernels.onednn_linear import OneDNNLinear, onednn_available, onednn_is_faster
+    from rlhf_core.kernels.packed_linear import PackedLinear
 
     if not onednn_available():
         print("linear: this torch build has no oneDNN")

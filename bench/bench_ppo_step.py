@@ -25,7 +25,7 @@ s/step is the wall time between the ends of consecutive steps after ``--warmup``
 tokens/s counts valid prompt + response tokens of the step's 32 sequences (``perf/total_num_tokens``), and
 response tokens alone. Ours skips the ``old_log_prob`` forward in this on-policy workload (one epoch, one
 mini-batch: ``rlhf_core/workers/on_policy.py``), like TRL and the HF reference, and runs each of a micro-batch's
-distinct prompts once in its forward (``rlhf_core/workers/shared_prefix.py``). ``--remove-padding`` runs our
+distinct prompts once in its forward (``rlhf_core/kernels/shared_prefix.py``). ``--remove-padding`` runs our
 forwards packed (``use_remove_padding``); ``--dynamic-bsz TOKENS`` cuts our micro-batches by a token budget
 (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``); ``--size`` picks a model of the cost curve. ``peak_rss_mb``
 is the peer process's peak resident memory (for ``ours_ray``: the driver's; the worker's is
@@ -183,7 +183,7 @@ def build_ours(spec: dict, args, out_dir: Path, use_ray: bool = False):
 
 
 def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
-    from rlhf_core.workers.onednn_linear import onednn_is_faster
+    from rlhf_core.kernels.onednn_linear import onednn_is_faster
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_ours(spec, args, Path(tmp), use_ray)

@@ -17,6 +17,15 @@ def _gsm8k_dir() -> Path:
     return Path(os.environ.get("GSM8K_DIR", REPO_ROOT.parent / "shared" / "data" / "gsm8k")).resolve()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernels_installed():
+    """The kernels' attention functions registered with transformers, as every worker and engine does at set-up
+    (``rlhf_core.kernels.install``): tests call the kernels directly, without a worker."""
+    from rlhf_core import kernels
+
+    kernels.install()
+
+
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     """The original GSM8K jsonl folder (``$GSM8K_DIR`` or ``../shared/data/gsm8k``)."""

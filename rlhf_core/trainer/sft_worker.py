@@ -18,16 +18,16 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from rlhf_core.config.structured import full_key
+from rlhf_core.kernels.packing import packed_next_token_ce
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
 from rlhf_core.models.lora import apply_lora, merge_lora
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.batching import all_reduce_sum, global_counts, micro_batches
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
-from rlhf_core.workers.fsdp_utils import apply_fsdp2, device, full_state_dict, rank, world_size
+from rlhf_core.workers.fsdp_utils import device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
-from rlhf_core.workers.onednn_linear import use_onednn_linears
+from rlhf_core.workers.model_setup import prepare_role_model
 from rlhf_core.workers.optim import build_optimizer
-from rlhf_core.workers.packing import check_packing_support, packed_next_token_ce
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class SFTWorker:
             enable_activation_checkpointing(model)
             model.config.use_cache = False
         model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
-        use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
         engine = self.config.engine  # verl 0.9's FSDP engine settings that FSDP2 honours here
@@ -59,10 +58,11 @@ class SFTWorker:
                          "optimizer_offload": offload or engine.optimizer_offload,
                          "offload_policy": engine.offload_policy, "fsdp_size": engine.fsdp_size,
                          "reshard_after_forward": engine.reshard_after_forward})
-        self.model = apply_fsdp2(model, fsdp_cfg, role="sft")
+        packed_key = None
         if self._packed():
-            check_packing_support(self.model, full_key(self.config, "use_remove_padding")
-                                  if self.config.use_remove_padding else "data.pad_mode=no_padding")
+            packed_key = (full_key(self.config, "use_remove_padding") if self.config.use_remove_padding
+                          else "data.pad_mode=no_padding")
+        self.model = prepare_role_model(model, "sft", fsdp_cfg, packed_key)
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
         self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
 
@@ -88,7 +88,7 @@ class SFTWorker:
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
         """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad); packed under
-        ``use_remove_padding`` (:func:`~rlhf_core.workers.packing.packed_next_token_ce`, the same sum)."""
+        ``use_remove_padding`` (:func:`~rlhf_core.kernels.packing.packed_next_token_ce`, the same sum)."""
         dev = device()
         input_ids = micro["input_ids"].to(dev)
         if self._packed():

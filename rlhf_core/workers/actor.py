@@ -11,9 +11,8 @@ micro-batch without gradients, both logits divided by the same temperature as th
 """
 from __future__ import annotations
 
-import inspect
 import logging
-import weakref
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Mapping
 
@@ -30,15 +29,15 @@ from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
-from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, has_active_dropout
-from rlhf_core.workers.packing import packed_logits
-from rlhf_core.workers.shared_prefix import shared_prefix_logits, supports_shared_prefix
+from rlhf_core.kernels import support
+from rlhf_core.kernels.packing import packed_logits
+from rlhf_core.kernels.shared_prefix import checkpointing_disables_cache, shared_prefix_logits
+from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
 _COMPILED: dict[str, "_CompiledOrEager"] = {}
 _CPU_EAGER_NOTED = False
-_KEEPS_LOGITS: dict[type, bool] = {}
 
 
 class _CompiledOrEager:
@@ -82,20 +81,38 @@ def hot_functions(use_torch_compile: bool):
 def accepts_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model.forward`` takes ``logits_to_keep`` (transformers causal LMs: the LM head then runs on the kept
     positions only); a token-classification value model does not (its head is ``hidden → 1``, cheap anyway)."""
-    cls = type(model)
-    if cls not in _KEEPS_LOGITS:
-        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
-    return _KEEPS_LOGITS[cls]
+    return support(model).logits_to_keep
 
 
-_DROPOUT: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class ResponseForward:
+    """The path :func:`forward_response_logits` takes for one model, chosen once (:func:`choose_response_forward`,
+    at the actor's or critic's init) from the model's :class:`~rlhf_core.kernels.KernelSupport` and the device.
+
+    Attributes:
+        shared_prefix: run each distinct prompt of a micro-batch once when prompts repeat
+            (:func:`~rlhf_core.kernels.shared_prefix.shared_prefix_logits`).
+        packed: ``use_remove_padding``: the valid tokens packed (:func:`~rlhf_core.kernels.packing.packed_logits`).
+        logits_to_keep: the model's forward takes ``logits_to_keep`` (the LM head runs on the wanted positions).
+        active_dropout: the model drops in train mode (its forward must then not depend on the micro-batch's shape).
+        device: where the micro-batch is moved (``fsdp_utils.device``).
+    """
+    shared_prefix: bool
+    packed: bool
+    logits_to_keep: bool
+    active_dropout: bool
+    device: torch.device
 
 
-def _has_dropout(model: nn.Module) -> bool:
-    """:func:`has_active_dropout`, computed once per model (its modules and config do not change during training)."""
-    if model not in _DROPOUT:
-        _DROPOUT[model] = has_active_dropout(model)
-    return _DROPOUT[model]
+def choose_response_forward(model: nn.Module, use_remove_padding: bool) -> ResponseForward:
+    """The :class:`ResponseForward` of ``model``: packed when ``use_remove_padding``; the shared prefix where the
+    model supports it, except packed on GPU (packed or not, on CPU a prompt that repeats runs once, rollout.n > 1:
+    less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
+    verl does)."""
+    described, dev = support(model), device()
+    return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu"),
+                           packed=bool(use_remove_padding), logits_to_keep=described.logits_to_keep,
+                           active_dropout=described.active_dropout, device=dev)
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -119,37 +136,39 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return input_ids[:, k:], attention_mask[:, k:], position_ids[..., k:]  # (b, S) or mrope's (b, 3, S)
 
 
-def forward_response_logits(model: nn.Module, mb: Batch, response_length: int,
-                            use_remove_padding: bool = False) -> torch.Tensor:
+def forward_response_logits(model: nn.Module, mb: Batch, response_length: int, use_remove_padding: bool = False,
+                            path: ResponseForward | None = None) -> torch.Tensor:
     """Logits predicting the response tokens: ``logits[:, P-1 : P+T-1]`` → ``(b, T, V)`` (ARCHITECTURE alignment).
 
     Inputs ``input_ids``, ``attention_mask``, ``position_ids`` of shape ``(b, P+T)``; ``use_remove_padding`` runs
-    the valid tokens packed (:mod:`rlhf_core.workers.packing`; same values, 0 at pads), except on CPU for a
+    the valid tokens packed (:mod:`rlhf_core.kernels.packing`; same values, 0 at pads), except on CPU for a
     micro-batch whose prompts repeat, which takes the shared-prefix path below (faster there; its prompt pass then
     runs packed where the model attends per sequence: ``packing.supports_varlen_attention``). The padded forward stops
     before the last position (its logits predict nothing used; not under active dropout), and when the model takes
     ``logits_to_keep`` the LM head runs on the ``T`` positions wanted only (the prompt's logits are never used:
     ``(V / hidden)``-times the hidden state's size per position saved, forward and backward). Columns that are
     padding in every row are dropped first (:func:`trim_left_padding`), and a prompt that repeats in the
-    micro-batch runs once (:func:`~rlhf_core.workers.shared_prefix.shared_prefix_logits`), both except while a model
+    micro-batch runs once (:func:`~rlhf_core.kernels.shared_prefix.shared_prefix_logits`), both except while a model
     with active dropout trains: its dropout masks are drawn per element, so a width or a prompt pass that depends on
     the micro-batch would make the update depend on the micro-batch split (our loaders turn dropout off; a user's
-    model may not)."""
-    dev = device()
+    model may not).
+
+    ``path``: the model's :class:`ResponseForward`, chosen once by its actor or critic; without it, it is chosen
+    here from ``use_remove_padding`` (which it otherwise overrides)."""
+    if path is None:
+        path = choose_response_forward(model, use_remove_padding)
     ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
-    batch_free = not (model.training and _has_dropout(model))  # outputs may not depend on the micro-batch's shape
+    batch_free = not (model.training and path.active_dropout)  # outputs may not depend on the micro-batch's shape
     if batch_free:
         ids, mask, pos = trim_left_padding(ids, mask, pos)
-    ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
-    keep = response_length + 1 if accepts_logits_to_keep(model) else None
-    # packed or not, on CPU a prompt that repeats runs once (rollout.n > 1): less arithmetic than packing saves
-    # (BENCHMARKS.md, "`use_remove_padding`"); on GPU use_remove_padding packs as verl does
-    if batch_free and supports_shared_prefix(model) and not (use_remove_padding and dev.type != "cpu"):
+    ids, mask, pos = ids.to(path.device), mask.to(path.device), pos.to(path.device)
+    keep = response_length + 1 if path.logits_to_keep else None
+    if batch_free and path.shared_prefix and not checkpointing_disables_cache(model):
         # None when no prompt repeats; use_remove_padding runs its prompt pass packed
-        shared = shared_prefix_logits(model, ids, mask, pos, response_length, pack_prompts=use_remove_padding)
+        shared = shared_prefix_logits(model, ids, mask, pos, response_length, pack_prompts=path.packed)
         if shared is not None:
             return shared
-    if use_remove_padding:
+    if path.packed:
         return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
     # the last position predicts nothing that is used: the forward stops before it (slicing its logits off instead
     # cost a zero-filled (b, T, V) gradient in the backward). The full width under active dropout, so its masks are
@@ -190,17 +209,41 @@ class DataParallelPPOActor:
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  mini_batch_size: int | None = None, micro_batch_size: int | None = None,
-                 ref_model: nn.Module | None = None, activation_offload: bool = False) -> None:
+                 ref_model: nn.Module | None = None, activation_offload: bool = False,
+                 use_remove_padding: bool = False) -> None:
         self.config = config
         self.activation_offload = bool(activation_offload)
         self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile))
         self.model = model
-        self.ref_model = ref_model
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
-        self.use_remove_padding = False  # model.use_remove_padding, set by the worker (workers/packing.py)
+        self._ref_model = ref_model
+        self.use_remove_padding = use_remove_padding  # model.use_remove_padding; chooses the forward paths
+
+    @property
+    def use_remove_padding(self) -> bool:
+        """``model.use_remove_padding``: the forwards run packed. Setting it chooses the policy's (and the
+        reference's) :class:`ResponseForward` again, once."""
+        return self._use_remove_padding
+
+    @use_remove_padding.setter
+    def use_remove_padding(self, value: bool) -> None:
+        self._use_remove_padding = bool(value)
+        self._path = choose_response_forward(self.model, self._use_remove_padding)
+        self._ref_path = (None if self._ref_model is None
+                          else choose_response_forward(self._ref_model, self._use_remove_padding))
+
+    @property
+    def ref_model(self) -> nn.Module | None:
+        """The frozen reference model for ``kl_loss_type: full`` (its forward path is chosen when it is set)."""
+        return self._ref_model
+
+    @ref_model.setter
+    def ref_model(self, model: nn.Module | None) -> None:
+        self._ref_model = model
+        self._ref_path = None if model is None else choose_response_forward(model, self._use_remove_padding)
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,
@@ -209,7 +252,7 @@ class DataParallelPPOActor:
         when ``return_logits``). With ``entropy_grad=False`` the entropy is computed without autograd (a metric
         only: no graph is kept for it)."""
         T = mb["responses"].shape[-1]
-        logits = tempered(forward_response_logits(self.model, mb, T, self.use_remove_padding), temperature)
+        logits = tempered(forward_response_logits(self.model, mb, T, path=self._path), temperature)
         log_prob = self._logprobs_fn(logits, mb["responses"].to(logits.device))
         entropy = None
         if with_entropy:
@@ -229,7 +272,7 @@ class DataParallelPPOActor:
                                "(role actor_rollout_ref): the exact KL is computed from both models' full logits")
         self.ref_model.eval()
         return tempered(forward_response_logits(self.ref_model, mb, mb["responses"].shape[-1],
-                                                self.use_remove_padding), temperature)
+                                                path=self._ref_path), temperature)
 
     def kl_loss_terms(self, mb: Batch, log_prob: torch.Tensor, logits: torch.Tensor | None,
                       temperature: float) -> torch.Tensor:
@@ -281,7 +324,7 @@ class DataParallelPPOActor:
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
             logits = tempered(forward_response_logits(self.model, mb, mb["responses"].shape[-1],
-                                                      self.use_remove_padding), temperature)
+                                                      path=self._path), temperature)
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
         return torch.cat(out)
 

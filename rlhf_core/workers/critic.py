@@ -13,7 +13,7 @@ from torch import nn
 from rlhf_core.algos.policy_loss import compute_value_loss
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
-from rlhf_core.workers.actor import forward_response_logits
+from rlhf_core.workers.actor import choose_response_forward, forward_response_logits
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
@@ -32,7 +32,8 @@ class DataParallelPPOCritic:
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
-                 mini_batch_size: int, micro_batch_size: int | None, activation_offload: bool = False) -> None:
+                 mini_batch_size: int, micro_batch_size: int | None, activation_offload: bool = False,
+                 use_remove_padding: bool = False) -> None:
         self.config = config
         self.activation_offload = bool(activation_offload)
         self.model = model
@@ -40,11 +41,22 @@ class DataParallelPPOCritic:
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0
-        self.use_remove_padding = False  # critic.model.use_remove_padding, set by the worker (workers/packing.py)
+        self.use_remove_padding = use_remove_padding  # critic.model.use_remove_padding; chooses the forward path
+
+    @property
+    def use_remove_padding(self) -> bool:
+        """``critic.model.use_remove_padding``: the value forward runs packed. Setting it chooses the model's
+        :class:`~rlhf_core.workers.actor.ResponseForward` again, once."""
+        return self._use_remove_padding
+
+    @use_remove_padding.setter
+    def use_remove_padding(self, value: bool) -> None:
+        self._use_remove_padding = bool(value)
+        self._path = choose_response_forward(self.model, self._use_remove_padding)
 
     def _values(self, mb: Batch) -> torch.Tensor:
         T = mb["responses"].shape[-1]
-        return forward_response_logits(self.model, mb, T, self.use_remove_padding)[..., 0].float()
+        return forward_response_logits(self.model, mb, T, path=self._path)[..., 0].float()
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 from omegaconf import OmegaConf
 
 from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
-from rlhf_core.config.structured import full_key
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer, model_tokenizer_path
 from rlhf_core.protocol import Batch
@@ -27,7 +26,6 @@ from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
 from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dtype
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
-from rlhf_core.workers.packing import check_packing_support
 from rlhf_core.user_code import import_extensions
 
 logger = logging.getLogger(__name__)
@@ -98,6 +96,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.actor_module = build_model(mcfg, acfg.fsdp_config, "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
             self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
+                                              use_remove_padding=bool(mcfg.use_remove_padding),
                                               **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
@@ -110,14 +109,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self._init_rollout()
         if self._is_ref:
             rcfg = self.arr.ref
-            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"))
+            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"),
+                                            use_remove_padding=bool(mcfg.use_remove_padding))
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
-        for dp in (self.actor, self.ref):
-            if dp is not None:
-                dp.use_remove_padding = bool(mcfg.use_remove_padding)
-                if dp.use_remove_padding:
-                    check_packing_support(dp.model, full_key(mcfg, "use_remove_padding"))
         seed_rank(self.config)
 
     def _init_rollout(self) -> None:
@@ -128,8 +123,6 @@ class ActorRolloutRefWorker(ProfiledWorker):
             module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
             self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
             self.rollout.use_remove_padding = bool(self.arr.model.use_remove_padding)  # a packed prefill
-            if self.rollout.use_remove_padding:
-                check_packing_support(module, full_key(self.arr.model, "use_remove_padding"))
         elif name == "vllm":
             # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
             from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
@@ -324,10 +317,8 @@ class CriticWorker(ProfiledWorker):
         note_unsupported(mcfg, False, "critic")
         self.module = build_model(mcfg, ccfg.fsdp, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
-        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n))
-        self.critic.use_remove_padding = bool(mcfg.use_remove_padding)
-        if self.critic.use_remove_padding:
-            check_packing_support(self.module, full_key(mcfg, "use_remove_padding"))
+        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n),
+                                            use_remove_padding=bool(mcfg.use_remove_padding))
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),

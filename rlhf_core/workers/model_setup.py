@@ -7,12 +7,12 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from rlhf_core import kernels
 from rlhf_core.config.structured import full_key, role_name
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, load_value_model, to_torch_dtype
 from rlhf_core.models.lora import apply_lora
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
 from rlhf_core.workers.lr_schedule import build_lr_scheduler
-from rlhf_core.workers.onednn_linear import use_onednn_linears
 from rlhf_core.workers.optim import build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -28,13 +28,32 @@ def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role
                     role)
 
 
+def prepare_role_model(model: nn.Module, role: str, fsdp_cfg: Mapping[str, Any] | None,
+                       packed_key: str | None = None) -> nn.Module:
+    """The last steps of every role's model (actor, critic, reference, reward model, SFT, the rollout's engine
+    copy), once it is loaded with its LoRA and checkpointing: the kernels (:func:`rlhf_core.kernels.prepare`:
+    their install, float32 linears on oneDNN where faster, the refusal of packing for a model that cannot pack),
+    then FSDP2 sharding with ``fsdp_cfg`` (``None``: the rollout's unsharded copy stays as it is). Returns the
+    model (sharded in place); its :class:`~rlhf_core.kernels.KernelSupport` is ``kernels.support(model)``.
+
+    Args:
+        packed_key: the config key that turned ``use_remove_padding`` on for this role (``None``: not packed).
+    Raises:
+        ValueError: naming ``packed_key``, for a model whose packed forward could differ from the padded one.
+    """
+    kernels.prepare(model, packed_key)
+    return model if fsdp_cfg is None else apply_fsdp2(model, fsdp_cfg, role)
+
+
 def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role: str,
                 value_head: bool = False, default_dtype: str = "float32") -> nn.Module:
-    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing, turn
-    its linear layers' float32 CPU products over to oneDNN where that is faster (``onednn_linear.py``), then shard
-    it with FSDP2. ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section
-    without that key). Raises FileNotFoundError / OSError naming the role and ``<section>.path`` when the model
-    cannot be loaded."""
+    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing, then
+    :func:`prepare_role_model` (the kernels, ``model_cfg.use_remove_padding`` checked; FSDP2 sharding).
+    ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section without that key).
+
+    Raises:
+        FileNotFoundError / OSError: naming the role and ``<section>.path`` when the model cannot be loaded.
+        ValueError: ``use_remove_padding`` for a model that cannot be packed (:func:`prepare_role_model`)."""
     dtype = to_torch_dtype(fsdp_cfg.model_dtype if "model_dtype" in fsdp_cfg else default_dtype)
     loader = load_value_model if value_head else load_causal_lm
     try:
@@ -52,8 +71,8 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
         enable_activation_checkpointing(model)
     if role == "ref":
         model.requires_grad_(False)
-    use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
-    return apply_fsdp2(model, fsdp_cfg, role)
+    packed_key = full_key(model_cfg, "use_remove_padding") if model_cfg.use_remove_padding else None
+    return prepare_role_model(model, role, fsdp_cfg, packed_key)
 
 
 def build_optim(model: nn.Module, optim_cfg: Mapping[str, Any]):

@@ -22,21 +22,8 @@ from typing import Any
 from torch import nn
 
 from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
+from rlhf_core.kernels.model_support import has_active_dropout  # noqa: F401 - also imported from here
 from rlhf_core.protocol import Batch
-
-
-def has_active_dropout(model: nn.Module) -> bool:
-    """True when a forward in train mode would drop anything: an ``nn.Dropout*`` module with ``p > 0`` or a
-    Hugging Face config field named ``*dropout*`` (``attention_dropout``, ``hidden_dropout``...) above 0."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return True
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "to_dict"):
-            for k, v in cfg.to_dict().items():
-                if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-                    return True
-    return False
 
 
 def skip_old_log_prob(config: Any, global_steps: int) -> bool:

@@ -19,10 +19,10 @@ scoring each (prompt, response) with one scalar, written on the last valid respo
 * Micro-batches of ``reward_model.micro_batch_size_per_gpu`` rows (or by ``forward_max_token_len_per_gpu`` with
   ``use_dynamic_bsz``); rows keep their order.
 * ``reward_model.model.use_remove_padding``: each micro-batch's valid tokens run as one packed sequence
-  (:mod:`rlhf_core.workers.packing`: per-sequence attention), and each row's score is read at its last token in
+  (:mod:`rlhf_core.kernels.packing`: per-sequence attention), and each row's score is read at its last token in
   the pack; the same scores as the padded forward to float rounding. A model without a ``score`` head keeps the
   padded forward (HF's pooling would pool the whole pack); a model whose packed forward is not known to equal the
-  padded one is refused at start-up (:func:`~rlhf_core.workers.packing.check_packing_support`).
+  padded one is refused at start-up (:func:`~rlhf_core.kernels.packing.check_packing_support`).
 """
 from __future__ import annotations
 
@@ -33,13 +33,12 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from rlhf_core.config.structured import full_key
+from rlhf_core.kernels.packing import pack_inputs, packed_forward
 from rlhf_core.models.loading import import_external_libs, load_tokenizer, local_path, to_torch_dtype
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
-from rlhf_core.workers.fsdp_utils import apply_fsdp2, device
-from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported
-from rlhf_core.workers.onednn_linear import use_onednn_linears
-from rlhf_core.workers.packing import check_packing_support, pack_inputs, packed_forward
+from rlhf_core.workers.fsdp_utils import device
+from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported, prepare_role_model
 from rlhf_core.workers.profiler import ProfiledWorker
 
 logger = logging.getLogger(__name__)
@@ -136,11 +135,10 @@ class RewardModelWorker(ProfiledWorker):
                            "; reward_model.model.use_remove_padding=True runs the padded forward" if
                            mcfg.use_remove_padding else "")
         self.use_remove_padding = bool(mcfg.use_remove_padding) and head is not None
-        if self.use_remove_padding:
-            check_packing_support(model, full_key(mcfg, "use_remove_padding"))
-        use_onednn_linears(model)  # float32 products on oneDNN where MKL is the slower library (non-Intel CPUs)
-        self.module = apply_fsdp2(model, {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
-                                          "param_offload": bool(fsdp.param_offload)}, "reward_model")
+        self.module = prepare_role_model(
+            model, "reward_model", {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
+                                    "param_offload": bool(fsdp.param_offload)},
+            full_key(mcfg, "use_remove_padding") if self.use_remove_padding else None)
 
     # ---- inputs --------------------------------------------------------------------------------------------
     def rm_inputs(self, batch: Batch) -> Batch:
@@ -180,7 +178,7 @@ class RewardModelWorker(ProfiledWorker):
 
         Raises:
             ValueError: packed, a row without a valid token (it has no last token to score), and from
-                :func:`~rlhf_core.workers.packing.pack_inputs`."""
+                :func:`~rlhf_core.kernels.packing.pack_inputs`."""
         dev = device()
         ids, mask, pos = (mb[k].to(dev) for k in ("input_ids", "attention_mask", "position_ids"))
         self._head_outputs.clear()

@@ -168,7 +168,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK=
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen2Config
 from rlhf_core.workers.fsdp_utils import apply_fsdp2
-from rlhf_core.workers.onednn_linear import use_onednn_linears
+from rlhf_core.kernels.onednn_linear import use_onednn_linears
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 cfg = Qwen2Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -194,7 +194,7 @@ def test_fsdp2_with_onednn_linears_returns_no_view_tensor(free_port):
 
     import torch
 
-    from rlhf_core.workers.onednn_linear import OneDNNLinear, onednn_available
+    from rlhf_core.kernels.onednn_linear import OneDNNLinear, onednn_available
 
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN linear")

@@ -128,12 +128,12 @@ def test_hsdp_mesh_and_size_based_wrap_match_one_rank(ray_session, tiny_model_di
 
 def test_shared_prefix_update_on_two_ray_ranks_matches_one_local_rank(ray_session, tiny_model_dir, monkeypatch):
     # each prompt twice (rollout.n = 2), micro-batches of 2 rows: every micro-batch on both sides runs its prompt
-    # once (workers/shared_prefix.py), so FSDP2 sees two forwards of the model before one backward; the 2-rank
+    # once (kernels/shared_prefix.py), so FSDP2 sees two forwards of the model before one backward; the 2-rank
     # update must still equal the single rank's (gradients of both passes reduced)
     from test_workers_fsdp import prompt_batch
 
     from rlhf_core.workers import actor as actor_module
-    from rlhf_core.workers.shared_prefix import shared_prefix_logits
+    from rlhf_core.kernels.shared_prefix import shared_prefix_logits
 
     used = []
 

@@ -1,4 +1,4 @@
-"""The grouped decode attention (rlhf_core/workers/rollout/grouped_attention.py) against SDPA over the per-row
+"""The grouped decode attention (rlhf_core/kernels/grouped_attention.py) against SDPA over the per-row
 concatenated cache: uneven groups in any row order, left-padded prompts, GQA, fp32 and bf16."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rlhf_core.workers.rollout.grouped_attention import _ACTIVE, group_cache, grouped_attention
+from rlhf_core.kernels.grouped_attention import _ACTIVE, group_cache, grouped_attention
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -70,8 +70,8 @@ def test_decode_step_is_the_models_forward(kind, packed, dtype):
     # products (q/k/v and gate/up fused, other summation orders) equal to float rounding: fp32 to 1e-5, bf16 to
     # 3e-2 (a few bf16 steps, 2^-8 each, on logits of order 1). The steps really ran the chosen path: the modules'
     # projections are never called on the packed one.
-    from rlhf_core.workers.rollout.grouped_attention import decode_step, grouped_decode, supports_decode_step
-    from rlhf_core.workers.rollout.packed_linear import DecodeWeights
+    from rlhf_core.kernels.grouped_attention import decode_step, grouped_decode, supports_decode_step
+    from rlhf_core.kernels.packed_linear import DecodeWeights
 
     model = _tiny(kind).to(dtype)
     assert supports_decode_step(model)

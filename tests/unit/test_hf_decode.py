@@ -10,7 +10,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf_core.config import shipped_config_dir
 from rlhf_core.protocol import Batch
-from rlhf_core.workers.rollout.grouped_attention import sdpa_full_attention, supports_grouped_decode
+from rlhf_core.kernels.grouped_attention import sdpa_full_attention, supports_grouped_decode
 from rlhf_core.workers.rollout.hf_decode import (decode, next_token_probs, sample_categorical, sampling_warpers,
                                                  supports_lean_decode)
 from rlhf_core.workers.rollout.hf_rollout import HFRollout

@@ -1,4 +1,4 @@
-"""bf16 attention on CPU by matrix products (``workers/matmul_attention.py``).
+"""bf16 attention on CPU by matrix products (``kernels/matmul_attention.py``).
 
 The function is dtype-generic, so its semantics (GQA grouping, bool and additive masks, ``is_causal`` with and
 without a key crop or a module, the scale, decode steps with and without a mask, values wider than queries) are
@@ -15,8 +15,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rlhf_core.workers import matmul_attention as mm
-from rlhf_core.workers import packing
+from rlhf_core.kernels import matmul_attention as mm
+from rlhf_core.kernels import packing
 
 
 class _Attn(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""float32 linears on oneDNN (rlhf_core/workers/onednn_linear.py): the same products and gradients as
+"""float32 linears on oneDNN (rlhf_core/kernels/onednn_linear.py): the same products and gradients as
 ``nn.functional.linear`` to float32 rounding, the process-wide choice and its override, and the fallbacks."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhf_core.workers import onednn_linear
-from rlhf_core.workers.onednn_linear import OneDNNLinear, OneDNNLinearLayer, onednn_is_faster, use_onednn_linears
+from rlhf_core.kernels import onednn_linear
+from rlhf_core.kernels.onednn_linear import OneDNNLinear, OneDNNLinearLayer, onednn_is_faster, use_onednn_linears
 
 pytestmark = pytest.mark.skipif(not onednn_linear.onednn_available(), reason="this torch build has no oneDNN")
 

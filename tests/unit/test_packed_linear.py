@@ -1,4 +1,4 @@
-"""The decode step's oneDNN products (rlhf_core/workers/rollout/packed_linear.py): equal to the ``nn.Linear`` layers
+"""The decode step's oneDNN products (rlhf_core/kernels/packed_linear.py): equal to the ``nn.Linear`` layers
 they replace, for any row count, with their own copy of the weights; refused where they would compute something else."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhf_core.workers.rollout.packed_linear import DecodeWeights, PackedLinear, packed_linear_available
+from rlhf_core.kernels.packed_linear import DecodeWeights, PackedLinear, packed_linear_available
 
 
 def _layers(dtype):

@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassificat
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.actor import accepts_logits_to_keep, forward_response_logits
-from rlhf_core.workers.packing import packed_logits
+from rlhf_core.kernels.packing import packed_logits
 
 T = 6
 

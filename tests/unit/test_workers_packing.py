@@ -1,4 +1,4 @@
-"""``use_remove_padding`` (workers/packing.py): the packed forward equals the padded one to 1e-5 — log-probs,
+"""``use_remove_padding`` (kernels/packing.py): the packed forward equals the padded one to 1e-5 — log-probs,
 entropy, values, losses and gradients of the actor and the critic — and dynamic batch sizes (token budgets) give
 the same gradient as fixed micro-batches."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from test_workers_fsdp import ppo_config, training_batch  # noqa: E402
 from rlhf_core.distributed import LocalWorkerGroup  # noqa: E402
 from rlhf_core.workers import batching  # noqa: E402
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
-from rlhf_core.workers.packing import pack_inputs, unpack_output  # noqa: E402
+from rlhf_core.kernels.packing import pack_inputs, unpack_output  # noqa: E402
 
 COMMON = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.1",
           "actor_rollout_ref.actor.entropy_coeff=0.01"]

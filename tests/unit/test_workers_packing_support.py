@@ -8,12 +8,14 @@ computed from the attention mask) gives other logits packed and is refused, as i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 
 import pytest
 import torch
 
-from rlhf_core.workers import packing
+from rlhf_core.kernels import model_support as kernel_support
+from rlhf_core.kernels import packing, support
 
 _SMALL = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               num_key_value_heads=2, head_dim=8, max_position_embeddings=64, n_positions=64, pad_token_id=0,
@@ -64,9 +66,10 @@ def test_opt_packs_wrong_and_is_refused():
     ids, mask, pos = _rows()
     with torch.no_grad():
         padded = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        packing._SUPPORT[model] = None  # what the unchecked path would compute
+        refused = support(model)
+        kernel_support._SUPPORT[model] = dataclasses.replace(refused, packing_refusal=None)  # the unchecked path
         packed = packing.packed_logits(model, ids, mask, pos)
-        del packing._SUPPORT[model]
+        kernel_support._SUPPORT[model] = refused
     assert float(((packed - padded) * mask[..., None]).abs().max()) > 1e-2  # why it is not listed
     assert "model_type 'opt' is not one whose packed forward was checked" in packing.packing_unsupported(model)
     with pytest.raises(ValueError, match=r"critic.model.use_remove_padding=True: model_type 'opt' .* Set "

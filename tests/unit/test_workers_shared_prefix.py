@@ -1,6 +1,8 @@
-"""Each distinct prompt of a micro-batch runs once (``rlhf_core/workers/shared_prefix.py``): the response logits,
+"""Each distinct prompt of a micro-batch runs once (``rlhf_core/kernels/shared_prefix.py``): the response logits,
 log-probs and gradients equal the plain forward's, directly and through the FSDP2 worker's update."""
 from __future__ import annotations
+
+import dataclasses
 
 import os
 import sys
@@ -19,7 +21,7 @@ from rlhf_core.distributed import LocalWorkerGroup  # noqa: E402
 from rlhf_core.protocol import Batch  # noqa: E402
 from rlhf_core.workers import actor as actor_module  # noqa: E402
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
-from rlhf_core.workers.shared_prefix import shared_prefix_logits, supports_shared_prefix  # noqa: E402
+from rlhf_core.kernels.shared_prefix import shared_prefix_logits, supports_shared_prefix  # noqa: E402
 
 U, N, P, T, V = 3, 4, 7, 5, 64  # 3 distinct prompts × 4 samples, prompt ≤ 7 tokens, response ≤ 5
 
@@ -98,7 +100,7 @@ def test_packed_prompt_pass_gives_the_plain_forwards_log_probs_and_gradients():
 
 
 def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token_and_other_attention():
-    from rlhf_core.workers.packing import packed_prompt_pass
+    from rlhf_core.kernels.packing import packed_prompt_pass
     from transformers import DynamicCache
 
     model, b = tiny_lm(), grouped_batch()
@@ -107,9 +109,12 @@ def test_packed_prompt_pass_refuses_a_prompt_without_its_last_token_and_other_at
     with pytest.raises(ValueError, match="prompt 1 has padding in its last column"):
         packed_prompt_pass(model, ids, mask, pos, DynamicCache(config=model.config))
     mask[1, -1] = 1
-    model.config._attn_implementation = "eager"  # no per-sequence attention: refused before any forward
+    # no per-sequence attention: refused before any forward (a model built eager: kernels.support reads the
+    # attention implementation once per model)
+    eager = tiny_lm()
+    eager.config._attn_implementation = "eager"
     with pytest.raises(ValueError, match="does not attend per sequence"):
-        packed_prompt_pass(model, ids, mask, pos, DynamicCache(config=model.config))
+        packed_prompt_pass(eager, ids, mask, pos, DynamicCache(config=eager.config))
 
 
 def test_one_token_responses_need_only_the_prompt_pass():
@@ -153,7 +158,9 @@ def test_worker_update_is_the_same_with_and_without_sharing(tiny_model_dir, monk
     monkeypatch.setattr(actor_module, "shared_prefix_logits", counting)
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(actor_module, "supports_shared_prefix", lambda model: False)
+            chosen = actor_module.choose_response_forward  # the path chosen at init, without the shared prefix
+            monkeypatch.setattr(actor_module, "choose_response_forward",
+                                lambda *a: dataclasses.replace(chosen(*a), shared_prefix=False))
         wg = LocalWorkerGroup(ActorRolloutRefWorker, {"config": ppo_config(
             tiny_model_dir, "actor_rollout_ref.rollout.n=4", "data.train_batch_size=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

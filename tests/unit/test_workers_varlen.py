@@ -12,9 +12,9 @@ from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
 from rlhf_core.models.loading import enable_activation_checkpointing
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import actor as actor_mod
-from rlhf_core.workers import packing
+from rlhf_core.kernels import packing
 from rlhf_core.workers.actor import forward_response_logits
-from rlhf_core.workers.packing import (LAYOUT_KWARG, pack_inputs, packed_logits, packed_next_token_ce,
+from rlhf_core.kernels.packing import (LAYOUT_KWARG, pack_inputs, packed_logits, packed_next_token_ce,
                                        supports_varlen_attention, varlen_layout)
 
 T = 5

@@ -40,10 +40,10 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from rlhf_core.workers.packing import packed_prompt_pass, supports_varlen_attention
-from rlhf_core.workers.rollout.grouped_attention import (decode_step, group_cache, grouped_decode, sdpa_full_attention,
+from rlhf_core.kernels.packing import packed_prompt_pass, supports_varlen_attention
+from rlhf_core.kernels.grouped_attention import (decode_step, group_cache, grouped_decode, sdpa_full_attention,
                                                          supports_decode_step, supports_grouped_decode)
-from rlhf_core.workers.rollout.packed_linear import DecodeWeights
+from rlhf_core.kernels.packed_linear import DecodeWeights
 
 
 # generation_config.json entries that add no logits processor beyond the ones this loop applies (the rollout sets
@@ -161,7 +161,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             :func:`sample_categorical`) or greedy (argmax).
         output_logits: also return the raw float32 logits of every step.
         pack_prompts: run the prefill on the distinct prompts' valid tokens only
-            (:func:`~rlhf_core.workers.packing.packed_prompt_pass`, ``use_remove_padding``) where the model attends
+            (:func:`~rlhf_core.kernels.packing.packed_prompt_pass`, ``use_remove_padding``) where the model attends
             packed per sequence and some prompt is padded; the padded prefill otherwise.
 
     Columns that are padding in every row are dropped before the prefill (prompts arrive left-padded to

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from rlhf_core import kernels
 from rlhf_core.progress import progress
 from rlhf_core.workers.rollout.hf_decode import decode, supports_lean_decode
 from rlhf_core.protocol import Batch
@@ -44,6 +45,7 @@ class HFRollout:
     """
 
     def __init__(self, module: nn.Module, tokenizer, config: Mapping[str, Any], seed: int = 0, rank: int = 0) -> None:
+        kernels.install()  # the grouped decode attention and the packed prefill's per-sequence attention
         self.module = module
         self.tokenizer = tokenizer
         self.config = config

@@ -22,8 +22,6 @@ import platform
 import torch
 from torch import nn
 
-from rlhf_core.workers.fsdp_utils import device
-
 logger = logging.getLogger(__name__)
 
 ENV = "RLHF_FP32_LINEAR"
@@ -128,11 +126,11 @@ class OneDNNLinearLayer(nn.Linear):
 
 def use_onednn_linears(model: nn.Module) -> int:
     """Turn every plain ``nn.Linear`` of ``model`` (LoRA's base layers included) into a :class:`OneDNNLinearLayer`
-    (same parameters and state-dict keys) when the workers compute on the CPU (``fsdp_utils.device``) and
-    :func:`onednn_is_faster`. Call it before FSDP2 wraps the model.
+    (same parameters and state-dict keys) when the workers compute on the CPU (no CUDA device: the rule of
+    ``workers.fsdp_utils.device``) and :func:`onednn_is_faster`. Call it before FSDP2 wraps the model.
 
     Returns the number of layers changed (0 when torch's own product is kept)."""
-    if device().type != "cpu" or not onednn_is_faster():
+    if torch.cuda.is_available() or not onednn_is_faster():
         return 0
     changed = 0
     for module in model.modules():

@@ -29,17 +29,14 @@ drops the restarts; their packed tokens would attend across sequences and give o
 """
 from __future__ import annotations
 
-import inspect
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as _SDPA
 
-from rlhf_core.workers.matmul_attention import matmul_attention, prefers_matmul_attention
-from rlhf_core.workers.rollout.grouped_attention import supports_grouped_decode
+from rlhf_core.kernels.matmul_attention import matmul_attention, prefers_matmul_attention
+from rlhf_core.kernels.model_support import PACKED_MODEL_TYPES, support  # noqa: F401 - PACKED_MODEL_TYPES re-exported
 
 LAYOUT_KWARG = "rlhf_varlen_layout"  # the forward keyword that carries a pack's layout down to the attention
 
@@ -109,8 +106,8 @@ def varlen_layout(attention_mask: torch.Tensor, index: torch.Tensor, packed_posi
 def sdpa(module: nn.Module | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
          attention_mask: torch.Tensor | None, dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
     """Transformers' SDPA attention (``sdpa_attention_forward``), computed by
-    :func:`~rlhf_core.workers.matmul_attention.matmul_attention` where that is faster (bf16 on CPU, bounded score
-    size: :func:`~rlhf_core.workers.matmul_attention.prefers_matmul_attention`). Same arguments and result."""
+    :func:`~rlhf_core.kernels.matmul_attention.matmul_attention` where that is faster (bf16 on CPU, bounded score
+    size: :func:`~rlhf_core.kernels.matmul_attention.prefers_matmul_attention`). Same arguments and result."""
     if prefers_matmul_attention(query, key, attention_mask, dropout, kwargs):
         return matmul_attention(module, query, key, value, attention_mask, dropout, **kwargs)
     return _SDPA(module, query, key, value, attention_mask, dropout, **kwargs)
@@ -146,44 +143,18 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     return out.reshape(-1, H, d).index_select(0, layout.dst).unsqueeze(0), None
 
 
-AttentionInterface.register("sdpa", varlen_sdpa)
-
-
 def supports_varlen_attention(model: nn.Module) -> bool:
-    """Whether a packed forward of ``model`` may attend through :func:`varlen_sdpa`: the models the grouped decode
-    serves (a Llama-form decoder on SDPA, every layer full attention:
-    :func:`~rlhf_core.workers.rollout.grouped_attention.supports_grouped_decode`), whose forwards pass extra
-    keywords down to the attention."""
-    return supports_grouped_decode(model)
-
-
-# model types whose packed forward equals the padded one to float rounding, for SDPA and eager attention
-# (tests/unit/test_workers_packing_support.py builds each and checks it): llama, qwen2, qwen3 and mistral on SDPA
-# with full attention attend through varlen_sdpa, every other case finds each sequence's start in position_ids
-# through transformers' masking_utils
-PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "gemma", "phi", "phi3",
-                                "qwen3_moe", "mixtral", "olmo", "olmo2", "starcoder2", "stablelm", "granite",
-                                "cohere", "glm", "smollm3", "falcon"})
-_SUPPORT: "weakref.WeakKeyDictionary[nn.Module, str | None]" = weakref.WeakKeyDictionary()
+    """Whether a packed forward of ``model`` may attend through :func:`varlen_sdpa` (``support(model)
+    .varlen_attention``: a Llama-form decoder on SDPA, every layer full attention, whose forward passes extra
+    keywords down to the attention)."""
+    return support(model).varlen_attention
 
 
 def packing_unsupported(model: nn.Module) -> str | None:
     """Why a packed forward of ``model`` could differ from its padded one, or ``None`` when it may pack: its
     ``model_type`` must be in :data:`PACKED_MODEL_TYPES` and its forward (a peft wrapper's base model's) must take
-    ``position_ids``, which carry the pack's sequence starts. Cached per model."""
-    if model not in _SUPPORT:
-        text = model.config.get_text_config(decoder=True)
-        model_type = getattr(text, "model_type", None)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if model_type not in PACKED_MODEL_TYPES:
-            _SUPPORT[model] = (f"model_type {model_type!r} is not one whose packed forward was checked against the "
-                               f"padded one ({', '.join(sorted(PACKED_MODEL_TYPES))})")
-        elif "position_ids" not in inspect.signature(base.forward).parameters:
-            _SUPPORT[model] = (f"{type(base).__name__}.forward takes no position_ids, which carry where each packed "
-                               "sequence starts")
-        else:
-            _SUPPORT[model] = None
-    return _SUPPORT[model]
+    ``position_ids``, which carry the pack's sequence starts (``support(model).packing_refusal``)."""
+    return support(model).packing_refusal
 
 
 def check_packing_support(model: nn.Module, key: str) -> None:
@@ -206,9 +177,14 @@ def packed_forward(model: nn.Module, attention_mask: torch.Tensor, index: torch.
     ``cache`` (an empty ``DynamicCache``) the keys and values are kept there, ``(1, KV, n, d)`` per layer.
 
     Raises:
-        ValueError: a model :func:`packing_unsupported` names (the workers refuse it at start-up already)."""
+        ValueError: a model :func:`packing_unsupported` names (the workers refuse it at start-up already).
+        RuntimeError: a model that attends per sequence while :func:`rlhf_core.kernels.install` has not run (the
+            ``sdpa`` entry that reads the layout is not in place)."""
     check_packing_support(model, "use_remove_padding")
     if supports_varlen_attention(model):
+        from rlhf_core.kernels import require_installed
+
+        require_installed("a packed forward")
         # an empty 4-D mask: transformers passes a 4-D mask through as built, so it builds none; SDPA would refuse
         # it loudly if the layout ever failed to reach the attention
         placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=ids.device)

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlhf_core.workers.onednn_linear import OneDNNLinearLayer, onednn_available, onednn_product
+from rlhf_core.kernels.onednn_linear import OneDNNLinearLayer, onednn_available, onednn_product
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packed_linear_available(module: nn.Module) -> bool:
     """Whether :class:`DecodeWeights` can serve ``module``: its parameters are float32 or bf16 on the CPU and this
-    torch build has oneDNN's product (:func:`~rlhf_core.workers.onednn_linear.onednn_available`) and its weight
+    torch build has oneDNN's product (:func:`~rlhf_core.kernels.onednn_linear.onednn_available`) and its weight
     reorder."""
     param = next(module.parameters(), None)
     return (param is not None and param.device.type == "cpu" and param.dtype in _DTYPES and onednn_available()

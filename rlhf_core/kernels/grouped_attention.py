@@ -14,7 +14,7 @@ the same softmax attention as SDPA over the concatenated cache, with the prompt 
 (prompt, KV head) covering all its rows' query heads (the idea of prefix-sharing "cascade" attention, e.g.
 FlashInfer's). Scores and the softmax are float32; the outputs equal SDPA's to float rounding
 (tests/unit/test_hf_decode.py). It plugs into transformers through its documented extension point,
-``AttentionInterface.register``, switched on only for the decode steps of :func:`~.hf_decode.decode`.
+``AttentionInterface.register``, switched on only for the decode steps of :func:`rlhf_core.workers.rollout.hf_decode.decode`.
 """
 from __future__ import annotations
 
@@ -24,18 +24,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rlhf_core.workers.rollout.packed_linear import DecodeWeights
+from rlhf_core.kernels.packed_linear import DecodeWeights
+from rlhf_core.kernels.model_support import support
 
-ATTN_NAME = "rlhf_grouped_prefix"
-# decoder families whose attention is the standard Llama form (q/k/v projections, rotary embedding applied before
-# the cache update, softmax(q·kᵀ·scaling)·v with no softcapping, sinks or per-layer extras)
-_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
-# of those, the ones whose decoder layer is exactly what :func:`decode_step` runs (no q/k norms)
-_STEP_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+ATTN_NAME = "rlhf_grouped_prefix"  # its name in transformers' AttentionInterface (rlhf_core.kernels.install)
 
 
 @dataclass
@@ -66,21 +62,17 @@ class _GroupedLayer(DynamicLayer):
 
 
 def sdpa_full_attention(model: nn.Module) -> bool:
-    """Whether ``model`` runs SDPA attention and every layer is full (causal) attention: then a 4-D boolean mask
-    ``(b, 1, 1, kv_len)`` (True = attend), which transformers passes through unchanged (``masking_utils``), means
-    what its 2-D padding mask means. Sliding-window or other layer kinds build per-layer masks, and eager/flash
-    attention take other mask formats."""
-    text = model.config.get_text_config(decoder=True)
-    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
-    return (getattr(text, "_attn_implementation", None) == "sdpa" and getattr(text, "sliding_window", None) is None
-            and all(t == "full_attention" for t in layer_types))
+    """Whether ``model`` runs SDPA attention and every layer is full (causal) attention (``support(model)
+    .sdpa_full_attention``): then a 4-D boolean mask ``(b, 1, 1, kv_len)`` (True = attend), which transformers
+    passes through unchanged (``masking_utils``), means what its 2-D padding mask means. Sliding-window or other
+    layer kinds build per-layer masks, and eager/flash attention take other mask formats."""
+    return support(model).sdpa_full_attention
 
 
 def supports_grouped_decode(model: nn.Module) -> bool:
     """Whether :func:`grouped_attention` may replace ``model``'s SDPA attention in decode: a Llama-form decoder
-    (``model_type`` in :data:`_MODEL_TYPES`) for which :func:`sdpa_full_attention` holds."""
-    text = model.config.get_text_config(decoder=True)
-    return getattr(text, "model_type", None) in _MODEL_TYPES and sdpa_full_attention(model)
+    (``model_type`` in ``support.GROUPED_MODEL_TYPES``) for which :func:`sdpa_full_attention` holds."""
+    return support(model).grouped_decode
 
 
 def group_cache(cache: DynamicCache, inverse: torch.Tensor, prompt_mask: torch.Tensor,
@@ -152,19 +144,12 @@ def grouped_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out[g.group, g.slot].reshape(b, 1, H, d), None
 
 
-AttentionInterface.register(ATTN_NAME, grouped_attention)
-
 
 def supports_decode_step(model: nn.Module) -> bool:
     """Whether :func:`decode_step` computes ``model``'s forward: a Llama/Qwen2/Mistral causal LM (``model.model``
     with ``embed_tokens``, ``rotary_emb``, ``layers``, ``norm``; ``lm_head``) whose decoder layers are the stock
-    ones (pre-norm attention and MLP blocks)."""
-    inner = getattr(model, "model", None)
-    if model.config.model_type not in _STEP_MODEL_TYPES or not supports_grouped_decode(model) or inner is None:
-        return False
-    stock = type(model).__module__ == f"transformers.models.{model.config.model_type}.modeling_{model.config.model_type}"
-    return stock and all(hasattr(inner, k) for k in ("embed_tokens", "rotary_emb", "layers", "norm")) and hasattr(
-        model, "lm_head")
+    ones (pre-norm attention and MLP blocks): ``support(model).decode_step``."""
+    return support(model).decode_step
 
 
 def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -219,7 +204,13 @@ def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.T
 def grouped_decode(model: nn.Module, active: tuple[_Groups, list[_GroupedLayer]]):
     """Context of the decode steps: ``model`` runs :func:`grouped_attention` with the layout and layers ``active``
     (from :func:`group_cache`), and its own attention implementation again on exit, an exception included
-    (``set_attn_implementation``)."""
+    (``set_attn_implementation``).
+
+    Raises:
+        RuntimeError: before :func:`rlhf_core.kernels.install` (the attention is not registered)."""
+    from rlhf_core.kernels import require_installed
+
+    require_installed("the grouped decode")
     previous = model.config._attn_implementation
     token = _ACTIVE.set(active)
     model.set_attn_implementation(ATTN_NAME)

@@ -16,51 +16,31 @@ or two would deadlock.
 """
 from __future__ import annotations
 
-import inspect
-import weakref
-
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicCache
 
-from rlhf_core.workers.packing import packed_prompt_pass, supports_varlen_attention
-
-# cache layers whose whole per-row state is ``keys``/``values`` (gathering both gives each row its prompt's cache);
-# hybrid linear-attention, KV-shared and indexed (DSA) layers carry more state and are not supported
-_PLAIN_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
-_SUPPORTED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()  # per model: configs differ
+from rlhf_core.kernels.packing import packed_prompt_pass, supports_varlen_attention
+from rlhf_core.kernels.model_support import PLAIN_CACHE_LAYERS as _PLAIN_LAYERS
+from rlhf_core.kernels.model_support import support
 
 
 def supports_shared_prefix(model: nn.Module) -> bool:
-    """Whether the shared path may run for ``model`` (the same answer on every rank: it reads only the model).
+    """Whether the shared path may run for ``model`` now (the same answer on every rank: it reads only the model).
 
     Needs a forward that takes ``cache``, ``use_cache`` and ``logits_to_keep`` (transformers 5 causal LMs; a peft
-    wrapper's does not), a config whose dynamic cache has only plain or sliding-window key/value layers (no hybrid
-    linear attention, indexed or KV-shared layers), and no activation checkpointing while gradients are on
-    (transformers then turns the cache off)."""
-    if model not in _SUPPORTED:
-        params = inspect.signature(model.forward).parameters
-        config = getattr(model, "config", None)
-        _SUPPORTED[model] = (all(k in params for k in ("cache", "use_cache", "logits_to_keep"))
-                             and hasattr(config, "get_text_config") and _plain_cache(config))
-    if not _SUPPORTED[model]:
-        return False
+    wrapper's does not) and a config whose dynamic cache has only plain or sliding-window key/value layers (no hybrid
+    linear attention, indexed or KV-shared layers): ``support(model).shared_prefix``; and no activation
+    checkpointing while gradients are on (transformers then turns the cache off)."""
+    return support(model).shared_prefix and not checkpointing_disables_cache(model)
+
+
+def checkpointing_disables_cache(model: nn.Module) -> bool:
+    """Whether this call's forward of ``model`` runs without its KV cache: activation checkpointing on while it
+    trains with gradients (transformers then turns the cache off, and the shared path needs it)."""
     checkpointing = getattr(model, "is_activation_checkpointing", False)
-    return not (checkpointing and model.training and torch.is_grad_enabled())
-
-
-def _plain_cache(config) -> bool:
-    """Whether the dynamic cache ``config`` builds has only plain or sliding-window key/value layers, and no layer
-    shares another's keys/values."""
-    text = config.get_text_config(decoder=True)
-    if getattr(text, "num_kv_shared_layers", 0):
-        return False
-    try:
-        layers = DynamicCache(config=config).layers
-    except (KeyError, ValueError, TypeError, AttributeError):  # a layer type the mapping does not know
-        return False
-    return bool(layers) and all(type(layer) in _PLAIN_LAYERS for layer in layers)
+    return bool(checkpointing and model.training and torch.is_grad_enabled())
 
 
 def _any_rank_repeats(repeats: bool, device: torch.device) -> bool:
@@ -86,8 +66,8 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     share one prompt pass. Logit ``t`` predicts response token ``t``: ``t = 0`` comes from the prompt pass's last
     position, ``t ≥ 1`` from the response pass's position ``t - 1`` (as ``logits[:, P-1 : P+T-1]`` of the plain
     forward); the response pass runs positions ``P .. P+T-2`` only. ``pack_prompts`` (``use_remove_padding``) runs
-    the prompt pass on the prompts' valid tokens only (:func:`~rlhf_core.workers.packing.packed_prompt_pass`) where
-    the model attends packed per sequence (:func:`~rlhf_core.workers.packing.supports_varlen_attention`) and every
+    the prompt pass on the prompts' valid tokens only (:func:`~rlhf_core.kernels.packing.packed_prompt_pass`) where
+    the model attends packed per sequence (:func:`~rlhf_core.kernels.packing.supports_varlen_attention`) and every
     prompt ends in its last column; the padded prompt pass otherwise.
 
     Raises:
