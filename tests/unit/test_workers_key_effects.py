@@ -59,9 +59,13 @@ def test_use_torch_compile_on_cuda_compiles_and_falls_back_to_eager(monkeypatch)
 def test_actor_reads_use_torch_compile_and_activation_offload(monkeypatch):
     seen = []
     monkeypatch.setattr(actor_mod, "hot_functions", lambda flag: seen.append(flag) or (None, None))
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    # a causal LM: the actor chooses its forward path from the model's kernels.support at init
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
     a = actor_mod.DataParallelPPOActor(section("ppo_trainer", "actor_rollout_ref.actor", use_torch_compile=True),
-                                       torch.nn.Linear(2, 2),
-                                       activation_offload=True)
+                                       model, activation_offload=True)
     assert seen == [True] and a.activation_offload
 
 
