@@ -1,6 +1,6 @@
 """The ``linear`` micro-benchmark of ``bench/bench_kernels.py`` (``--only linear``): each linear layer shape of the
 benchmark's model sizes, a decode step's 32-row product by ``nn.functional.linear`` vs oneDNN on a reordered weight
-(``rollout/packed_linear.py``), float32 and bf16, and an update's 4,096-token float32 forward and backward, torch vs
+(``kernels/packed_linear.py``), float32 and bf16, and an update's 4,096-token float32 forward and backward, torch vs
 ``onednn_linear.OneDNNLinear``. Run it through ``bench_kernels.py``; the timing helper and the sizes are
 ``bench_timing.py``'s."""
 from __future__ import annotations

@@ -14,7 +14,7 @@ layout, GQA and ``is_causal`` rules) as
 with the query heads of one key/value head stacked into one matrix product, so keys and values are never
 repeated. Scores and probabilities are bf16 tensors (the products accumulate in float32): the rounding of
 transformers' ``eager`` attention in bf16 and of the rollout's grouped decode attention
-(``rollout/grouped_attention.py``), which rounds its scores to bf16 too. Against a float32 copy of the model the
+(``kernels/grouped_attention.py``), which rounds its scores to bf16 too. Against a float32 copy of the model the
 response log-probs are as close as with SDPA (the same benchmark measures both; BENCHMARKS.md, "Kernels").
 
 Cost: it keeps one bf16 ``(b, H, q, k)`` probability tensor per layer for the backward, where flash attention keeps

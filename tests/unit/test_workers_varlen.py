@@ -1,4 +1,4 @@
-"""The packed forward's per-sequence attention on CPU (``workers/packing.varlen_sdpa``): the grid layout by hand, the
+"""The packed forward's per-sequence attention on CPU (``kernels/packing.varlen_sdpa``): the grid layout by hand, the
 logits and gradients of the padded forward (GQA, a mask with a hole, LoRA, activation checkpointing), each row
 independent of the others in its pack, eager attention keeping transformers' path, clear errors for inputs a pack
 cannot reproduce, and on CPU a micro-batch whose prompts repeat taking the shared-prefix path even with
