@@ -340,7 +340,7 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
     for key in sorted(have - schema):
         if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
             if key.startswith("ray_kwargs.ray_init.") and kind in ("ppo_trainer", "evaluation"):
-                from rlhf_core.distributed.ray_init import ray_init_key_error  # imports ray: only for such a key
+                from rlhf_core.config.ray_kwargs import ray_init_key_error  # imports ray: only for such a key
                 passed = ray_init_key_error(key)  # verl passes this section to ray.init: any of its arguments
                 errors += [passed] if passed else []
                 continue

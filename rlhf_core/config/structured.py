@@ -136,7 +136,7 @@ def schema_paths(name: str) -> set[str]:
 PASS_THROUGH = ("ray_kwargs.ray_init", "ray_kwargs.ray_init.runtime_env")
 """Typed sections that also take keys the schema does not declare: verl hands ``ray_kwargs.ray_init`` to
 ``ray.init`` whole; each such key is checked against ``ray.init``'s signature at load
-(:func:`rlhf_core.distributed.ray_init.ray_init_key_error`) and passed on by ``ray_init_extra``."""
+(:func:`rlhf_core.config.ray_kwargs.ray_init_key_error`) and passed on by ``ray_init_extra``."""
 
 
 def to_typed(name: str, cfg: DictConfig) -> DictConfig:

@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from rlhf_core.bind_host import bind_host
+from rlhf_core.config.ray_kwargs import RAY_INIT_SECTION, ray_init_key_error  # noqa: F401  (re-exported)
 from rlhf_core.data import RemoteUnavailableError
 from rlhf_core.distributed.ray_loopback import LOOPBACK, loopback_ray_start, node_ip_address, ray_temp_dir
 
@@ -116,29 +117,6 @@ def ray_runtime_env(reads: str | None, py_executable: str | None) -> dict | None
     if py_executable is not None:
         env["py_executable"] = py_executable
     return env or None
-
-
-RAY_INIT_SECTION = "ray_kwargs.ray_init"
-"""verl passes every key of this section to ``ray.init`` (``ray.init(**ray_kwargs.ray_init)`` in ``run_ppo``)."""
-
-
-def ray_init_key_error(path: str) -> str | None:
-    """None when ``path`` (``ray_kwargs.ray_init.<name>[.sub]``, a key the schema does not declare) names an
-    argument of ``ray.init`` (``inspect.signature(ray.init)``, its ``**kwargs`` aside), which verl passes through;
-    else the error line, with the closest argument names. ``path`` outside the section: None (not ours to judge)."""
-    import difflib
-    import inspect
-
-    if not path.startswith(RAY_INIT_SECTION + "."):
-        return None
-    name = path[len(RAY_INIT_SECTION) + 1:].split(".")[0]
-    params = [p.name for p in inspect.signature(ray.init).parameters.values() if p.kind != p.VAR_KEYWORD]
-    if name in params:
-        return None
-    near = difflib.get_close_matches(name, params, n=3)
-    hint = f" Did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-    return (f"'{path}': {name!r} is not an argument of ray.init (Ray {ray.__version__}), which verl passes "
-            f"{RAY_INIT_SECTION}.* to.{hint}")
 
 
 def ray_init_extra(section: Any, declared: tuple[str, ...] = ("num_cpus", "runtime_env.py_executable")) -> dict:
