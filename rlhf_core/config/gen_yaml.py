@@ -2,7 +2,7 @@
 and pass to ``--config-name``, one comment (the key's ``help``) above each key.
 
 ``python -m rlhf_core.config.gen_yaml`` rewrites rlhf_core/configs/*.yaml and docs/CONFIG_KEYS.md; ``--check`` exits 1
-naming each stale file (tests/unit/test_config_generated.py runs it, as verl checks its ``_generated_ppo_trainer.yaml``).
+naming each stale file (tests/rlhf_core/config/test_config_generated.py runs it, as verl checks its ``_generated_ppo_trainer.yaml``).
 """
 
 from __future__ import annotations

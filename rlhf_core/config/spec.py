@@ -62,7 +62,7 @@ class Registered:
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` is a registered name. A built-in name is answered from the generated index
-        (``schemas/_registered.py``, kept current by tests/unit/test_config_generated.py) without importing the
+        (``schemas/_registered.py``, kept current by tests/rlhf_core/config/test_config_generated.py) without importing the
         registry's module: that import pulls in torch (seconds), and ``rlhf config check`` of a built-in
         estimator should not pay it. Any other value is looked up in the live registry."""
         from .schemas._registered import BUILTIN
@@ -91,7 +91,7 @@ def key(default: Any, help: str, *, types: tuple | None = None, choices: tuple |
     override that sets one is read as this key, with one notice naming it. ``null_ok``: null is accepted though the
     default is not null, for a key whose annotation is ``Any`` (several types; otherwise write ``Optional[...]``).
     ``differs``: why our default is not verl 0.9.1's, which is ``verl_default`` (the reference's default wins, or a
-    CPU/product reason); tests/unit/test_config_verl091.py holds every other key to verl's default.
+    CPU/product reason); tests/rlhf_core/config/test_config_verl091.py holds every other key to verl's default.
     Mutable defaults are copied per instance.
     """
     meta = {"help": help, "types": types, "choices": choices, "item_choices": item_choices, "only": only,

@@ -35,7 +35,7 @@ VIEWS: dict[str, tuple[str, dict[str, object]]] = {
     }),
 }
 
-# verl 0.9.1 keys of the view whose value here differs from verl's, and why (tests/unit/test_sft_engine_config.py)
+# verl 0.9.1 keys of the view whose value here differs from verl's, and why (tests/rlhf_core/config/test_sft_engine_config.py)
 DIFFERENCES: dict[str, dict[str, str]] = {
     "sft_trainer_engine": {
         "trainer.device": "auto: cuda when there is one, else cpu (verl's default is cuda)",

@@ -13,7 +13,7 @@ prompt; row ``i`` lives at ``[group[i], slot[i]]``), and a step computes
 the same softmax attention as SDPA over the concatenated cache, with the prompt part one matrix product per
 (prompt, KV head) covering all its rows' query heads (the idea of prefix-sharing "cascade" attention, e.g.
 FlashInfer's). Scores and the softmax are float32; the outputs equal SDPA's to float rounding
-(tests/unit/test_hf_decode.py). It plugs into transformers through its documented extension point,
+(tests/rlhf_core/workers/test_hf_decode.py). It plugs into transformers through its documented extension point,
 ``AttentionInterface.register``, switched on only for the decode steps of :func:`rlhf_core.workers.rollout.hf_decode.decode`.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ def decode_step(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.T
     cache → attention → o_proj + residual, norm → MLP + residual; final norm, LM head) without transformers' call
     plumbing (output classes, kwarg decorators, mask building, per-layer wrappers), which is a sixth of a step of
     the 1 M-parameter model on CPU. Without ``weights`` the logits are bitwise the model's own
-    (tests/unit/test_grouped_attention.py).
+    (tests/rlhf_core/workers/test_grouped_attention.py).
 
     Args:
         input_ids: ``(b, 1)`` int64, the last sampled tokens. position_ids: ``(b, 1)`` int64.

@@ -16,7 +16,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 # model types whose packed forward equals the padded one to float rounding, for SDPA and eager attention
-# (tests/unit/test_workers_packing_support.py builds each and checks it): llama, qwen2, qwen3 and mistral on SDPA
+# (tests/rlhf_core/workers/test_workers_packing_support.py builds each and checks it): llama, qwen2, qwen3 and mistral on SDPA
 # with full attention attend through packing.varlen_sdpa, every other case finds each sequence's start in
 # position_ids through transformers' masking_utils
 PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "gemma", "phi", "phi3",

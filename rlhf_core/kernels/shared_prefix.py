@@ -4,7 +4,7 @@ prompt ``rollout.n`` times, and the plain forward runs its tokens through the mo
 :func:`shared_prefix_logits` runs the distinct prompts of a micro-batch once, with the KV cache on, gathers each
 row's keys and values from its prompt's (an index, so gradients from all ``n`` responses flow back into the one
 prompt pass), and runs the responses against them. The response logits equal the plain forward's up to float
-rounding (tests/unit/test_workers_shared_prefix.py: log-probs and gradients to 1e-5), and the update's arithmetic
+rounding (tests/rlhf_core/workers/test_workers_shared_prefix.py: log-probs and gradients to 1e-5), and the update's arithmetic
 shrinks with the repeated prompt tokens (Countdown, experiments/countdown.yaml: 256 rows of 31 + ≤ 12 tokens become
 32 prompts + 256 responses). With ``use_remove_padding`` the prompt pass runs the prompts' valid tokens only
 (``packing.packed_prompt_pass``). The HF rollout's prefill shares prompts the same way (``workers/rollout/hf_decode.py``).

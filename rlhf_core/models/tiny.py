@@ -7,7 +7,7 @@ the same ``from_pretrained`` path as a real model.
 The tokenizer uses Qwen2's own normaliser and pre-tokenizer (NFC, Qwen2's split regex, ByteLevel without
 regex). In transformers 5, ``AutoTokenizer`` re-loads a tokenizer that sits next to a ``model_type: qwen2``
 config as ``Qwen2Tokenizer``, which rebuilds the pre-tokenizer; because ours is the same, the ids
-round-trip exactly (see FIELD-NOTES.md and ``tests/unit/test_tiny_model.py``).
+round-trip exactly (see FIELD-NOTES.md and ``tests/rlhf_core/models/test_tiny_model.py``).
 """
 from __future__ import annotations
 

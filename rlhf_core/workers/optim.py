@@ -16,7 +16,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str
     CPU or CUDA (FSDP2's DTensors included), else the default implementation. torch picks the per-tensor loop by
     default on CPU (``foreach`` only for CUDA tensors); the fused step is the fastest of the three on an FSDP2 tiny
     Qwen2 (``bench/bench_kernels.py --only adamw``; BENCHMARKS.md, "Kernels"). The result is the same update up to
-    float rounding (tests/unit/test_workers_optim.py).
+    float rounding (tests/rlhf_core/workers/test_workers_optim.py).
 
     sft_trainer.yaml's ``optim`` has no ``eps`` (verl's SFT trainer leaves AdamW's default): 1e-8 there."""
     eps = optim_cfg.eps if "eps" in optim_cfg else 1e-8

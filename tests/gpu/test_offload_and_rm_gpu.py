@@ -6,27 +6,24 @@ Run: ``pytest -m gpu tests/gpu -q``.
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def fsdp_helpers():
-    import test_workers_fsdp as h
+    import tests.rlhf_core.workers.test_workers_fsdp as h
 
     return h
 
 
 @pytest.fixture(scope="module")
 def rm_helpers():
-    import test_workers_reward_model as h
+    import tests.rlhf_core.workers.test_workers_reward_model as h
 
     return h
 

@@ -4,20 +4,17 @@ Run: ``pytest -m gpu tests/gpu/test_workers_gpu.py`` (about a minute on one GPU;
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def helpers():
-    import test_workers_fsdp as h
+    import tests.rlhf_core.workers.test_workers_fsdp as h
 
     return h
 

@@ -1,7 +1,7 @@
 """Proof of effect, not of name: every key marked "supported" is read, by full path, in a real run.
 
 Each entry point runs once on the tiny model with ``RLHF_CONFIG_READS`` set when its config is loaded
-(rlhf_core/config/reads.py; the recorder's own unit tests: tests/unit/test_config_read_recording.py): PPO
+(rlhf_core/config/reads.py; the recorder's own unit tests: tests/rlhf_core/config/test_config_read_recording.py): PPO
 with GRPO and with GAE (one Ray instance started here, so its workers record too), SFT, offline evaluation and
 ``rlhf generate``'s ``run_generation``.
 A key whose docs/CONFIG_KEYS.md status is "supported" must be read by one of these runs, or be listed in
@@ -25,21 +25,23 @@ from rlhf_core.config.schema import open_paths
 from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401 - gsm8k_parquet is a fixture
 from test_sft_e2e import sft_config, sft_files  # noqa: F401 - sft_files is a fixture
 
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
 ROOT = Path(__file__).resolve().parents[2]
 _A = "actor_rollout_ref."
-_LORA = "tests/unit/test_workers_lora.py::test_lora_actor_update_sync_and_merge"
-_LORA_CRITIC = "tests/unit/test_workers_lora.py::test_lora_critic_trains_head_and_merges"
-_RM = "tests/unit/test_workers_reward_model.py::test_other_chat_template_is_re_templated"
-_RM_SAME = "tests/unit/test_workers_reward_model.py::test_same_tokenizer_scores_the_policy_ids"
-_VLLM = "tests/unit/test_workers_fsdp.py::test_vllm_engine_kwargs_and_missing_vllm_message"
-_IS = "tests/unit/test_trainer_ppo.py::test_rollout_is_balance_and_rollout_dump"
-_IS_ACTOR = "tests/unit/test_workers_fsdp.py::test_rollout_is_weights_scale_the_policy_loss"
-_KL = "tests/unit/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
-_PROFILER = "tests/unit/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
-_AGENT = "tests/unit/test_agent_rollout.py::test_async_equals_sync_multiturn"
-_ONE_STEP = "tests/unit/test_one_step_off_policy.py::"
-_FULLY_ASYNC = "tests/unit/test_fully_async.py::"
-_DEPRECATED = "tests/unit/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
+_LORA = "tests/rlhf_core/workers/test_workers_lora.py::test_lora_actor_update_sync_and_merge"
+_LORA_CRITIC = "tests/rlhf_core/workers/test_workers_lora.py::test_lora_critic_trains_head_and_merges"
+_RM = "tests/rlhf_core/workers/test_workers_reward_model.py::test_other_chat_template_is_re_templated"
+_RM_SAME = "tests/rlhf_core/workers/test_workers_reward_model.py::test_same_tokenizer_scores_the_policy_ids"
+_VLLM = "tests/rlhf_core/workers/test_workers_fsdp.py::test_vllm_engine_kwargs_and_missing_vllm_message"
+_IS = "tests/rlhf_core/trainer/test_trainer_ppo.py::test_rollout_is_balance_and_rollout_dump"
+_IS_ACTOR = "tests/rlhf_core/workers/test_workers_fsdp.py::test_rollout_is_weights_scale_the_policy_loss"
+_KL = "tests/rlhf_core/trainer/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
+_PROFILER = "tests/rlhf_core/trainer/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
+_AGENT = "tests/rlhf_core/agent/test_agent_rollout.py::test_async_equals_sync_multiturn"
+_ONE_STEP = "tests/rlhf_core/trainer/test_one_step_off_policy.py::"
+_FULLY_ASYNC = "tests/rlhf_core/trainer/test_fully_async.py::"
+_DEPRECATED = "tests/rlhf_core/config/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
 EFFECT_TESTS: dict[str, dict[str, str]] = {
@@ -61,24 +63,24 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                          "loads",
         # read when old_log_probs are computed (not on the on-policy path the short runs take)
         _A + "actor.use_rollout_log_probs":
-            "tests/unit/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",
+            "tests/rlhf_core/config/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",
         # verl 0.9 keys read on paths the short runs do not take (vLLM engine, LoRA exclusions, traces, DAPO recipe
         # spelling, gdpo, the Ray timeline)
-        **{_A + f"rollout.{k}": "tests/unit/test_vllm_engine_args.py::test_engine_settings_reach_vllm_args" for k in (
+        **{_A + f"rollout.{k}": "tests/rlhf_core/workers/test_vllm_engine_args.py::test_engine_settings_reach_vllm_args" for k in (
             "load_format", "max_model_len", "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init")},
         _A + "rollout.checkpoint_engine.update_weights_bucket_megabytes":
-            "tests/unit/test_vllm_engine_args.py::test_weight_buckets_cut_at_the_megabyte_limit",
+            "tests/rlhf_core/workers/test_vllm_engine_args.py::test_weight_buckets_cut_at_the_megabyte_limit",
         _A + "model.exclude_modules":
-            "tests/unit/test_model_source_keys.py::test_exclude_modules_keeps_adapters_off_those_modules",
-        _A + "rollout.trace.token2text": "tests/unit/test_rollout_trace_mlflow.py::test_each_trajectory_is_one_mlflow_trace",
-        **{f"reward_model.overlong_buffer.{k}": "tests/unit/test_reward_dapo.py::test_dapo_recipe_spellings_reach_the_manager"
+            "tests/rlhf_core/models/test_model_source_keys.py::test_exclude_modules_keeps_adapters_off_those_modules",
+        _A + "rollout.trace.token2text": "tests/rlhf_core/workers/test_rollout_trace_mlflow.py::test_each_trajectory_is_one_mlflow_trace",
+        **{f"reward_model.overlong_buffer.{k}": "tests/rlhf_core/reward/test_reward_dapo.py::test_dapo_recipe_spellings_reach_the_manager"
            for k in ("enable", "len", "penalty_factor", "log")},
-        **{f"algorithm.gdpo_reward_{k}": "tests/unit/test_trainer_adv_09.py::test_gdpo_reads_the_reward_components_and_logs_them"
+        **{f"algorithm.gdpo_reward_{k}": "tests/rlhf_core/trainer/test_trainer_adv_09.py::test_gdpo_reads_the_reward_components_and_logs_them"
            for k in ("keys", "weights")},
-        "ray_kwargs.timeline_json_file": "tests/unit/test_distributed_ray.py::test_ray_timeline_is_written",
+        "ray_kwargs.timeline_json_file": "tests/rlhf_core/distributed/test_distributed_ray.py::test_ray_timeline_is_written",
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
-        "data.filter_overlong_prompts_workers": "tests/unit/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
+        "data.filter_overlong_prompts_workers": "tests/rlhf_core/data/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
         "critic.forward_micro_batch_size": _DEPRECATED,
         # vLLM engine arguments (the e2e runs use the hf rollout)
         **{_A + f"rollout.{k}": _VLLM for k in (
@@ -93,7 +95,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                               "rollout_rs_threshold", "rollout_is_batch_normalize",
                                                               "loss_type")},
         # the runs give total_training_steps; without it, steps = batches per epoch x total_epochs
-        "trainer.total_epochs": "tests/unit/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
+        "trainer.total_epochs": "tests/rlhf_core/trainer/test_trainer_ppo.py::test_grpo_steps_order_metrics_and_checkpoints",
         **{f"algorithm.{k}": _KL for k in ("kl_penalty", "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.horizon",
                                            "kl_ctrl.target_kl")},
         **{f"reward_model.{k}": _RM for k in ("model.input_tokenizer", "model.path", "model.external_lib",
@@ -102,57 +104,57 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                               "use_dynamic_bsz", "forward_max_token_len_per_gpu",
                                               "model.use_remove_padding")},
         "reward_model.model.fsdp_config.cpu_threads":
-            "tests/unit/test_trainer_reward_model.py::test_build_worker_groups_adds_the_rm_group",
+            "tests/rlhf_core/trainer/test_trainer_reward_model.py::test_build_worker_groups_adds_the_rm_group",
         # the short runs take the on-policy shortcut (workers/on_policy.py): no separate old_log_prob forward
-        **{_A + f"rollout.{k}": "tests/unit/test_workers_fsdp.py::test_log_prob_applies_temperature"
+        **{_A + f"rollout.{k}": "tests/rlhf_core/workers/test_workers_fsdp.py::test_log_prob_applies_temperature"
            for k in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
                      "log_prob_max_token_len_per_gpu")},
-        "data.datagen.name": "tests/unit/test_data_keys_effect.py::test_datagen_appends_rows_at_start_and_after_each_step",
+        "data.datagen.name": "tests/rlhf_core/data/test_data_keys_effect.py::test_datagen_appends_rows_at_start_and_after_each_step",
         **{f"{role}.profiler.{k}": _PROFILER for role in (_A + "actor", _A + "ref", _A + "rollout", "critic",
                                                           "reward_model")
            for k in ("tool", "enable", "all_ranks", "ranks", "save_path")},
         "global_profiler.steps": _PROFILER, "global_profiler.save_path": _PROFILER,
         "skip.rollout.dump_dir":
-            "tests/unit/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
+            "tests/rlhf_core/trainer/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
         **{_A + f"rollout.{k}": _AGENT for k in (
             "multi_turn.max_assistant_turns", "multi_turn.tool_config_path", "multi_turn.max_user_turns",
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
             "multi_turn.tool_response_truncate_side", "multi_turn.format", "agent.default_agent_loop",
             "agent.agent_loop_config_path")},
         _A + "rollout.agent.num_workers":
-            "tests/unit/test_agent_keys.py::test_num_workers_cuts_contiguous_chunks_each_with_its_own_loops",
+            "tests/rlhf_core/agent/test_agent_keys.py::test_num_workers_cuts_contiguous_chunks_each_with_its_own_loops",
         _A + "rollout.multi_turn.use_inference_chat_template":
-            "tests/unit/test_agent_keys.py::test_inference_chat_template_changes_the_engine_context_not_the_layout",
+            "tests/rlhf_core/agent/test_agent_keys.py::test_inference_chat_template_changes_the_engine_context_not_the_layout",
         _A + "rollout.multi_turn.tokenization_sanity_check_mode":
-            "tests/unit/test_agent_keys.py::test_sanity_check_in_the_tool_loop_and_the_manager_warning",
+            "tests/rlhf_core/agent/test_agent_keys.py::test_sanity_check_in_the_tool_loop_and_the_manager_warning",
         _A + "rollout.multi_turn.num_repeat_rollouts":
-            "tests/unit/test_agent_repeat.py::test_one_trained_turn_and_num_repeat_rollouts_continuations",
-        "critic.enable": "tests/unit/test_trainer_algo_keys.py::test_critic_enable_builds_the_critic_worker_group",
+            "tests/rlhf_core/agent/test_agent_repeat.py::test_one_trained_turn_and_num_repeat_rollouts_continuations",
+        "critic.enable": "tests/rlhf_core/trainer/test_trainer_algo_keys.py::test_critic_enable_builds_the_critic_worker_group",
         "algorithm.pf_ppo.reweight_method":
-            "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",
+            "tests/rlhf_core/trainer/test_trainer_algo_keys.py::test_pf_ppo_max_random_keeps_low_scores_drawable",
         "algorithm.pf_ppo.weight_pow":
-            "tests/unit/test_trainer_algo_keys.py::test_pf_ppo_resamples_the_update_batch_towards_high_scores",
-        "ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
+            "tests/rlhf_core/trainer/test_trainer_algo_keys.py::test_pf_ppo_resamples_the_update_batch_towards_high_scores",
+        "ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
         # verl 0.9: DAPO filter_groups + reward section (read only with filter_groups.enable / those managers)
         "algorithm.filter_groups.metric":
-            "tests/unit/test_dynamic_sampling.py::test_driver_trains_on_exactly_train_batch_size_kept_groups",
+            "tests/rlhf_core/trainer/test_dynamic_sampling.py::test_driver_trains_on_exactly_train_batch_size_kept_groups",
         "algorithm.filter_groups.max_num_gen_batches":
-            "tests/unit/test_dynamic_sampling.py::test_collect_stops_at_max_num_gen_batches_and_when_data_runs_out",
-        "reward.num_workers": "tests/unit/test_reward_verl09.py::test_remote_scores_in_num_workers_other_processes",
+            "tests/rlhf_core/trainer/test_dynamic_sampling.py::test_collect_stops_at_max_num_gen_batches_and_when_data_runs_out",
+        "reward.num_workers": "tests/rlhf_core/reward/test_reward_verl09.py::test_remote_scores_in_num_workers_other_processes",
         **{f"reward.reward_manager.module.{k}":
-           "tests/unit/test_reward_verl09.py::test_importlib_source_loads_the_manager_class_from_a_file"
+           "tests/rlhf_core/reward/test_reward_verl09.py::test_importlib_source_loads_the_manager_class_from_a_file"
            for k in ("path", "name")},
-        **{f"reward.{k}": "tests/unit/test_reward_verl09.py::test_rate_limited_spaces_calls_by_max_rpm_or_max_tpm"
+        **{f"reward.{k}": "tests/rlhf_core/reward/test_reward_verl09.py::test_rate_limited_spaces_calls_by_max_rpm_or_max_tpm"
            for k in ("max_rpm", "max_tpm", "estimated_tokens_per_request")},
-        **{f"reward.{k}": "tests/unit/test_reward_verl09.py::test_rate_limited_caps_concurrency_and_times_out"
+        **{f"reward.{k}": "tests/rlhf_core/reward/test_reward_verl09.py::test_rate_limited_caps_concurrency_and_times_out"
            for k in ("max_concurrent", "timeout")},
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,
                     "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
-    "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/unit/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
+    "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":
-                   "tests/unit/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
+                   "tests/rlhf_core/trainer/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
     "generation": {},  # a default run reads every supported key of generation.yaml
 }
 

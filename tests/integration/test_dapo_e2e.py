@@ -16,6 +16,8 @@ from rlhf_core.trainer.tracking import read_metrics_jsonl
 
 from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401  (gsm8k_parquet is a fixture)
 
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
 PARITY_REWARD = """
 import random
 

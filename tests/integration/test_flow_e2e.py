@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # starts Ray through an entry point (the rlhf CLI, a trainer, the flow)
+
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = {"prepare_data", "build_model", "filter_prompts", "sft", "ppo", "evaluate"}

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # starts Ray through an entry point (the rlhf CLI, a trainer, the flow)
+
 REPO = Path(__file__).resolve().parents[2]
 VAL_PROMPTS, VAL_N = 4, 2  # val_kwargs.n=2 in experiments/gsm8k_tools.yaml
 

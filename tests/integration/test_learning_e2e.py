@@ -21,6 +21,8 @@ import pytest
 from flows.experiment import Experiment, load_experiment
 from rlhf_core.trainer.tracking import read_metrics_jsonl
 
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "countdown.yaml"
 N_TRAIN, N_TEST = 4000, 300
 SHORT = {"sft_steps": 300, "grpo_steps": 25}

@@ -16,6 +16,8 @@ from rlhf_core.trainer.tracking import read_metrics_jsonl
 
 from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401  (gsm8k_parquet is a fixture)
 
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
 PL = "actor_rollout_ref.actor.policy_loss."
 DAPO = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=8",
         "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",

@@ -13,6 +13,8 @@ import torch
 
 from rlhf_core.trainer.tracking import read_metrics_jsonl
 
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
 # SEMANTICS "Training metrics" (critic/values/* and critic/vf_* only with a critic; actor/kl_* with use_kl_loss)
 COMMON = [
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",

@@ -8,7 +8,7 @@ import pytest
 
 from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 def test_async_save_and_profiler_on_two_ranks(tiny_model_dir, gsm8k_parquet, tmp_path):  # noqa: F811

@@ -33,6 +33,8 @@ import pytest
 
 from conftest_services import pick_free_port
 
+pytestmark = pytest.mark.ray  # starts Ray through an entry point (the rlhf CLI, a trainer, the flow)
+
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_CPUS = 3  # both runs at once: 1 + 1 CPU (a rank on each node) and 2 CPUs on one node

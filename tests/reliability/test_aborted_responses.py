@@ -9,15 +9,13 @@ token, ``critic/score/*`` and ``critic/rewards/*`` leave them out, and ``respons
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_trainer_ppo import DecodeTok, FakeActor, FakeGroup, make_config, make_dataset  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import (  # noqa: E402
+    DecodeTok, FakeActor, FakeGroup, make_config, make_dataset)
 
 from rlhf_core.algos.advantages import compute_advantage_without_aborted, get_adv_estimator  # noqa: E402
 from rlhf_core.protocol import Batch  # noqa: E402

@@ -1,6 +1,6 @@
 """Bad configs through the user's entry points (``rlhf ppo``, a config file, ``run_ppo``): one line naming the key
-and value, before Ray starts. Key-by-key rules are in tests/unit/test_config_bad_input.py and
-tests/unit/test_config_validation.py; these check what the user sees and that nothing expensive started."""
+and value, before Ray starts. Key-by-key rules are in tests/rlhf_core/config/test_config_bad_input.py and
+tests/rlhf_core/config/test_config_validation.py; these check what the user sees and that nothing expensive started."""
 from __future__ import annotations
 
 import pytest

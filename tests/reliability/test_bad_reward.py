@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +15,7 @@ from rlhf_core.reward.scorers import UnknownDataSourceError
 
 from bad_input_fixtures import hang_scorer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from reward_fixtures import CharTokenizer, make_batch  # noqa: E402
+from tests.fixtures.reward_fixtures import CharTokenizer, make_batch  # noqa: E402
 
 BAD = """
 import math

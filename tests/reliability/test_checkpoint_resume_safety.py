@@ -1,6 +1,6 @@
 """A resume never loses checkpoints; a checkpoint folder has one writer; a missing shard is refused early (issue 32).
 
-* The issue's scenario, through the PPO driver (fake in-process worker groups, ``tests/unit/test_trainer_ppo``):
+* The issue's scenario, through the PPO driver (fake in-process worker groups, ``tests/rlhf_core/trainer/test_trainer_ppo``):
   steps 2 and 4 intact, the tracker says 6, ``global_step_6`` gone: ``resume_mode=auto`` resumes from 4 with a
   warning naming both, and after the run's next saves steps 2 and 4 are still there.
 * A complete step the tracker does not name is moved aside by a save of the same step, never deleted.
@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from test_trainer_ppo import DecodeTok, FakeActor, FakeGroup, make_config, make_dataset, reward_fn  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import (  # noqa: E402
+    DecodeTok, FakeActor, FakeGroup, make_config, make_dataset, reward_fn)
 
 from rlhf_core.safe_load import CheckpointError  # noqa: E402
 from rlhf_core.trainer.checkpoint_lock import LOCK_FILE  # noqa: E402

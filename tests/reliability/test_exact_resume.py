@@ -24,7 +24,7 @@ import torch
 from resume_fixtures import (assert_params_equal, checkpoint_params, resume_config, run_metrics, step_prompts,
                              write_prompts)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 STEPS = 4  # 4 prompts, 2 per step: 2 steps per epoch, 2 epochs
 INTERRUPTIONS = (1, 2, 3)  # step 1; step 2 = the end of epoch 1 (an epoch boundary); step 3 = the middle of epoch 2

@@ -27,7 +27,7 @@ import torch
 
 from conftest_services import prefect_harness  # noqa: F401 - the temporary Prefect API (session fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 STEPS = 2  # step 1 completes and is checkpointed in every faulted run; the fault fires in step 2
 TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")  # wall-clock numbers differ between any two runs

@@ -21,6 +21,8 @@ from rlhf_core.faults import fault_point, parse_fault
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, find_latest_checkpoint, write_tracker
 from tasks.common import keep_steps_through
 
+pytestmark = pytest.mark.ray  # starts Ray: uses the fixture ray_local
+
 REPO = Path(__file__).resolve().parents[2]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test modules are not importable on Ray workers
 

@@ -16,6 +16,8 @@ import pytest
 
 from conftest_services import *  # noqa: F401,F403 - rlhf_env, prefect_harness, ray_local
 
+pytestmark = pytest.mark.ray  # starts Ray: uses the fixture ray_local
+
 
 def _shipped_options(stage: str) -> dict[str, float]:
     """The Prefect options of ``stage`` in the default experiment (what ``rlhf pipeline`` applies)."""

@@ -7,15 +7,13 @@ rank's thread count (``rlhf_core.trainer.mfu.cpu_peak_flops``). An unknown peak 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
 
 from rlhf_core.config import load_config  # noqa: E402
 from rlhf_core.trainer.mfu import (actor_mfu, cpu_peak_flops, estimate_mfu, forward_flops,  # noqa: E402

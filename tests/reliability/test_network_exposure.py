@@ -27,6 +27,8 @@ import psutil
 import pytest
 import ray
 
+pytestmark = pytest.mark.ray  # starts Ray: calls ray.remote
+
 RAY_JOB_PORTS = (52365, 8265)  # Ray's default dashboard-agent HTTP port and dashboard (job REST API) port
 JOB_PATHS = ("/api/job_agent/jobs/", "/api/jobs/")  # the agent's and the dashboard's job submission endpoints
 

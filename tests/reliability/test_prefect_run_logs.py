@@ -19,6 +19,8 @@ import ray.cloudpickle
 from conftest_services import *  # noqa: F401,F403
 from tasks.deadline import StageDeadline, StageTimeoutError, split_task_options
 
+pytestmark = pytest.mark.ray  # starts Ray: uses the fixture ray_local
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test functions run on Ray workers by value
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """The pieces of exact and elastic resume, in seconds, without Ray.
 
 * the driver's RNGs: seeded on a fresh run, saved in ``trainer_state.pt``, restored on resume, and untouched by the
-  validation a resumed run repeats (the PPO driver with the fake worker groups of ``tests/unit/test_trainer_ppo``);
+  validation a resumed run repeats (the PPO driver with the fake worker groups of ``tests/rlhf_core/trainer/test_trainer_ppo``);
 * the data position from the global step when a checkpoint has no ``data.pt``;
 * the rollout's seed index: validation never advances the training-call counter;
 * ``FSDPCheckpointManager``: same world size restores the saved RNG states; another world size loads the counters
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from test_trainer_ppo import DecodeTok, FakeActor, FakeGroup, make_config, make_dataset, reward_fn  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import (  # noqa: E402
+    DecodeTok, FakeActor, FakeGroup, make_config, make_dataset, reward_fn)
 
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer  # noqa: E402
 from rlhf_core.trainer.tracking import read_metrics_jsonl  # noqa: E402

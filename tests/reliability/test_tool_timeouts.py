@@ -24,7 +24,7 @@ from rlhf_core.data.prompts import encode
 from rlhf_core.protocol import Batch
 from rlhf_core.tools.base import BaseTool
 from rlhf_core.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from tests.unit.agent_fixtures import make_tokenizer
+from tests.fixtures.agent_fixtures import make_tokenizer
 
 TIMEOUT_S = 2.0   # the blocking tool's config.timeout
 BLOCK_S = 60.0    # how long it blocks: 30x the timeout

@@ -22,7 +22,7 @@ then one forward per token. The prefill drops the columns that are padding in ev
   (``bench/bench_kernels.py --only sampling``; BENCHMARKS.md, "Kernels"): sampled tokens follow ``generate``'s
   distribution, not its RNG stream.
 
-tests/unit/test_hf_decode.py checks all of it against ``generate``, with rows stopping at EOS mid-batch. Source:
+tests/rlhf_core/workers/test_hf_decode.py checks all of it against ``generate``, with rows stopping at EOS mid-batch. Source:
 transformers ``GenerationMixin._sample`` (5.x), whose inputs (``position_ids`` = ``cumsum(mask) − 1``, 0 at pads,
 then the last position + 1 per step; the 2-D mask grown by a column of ones; the mask dropped when it has no
 padding) this loop reproduces. Measured with ``bench/bench_hf_decode.py``.

@@ -5,7 +5,7 @@ where EXTRACTED_WHEEL is the folder holding ``verl/`` after ``unzip verl-0.9.1-p
 ``pip download --no-deps verl==0.9.1``). Each config is composed with Hydra's compose API, as verl's own entry
 points do (its ``defaults:`` lists pull in the actor, rollout, engine... files), then dumped with OmegaConf:
 comments are gone, interpolations and ``???`` stay as written (``sft_trainer_engine``: resolved, with a two-line
-header, as tests/unit/test_sft_engine_config.py reads it). ``_target_`` entries (verl's dataclass hints, which our
+header, as tests/rlhf_core/config/test_sft_engine_config.py reads it). ``_target_`` entries (verl's dataclass hints, which our
 loader accepts and ignores) are dropped.
 """
 

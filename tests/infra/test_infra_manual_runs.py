@@ -1,0 +1,62 @@
+"""Runs started by hand land in the same store: `rlhf eval` with RLHF_HOME set, `rlhf results register`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+from mlflow import MlflowClient
+
+from conftest_services import *  # noqa: F401,F403
+from infra.results import prompt_id
+from infra.results_cli import main as results_main
+from rlhf_cli import main as rlhf_main
+from rlhf_core.metrics.samples import write_samples_parquet
+import pytest
+
+pytestmark = pytest.mark.ray  # starts Ray through an entry point (the rlhf CLI, a trainer, the flow)
+
+
+def _responses(path) -> str:
+    pd.DataFrame({
+        "data_source": ["openai/gsm8k", "openai/gsm8k"],
+        "prompt": [[{"role": "user", "content": "q0"}], [{"role": "user", "content": "q1"}]],
+        "responses": [["#### 72", "#### 71"], ["#### 5", "#### 5"]],  # scores 1, 0 and 1, 1
+        "reward_model": [{"style": "rule", "ground_truth": g} for g in ("72", "5")],
+    }).to_parquet(path)
+    return str(path)
+
+
+def test_rlhf_eval_with_rlhf_home_is_tracked_and_registered(rlhf_env, results_store, tmp_path, capsys,
+                                                            monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # the home's store must be picked, not ./mlflow.db
+    monkeypatch.chdir(tmp_path)
+    assert rlhf_main(["eval", f"data.path={_responses(tmp_path / 'r.parquet')}"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[: out.rindex("}") + 1])["test_score/openai/gsm8k"] == 0.75  # (0.5 + 1) / 2
+    assert not (tmp_path / "mlflow.db").exists() and (rlhf_env / "mlflow.db").exists()
+    _, [(run_id, stage, status, kind)] = results_store.sql("SELECT run_id, stage, status, kind FROM runs")
+    assert (stage, status, kind) == ("evaluate", "FINISHED", "stage")
+    _, rows = results_store.sql(f"SELECT key, value FROM metrics WHERE run_id = '{run_id}' ORDER BY key")
+    assert ("test_score/openai/gsm8k", 0.75) in rows
+    _, ids = results_store.sql("SELECT DISTINCT prompt_id FROM samples ORDER BY 1")
+    assert ids == sorted([(prompt_id("user: q0", "openai/gsm8k"),), (prompt_id("user: q1", "openai/gsm8k"),)])
+    run = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["test_score/openai/gsm8k"] == 0.75
+
+
+def test_register_an_existing_run_folder(rlhf_env, results_store, tmp_path, capsys):
+    folder = tmp_path / "my_ppo_run"
+    rows = [{"step": 3, "data_source": "gsm8k", "uid": "u", "sample_idx": 0, "prompt": "p", "response": "r",
+             "ground_truth": "1", "score": 1.0}]
+    write_samples_parquet(rows, str(folder / "val"), "val_step_3")
+    (folder / "ckpt" / "global_step_3").mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"step": 3, "name": "critic/score/mean", "value": 0.5}\n')
+    assert results_main(["register", str(folder)]) == 0
+    assert "registered 1 samples and 1 metric values" in capsys.readouterr().out
+    _, [(stage, checkpoint)] = results_store.sql("SELECT stage, checkpoint FROM samples")
+    assert stage == "ppo" and checkpoint == str((folder / "ckpt" / "global_step_3").resolve())
+    assert results_store.sql("SELECT key, value FROM metrics")[1] == [("critic/score/mean", 0.5)]
+    assert results_store.sql("SELECT name FROM runs")[1] == [("my_ppo_run",)]
+    assert results_main(["register", str(tmp_path / "missing")]) == 1

@@ -1,0 +1,154 @@
+"""The ``rlhf`` command: ``--help`` on every subcommand, and how errors are shown (one line for an input error,
+a traceback for anything else), through the real entry point in a subprocess where the display matters."""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import rlhf_cli
+from tests.paths import REPO
+
+pytestmark = pytest.mark.ray  # starts Ray through an entry point (the rlhf CLI, a trainer, the flow)
+
+
+def rlhf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``rlhf ARGS`` as the console script runs it, in a fresh interpreter."""
+    # without RLHF_HOME (an earlier import of flows.rlhf sets it in this process): the plain core commands;
+    # with it, ppo/eval run tracked (rlhf_cli.tracked, tested in test_infra_manual_runs)
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_HOME"} | {"PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", "import sys, rlhf_cli; sys.exit(rlhf_cli.main())", *args],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("name", sorted(rlhf_cli.SUBCOMMANDS))
+def test_every_subcommand_has_help(name, capsys):
+    assert rlhf_cli.main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: rlhf {name} ")  # the prog is the command a user types, not python -m ...
+    assert "-h, --help" in out
+
+
+@pytest.mark.parametrize("name,config_name", [("ppo", "ppo_trainer"), ("sft", "sft_trainer"),
+                                              ("eval", "evaluation"), ("generate", "generation")])
+def test_trainer_help_documents_overrides_and_where_keys_are(name, config_name, capsys):
+    assert rlhf_cli.main([name, "-h"]) == 0
+    out = capsys.readouterr().out
+    assert "KEY=VALUE" in out and f"{config_name}.yaml" in out
+    assert f"rlhf config show --config-name {config_name}" in out
+
+
+def test_pipeline_help_documents_every_flow_parameter(capsys):
+    from flows.rlhf import PIPELINE_OPTIONS, rlhf as flow
+
+    params = list(inspect.signature(flow.fn).parameters)
+    deployment_only = ["experiment_content", "experiment_sha256", "experiment_base_dir"]  # rlhf deploy sets them
+    assert len(params) == 22 and list(PIPELINE_OPTIONS) == [p for p in params if p not in deployment_only]
+    assert rlhf_cli.main(["pipeline", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m flows.rlhf" not in out.splitlines()[0]
+    for name in PIPELINE_OPTIONS:
+        assert f"--{name.replace('_', '-')}" in out, name
+        assert PIPELINE_OPTIONS[name][1].split()[0] in out, name  # its help text, not only the flag
+
+
+def test_pipeline_experiment_option_is_a_file_when_it_looks_like_one_else_the_mlflow_name(tmp_path):
+    from flows.rlhf import pipeline_params
+
+    assert pipeline_params(["--experiment", "experiments/countdown.yaml"]) == {
+        "experiment_file": "experiments/countdown.yaml"}
+    assert pipeline_params(["--experiment", "learn"]) == {"experiment": "learn"}
+    extensionless = tmp_path / "nightly"  # an existing file without .yaml is a file too
+    extensionless.write_text("name: x\n")
+    assert pipeline_params(["--experiment", str(extensionless)]) == {"experiment_file": str(extensionless)}
+    assert pipeline_params(["--experiment-name", "x.yaml", "--experiment-file", "e.yaml"]) == {
+        "experiment": "x.yaml", "experiment_file": "e.yaml"}  # --experiment-name is always the name
+    assert pipeline_params(["--experiment", "e.yaml", "--experiment-name", "learn", "--dry-run"]) == {
+        "experiment_file": "e.yaml", "experiment": "learn", "dry_run": True}
+
+
+def test_merge_accepts_verls_command_form(tmp_path, capsys):
+    from rlhf_core.workers.merger import main
+
+    # verl: python -m verl.model_merger merge --backend fsdp --local_dir … --target_dir …; the folder here is not
+    # a checkpoint, so both forms get as far as reading it and report that in one line (exit 1, not 2 = usage)
+    for argv in (["merge", "--backend", "fsdp", "--local_dir", str(tmp_path), "--target_dir", str(tmp_path / "o")],
+                 ["--local-dir", str(tmp_path), "--target-dir", str(tmp_path / "o")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rlhf merge: error: ") and "config.json not found" in err[0]
+    assert main(["test", "--local_dir", str(tmp_path), "--target_dir", "o"]) == 2  # verl's other operation: usage
+
+
+def test_input_errors_are_one_line_without_traceback(tmp_path):
+    missing = tmp_path / "nope.parquet"
+    r = rlhf("eval", f"data.path={missing}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"rlhf eval: error: data.path {str(missing)!r} does not exist"]
+    r = rlhf("config", "check", "data.train_batch_sise=4")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].startswith("rlhf config: error: ") and "data.train_batch_size" in lines[0]  # did you mean
+    r = rlhf("ppo", "--bogus-flag")  # a bad command line: argparse's usage, exit 2
+    assert r.returncode == 2 and r.stderr.startswith("usage: rlhf ppo")
+
+
+def test_internal_errors_show_the_traceback(tmp_path):
+    # a user reward file with a bug (KeyError when it is imported) is not an input error: the traceback must reach
+    # the user. (A scorer that raises while scoring is a per-sample failure: scored 0 and counted, see
+    # tests/reliability/test_bad_reward.py.)
+    data = tmp_path / "resp.parquet"
+    pd.DataFrame({"data_source": ["openai/gsm8k"], "prompt": [[{"role": "user", "content": "q"}]],
+                  "responses": [["#### 1"]], "reward_model": [{"style": "rule", "ground_truth": "1"}],
+                  "extra_info": [{"index": 0}]}).to_parquet(data)
+    fn = tmp_path / "score.py"
+    fn.write_text("BONUS = {'acc': 1.0}['score']\n"
+                  "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 1.0\n")
+    r = rlhf("eval", f"data.path={data}", f"custom_reward_function.path={fn}")
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr and "KeyError: 'score'" in r.stderr
+    assert f'File "{fn}"' in r.stderr  # down to the user's line
+
+
+def test_unknown_command_names_the_nearest():
+    r = rlhf("evl")
+    assert r.returncode == 2 and "did you mean 'eval'?" in r.stderr
+
+
+def test_pipeline_bad_override_value_names_the_key_and_the_reason():
+    # the flow's up-front check used to keep only its message's first line ("... invalid overrides ...: Invalid
+    # config:"), dropping the line that says which key and why
+    from flows.rlhf import check_parameters
+
+    countdown = str(REPO / "experiments" / "countdown.yaml")
+    error = check_parameters({"experiment_file": countdown, "ppo_overrides": ["data.train_batch_size=abc"]})
+    assert "ppo stage" in error and "data.train_batch_size='abc': expected int, got str" in error
+    assert check_parameters({"experiment_file": countdown}) is None
+
+
+def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path):
+    # a folder that exists but holds no GSM8K used to pass the check and fail in prepare_data, after the services
+    # had started; the countdown generator makes its data and ignores gsm8k_dir
+    from flows.rlhf import check_parameters
+
+    countdown = str(REPO / "experiments" / "countdown.yaml")
+
+    (tmp_path / "train.jsonl").write_text("")
+    error = check_parameters({"gsm8k_dir": str(tmp_path)})
+    assert error == f"gsm8k_dir: {tmp_path} has no test.jsonl (GSM8K's original question/answer jsonl files)"
+    # a file:// URL is the same local folder (it used to skip the check and fail in prepare_data)
+    assert check_parameters({"gsm8k_dir": f"file://{tmp_path}"}).startswith(f"gsm8k_dir: file://{tmp_path} has no")
+    assert check_parameters({"experiment_file": countdown, "gsm8k_dir": str(tmp_path)}) is None
+    # countdown does not read gsm8k_dir at all: a missing folder (the Makefile's default GSM8K_DIR in a clone without
+    # ../shared) must not stop `make learn`
+    assert check_parameters({"experiment_file": countdown, "gsm8k_dir": str(tmp_path / "absent")}) is None
+    absent = tmp_path / "absent"
+    assert check_parameters({"gsm8k_dir": str(absent)}) == f"gsm8k_dir: {absent} does not exist"
+    (tmp_path / "test.jsonl").write_text("")
+    assert check_parameters({"gsm8k_dir": str(tmp_path)}) is None

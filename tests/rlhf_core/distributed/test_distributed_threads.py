@@ -1,0 +1,100 @@
+"""Workers use the cores they are given: the intra-op thread count of a Ray rank follows the node's CPUs ÷ its
+ranks (or the role's ``fsdp_config.cpu_threads``), independent of the fractional Ray CPU reservation."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from rlhf_core.config import load_config  # noqa: E402
+from rlhf_core.distributed import RayWorkerGroup, init_ray  # noqa: E402
+from rlhf_core.distributed.threads import threads_per_rank  # noqa: E402
+from rlhf_core.trainer.main_ppo import worker_resources, worker_threads  # noqa: E402
+
+pytestmark = pytest.mark.ray  # starts Ray: calls init_ray
+
+
+def test_threads_per_rank_hand_values():
+    # 2 CPUs, 1 node, 1 rank -> both cores; 16 CPUs on 2 nodes with 4 ranks each -> 8 per node / 4 = 2
+    assert threads_per_rank(2, 1, 1) == 2
+    assert threads_per_rank(16, 2, 4) == 2
+    # fewer CPUs than ranks still gives each rank one thread; 2.5 CPUs (fractional Ray count) -> floor 2
+    assert threads_per_rank(2, 1, 4) == 1
+    assert threads_per_rank(2.5, 1, 1) == 2
+    assert threads_per_rank(2, 1, 1, override=1) == 1  # the user's split wins
+    with pytest.raises(ValueError, match="cpu_threads=0"):
+        threads_per_rank(2, 1, 1, override=0)
+    with pytest.raises(ValueError, match="ranks_per_node=0"):
+        threads_per_rank(2, 1, 0)
+
+
+@pytest.fixture(scope="module")
+def ray_2cpu():
+    import ray
+
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def test_ray_worker_threads_follow_the_node_not_the_reservation(ray_2cpu):
+    class ThreadReport:  # defined here so Ray pickles it by value
+        def threads(self) -> tuple[int, str]:
+            import torch
+
+            return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+    cfg = load_config("ppo_trainer", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.device=cpu"])
+    # actor + critic groups on 2 CPUs: each reserves 1 CPU (min(1, 2 / 2)), ...
+    cpus, _ = worker_resources(cfg, 2)
+    assert cpus == 1.0
+    # ... yet the one actor rank runs 2 threads (the node's 2 CPUs / 1 rank): the roles run one after another
+    n = worker_threads(cfg, cfg.actor_rollout_ref.actor.fsdp_config.cpu_threads)
+    assert n == 2
+    wg = RayWorkerGroup(ThreadReport, 1, {}, num_cpus_per_worker=cpus, name_prefix="thr", num_threads=n)
+    try:
+        assert wg.execute_all("threads") == [(2, "2")]
+    finally:
+        wg.shutdown()
+    # a user's per-role split: critic.fsdp.cpu_threads=1
+    cfg1 = load_config("ppo_trainer", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "critic.fsdp.cpu_threads=1"])
+    n1 = worker_threads(cfg1, cfg1.critic.fsdp.cpu_threads)
+    wg = RayWorkerGroup(ThreadReport, 1, {}, num_cpus_per_worker=0.5, name_prefix="thr1", num_threads=n1)
+    try:
+        assert wg.execute_all("threads") == [(1, "1")]
+    finally:
+        wg.shutdown()
+
+
+def test_ray_ranks_start_with_the_openmp_environment(ray_2cpu):
+    """libgomp reads OMP_* once, when torch loads it, and unpickling the actor class imports torch before the actor's
+    __init__ runs: the variables must be in the environment the process *started* with (/proc/self/environ, which
+    a later os.environ update does not change), i.e. in the actor's runtime_env (issue 38, contention)."""
+    class StartEnv:  # defined here so Ray pickles it by value
+        def start_env(self) -> dict:
+            with open("/proc/self/environ", "rb") as f:
+                pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+            return {k.decode(): v.decode() for k, v in pairs if k.startswith(b"OMP_")}
+
+    wg = RayWorkerGroup(StartEnv, 1, {}, num_cpus_per_worker=1, name_prefix="ompenv", num_threads=2)
+    try:
+        (env,) = wg.execute_all("start_env")
+    finally:
+        wg.shutdown()
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["OMP_NUM_THREADS"] == "2", env
+
+
+def test_embedded_ray_workers_run_at_the_drivers_priority(ray_2cpu):
+    """Ray starts workers at nice 15 (raylet ``worker_niceness``): under any other load on the machine the ranks
+    lost the CPU (a 4 s GRPO step took 39 s beside one other busy process). Embedded, they keep the driver's."""
+    class Nice:  # defined here so Ray pickles it by value
+        def niceness(self) -> int:
+            return os.nice(0)
+
+    wg = RayWorkerGroup(Nice, 1, {}, num_cpus_per_worker=1, name_prefix="nice", num_threads=1)
+    try:
+        assert wg.execute_all("niceness") == [os.nice(0)]
+    finally:
+        wg.shutdown()

@@ -1,0 +1,270 @@
+"""The fully asynchronous driver (``async_training.mode=fully_async``, verl's fully_async_policy).
+
+Fast: the queue's staleness rule on hand-derived sequences, the staleness bound under a real producer thread and
+consumer thread, the config refusals. Slow (the tiny model through the real FSDP2 actor and HF rollout, in-process
+worker groups as tests/rlhf_core/trainer/test_one_step_off_policy.py, 3 steps): (a) staleness_threshold=0 with a sync every step
+equals the on-policy run (metrics and final weights); (b) staleness_threshold=1: every update's lag is within the
+bound, and verl's metrics are logged; (c) the same through ``run_ppo`` on Ray worker groups (real Ray actors).
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.rlhf_core.trainer.test_one_step_off_policy import _config, _Recorder, _same  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
+from tests.flows.test_verl09_examples_train import gsm8k_parquet  # noqa: E402,F401 (a fixture)
+
+from rlhf_core.config import ConfigError  # noqa: E402
+from rlhf_core.trainer.fully_async_queue import RolloutQueue, max_required_samples, max_staleness  # noqa: E402
+
+pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
+
+FA = ("async_training.mode=fully_async", "async_training.partial_rollout=False")
+
+
+def test_max_required_samples_and_the_lag_bound_by_hand():
+    # verl: int(required × (1 + threshold) × trigger); required = ppo_mini_batch_size × require_batches
+    assert max_required_samples(2, 0.0, 1) == 2 and max_required_samples(16, 0.5, 4) == 96
+    assert max_required_samples(2, 0.1, 4) == 8  # int(8.8)
+    # bound = ceil(q / R), R = required × trigger consumed per version, q = max_required - R rounded down to chunks
+    assert max_staleness(2, 0.0, 1, chunk=2) == 0  # q = 0: every sample trained by the version that made it
+    assert max_staleness(2, 1.0, 1, chunk=2) == 1  # M = 4, q = 2, R = 2
+    assert max_staleness(2, 0.5, 1, chunk=2) == 0  # M = 3, q = 1 → 0 whole chunks of 2
+    assert max_staleness(2, 0.5, 2, chunk=2) == 1  # M = 6, R = 4, q = 2
+    assert max_staleness(2, 2.0, 1, chunk=2) == 2  # M = 6, R = 2, q = 4
+    assert max_staleness(2, 1.5, 1, chunk=1) == 2  # M = 5, R = 2, q = 3 → ceil(3 / 2)
+
+
+def test_queue_pauses_at_max_required_samples_and_drops_the_oldest_when_full():
+    q = RolloutQueue(required_samples=2, staleness_threshold=1.0, trigger_parameter_sync_step=1)  # max 4 samples
+    assert q.acquire(2) and q.acquire(2)
+    assert not q.acquire(2, timeout=0.05)  # 4 + 2 > 4: the rollouter pauses
+    q.put(2, 0, "a")
+    q.put(2, 0, "b")
+    assert q.get() == (0, "a")  # FIFO
+    assert not q.acquire(2, timeout=0.05)  # consuming does not free the budget: only a parameter sync does
+    q.reset_staleness()  # after the sync: staleness = the 2 samples of "b" still queued
+    assert q.staleness_samples == 2 and q.acquire(2) and q.staleness_samples == 4
+    q.put(2, 1, "c")
+    q.put(2, 1, "d")  # queue: b, c, d = 6 samples > max_queue_size 4: the oldest ("b") is dropped
+    stats = q.stats()
+    assert stats["fully_async/count/dropped_stale_samples"] == 2
+    assert stats["fully_async/count/total_generated_samples"] == 8
+    assert stats["fully_async/monitor/queue/mq_queue_size"] == 4
+    assert [q.get(), q.get()] == [(1, "c"), (1, "d")]
+    q.close()
+    assert q.get() is None and not q.acquire(1)
+
+
+@pytest.mark.parametrize("required,threshold,trigger", [(2, 0.0, 1), (2, 1.0, 1), (2, 0.5, 2), (1, 2.0, 3)])
+def test_the_lag_stays_within_the_bound_with_real_threads(required, threshold, trigger):
+    """A producer thread (the rollouter) and this thread (the trainer) at random speeds: each sample's lag
+    (version at training - version that generated it) is at most max_staleness, and the bound is reached."""
+    rng = random.Random(7)
+    q = RolloutQueue(required, threshold, trigger)
+    version = [0]
+    lock = threading.Lock()  # the generation lock: a sync waits for the chunk in flight
+
+    def rollouter():
+        for i in range(60):
+            if not q.acquire(required):
+                return
+            with lock:
+                v = version[0]
+                time.sleep(rng.random() * 0.002)
+            q.put(required, v, i)
+        q.close()
+
+    thread = threading.Thread(target=rollouter)
+    thread.start()
+    lags = []
+    for step in range(1, 61):
+        item = q.get()
+        if item is None:
+            break
+        lags.append(version[0] - item[0])
+        time.sleep(rng.random() * 0.002)
+        if step % trigger == 0:
+            with lock:
+                version[0] += 1
+            q.reset_staleness()
+    q.close()
+    thread.join()
+    bound = max_staleness(required, threshold, trigger, chunk=required)
+    assert len(lags) == 60 and max(lags) <= bound and min(lags) >= 0
+    assert q.stats()["fully_async/count/dropped_stale_samples"] == 0  # the pause rule keeps the queue from overflowing
+
+
+def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
+    from rlhf_core.config.off_policy import fully_async_config_errors
+
+    assert fully_async_config_errors(_config(tmp_path, *FA)) == []
+    with pytest.raises(ConfigError, match=r"async_training.partial_rollout=True: resuming generations interrupted "
+                                          r"by a parameter sync is not built.*partial_rollout=False"):
+        _config(tmp_path, "async_training.mode=fully_async")  # verl's default partial_rollout=True
+    # the trainer takes ppo_mini_batch_size 2 × require_batches 2 = 4 prompts per step; the loader gives 2
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=2: with async_training.mode=fully_async .* = 2 × 2 "
+                                          r"= 4 prompts per step; set data.train_batch_size=4"):
+        _config(tmp_path, *FA, "async_training.require_batches=2")
+    with pytest.raises(ConfigError, match=r"async_training.staleness_threshold=-0.5 must be >= 0"):
+        _config(tmp_path, *FA, "async_training.staleness_threshold=-0.5")
+    with pytest.raises(ConfigError, match=r"async_training.trigger_parameter_sync_step=0 must be >= 1"):
+        _config(tmp_path, *FA, "async_training.trigger_parameter_sync_step=0")
+    with pytest.raises(ConfigError, match=r"algorithm.adv_estimator=remax: .* async_training.mode=fully_async does "):
+        _config(tmp_path, *FA, "algorithm.adv_estimator=remax")
+    with pytest.raises(ConfigError, match=r"async_training.use_trainer_do_validate=True is not supported"):
+        _config(tmp_path, *FA, "async_training.use_trainer_do_validate=True")
+    assert _config(tmp_path, *FA, "actor_rollout_ref.hybrid_engine=False")  # verl's fully async scripts set it
+    with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=1 samples is fewer than one trainer step "
+                                          r"takes \(ppo_mini_batch_size × require_batches = 2\)"):
+        _config(tmp_path, *FA, "rollout.total_rollout_steps=1")
+    # verl's fully async scripts leave data.train_batch_size at 0: the message names the value to set here
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=0: verl's fully async trainer ignores it; .*set "
+                                          r"data.train_batch_size=2\."):
+        _config(tmp_path, *FA, "data.train_batch_size=0")
+
+
+def test_total_rollout_steps_caps_the_training_steps(tmp_path):
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+
+    # 6 prompts, 2 per step: 3 steps (trainer.total_training_steps=3); verl's rollouter stops after
+    # total_rollout_steps=5 samples, which make 5 // 2 = 2 full trainer steps (the 5th prompt is never trained)
+    cfg = _config(tmp_path, *FA, "rollout.total_rollout_steps=5")
+    trainer = FullyAsyncTrainer(cfg, DecodeTok(), lambda c: {}, reward_fn, None, make_dataset(6), None)
+    try:
+        assert trainer.total_training_steps == 2 and cfg.actor_rollout_ref.actor.optim.total_training_steps == 2
+    finally:
+        trainer.shutdown()
+
+
+class _FailingRolloutGroup:
+    """A rollout group whose engine fails on the first generation (the rollouter thread's error path)."""
+
+    def execute_dp(self, method, batch):
+        raise ValueError(f"{method}: engine down")
+
+    def shutdown(self):
+        pass
+
+
+def test_a_failing_rollouter_fails_the_step_waiting_for_samples(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+
+    trainer = FullyAsyncTrainer(_config(tmp_path, *FA), DecodeTok(), lambda c: {}, reward_fn, None, make_dataset(6))
+    trainer.wgs, trainer._executor = {"rollout": _FailingRolloutGroup()}, ThreadPoolExecutor(max_workers=1)
+    try:
+        with pytest.raises(RuntimeError, match="the fully async rollouter failed") as info:
+            next(trainer.train_batches(1, 3))
+        assert str(info.value.__cause__) == "generate_sequences: engine down"  # the engine's own error, chained
+    finally:
+        trainer.shutdown()
+
+
+def _run(cfg, model_dir, fully_async: bool, validate: bool = False):
+    """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
+    from rlhf_core.distributed import LocalWorkerGroup
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+    from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
+
+    cfg.actor_rollout_ref.model.path = model_dir
+    groups = {}
+
+    def factory(config):
+        groups["actor_rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {
+            "config": config, "role": "actor" if fully_async else "actor_rollout"})
+        if fully_async:
+            groups["rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {"config": config, "role": "rollout"})
+        return dict(groups)
+
+    tracker = _Recorder()
+    cls = FullyAsyncTrainer if fully_async else RayPPOTrainer
+    val = (reward_fn, make_dataset(2)) if validate else (None, None)
+    trainer = cls(cfg, DecodeTok(), factory, reward_fn, val[0], make_dataset(6), val[1], tracker=tracker)
+    try:
+        trainer.fit()
+        weights = {k: v.clone() for k, v in groups["actor_rollout"].execute_all("actor_weights")[0].items()}
+    finally:
+        trainer.shutdown()
+    return tracker.steps, weights, trainer
+
+
+@pytest.mark.slow
+def test_no_staleness_and_a_sync_every_step_equals_the_on_policy_run(tiny_model_dir, tmp_path):
+    # max_required_samples = 2 × (1 + 0) × 1 = 2 = one chunk: the rollouter generates step k's prompts and pauses
+    # until the weights after update k-1 arrive, so each batch comes from the weights it updates (lag 0)
+    torch.manual_seed(0)
+    fa, fa_w, trainer = _run(_config(tmp_path, *FA, "async_training.staleness_threshold=0",
+                                     "async_training.trigger_parameter_sync_step=1"), tiny_model_dir, True)
+    on, on_w, _ = _run(_config(tmp_path), tiny_model_dir, False)
+    assert trainer.versions == [(1, 0, 0), (2, 1, 1), (3, 2, 2)]
+    assert sorted(fa) == sorted(on) == [1, 2, 3]
+    for s in (1, 2, 3):
+        assert _same(fa[s]) == _same(on[s]), s
+    assert fa_w.keys() == on_w.keys() and all(torch.equal(fa_w[k], on_w[k]) for k in on_w)
+    assert [fa[s]["fully_async/count/stale_trajectory_processed"] for s in (1, 2, 3)] == [0, 0, 0]
+    # 3 steps × 2 prompts generated, none dropped; the bound: 2 samples between syncs
+    assert fa[3]["fully_async/count/total_generated_samples"] == 6
+    assert fa[3]["fully_async/count/dropped_stale_samples"] == 0
+    assert fa[3]["fully_async/static/max_required_samples"] == 2
+    assert all(0.0 <= fa[s]["fully_async/trainer/idle_ratio"] <= 1.0 for s in (1, 2, 3))
+
+
+@pytest.mark.slow
+def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_model_dir, tmp_path):
+    # required 2, threshold 1, trigger 1: max_required_samples 4 (two chunks between syncs), bound 1 (max_staleness)
+    torch.manual_seed(0)
+    steps, weights, trainer = _run(_config(tmp_path, *FA, "async_training.staleness_threshold=1", "trainer.test_freq=2",
+                                           "async_training.trigger_parameter_sync_step=1"), tiny_model_dir, True,
+                                   validate=True)
+    assert [s for s, _, _ in trainer.versions] == [1, 2, 3]
+    assert [t for _, _, t in trainer.versions] == [0, 1, 2]  # a sync after every update
+    lags = [t - g for _, g, t in trainer.versions]
+    assert all(0 <= lag <= max_staleness(2, 1.0, 1, chunk=2) == 1 for lag in lags), trainer.versions
+    assert [steps[s]["fully_async/staleness"] for s in (1, 2, 3)] == lags
+    # responses (2 prompts × n=2 per step) trained at a newer version than generated them, cumulated
+    assert steps[3]["fully_async/count/stale_trajectory_processed"] == 4 * sum(lag > 0 for lag in lags)
+    assert steps[3]["fully_async/static/max_required_samples"] == 4
+    assert steps[3]["fully_async/count/dropped_stale_samples"] == 0
+    assert all(k in steps[s] for s in (2, 3) for k in ("timing_s/sync_rollout_weights",
+                                                          "fully_async/count/current_param_version"))
+    # validation (test_freq=2: steps 2 and the last, 3) on the rollout group between the rollouter's chunks
+    assert [any(k.startswith("val-") for k in steps[s]) for s in (1, 2, 3)] == [False, True, True]
+
+
+@pytest.mark.slow
+def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_parquet, tmp_path, monkeypatch):
+    """``rlhf ppo async_training.mode=fully_async`` end to end (run_ppo): Ray actors for the actor and rollout
+    groups, the rollouter thread calling the rollout group while the trainer calls the actor group."""
+    from rlhf_core.config import load_config
+    from rlhf_core.trainer.main_ppo import run_ppo
+    from rlhf_core.trainer.tracking import read_metrics_jsonl
+    from tests.flows.test_verl09_examples_train import LENGTH_REWARD, SMOKE  # noqa: I001
+
+    monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
+    train, test = gsm8k_parquet
+    reward = tmp_path / "length_reward.py"
+    reward.write_text(LENGTH_REWARD)
+    out = tmp_path / "run"
+    sizes = dict(SMOKE, **{"trainer.total_training_steps": "3", "trainer.default_local_dir": str(out),
+                           "trainer.validation_data_dir": str(out / "val")})
+    cfg = load_config("ppo_trainer", [
+        f"data.train_files=['{train}']", f"data.val_files=['{test}']", f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=grpo", f"custom_reward_function.path={reward}",
+        "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False", "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1", *FA, "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1", *[f"{k}={v}" for k, v in sizes.items()]])
+    assert run_ppo(cfg)["global_step"] == 3
+    m = read_metrics_jsonl(str(out / "metrics.jsonl"))
+    # a sync after every update: steps 1..3 train at versions 0, 1, 2; each lag within the bound (1 here)
+    assert [m[s]["fully_async/count/current_param_version"] for s in (1, 2, 3)] == [0, 1, 2]
+    assert all(0 <= m[s]["fully_async/staleness"] <= 1 for s in (1, 2, 3))
+    assert m[3]["fully_async/static/max_required_samples"] == 4 and m[3]["fully_async/count/dropped_stale_samples"] == 0
+    assert all("actor/pg_loss" in m[s] and "fully_async/trainer/idle_ratio" in m[s] for s in (1, 2, 3))
