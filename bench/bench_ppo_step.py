@@ -1,6 +1,6 @@
 """One GRPO step, ours vs the peers, on the same tiny model, prompts and workload, measured in one run.
 
-    python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf] [--rounds K]
+    python bench/bench_ppo_step.py [--steps 5] [--warmup 1] [--device cpu|cuda] [--peers ours,trl,hf] [--rounds K] [--side-by-side]
 
 Workload (FIELD-NOTES "Peers, for comparison"): a tiny random Qwen2 built on GSM8K text (the sizes of
 ``experiments/gsm8k_tiny.yaml``'s ``model.tiny`` unless overridden), 8 GSM8K train prompts × 4 samples × up to 32 new tokens
@@ -214,26 +214,69 @@ def run_ours(spec: dict, args, use_ray: bool = False) -> dict:
 
 
 # ---- driver ----------------------------------------------------------------------------------------------------
-def run_peer_subprocess(peer: str, spec_file: Path, args) -> dict:
-    """Run one peer in a fresh interpreter; returns its result dict, or ``{"skip": reason}`` / ``{"error": ...}``."""
-    if peer == "trl" and not _importable("trl"):
-        return {"skip": "trl is not installed (pip install 'trl==1.16.*' into this venv to measure it)"}
+def _peer_command(peer: str, spec_file: Path, args, threads: int | None = None) -> tuple[list[str], dict, Path]:
+    """The command line, environment and result file of one peer's fresh interpreter (``threads``: its
+    ``OMP_NUM_THREADS``, for peers run side by side; None keeps the caller's)."""
     out = spec_file.parent / f"result_{peer}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", peer, "--spec", str(spec_file),
            "--result", str(out)] + _passthrough(args)
     env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     if peer.startswith("ours"):  # as `rlhf ppo` runs (rlhf_cli sets it before torch loads); peers keep the caller's
         from rlhf_core.distributed.threads import OMP_WAIT_POLICY
 
         env.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+    return cmd, env, out
+
+
+def _peer_result(returncode: int, output: str, out: Path) -> dict:
+    if returncode != 0 or not out.exists():
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        return {"error": f"exit {returncode}:\n{tail}"}
+    return json.loads(out.read_text())
+
+
+def run_peer_subprocess(peer: str, spec_file: Path, args) -> dict:
+    """Run one peer in a fresh interpreter; returns its result dict, or ``{"skip": reason}`` / ``{"error": ...}``."""
+    if peer == "trl" and not _importable("trl"):
+        return {"skip": "trl is not installed (pip install 'trl==1.16.*' into this venv to measure it)"}
+    cmd, env, out = _peer_command(peer, spec_file, args)
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.peer_timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.peer_timeout:.0f} s (--peer-timeout)"}
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        return {"error": f"exit {proc.returncode}:\n{tail}"}
-    return json.loads(out.read_text())
+    return _peer_result(proc.returncode, proc.stdout + proc.stderr, out)
+
+
+def run_peers_side_by_side(peers: list[str], spec_file: Path, args) -> dict[str, dict]:
+    """All ``peers`` at once, each in its own interpreter with an equal share of the CPUs as ``OMP_NUM_THREADS``
+    (``os.cpu_count() // len(peers)``, at least 1): on a machine that other jobs load, both see the same load at the
+    same time, so their ratio holds where back-to-back runs swing. Results as :func:`run_peer_subprocess`."""
+    threads = max(1, (os.cpu_count() or 1) // len(peers))
+    results: dict[str, dict] = {}
+    running = {}
+    for peer in peers:
+        if peer == "trl" and not _importable("trl"):
+            results[peer] = {"skip": "trl is not installed (pip install 'trl==1.16.*' into this venv to measure it)"}
+            continue
+        cmd, env, out = _peer_command(peer, spec_file, args, threads)
+        log = tempfile.TemporaryFile(mode="w+")
+        running[peer] = (subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env),
+                         log, out)
+    deadline = time.monotonic() + args.peer_timeout
+    for peer, (proc, log, out) in running.items():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            results[peer] = {"error": f"timed out after {args.peer_timeout:.0f} s (--peer-timeout)"}
+            continue
+        log.seek(0)
+        results[peer] = _peer_result(proc.returncode, log.read(), out)
+        results[peer]["threads"] = threads
+    return results
 
 
 def _importable(name: str) -> bool:
@@ -276,7 +319,8 @@ def report(spec: dict, args, results: dict[str, dict], params: int, load_at_star
                   f"({r['response_tokens_per_s']:7.0f} response tokens/s; {r['tokens_per_step']:.0f} tokens/step, "
                   f"steps {r['step_s']}); peak RSS {r.get('peak_rss_mb', '-')} MB"
                   + (f", worker {r['worker_peak_rss_mb']} MB" if r.get("worker_peak_rss_mb") else "")
-                  + (f"; float32 linears: {r['fp32_linears']}" if r.get("fp32_linears") and not args.bf16 else ""))
+                  + (f"; float32 linears: {r['fp32_linears']}" if r.get("fp32_linears") and not args.bf16 else "")
+                  + (f"; side by side, {r['threads']} threads" if r.get("threads") else ""))
             if r.get("stages_s"):
                 print(f"  {'':46s}  stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["stages_s"].items()))
     print("  (tokens = valid prompt + response tokens of the step's sequences; s/step = wall time between step ends)")
@@ -310,6 +354,8 @@ def build_parser(description: str = __doc__.splitlines()[0]) -> argparse.Argumen
     ap.add_argument("--peer-timeout", type=float, default=300)
     ap.add_argument("--rounds", type=int, default=1, help="run the peers this many times, in reverse order every other "
                     "round, and print each round's ratios and their median (the host's speed drifts between runs)")
+    ap.add_argument("--side-by-side", action="store_true", help="run the peers of a round at the same time, each "
+                    "with cpu_count // len(peers) threads (a ratio that holds on a machine other jobs load)")
     ap.add_argument("--gsm8k-dir", default=os.environ.get("GSM8K_DIR", str(REPO.parent / "shared" / "data" / "gsm8k")))
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_key_value_heads"):
         ap.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
@@ -360,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         rounds, loads = [], []
         for i in range(args.rounds):
             loads.append(os.getloadavg()[0])
-            rounds.append({p: run_peer_subprocess(p, spec_file, args) for p in (peers if i % 2 == 0 else peers[::-1])})
+            if args.side_by_side:
+                rounds.append(run_peers_side_by_side(peers, spec_file, args))
+            else:
+                rounds.append({p: run_peer_subprocess(p, spec_file, args)
+                               for p in (peers if i % 2 == 0 else peers[::-1])})
         params = _count_params(spec["model_dir"])
     for i, results in enumerate(rounds):
         if args.rounds > 1:
@@ -383,8 +433,10 @@ def report_rounds(rounds: list[dict[str, dict]]) -> None:
         ratios = [r[peer]["median_s_per_step"] / r["ours"]["median_s_per_step"] for r in rounds
                   if "median_s_per_step" in r.get(peer, {}) and "median_s_per_step" in r.get("ours", {})]
         if ratios:
+            quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
             print(f"ratio {peer}/ours per round (medians): {', '.join(f'{x:.2f}' for x in ratios)}; "
-                  f"median {statistics.median(ratios):.2f}x over {len(ratios)} round(s)")
+                  f"median {statistics.median(ratios):.2f}x, quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}, "
+                  f"over {len(ratios)} round(s)")
 
 
 def _count_params(model_dir: str) -> int:
