@@ -42,7 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ppo_step_peers import run_hf, run_trl, step_summary, sync_device  # bench/ is on sys.path: run as a script
+# bench/ is on sys.path: run as a script
+from ppo_step_peers import count_params, report_rounds, run_hf, run_trl, step_summary, sync_device
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = ("ours", "ours_ray", "trl", "hf")
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rounds.append({p: run_peer_subprocess(p, spec_file, args)
                                for p in (peers if i % 2 == 0 else peers[::-1])})
-        params = _count_params(spec["model_dir"])
+        params = count_params(spec["model_dir"])
     for i, results in enumerate(rounds):
         if args.rounds > 1:
             print(f"-- round {i + 1} of {args.rounds}, peers run in the order {list(results)}")
@@ -423,30 +424,6 @@ def main(argv: list[str] | None = None) -> int:
                                                "params": params, "device": args.device, "results": rounds[0],
                                                "rounds": rounds, "load_at_start": loads}, indent=1))
     return 0 if all("error" not in r for results in rounds for r in results.values()) else 1
-
-
-def report_rounds(rounds: list[dict[str, dict]]) -> None:
-    """Each round's ratio of medians against ``ours`` (peers of one round run back to back), and their median."""
-    import statistics
-
-    for peer in ("ours_ray", "trl", "hf"):
-        ratios = [r[peer]["median_s_per_step"] / r["ours"]["median_s_per_step"] for r in rounds
-                  if "median_s_per_step" in r.get(peer, {}) and "median_s_per_step" in r.get("ours", {})]
-        if ratios:
-            quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-            print(f"ratio {peer}/ours per round (medians): {', '.join(f'{x:.2f}' for x in ratios)}; "
-                  f"median {statistics.median(ratios):.2f}x, quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}, "
-                  f"over {len(ratios)} round(s)")
-
-
-def _count_params(model_dir: str) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import torch
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    return sum(p.numel() for p in model.parameters())
 
 
 if __name__ == "__main__":

@@ -157,3 +157,28 @@ def run_hf(spec: dict, args) -> dict:
         rtokens.append(float(resp_mask.sum()))
     measured = gen_s[args.warmup:]
     return {**step_summary(ends, tokens, rtokens, args.warmup), "stages_s": {"gen": round(sum(measured) / len(measured), 4)}}
+
+
+def report_rounds(rounds: list[dict[str, dict]]) -> None:
+    """Each round's ratio of medians against ``ours`` (peers of one round run back to back, or side by side), and
+    their median and quartiles."""
+    import statistics
+
+    for peer in ("ours_ray", "trl", "hf"):
+        ratios = [r[peer]["median_s_per_step"] / r["ours"]["median_s_per_step"] for r in rounds
+                  if "median_s_per_step" in r.get(peer, {}) and "median_s_per_step" in r.get("ours", {})]
+        if ratios:
+            quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+            print(f"ratio {peer}/ours per round (medians): {', '.join(f'{x:.2f}' for x in ratios)}; "
+                  f"median {statistics.median(ratios):.2f}x, quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}, "
+                  f"over {len(ratios)} round(s)")
+
+
+def count_params(model_dir: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import torch
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())

@@ -123,6 +123,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _omp_wait_policy_restored():
+    """``rlhf_cli.main`` sets OMP_WAIT_POLICY for its process (before torch loads, as the ``rlhf`` command); a test
+    calling it in-process must not hand that to later tests (a Ray started later would inherit it)."""
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    yield
+    if saved is None:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = saved
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_ray_session_leaks_between_modules():
     """Each module starts without a Ray session and leaves none behind.

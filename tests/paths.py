@@ -1,6 +1,6 @@
 """Paths the tests read, the same wherever a test file sits under ``tests/`` (no ``Path(__file__).parents[N]``).
 
-``REPO``: the checkout's root (``pyproject.toml``, ``configs/``, ``docs/``); ``TEST_DATA``: ``tests/data`` (verl's
+``REPO``: the checkout's root (``pyproject.toml``, ``rlhf_core/configs/``, ``docs/``); ``TEST_DATA``: ``tests/data`` (verl's
 config and example files the tests compare against). Imported as ``tests.paths`` (pytest puts the root on
 ``sys.path``: ``pythonpath`` in pyproject.toml).
 """

@@ -176,8 +176,8 @@ def logger_notices(cfg: DictConfig, user_set: set[str]) -> list[str]:
     (said at check time, as the other keys that change nothing are, rather than only in the run's log)."""
     if "trainer.logger" not in user_set:
         return []
-    value = OmegaConf.select(cfg, "trainer.logger", default=None)
-    sinks = [value] if isinstance(value, str) else list(value or [])
+    value = cfg.trainer.logger  # the key exists: the user set it and the shape check passed
+    sinks = [] if value is None else [value] if isinstance(value, str) else list(value)
     return [f"trainer.logger={name} (of {sinks}) has no effect here: the '{LOGGER_PACKAGES[name]}' package is not "
             f"importable in this environment, so the run skips that sink (pip install {LOGGER_PACKAGES[name]})."
             for name in sinks if name in LOGGER_PACKAGES and importlib.util.find_spec(LOGGER_PACKAGES[name]) is None]

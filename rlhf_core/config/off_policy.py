@@ -51,6 +51,12 @@ def fully_async_config_errors(config: Any) -> list[str]:
         errors.append("async_training.partial_rollout=True: resuming generations interrupted by a parameter sync is "
                       "not built; here a sync waits for the generation in flight. Set async_training.partial_rollout"
                       "=False")
+    for section in ("sampler", "datagen"):
+        field = "class_path" if section == "sampler" else "path"
+        if config.data[section][field] is not None:
+            errors.append(f"data.{section}.{field}={config.data[section][field]}: the rollouter thread draws from the "
+                          f"data loader while the trainer updates the {section} after each step; that is not "
+                          f"synchronised here: unset it with async_training.mode=fully_async")
     required = int(actor.ppo_mini_batch_size) * int(at.require_batches)
     if int(config.rollout.total_rollout_steps) < required:
         errors.append(f"rollout.total_rollout_steps={config.rollout.total_rollout_steps} samples is fewer than one "

@@ -29,8 +29,13 @@ far), the queue's ``fully_async/count/*``, ``fully_async/static/*``, ``fully_asy
 wait ÷ (wait + ``timing_s/step``): verl's ``timing_s/gen / timing_s/step``, its step including the wait),
 ``timing_s/sync_rollout_weights``; ours: ``fully_async/generation_param_version`` and ``fully_async/staleness``.
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
-verl's rollouter stops there. Not built: ``partial_rollout`` (refused), validation in the trainer, dynamic resource
-scheduling, resuming the rollouter's queue (a resumed run restarts it from the checkpoint's loader position).
+verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two chunks, with
+the weights it holds: the last pushed version, up to ``trigger_parameter_sync_step - 1`` updates behind the actor
+(verl's rollouter validates with its own weights too). A checkpoint records the loader's position after the chunk
+its step trained (read by the rollouter thread as it drew that chunk): a resumed run regenerates the chunks that
+were queued but not trained. Not built: ``partial_rollout`` (refused), dynamic resource scheduling, a curriculum
+sampler or ``data.datagen`` (refused: the trainer's per-step update would race the rollouter's draws), resuming
+the rollouter's queue itself.
 """
 from __future__ import annotations
 
@@ -97,6 +102,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._timing: dict[str, float] = {}
         self._wait_s = 0.0
         self._gen_version = 0
+        self._trained_state: dict[str, Any] | None = None  # the loader's position after the chunk being trained
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -127,6 +133,9 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         n = int(self.config.actor_rollout_ref.rollout.n)
         try:
             for i, (epoch, prompts) in enumerate(stream):
+                # the loader's position right after this chunk was drawn, read on the thread that draws (a
+                # checkpoint of the step training this chunk resumes after it, not after the chunks queued since)
+                position = self.train_dataloader.state_dict()
                 if not self.queue.acquire(len(prompts)):
                     return
                 batch = add_uids(prompts).repeat_interleave(n)
@@ -135,7 +144,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                     start = time.perf_counter()
                     batch = self.generate(batch, step=first_step + i + 1)
                     seconds = time.perf_counter() - start
-                self.queue.put(len(prompts), version, (epoch, batch, seconds))
+                self.queue.put(len(prompts), version, (epoch, batch, seconds, position))
         finally:
             self.queue.close()
 
@@ -159,7 +168,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 if error is not None:
                     raise RuntimeError("the fully async rollouter failed") from error
                 return
-            self._gen_version, (epoch, batch, seconds) = item
+            self._gen_version, (epoch, batch, seconds, self._trained_state) = item
             self._timing["generate_async"] = seconds
             yield epoch, batch
 

@@ -147,8 +147,12 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
 
     def loader_state(self) -> dict[str, Any]:
         """The position before the batch drawn ahead: resuming trains it (its generation, not yet trained when the
-        checkpoint was written, is redone by the resumed run's weights: that step's staleness is 0)."""
-        return super().loader_state() if self._trained_state is None else self._trained_state
+        checkpoint was written, is redone by the resumed run's weights: that step's staleness is 0). A curriculum
+        sampler's own state is the live one, after this step's ``update`` (the snapshot predates it)."""
+        live = super().loader_state()
+        if self._trained_state is None:
+            return live
+        return {**self._trained_state, **({"sampler": live["sampler"]} if "sampler" in live else {})}
 
     def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
         self._timing = {}

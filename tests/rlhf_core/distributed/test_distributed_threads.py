@@ -34,9 +34,16 @@ def test_threads_per_rank_hand_values():
 def ray_2cpu():
     import ray
 
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    # the driver's own OMP_WAIT_POLICY (rlhf_cli.main sets it; a test calling main in this process leaves it) would
+    # reach the workers without the actor runtime_env under test: start Ray without it
+    saved = os.environ.pop("OMP_WAIT_POLICY", None)
+    try:
+        init_ray(num_cpus=2)
+        yield
+    finally:
+        ray.shutdown()
+        if saved is not None:
+            os.environ["OMP_WAIT_POLICY"] = saved
 
 
 def test_ray_worker_threads_follow_the_node_not_the_reservation(ray_2cpu):
@@ -78,6 +85,7 @@ def test_ray_ranks_start_with_the_openmp_environment(ray_2cpu):
                 pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
             return {k.decode(): v.decode() for k, v in pairs if k.startswith(b"OMP_")}
 
+    assert "OMP_WAIT_POLICY" not in os.environ  # only the runtime_env can give the worker PASSIVE (ray_2cpu)
     wg = RayWorkerGroup(StartEnv, 1, {}, num_cpus_per_worker=1, name_prefix="ompenv", num_threads=2)
     try:
         (env,) = wg.execute_all("start_env")

@@ -127,6 +127,12 @@ def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"data.train_batch_size=0: verl's fully async trainer ignores it; .*set "
                                           r"data.train_batch_size=2\."):
         _config(tmp_path, *FA, "data.train_batch_size=0")
+    # the trainer's per-step sampler update / datagen growth would race the rollouter thread's draws
+    with pytest.raises(ConfigError, match=r"data.sampler.class_path=s.py: the rollouter thread draws from the data "
+                                          r"loader while the trainer updates the sampler"):
+        _config(tmp_path, *FA, "data.sampler.class_path=s.py", "data.sampler.class_name=S")
+    with pytest.raises(ConfigError, match=r"data.datagen.path=g.py: the rollouter thread draws"):
+        _config(tmp_path, *FA, "data.datagen.path=g.py", "data.datagen.name=G")
 
 
 def test_total_rollout_steps_caps_the_training_steps(tmp_path):
@@ -268,3 +274,26 @@ def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_pa
     assert all(0 <= m[s]["fully_async/staleness"] <= 1 for s in (1, 2, 3))
     assert m[3]["fully_async/static/max_required_samples"] == 4 and m[3]["fully_async/count/dropped_stale_samples"] == 0
     assert all("actor/pg_loss" in m[s] and "fully_async/trainer/idle_ratio" in m[s] for s in (1, 2, 3))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_records_the_chunk_trained_and_resuming_trains_the_queued_ones(tiny_model_dir, tmp_path):
+    # 6 prompts in chunks of 2: 3 chunks an epoch. staleness_threshold=1 lets the rollouter run one chunk ahead, so
+    # when step k's checkpoint is written the loader itself may stand at k+1; data.pt must say k (the position the
+    # rollouter read as it drew the chunk step k trained), else resuming skips a chunk generated but never trained
+    torch.manual_seed(0)
+    ckpt = ("async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+            "trainer.save_freq=1")
+    _run(_config(tmp_path, *FA, *ckpt), tiny_model_dir, True)
+    for k in (1, 2, 3):
+        state = torch.load(tmp_path / "ckpt" / f"global_step_{k}" / "data.pt", weights_only=False)
+        assert (state["epoch"], state["batches_done"]) == divmod(k, 3), (k, state)
+    # resumed from step 1: steps 2 and 3 train chunks 2 and 3, and the loader ends at the end of epoch 0 as the
+    # uninterrupted run's did
+    resumed = _config(tmp_path, *FA, *ckpt, "trainer.resume_mode=resume_path",
+                      f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_1'}",
+                      f"trainer.default_local_dir={tmp_path / 'ckpt2'}")
+    steps, _, trainer = _run(resumed, tiny_model_dir, True)
+    assert sorted(steps) == [2, 3]
+    state = torch.load(tmp_path / "ckpt2" / "global_step_3" / "data.pt", weights_only=False)
+    assert (state["epoch"], state["batches_done"]) == (1, 0), state
