@@ -387,8 +387,9 @@ def pipeline_parser() -> argparse.ArgumentParser:
 
 def pipeline_params(argv: list[str]) -> dict[str, Any]:
     """The flow parameters (and ``dry_run``) an ``rlhf pipeline`` command line gives, the options left out omitted.
-    ``--experiment X`` is the experiment file when ``X`` ends in ``.yaml``/``.yml`` or names an existing file, else
-    the MLflow experiment's name; ``--experiment-name X`` is always the name.
+    ``--experiment X`` is the experiment file when ``X`` ends in ``.yaml``/``.yml`` or names an existing file, an
+    error when it holds a ``/`` otherwise (a mistyped path), else the MLflow experiment's name; ``--experiment-name
+    X`` is always the name.
 
     Raises:
         SystemExit: argparse's usage error (exit 2) or ``--help`` (exit 0).
@@ -397,6 +398,9 @@ def pipeline_params(argv: list[str]) -> dict[str, Any]:
     given = params.pop("experiment_or_file", None)
     if given and (given.endswith((".yaml", ".yml")) or Path(given).is_file()):  # --experiment FILE
         params["experiment_file"] = given
+    elif given and "/" in given:  # a mistyped path would otherwise run the default experiment under that name
+        pipeline_parser().error(f"--experiment {given}: no such file (an experiment file ends in .yaml or exists; "
+                                f"for an MLflow experiment name with a '/', use --experiment-name)")
     elif given:  # --experiment NAME: the MLflow experiment (as --experiment-name)
         params["experiment"] = given
     return params

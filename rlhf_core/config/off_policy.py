@@ -61,7 +61,7 @@ def fully_async_config_errors(config: Any) -> list[str]:
     if int(config.rollout.total_rollout_steps) < required:
         errors.append(f"rollout.total_rollout_steps={config.rollout.total_rollout_steps} samples is fewer than one "
                       f"trainer step takes (ppo_mini_batch_size × require_batches = {required}): nothing would train")
-    if int(config.data.train_batch_size) not in (required, 0) and not errors:  # 0: ppo_static_errors names it
+    if int(config.data.train_batch_size) not in (required, 0):  # 0: ppo_static_errors names it
         errors.append(f"data.train_batch_size={config.data.train_batch_size}: with async_training.mode=fully_async "
                       f"the rollouter generates one loader batch at a time and the trainer takes "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size × async_training.require_batches = "

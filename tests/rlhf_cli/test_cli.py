@@ -72,6 +72,18 @@ def test_pipeline_experiment_option_is_a_file_when_it_looks_like_one_else_the_ml
         "experiment_file": "e.yaml", "experiment": "learn", "dry_run": True}
 
 
+def test_pipeline_experiment_a_mistyped_path_is_a_usage_error_not_the_default_experiment(capsys):
+    # a new user's trial: `--experiment experiments/countdwn` (no such file) dry-ran gsm8k_tiny.yaml under the MLflow
+    # experiment 'experiments/countdwn'; a value with '/' that is no file is a usage error (exit 2) naming it
+    from flows.rlhf import pipeline_params
+
+    with pytest.raises(SystemExit) as info:
+        pipeline_params(["--experiment", "experiments/countdwn", "--dry-run"])
+    assert info.value.code == 2
+    assert "--experiment experiments/countdwn: no such file" in capsys.readouterr().err
+    assert pipeline_params(["--experiment-name", "team/nightly"]) == {"experiment": "team/nightly"}
+
+
 def test_merge_accepts_verls_command_form(tmp_path, capsys):
     from rlhf_core.workers.merger import main
 
