@@ -43,12 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from rlhf_core.trainer.mfu import forward_flops, gemm_flops_per_s, training_flops  # noqa: E402
 
-SIZES = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2),
-         "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,
-                     num_key_value_heads=2),
-         "100m": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=14, num_attention_heads=12,
-                      num_key_value_heads=4)}
+from bench_timing import PACKING_SIZES as SIZES  # noqa: E402  (the kernel benchmarks' model sizes)
 
 
 def sync(device: str) -> None:
