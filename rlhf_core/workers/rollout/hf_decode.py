@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -148,7 +148,8 @@ def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torc
 @torch.no_grad()
 def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            eos_ids: Sequence[int], pad_token_id: int, do_sample: bool, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, output_logits: bool = False, pack_prompts: bool = False):
+           top_p: float = 1.0, output_logits: bool = False, pack_prompts: bool = False,
+           should_stop: Callable[[], bool] | None = None):
     """Generate up to ``max_new_tokens`` tokens after left-padded prompts, as ``model.generate`` would (greedy: the
     same tokens; sampled: from the same distributions).
 
@@ -163,6 +164,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
         pack_prompts: run the prefill on the distinct prompts' valid tokens only
             (:func:`~rlhf_core.kernels.packing.packed_prompt_pass`, ``use_remove_padding``) where the model attends
             packed per sequence and some prompt is padded; the padded prefill otherwise.
+        should_stop: asked after every step (once per token, never before the first): True stops the loop there,
+            every row keeping the tokens sampled so far (the partial rollout's interrupt, ``hf_partial.py``).
 
     Columns that are padding in every row are dropped before the prefill (prompts arrive left-padded to
     ``data.max_prompt_length``); positions count valid tokens, so the logits are the same to float rounding (in bf16
@@ -170,7 +173,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
 
     Returns:
         ``(tokens (b, n) int64, logits (b, n, V) float32 or None)`` where ``n ≤ max_new_tokens`` is the number of
-        steps run: the loop stops when every row has emitted an EOS, like ``generate``.
+        steps run: the loop stops when every row has emitted an EOS, like ``generate``, or when ``should_stop``
+        says so.
     """
     b, _ = input_ids.shape
     dev = input_ids.device
@@ -230,6 +234,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             tokens[:, n] = nxt
             n += 1
             if n == max_new_tokens or (has_eos and not bool(unfinished.any())):
+                break
+            if should_stop is not None and should_stop():
                 break
             if mask4d is not None:
                 mask = mask4d[..., :P + n]

@@ -7,15 +7,17 @@ the global step: :func:`~rlhf_core.workers.rollout.postprocess.sampling_call_ind
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import threading
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from rlhf_core import kernels
 from rlhf_core.progress import progress
 from rlhf_core.workers.rollout.hf_decode import decode, supports_lean_decode
+from rlhf_core.workers.rollout.hf_partial import PartialGeneration
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
                                                    sampling_params)
@@ -29,6 +31,16 @@ def eos_ids_of(module: nn.Module, tokenizer) -> list[int]:
             continue
         ids.update([int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)])
     return sorted(ids)
+
+
+class _StopWhen(StoppingCriteria):
+    """``generate``'s stopping criterion for every row at once when ``flag()`` is True (asked after each token)."""
+
+    def __init__(self, flag: Callable[[], bool]) -> None:
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), bool(self.flag()), dtype=torch.bool, device=input_ids.device)
 
 
 class HFRollout:
@@ -56,6 +68,8 @@ class HFRollout:
         self.eos_ids = eos_ids_of(module, tokenizer)
         self.lean_decode = supports_lean_decode(module)
         self.use_remove_padding = False  # actor_rollout_ref.model.use_remove_padding (packed prefill), set by the worker
+        self._interrupt = threading.Event()  # set by interrupt() from another thread, cleared by sync_weights
+        self.partial: PartialGeneration | None = None  # the interruptible generation in flight (hf_partial.py)
 
     @torch.no_grad()
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -64,16 +78,55 @@ class HFRollout:
         Raises ``RuntimeError`` (from ``load_state_dict``) on missing or unexpected keys."""
         dev = next(self.module.parameters()).device
         self.module.load_state_dict({k: v.to(dev) for k, v in state_dict.items()}, strict=True)
+        self._interrupt.clear()  # the sync an interrupt asked for has happened
+
+    # ---- partial rollouts (async_training.partial_rollout, hf_partial.py) --------------------------------------
+    def interrupt(self) -> None:
+        """Stop the partial generation in flight after its current token (thread-safe; a parameter sync waits).
+        Stays set, stopping any segment after its first token, until :meth:`sync_weights` loads new weights."""
+        self._interrupt.set()
+
+    def start_partial(self, batch: Batch) -> bool:
+        """Start an interruptible ``generate_sequences(batch)`` (:class:`~rlhf_core.workers.rollout.hf_partial.
+        PartialGeneration`): True when it ran to the end, False when :meth:`interrupt` stopped it."""
+        self.partial = PartialGeneration(self, batch)
+        return self.partial.run_segment(self._interrupt.is_set)
+
+    def resume_partial(self) -> bool:
+        """Continue the interrupted generation with the weights loaded now; True when it ended.
+
+        Raises:
+            RuntimeError: no partial generation was started."""
+        if self.partial is None:
+            raise RuntimeError("resume_partial: no partial generation was started (start_partial)")
+        return self.partial.run_segment(self._interrupt.is_set)
+
+    def finish_partial(self) -> Batch:
+        """The ended generation's rollout batch (``generate_sequences``' keys + ``rollout_last_segment (B,)``).
+
+        Raises:
+            RuntimeError: none was started, or rows are still open."""
+        if self.partial is None:
+            raise RuntimeError("finish_partial: no partial generation was started (start_partial)")
+        out = self.partial.result()
+        self.partial = None
+        return out
 
     @torch.no_grad()
-    def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
+    def decode_tokens(self, ids: torch.Tensor, mask: torch.Tensor, T: int, params: dict, calc_lp: bool,
+                      ignore_eos: bool, should_stop: Callable[[], bool] | None = None):
+        """Up to ``T`` tokens after the left-padded ``ids``/``mask (b, P)`` (lean decode or ``generate``, with this
+        call's RNG state): ``(tokens (b, n) int64, log_probs (b, n) float32 or None)`` on the engine's device,
+        ``n ≤ T`` the steps run (fewer when every row ended, or ``should_stop`` returned True after a step);
+        ``log_probs`` = log-softmax(logits / temperature) at each drawn token, under the weights loaded now."""
         dev = next(self.module.parameters()).device
-        ids = mb["input_ids"].to(dev)
+        ids, mask = ids.to(dev), mask.to(dev)
         eos = [] if ignore_eos else self.eos_ids
         if self.lean_decode:  # generate's distributions (hf_decode.py), without its per-token overhead
-            gen, raw_logits = decode(self.module, ids, mb["attention_mask"].to(dev), T, eos, self.pad_token_id,
+            gen, raw_logits = decode(self.module, ids, mask, T, eos, self.pad_token_id,
                                      params["do_sample"], params["temperature"], params["top_k"], params["top_p"],
-                                     output_logits=calc_lp, pack_prompts=self.use_remove_padding)
+                                     output_logits=calc_lp, pack_prompts=self.use_remove_padding,
+                                     should_stop=should_stop)
         else:
             gen_cfg = GenerationConfig(
                 do_sample=params["do_sample"], temperature=params["temperature"] if params["do_sample"] else None,
@@ -81,19 +134,28 @@ class HFRollout:
                 top_p=params["top_p"] if params["do_sample"] else None, max_new_tokens=T, num_beams=1,
                 pad_token_id=self.pad_token_id, eos_token_id=eos, use_cache=True, return_dict_in_generate=True,
                 output_logits=calc_lp)
-            out = self.module.generate(input_ids=ids, attention_mask=mb["attention_mask"].to(dev),
-                                       generation_config=gen_cfg)
+            stop = StoppingCriteriaList([_StopWhen(should_stop)] if should_stop is not None else [])
+            out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                       stopping_criteria=stop)
             gen = out.sequences[:, ids.shape[-1]:]
             raw_logits = torch.stack(out.logits, dim=1) if calc_lp else None
-        n = gen.shape[-1]
-        responses = torch.full((ids.shape[0], T), self.pad_token_id, dtype=torch.long, device=dev)
-        responses[:, :n] = gen
-        lengths = torch.full((ids.shape[0],), n, dtype=torch.long, device=dev)
         log_probs = None
         if calc_lp:
             logits = raw_logits.float() / params["temperature"]  # raw logits (b, n, V)
-            log_probs = torch.zeros((ids.shape[0], T), dtype=torch.float32, device=dev)
-            log_probs[:, :n] = torch.log_softmax(logits, dim=-1).gather(-1, gen[..., None]).squeeze(-1)
+            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, gen[..., None]).squeeze(-1)
+        return gen, log_probs
+
+    @torch.no_grad()
+    def _generate_chunk(self, mb: Batch, params: dict, T: int, calc_lp: bool, ignore_eos: bool):
+        gen, lp = self.decode_tokens(mb["input_ids"], mb["attention_mask"], T, params, calc_lp, ignore_eos)
+        n, dev = gen.shape[-1], gen.device
+        responses = torch.full((gen.shape[0], T), self.pad_token_id, dtype=torch.long, device=dev)
+        responses[:, :n] = gen
+        lengths = torch.full((gen.shape[0],), n, dtype=torch.long, device=dev)
+        log_probs = None
+        if calc_lp:
+            log_probs = torch.zeros((gen.shape[0], T), dtype=torch.float32, device=dev)
+            log_probs[:, :n] = lp
         return responses.cpu(), lengths.cpu(), None if log_probs is None else log_probs.cpu()
 
     def generate_sequences(self, batch: Batch) -> Batch:
