@@ -47,10 +47,6 @@ def fully_async_config_errors(config: Any) -> list[str]:
     for name in ("trigger_parameter_sync_step", "require_batches"):
         if at[name] < 1:
             errors.append(f"async_training.{name}={at[name]} must be >= 1")
-    if at.partial_rollout:
-        errors.append("async_training.partial_rollout=True: resuming generations interrupted by a parameter sync is "
-                      "not built; here a sync waits for the generation in flight. Set async_training.partial_rollout"
-                      "=False")
     for section in ("sampler", "datagen"):
         field = "class_path" if section == "sampler" else "path"
         if config.data[section][field] is not None:

@@ -164,6 +164,8 @@ class RayWorkerGroup:
         pg_timeout_s: seconds to wait for the placement group, per placement strategy (STRICT_PACK, then PACK).
         ready_timeout_s: seconds to wait for the actors to start and join the process group; ``None`` = no limit.
             The PPO driver passes ``trainer.ray_wait_register_center_timeout`` for both.
+        max_concurrency: calls one actor runs at once (Ray's threaded actor when > 1): the fully async rollout
+            group takes 2, so an ``interrupt_generation`` call reaches a rank while it generates.
         nnodes: ``trainer.nnodes``. Above 1, the ranks are placed as verl's resource pool does: one placement
             group (``STRICT_PACK``) of ``world_size / nnodes`` bundles per node, each on a different node;
             rank ``r`` runs in group ``r // (world_size / nnodes)``.
@@ -180,7 +182,7 @@ class RayWorkerGroup:
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
                  ready_timeout_s: float | None = None, num_threads: int | None = None, nnodes: int = 1,
-                 collective_timeout_s: float | None = None) -> None:
+                 collective_timeout_s: float | None = None, max_concurrency: int = 1) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if nnodes < 1 or world_size % nnodes:
@@ -206,7 +208,7 @@ class RayWorkerGroup:
         remote_cls = ray.remote(_WorkerHost)
         self._actors = [
             remote_cls.options(
-                num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
+                num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_concurrency=int(max_concurrency),
                 name=f"{self.name_prefix}_{rank}", runtime_env={"env_vars": actor_env},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._pgs[rank // per_node], placement_group_bundle_index=rank % per_node),

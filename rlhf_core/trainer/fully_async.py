@@ -44,6 +44,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Iterator
 
+import torch
 from omegaconf import DictConfig, open_dict
 
 from rlhf_core.config import ConfigError
@@ -103,6 +104,10 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._wait_s = 0.0
         self._gen_version = 0
         self._trained_state: dict[str, Any] | None = None  # the loader's position after the chunk being trained
+        self.partial = bool(at.partial_rollout)  # interrupt the chunk in flight at a sync, resume it after
+        self._sync_idle = threading.Event()  # cleared while a sync waits: the rollouter starts no segment
+        self._sync_idle.set()
+        self._chunk_partial: dict[str, float] = {}  # fully_async/partial/* of the chunk being trained
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -121,10 +126,19 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self.validator = _LockedValidator(self, self.validator.inner)
 
     def sync_rollout(self) -> None:
-        """Push the actor's weights to the rollout group (after the generation in flight) when it holds an older
-        version; the queue's staleness count restarts (verl's ``_fit_update_weights`` + ``reset_staleness``)."""
-        with self.gen_lock:
-            super().sync_rollout()
+        """Push the actor's weights to the rollout group when it holds an older version, after the generation in
+        flight; with ``partial_rollout`` that generation is first interrupted at its next token (it resumes with
+        the new weights: :meth:`_partial_generate`). The queue's staleness count restarts (verl's
+        ``_fit_update_weights`` + ``reset_staleness``)."""
+        interrupt = self.partial and self.rollout_version != self.param_version
+        if interrupt:
+            self._sync_idle.clear()
+            self.rollout_wg.execute_all("interrupt_generation")  # a second thread of each rank's actor
+        try:
+            with self.gen_lock:
+                super().sync_rollout()  # load_rollout_weights clears the interrupt on every rank
+        finally:
+            self._sync_idle.set()
         self.queue.reset_staleness()
 
     # ---- the rollouter -----------------------------------------------------------------------------
@@ -139,17 +153,50 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 if not self.queue.acquire(len(prompts)):
                     return
                 batch = add_uids(prompts).repeat_interleave(n)
-                with self.gen_lock:
-                    version = self.rollout_version
-                    start = time.perf_counter()
+                start = time.perf_counter()
+                if self.partial:  # _partial_generate takes the generation lock per segment
                     batch = self.generate(batch, step=first_step + i + 1)
-                    seconds = time.perf_counter() - start
-                self.queue.put(len(prompts), version, (epoch, batch, seconds, position))
+                    version, partial = self._partial_versions
+                else:
+                    with self.gen_lock:
+                        version = self.rollout_version
+                        batch = self.generate(batch, step=first_step + i + 1)
+                    partial = {}
+                seconds = time.perf_counter() - start
+                self.queue.put(len(prompts), version, (epoch, batch, seconds, position, partial))
         finally:
             self.queue.close()
 
     def rollout_generate(self, batch: Batch) -> Batch:
+        if self.partial:
+            return self._partial_generate(batch)
         return self.rollout_wg.execute_dp("generate_sequences", batch)
+
+    def _partial_generate(self, batch: Batch) -> Batch:
+        """``partial_rollout``: the chunk in segments, each under the generation lock with the version the rollout
+        group holds; a sync interrupts a segment at a token (:meth:`sync_rollout`), the next segment resumes the
+        open responses with the new weights (``rlhf_core/workers/rollout/hf_partial.py``). Sets
+        ``_partial_versions`` = (the first segment's version, verl's ``fully_async/partial/*`` of the chunk), per
+        response ``span`` = version of its last token − version of its first (verl's ``max_global_steps -
+        min_global_steps``)."""
+        versions: list[int] = []
+        done = False
+        while not done:
+            self._sync_idle.wait()
+            with self.gen_lock:
+                versions.append(self.rollout_version)
+                if len(versions) == 1:
+                    done = all(self.rollout_wg.execute_dp("start_partial_generation", batch))
+                else:
+                    done = all(self.rollout_wg.execute_all("resume_partial_generation"))
+        out = Batch.concat(self.rollout_wg.execute_all("finish_partial_generation"))
+        span = torch.tensor(versions)[out.tensors.pop("rollout_last_segment")] - versions[0]
+        partial = int((span > 0).sum())
+        self._partial_versions = (versions[0], {
+            "fully_async/partial/total_partial_num": partial,
+            "fully_async/partial/partial_ratio": partial / max(len(span), 1),
+            "fully_async/partial/max_partial_span": int(span.max()) if len(span) else 0})
+        return out
 
     # ---- the trainer -------------------------------------------------------------------------------
     def train_batches(self, n_epochs: int, stop_at: int) -> Iterator[tuple[int, Batch]]:
@@ -168,7 +215,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 if error is not None:
                     raise RuntimeError("the fully async rollouter failed") from error
                 return
-            self._gen_version, (epoch, batch, seconds, self._trained_state) = item
+            self._gen_version, (epoch, batch, seconds, self._trained_state, self._chunk_partial) = item
             self._timing["generate_async"] = seconds
             yield epoch, batch
 
@@ -192,6 +239,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                         "fully_async/staleness": current - gen,
                         "fully_async/total_wait_time": self._wait_s,
                         "fully_async/trainer/idle_ratio": self._wait_s / max(self._wait_s + step_s, 1e-9)})
+        metrics.update(self._chunk_partial)
         metrics.update({f"timing_s/{k}": v for k, v in self._timing.items()})
         self._timing = {}
         return metrics

@@ -217,12 +217,14 @@ def build_one_step_worker_groups(config: DictConfig) -> dict[str, Any]:
     groups = [(k, c, kw, p, th, world, int(t.nnodes)) for k, c, kw, p, th in specs]
     groups.append(("rollout", ActorRolloutRefWorker, {"config": config, "role": "rollout"}, "rollout", actor_threads,
                    rollout_world, int(r.nnodes)))
+    at = config.async_training
+    partial = at.mode == "fully_async" and bool(at.partial_rollout)  # interrupt_generation while generating
     for key, cls, kwargs, prefix, cpu_threads, ranks, nnodes in groups:
         try:
             wgs[key] = RayWorkerGroup(cls, ranks, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                                       name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
                                       num_threads=threads_per_rank(node_cpus, nnodes, per_node, cpu_threads),
-                                      nnodes=nnodes)
+                                      nnodes=nnodes, max_concurrency=2 if partial and key == "rollout" else 1)
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()

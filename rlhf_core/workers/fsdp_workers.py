@@ -157,8 +157,34 @@ class ActorRolloutRefWorker(ProfiledWorker):
         return {k: v.detach().cpu() for k, v in full_state_dict(self.actor_module).items()}
 
     def load_rollout_weights(self, state_dict: dict) -> None:
-        """Load ``state_dict`` (from :meth:`actor_weights`) into this worker's rollout engine."""
+        """Load ``state_dict`` (from :meth:`actor_weights`) into this worker's rollout engine (clears an
+        :meth:`interrupt_generation`)."""
         self.rollout.sync_weights(state_dict)
+
+    # ---- partial rollouts (fully async, async_training.partial_rollout; HFRollout.start_partial...) -------------
+    def start_partial_generation(self, batch: Batch) -> bool:
+        """Start an interruptible rollout of this rank's prompts; True when it ended, False when interrupted."""
+        fault_point("generate", batch.meta.get("global_steps"))  # test-only (RLHF_FAULT); free when unset
+        return self._partial_engine().start_partial(batch)
+
+    def resume_partial_generation(self) -> bool:
+        """Resume this rank's interrupted rollout with the weights loaded since; True when it ended."""
+        return self._partial_engine().resume_partial()
+
+    def finish_partial_generation(self) -> Batch:
+        """This rank's ended rollout: ``generate_sequences``' batch plus ``rollout_last_segment (B,)``."""
+        return self._partial_engine().finish_partial()
+
+    def interrupt_generation(self) -> None:
+        """Stop this rank's partial rollout after its current token (called from another thread of the actor while
+        it generates: the rollout group runs with ``max_concurrency=2``); cleared by the next weight load."""
+        self._partial_engine().interrupt()
+
+    def _partial_engine(self) -> HFRollout:
+        if not isinstance(self.rollout, HFRollout):
+            raise RuntimeError(f"role {self.role!r}: partial rollouts need the hf rollout engine (actor_rollout_ref."
+                               f"rollout.name=hf without agent loops), this worker has {type(self.rollout).__name__}")
+        return self.rollout
 
     def _extra_state(self) -> dict:
         return {"actor_update_calls": self.actor.update_calls if self.actor else 0,

@@ -4,9 +4,8 @@
 verl picks these trainers by entry module (``python -m verl.experimental.one_step_off_policy.main_ppo``); ours
 picks them with ``async_training.mode`` (ours) on ``rlhf ppo``. The one-step off-policy trainer is
 ``rlhf_core.trainer.one_step_off_policy``; the fully asynchronous trainer (a minimal version, docs/OFF_POLICY.md) is
-``rlhf_core.trainer.fully_async``: ``staleness_threshold``, ``trigger_parameter_sync_step`` and ``require_batches``
-are read; ``partial_rollout=True`` is refused with ``mode=fully_async`` (not built); its other keys are accepted
-at verl's defaults only.
+``rlhf_core.trainer.fully_async``: ``staleness_threshold``, ``trigger_parameter_sync_step``, ``require_batches``
+and ``partial_rollout`` are read; its other keys are accepted at verl's defaults only.
 """
 
 from dataclasses import dataclass
@@ -54,8 +53,10 @@ class AsyncTrainingConfig:
     trigger_parameter_sync_step: int = key(4, 'fully async: trainer steps between parameter syncs (weight pushes)')
     require_batches: int = key(1, 'fully async: ppo mini-batches the trainer takes per step (required samples = '
                                'ppo_mini_batch_size × require_batches)')
-    partial_rollout: bool = key(True, 'fully async: resume interrupted generation after a parameter sync (not built: '
-                                'True is refused with mode=fully_async; set False)')
+    partial_rollout: bool = key(True, 'fully async: a parameter sync interrupts the chunk being generated at a token '
+                                'boundary, loads the new weights and resumes the open responses from prompt + '
+                                'prefix (each token\'s rollout log-prob from the weights that sampled it; '
+                                'fully_async/partial/* metrics); False: the sync waits for the chunk')
     use_trainer_do_validate: bool = key(False, 'fully async: validate in the trainer', only=None, why=FULLY_ASYNC_WHY)
     use_dynamic_resource_scheduling: bool = key(False, 'fully async: hybrid rollout replicas on trainer devices',
                                                 only=None, why=FULLY_ASYNC_WHY)

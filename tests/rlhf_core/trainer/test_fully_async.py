@@ -4,7 +4,8 @@ Fast: the queue's staleness rule on hand-derived sequences, the staleness bound 
 consumer thread, the config refusals. Slow (the tiny model through the real FSDP2 actor and HF rollout, in-process
 worker groups as tests/rlhf_core/trainer/test_one_step_off_policy.py, 3 steps): (a) staleness_threshold=0 with a sync every step
 equals the on-policy run (metrics and final weights); (b) staleness_threshold=1: every update's lag is within the
-bound, and verl's metrics are logged; (c) the same through ``run_ppo`` on Ray worker groups (real Ray actors).
+bound, and verl's metrics are logged; (c) the same through ``run_ppo`` on Ray worker groups (real Ray actors);
+(d) partial_rollout=True: the chunks a sync interrupts are resumed under the new version (``fully_async/partial/*``).
 """
 from __future__ import annotations
 
@@ -104,9 +105,7 @@ def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
     from rlhf_core.config.off_policy import fully_async_config_errors
 
     assert fully_async_config_errors(_config(tmp_path, *FA)) == []
-    with pytest.raises(ConfigError, match=r"async_training.partial_rollout=True: resuming generations interrupted "
-                                          r"by a parameter sync is not built.*partial_rollout=False"):
-        _config(tmp_path, "async_training.mode=fully_async")  # verl's default partial_rollout=True
+    assert fully_async_config_errors(_config(tmp_path, "async_training.mode=fully_async")) == []  # partial: verl's
     # the trainer takes ppo_mini_batch_size 2 × require_batches 2 = 4 prompts per step; the loader gives 2
     with pytest.raises(ConfigError, match=r"data.train_batch_size=2: with async_training.mode=fully_async .* = 2 × 2 "
                                           r"= 4 prompts per step; set data.train_batch_size=4"):
@@ -246,9 +245,39 @@ def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_mode
 
 
 @pytest.mark.slow
+def test_partial_rollout_resumes_the_chunk_a_sync_interrupted(tiny_model_dir, tmp_path, monkeypatch):
+    """partial_rollout=True (verl's default), staleness_threshold=1, a sync every step: the rollouter runs one chunk
+    ahead, so the syncs after steps 1 and 2 find chunks 2 and 3 in flight. Those chunks hold their first segment
+    until the sync's interrupt is set (so it lands after their first token, not by timing luck): each response
+    that had not ended at its first token starts under version v and is resumed under v + 1."""
+    from rlhf_core.workers.rollout.hf_rollout import HFRollout
+
+    start = HFRollout.start_partial
+
+    def start_once_interrupted(self, batch):
+        if self.calls >= 1:  # chunks 2 and 3
+            assert self._interrupt.wait(120), f"no sync interrupted chunk {self.calls + 1}"
+        return start(self, batch)
+
+    monkeypatch.setattr(HFRollout, "start_partial", start_once_interrupted)
+    torch.manual_seed(0)
+    cfg = _config(tmp_path, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
+                  "async_training.trigger_parameter_sync_step=1", "actor_rollout_ref.rollout.calculate_log_probs=True")
+    steps, _, trainer = _run(cfg, tiny_model_dir, True)
+    # (step, version of the chunk's first tokens, trained-at version): chunks 2, 3 began under the version before
+    assert trainer.versions == [(1, 0, 0), (2, 0, 1), (3, 1, 2)]
+    partial = [steps[s]["fully_async/partial/total_partial_num"] for s in (1, 2, 3)]
+    assert partial[0] == 0 and all(1 <= p <= 4 for p in partial[1:]), partial  # of 2 prompts × 2 responses
+    assert [steps[s]["fully_async/partial/partial_ratio"] for s in (1, 2, 3)] == [p / 4 for p in partial]
+    assert [steps[s]["fully_async/partial/max_partial_span"] for s in (1, 2, 3)] == [0, 1, 1]
+    assert all("actor/pg_loss" in steps[s] for s in (1, 2, 3))
+
+
+@pytest.mark.slow
 def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_parquet, tmp_path, monkeypatch):
     """``rlhf ppo async_training.mode=fully_async`` end to end (run_ppo): Ray actors for the actor and rollout
-    groups, the rollouter thread calling the rollout group while the trainer calls the actor group."""
+    groups, the rollouter thread calling the rollout group while the trainer calls the actor group; verl's default
+    partial_rollout=True, so a sync reaches a generating rank through its second actor thread."""
     from rlhf_core.config import load_config
     from rlhf_core.trainer.main_ppo import run_ppo
     from rlhf_core.trainer.tracking import read_metrics_jsonl
@@ -265,7 +294,7 @@ def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_pa
         f"data.train_files=['{train}']", f"data.val_files=['{test}']", f"actor_rollout_ref.model.path={tiny_model_dir}",
         "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=grpo", f"custom_reward_function.path={reward}",
         "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False", "rollout.nnodes=1",
-        "rollout.n_gpus_per_node=1", *FA, "async_training.staleness_threshold=1",
+        "rollout.n_gpus_per_node=1", "async_training.mode=fully_async", "async_training.staleness_threshold=1",
         "async_training.trigger_parameter_sync_step=1", *[f"{k}={v}" for k, v in sizes.items()]])
     assert run_ppo(cfg)["global_step"] == 3
     m = read_metrics_jsonl(str(out / "metrics.jsonl"))
@@ -274,6 +303,7 @@ def test_rlhf_ppo_runs_fully_async_on_ray_worker_groups(tiny_model_dir, gsm8k_pa
     assert all(0 <= m[s]["fully_async/staleness"] <= 1 for s in (1, 2, 3))
     assert m[3]["fully_async/static/max_required_samples"] == 4 and m[3]["fully_async/count/dropped_stale_samples"] == 0
     assert all("actor/pg_loss" in m[s] and "fully_async/trainer/idle_ratio" in m[s] for s in (1, 2, 3))
+    assert all(0 <= m[s]["fully_async/partial/max_partial_span"] <= 1 for s in (1, 2, 3))
 
 
 @pytest.mark.slow
