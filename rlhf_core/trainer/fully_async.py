@@ -15,8 +15,10 @@ Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter ver
 * the *trainer* takes ``require_batches × ppo_mini_batch_size`` samples per step (one chunk: the config check
   requires ``data.train_batch_size`` to equal it), computes rewards, log-probs (the actor's: no bypass),
   advantages, rollout correction as configured, and updates the actor; every ``trigger_parameter_sync_step`` steps
-  it pushes the weights (version v → v+1; the push waits for the chunk being generated, as verl without
-  ``partial_rollout``) and resets the queue's staleness count.
+  it pushes the weights (version v → v+1) and resets the queue's staleness count. With ``partial_rollout`` (verl's
+  default) the push first interrupts the chunk being generated at its next token; the rollouter then resumes the
+  open responses under v+1 from prompt + prefix (:meth:`FullyAsyncTrainer._partial_generate`,
+  ``rlhf_core/workers/rollout/hf_partial.py``); without it the push waits for the chunk.
 
 A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_queue.max_staleness` above the
 version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the
@@ -27,13 +29,15 @@ Metrics, besides the on-policy trainer's: verl's ``fully_async/count/current_par
 far), the queue's ``fully_async/count/*``, ``fully_async/static/*``, ``fully_async/monitor/queue/mq_queue_size``,
 ``fully_async/total_wait_time`` (seconds the step waited for samples), ``fully_async/trainer/idle_ratio`` (that
 wait ÷ (wait + ``timing_s/step``): verl's ``timing_s/gen / timing_s/step``, its step including the wait),
-``timing_s/sync_rollout_weights``; ours: ``fully_async/generation_param_version`` and ``fully_async/staleness``.
+``timing_s/sync_rollout_weights``, with ``partial_rollout`` verl's ``fully_async/partial/total_partial_num``,
+``partial_ratio``, ``max_partial_span`` (of the step's responses, span = version of the last token − of the first);
+ours: ``fully_async/generation_param_version`` and ``fully_async/staleness`` (of the chunk's first tokens).
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
 verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two chunks, with
 the weights it holds: the last pushed version, up to ``trigger_parameter_sync_step - 1`` updates behind the actor
 (verl's rollouter validates with its own weights too). A checkpoint records the loader's position after the chunk
 its step trained (read by the rollouter thread as it drew that chunk): a resumed run regenerates the chunks that
-were queued but not trained. Not built: ``partial_rollout`` (refused), dynamic resource scheduling, a curriculum
+were queued but not trained. Not built: dynamic resource scheduling, a curriculum
 sampler or ``data.datagen`` (refused: the trainer's per-step update would race the rollouter's draws), resuming
 the rollouter's queue itself.
 """
