@@ -192,3 +192,32 @@ def test_ray_timeline_is_written(ray_session, tmp_path):
     write_ray_timeline(str(path))
     events = json.loads(path.read_text())
     assert isinstance(events, list) and any("timeline_probe" in str(e.get("name", "")) for e in events)
+
+
+def test_max_concurrency_two_lets_a_call_reach_a_rank_busy_in_another(ray_session):
+    """The fully async rollout group's ``max_concurrency=2`` (partial rollouts): ``interrupt_generation`` must run
+    while the rank is inside a generation call. A rank blocked waiting for an event gets it from a second call;
+    with the default (one call at a time) the second call queues behind the first, which times out."""
+    import threading
+
+    import ray
+
+    class Waiter:
+        def __init__(self) -> None:
+            self.event = threading.Event()
+
+        def wait(self, seconds: float) -> bool:
+            return self.event.wait(seconds)
+
+        def set(self) -> None:
+            self.event.set()
+
+    for concurrency, seconds, reached in ((2, 60.0, True), (1, 2.0, False)):
+        group = RayWorkerGroup(Waiter, 1, {}, num_cpus_per_worker=0.1, name_prefix="waiter",
+                               max_concurrency=concurrency)
+        try:
+            waiting = group._actors[0].call.remote("wait", seconds)  # submitted first (Ray keeps a caller's order)
+            group.execute_all("set")  # concurrency 1: runs only after wait() returned
+            assert ray.get(waiting) is reached, concurrency
+        finally:
+            group.shutdown()
