@@ -1,6 +1,8 @@
 """LoRA adapters via peft for the actor, critic and SFT (verl: ``model.lora_rank/lora_alpha/target_modules``)."""
 from __future__ import annotations
 
+import json
+import os
 from typing import Sequence
 
 import torch
@@ -58,3 +60,65 @@ def merge_lora(model):
     if hasattr(model, "merge_and_unload"):
         return model.merge_and_unload()
     return model
+
+
+def check_lora_adapter(model_cfg) -> dict | None:
+    """The ``adapter_config.json`` of ``model_cfg.lora_adapter_path`` (verl 0.9 ``model.lora_adapter_path``: a saved
+    PEFT LoRA adapter to start from), checked against the section's LoRA keys before any model is loaded; None
+    when the section has no adapter path. Cheap (one JSON file).
+
+    Raises:
+        FileNotFoundError: naming the key and path when the folder or its ``adapter_config.json`` is missing.
+        ValueError: naming the keys when the adapter contradicts them: its rank ``r`` is not ``lora_rank``, its
+            ``lora_alpha`` not ``lora_alpha``, or ``target_modules`` is a list naming other modules than the
+            adapter's (``all-linear`` takes the adapter's modules).
+    """
+    path = model_cfg.lora_adapter_path if "lora_adapter_path" in model_cfg else None
+    if path is None:
+        return None
+    from rlhf_core.config.structured import full_key
+    from rlhf_core.models.loading import local_path
+
+    key = f"{full_key(model_cfg, 'lora_adapter_path')}={path!r}"
+    try:
+        folder = local_path(str(path))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{key}: {exc}") from exc
+    config_file = os.path.join(folder, "adapter_config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{key}: no PEFT adapter there (adapter_config.json is missing)")
+    with open(config_file) as fh:
+        saved = json.load(fh)
+    rank, alpha = int(model_cfg.lora_rank), float(model_cfg.lora_alpha)
+    if int(saved.get("r", -1)) != rank:
+        raise ValueError(f"{key}: the adapter has rank r={saved.get('r')}, but "
+                         f"{full_key(model_cfg, 'lora_rank')}={rank}; set it to the adapter's rank")
+    if float(saved.get("lora_alpha", alpha)) != alpha:
+        raise ValueError(f"{key}: the adapter has lora_alpha={saved.get('lora_alpha')}, but "
+                         f"{full_key(model_cfg, 'lora_alpha')}={model_cfg.lora_alpha}; set it to the adapter's")
+    targets = model_cfg.target_modules
+    theirs = saved.get("target_modules")
+    if not isinstance(targets, str) and set(targets) != set([theirs] if isinstance(theirs, str) else theirs or []):
+        raise ValueError(f"{key}: the adapter targets {sorted(theirs) if not isinstance(theirs, str) else theirs!r}, "
+                         f"but {full_key(model_cfg, 'target_modules')}={list(targets)}; set it to the adapter's "
+                         "modules or to all-linear")
+    return {**saved, "folder": folder}
+
+
+def lora_from_config(model, model_cfg, task_type: str = "CAUSAL_LM", seed: int = 0):
+    """The LoRA of a model section (actor, critic, SFT, the rollout's copy): fresh adapters from ``lora_rank`` /
+    ``lora_alpha`` / ``target_modules`` / ``exclude_modules`` (:func:`apply_lora`), or, with
+    ``lora_adapter_path``, the saved adapter (checked by :func:`check_lora_adapter`) loaded trainable with
+    ``peft.PeftModel.from_pretrained(..., is_trainable=True)`` (verl 0.9's FSDP engine), its saved weights
+    being the starting point. ``lora_rank <= 0`` without an adapter returns ``model`` unchanged.
+
+    Raises: as :func:`check_lora_adapter`."""
+    adapter = check_lora_adapter(model_cfg)
+    if adapter is None:
+        return apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules, task_type,
+                          seed, exclude_modules=model_cfg.exclude_modules if "exclude_modules" in model_cfg else None)
+    from peft import PeftModel
+
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    return PeftModel.from_pretrained(model, adapter["folder"], is_trainable=True)

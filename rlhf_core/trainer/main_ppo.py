@@ -32,6 +32,7 @@ from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
 from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path, model_tokenizer_path
+from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
@@ -184,11 +185,14 @@ def check_model_paths(config: DictConfig) -> None:
     (:func:`~rlhf_core.models.loading.check_local_path`), or a model folder without ``config.json`` or with
     missing or truncated weights (:func:`~rlhf_core.models.preflight.check_model_files`); a hub id (these keys and
     ``data.tokenizer``) that cannot be loaded here: offline and not cached, or the hub unreachable
-    (:func:`~rlhf_core.models.hub.check_hub_model`). Remote URLs are left to the loaders.
+    (:func:`~rlhf_core.models.hub.check_hub_model`); a local ``lora_adapter_path`` of the actor (and of the
+    critic in use) that holds no adapter or contradicts the LoRA keys (:func:`~rlhf_core.models.lora.
+    check_lora_adapter`). Remote URLs are left to the loaders.
 
     Raises:
         FileNotFoundError: naming the key, its value and the expanded path (the first missing one).
         ConfigError: naming the key, its value and the missing or truncated file, or the hub id and what to do.
+        ValueError: naming ``lora_adapter_path`` and the LoRA key its adapter contradicts.
     """
     keys = ppo_model_keys(config)
     for key in keys:
@@ -200,6 +204,10 @@ def check_model_paths(config: DictConfig) -> None:
         if not key.endswith(("tokenizer_path", "hf_config_path")):  # a tokenizer / config.json only: no weights
             check_model_files(key, path)
     check_hub_models(config, keys + ["data.tokenizer"])  # a hub id that cannot load here: one line, in seconds
+    roles = [config.actor_rollout_ref.model] + ([config.critic.model] if "critic.model.path" in keys else [])
+    for model_cfg in roles:
+        if model_cfg.lora_adapter_path is not None and "://" not in str(model_cfg.lora_adapter_path):
+            check_lora_adapter(model_cfg)
 
 
 def check_chat_template(config: DictConfig, tokenizer: Any) -> None:

@@ -29,13 +29,14 @@ from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from rlhf_core.models.hub import check_hub_model
 from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.commands import sft_main
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import mean_rank_metrics
-from rlhf_core.trainer.sft_worker import SFTWorker
+from rlhf_core.trainer.sft_worker import SFTWorker, sft_tokenizer_path
 from rlhf_core.trainer.tracking import Tracking
 
 logger = logging.getLogger(__name__)
@@ -175,16 +176,21 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
         ConfigError: before any model is loaded, a broken batch-size rule, a ``model.partial_pretrain`` folder with
             missing or truncated weights, a hub id that cannot be loaded here (offline and not cached, or the hub
             unreachable), or a tokenizer without a chat template.
+        FileNotFoundError / ValueError: before any model is loaded, a ``model.lora_adapter_path`` that holds no
+            adapter or contradicts ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``.
         DataError: before any model is loaded, a bad data file or fewer training rows than one batch.
     """
     validate_sft_config(config)  # before any model is loaded
     model = config.model
     check_model_files("model.partial_pretrain", str(model.partial_pretrain))
     check_hub_model("model.partial_pretrain", str(model.partial_pretrain))  # offline hub id: one line, in seconds
-    tokenizer = load_tokenizer(str(model.partial_pretrain), bool(model.trust_remote_code))
+    if model.lora_adapter_path is not None and "://" not in str(model.lora_adapter_path):
+        check_lora_adapter(model)  # a missing or contradicting adapter, before the data is read
+    tokenizer = load_tokenizer(sft_tokenizer_path(model), bool(model.trust_remote_code))
+    tok_key = ("model.partial_pretrain" if model.tokenizer_path is None else "model.tokenizer_path")
     data = config.data
     if not data.custom_cls.path:  # the built-in SFTDataset renders every prompt (and message list) with it
-        require_chat_template(tokenizer, f"model.partial_pretrain={str(model.partial_pretrain)!r}",
+        require_chat_template(tokenizer, f"{tok_key}={sft_tokenizer_path(model)!r}",
                               "SFT renders the prompts with it; add one to that folder or set data.chat_template",
                               data.chat_template)
     train = create_sft_dataset(_as_list(data.train_files), tokenizer, data, int(data.train_max_samples))

@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 from rlhf_core.config.structured import full_key
 from rlhf_core.kernels.packing import packed_next_token_ce
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
-from rlhf_core.models.lora import apply_lora, merge_lora
+from rlhf_core.models.lora import check_lora_adapter, lora_from_config, merge_lora
+from rlhf_core.models.tiled_mlp import tile_from_config
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.batching import all_reduce_sum, global_counts, micro_batches
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager
@@ -43,14 +44,23 @@ class SFTWorker:
 
     # ---- model -----------------------------------------------------------------------------------
     def init_model(self) -> None:
+        """Load ``model.partial_pretrain`` (its HF config from ``model.hf_config_path`` when set, with
+        ``model.override_config`` applied), gradient checkpointing, LoRA (fresh from ``lora_rank`` / ``lora_alpha``
+        / ``target_modules`` / ``exclude_modules``, or the saved ``model.lora_adapter_path``), the tiled MLP
+        (``model.tiled_mlp``), the kernels and FSDP2; then AdamW and the LR schedule.
+
+        Raises:
+            FileNotFoundError / ValueError: a missing or contradicting ``model.lora_adapter_path`` (before the model
+                loads), a ``model.tiled_mlp`` the model cannot use, ``use_remove_padding`` for a model that
+                cannot pack."""
         mcfg = self.config.model
         torch.manual_seed(int(self.config.trainer.seed))  # an explicit 0 stays 0
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
-                               trust_remote_code=bool(mcfg.trust_remote_code), external_lib=mcfg.external_lib)
+        check_lora_adapter(mcfg)
+        model = self._load_model()
         if mcfg.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
             model.config.use_cache = False
-        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
+        model = tile_from_config(lora_from_config(model, mcfg), mcfg)
         offload = bool(mcfg.fsdp_config.cpu_offload and mcfg.fsdp_config.offload_params)
         fsdp_cfg = dict(mcfg.fsdp_config)
         engine = self.config.engine  # verl 0.9's FSDP engine settings that FSDP2 honours here
@@ -65,6 +75,20 @@ class SFTWorker:
         self.model = prepare_role_model(model, "sft", fsdp_cfg, packed_key)
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
         self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
+
+    def _load_model(self):
+        """The causal LM of ``model.partial_pretrain`` on CPU in ``model.fsdp_config.model_dtype``, its config from
+        ``model.hf_config_path`` when set, ``model.override_config`` applied."""
+        mcfg = self.config.model
+        return load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
+                              override_config=mcfg.override_config, trust_remote_code=bool(mcfg.trust_remote_code),
+                              external_lib=mcfg.external_lib, config_path=mcfg.hf_config_path)
+
+    def _tokenizer(self):
+        """The tokenizer saved with checkpoints: ``model.tokenizer_path`` (null = ``model.partial_pretrain``)."""
+        mcfg = self.config.model
+        return AutoTokenizer.from_pretrained(local_path(sft_tokenizer_path(mcfg)),
+                                             trust_remote_code=bool(mcfg.trust_remote_code))
 
     def _micro_batch_size(self) -> int:
         """Rows per micro-batch: ``data.micro_batch_size_per_gpu`` (else the deprecated global
@@ -112,7 +136,8 @@ class SFTWorker:
         schedule = UpdateSchedule(ppo_epochs=1, mini_batch_size=len(batch), micro_batch_size=self._micro_batch_size(),
                                   grad_clip=self.config.optim.clip_grad, use_dynamic_bsz=bool(data.use_dynamic_bsz),
                                   max_token_len=int(data.max_token_len_per_gpu),
-                                  max_token_len_key="data.max_token_len_per_gpu")
+                                  max_token_len_key="data.max_token_len_per_gpu",
+                                  activation_offload=bool(self.config.model.enable_activation_offload))
 
         def micro_loss(micro: Batch, n_tokens: float, _n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)
@@ -137,8 +162,7 @@ class SFTWorker:
         if getattr(self, "_ckpt_mgr", None) is None:
             ck = self.config.trainer.checkpoint
             save, load = list(ck.save_contents), ck.load_contents
-            tok = AutoTokenizer.from_pretrained(local_path(str(self.config.model.partial_pretrain)),
-                                                trust_remote_code=bool(self.config.model.trust_remote_code))
+            tok = self._tokenizer()
             hf_config = getattr(getattr(self.model, "base_model", self.model), "config", None)
             self._ckpt_mgr = FSDPCheckpointManager(self.model, self.optimizer, self.scheduler, tok, hf_config,
                                                    save_contents=save, load_contents=list(load) if load else None)
@@ -156,16 +180,18 @@ class SFTWorker:
         state = full_state_dict(self.model, rank0_only=True)
         if rank() != 0:
             return None
-        mcfg = self.config.model
-        model = load_causal_lm(str(mcfg.partial_pretrain), to_torch_dtype(mcfg.fsdp_config.model_dtype),
-                               trust_remote_code=bool(mcfg.trust_remote_code))
-        model = apply_lora(model, int(mcfg.lora_rank), float(mcfg.lora_alpha), mcfg.target_modules)
+        model = lora_from_config(self._load_model(), self.config.model)
         model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=True)
         model = merge_lora(model)
         model.save_pretrained(out_dir)
-        AutoTokenizer.from_pretrained(local_path(str(mcfg.partial_pretrain)),
-                                      trust_remote_code=bool(mcfg.trust_remote_code)).save_pretrained(out_dir)
+        self._tokenizer().save_pretrained(out_dir)
         return out_dir
+
+
+def sft_tokenizer_path(model_cfg: Any) -> str:
+    """SFT's tokenizer folder: ``model.tokenizer_path`` when set (verl 0.9's engine SFT), else
+    ``model.partial_pretrain``."""
+    return str(model_cfg.partial_pretrain if model_cfg.tokenizer_path is None else model_cfg.tokenizer_path)
 
 
 def _loss_mask(batch: Batch) -> torch.Tensor:

@@ -338,7 +338,7 @@ class CriticWorker(ProfiledWorker):
     def init_model(self) -> None:
         ccfg = self.ccfg
         mcfg = ccfg.model
-        self.tokenizer = load_tokenizer(mcfg.tokenizer_path, bool(mcfg.trust_remote_code))
+        self.tokenizer = load_tokenizer(mcfg.tokenizer_path, bool(mcfg.trust_remote_code), mcfg.custom_chat_template)
         n = int(ccfg.rollout_n)
         note_unsupported(mcfg, False, "critic")
         self.module = build_model(mcfg, ccfg.fsdp, "critic", value_head=True)

@@ -10,7 +10,8 @@ from torch import nn
 from rlhf_core import kernels
 from rlhf_core.config.structured import full_key, role_name
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, load_value_model, to_torch_dtype
-from rlhf_core.models.lora import apply_lora
+from rlhf_core.models.lora import check_lora_adapter, lora_from_config
+from rlhf_core.models.tiled_mlp import tile_from_config
 from rlhf_core.workers.fsdp_utils import apply_fsdp2, world_size
 from rlhf_core.workers.lr_schedule import build_lr_scheduler
 from rlhf_core.workers.optim import build_optimizer
@@ -47,13 +48,20 @@ def prepare_role_model(model: nn.Module, role: str, fsdp_cfg: Mapping[str, Any] 
 
 def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role: str,
                 value_head: bool = False, default_dtype: str = "float32") -> nn.Module:
-    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA, gradient checkpointing, then
-    :func:`prepare_role_model` (the kernels, ``model_cfg.use_remove_padding`` checked; FSDP2 sharding).
-    ``fsdp_cfg.model_dtype`` picks the parameter dtype (``default_dtype`` for a section without that key).
+    """Load the HF model (causal LM, or value model when ``value_head``), add LoRA (actor and critic: fresh, or the
+    saved ``lora_adapter_path``, :func:`~rlhf_core.models.lora.lora_from_config`), gradient checkpointing, the
+    tiled MLP (``model.tiled_mlp``, :mod:`rlhf_core.models.tiled_mlp`), then :func:`prepare_role_model` (the
+    kernels, ``model_cfg.use_remove_padding`` checked; FSDP2 sharding). ``fsdp_cfg.model_dtype`` picks the parameter
+    dtype (``default_dtype`` for a section without that key).
 
     Raises:
-        FileNotFoundError / OSError: naming the role and ``<section>.path`` when the model cannot be loaded.
-        ValueError: ``use_remove_padding`` for a model that cannot be packed (:func:`prepare_role_model`)."""
+        FileNotFoundError / OSError: naming the role and ``<section>.path`` when the model cannot be loaded, or
+            ``lora_adapter_path`` when it holds no adapter (checked before the model loads).
+        ValueError: an adapter that contradicts ``lora_rank`` / ``lora_alpha`` / ``target_modules``; ``tiled_mlp``
+            for a model without a SwiGLU MLP; ``use_remove_padding`` for a model that cannot be packed
+            (:func:`prepare_role_model`)."""
+    if role in ("actor", "critic"):
+        check_lora_adapter(model_cfg)  # a missing or contradicting adapter fails before the model loads
     dtype = to_torch_dtype(fsdp_cfg.model_dtype if "model_dtype" in fsdp_cfg else default_dtype)
     loader = load_value_model if value_head else load_causal_lm
     try:
@@ -63,14 +71,14 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
                        config_path=model_cfg.hf_config_path if "hf_config_path" in model_cfg else None)
     except OSError as exc:  # FileNotFoundError included: a missing or unreadable model directory
         raise type(exc)(f"{role_name(role)}: {full_key(model_cfg, 'path')}={model_cfg.path!r}: {exc}") from exc
-    if role in ("actor", "critic") and int(model_cfg.lora_rank) > 0:
-        model = apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
-                           "TOKEN_CLS" if value_head else "CAUSAL_LM",
-                           exclude_modules=model_cfg.exclude_modules if "exclude_modules" in model_cfg else None)
+    if role in ("actor", "critic"):
+        model = lora_from_config(model, model_cfg, "TOKEN_CLS" if value_head else "CAUSAL_LM")
     if role in ("actor", "critic") and model_cfg.enable_gradient_checkpointing:
         enable_activation_checkpointing(model)
     if role == "ref":
         model.requires_grad_(False)
+    if "tiled_mlp" in model_cfg:  # the reward model's section has none (verl's YAML)
+        tile_from_config(model, model_cfg)
     packed_key = full_key(model_cfg, "use_remove_padding") if model_cfg.use_remove_padding else None
     return prepare_role_model(model, role, fsdp_cfg, packed_key)
 

@@ -78,6 +78,9 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
            for k in ("keys", "weights")},
         "ray_kwargs.timeline_json_file": "tests/rlhf_core/distributed/test_distributed_ray.py::test_ray_timeline_is_written",
         _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
+        # read only with tiled_mlp.enabled
+        **{f"{m}.tiled_mlp.num_shards": "tests/rlhf_core/models/test_tiled_mlp.py::test_actor_ref_and_critic_read_"
+           "their_tiled_mlp" for m in (_A + "model", "critic.model")},
         "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
         "data.filter_overlong_prompts_workers": "tests/rlhf_core/data/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
         "critic.forward_micro_batch_size": _DEPRECATED,
@@ -150,6 +153,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,
+                    "model.tiled_mlp.num_shards": "tests/rlhf_core/trainer/test_sft_model_keys.py::test_tiled_mlp_step_"
+                                                  "gives_the_pinned_numbers_and_offload_wraps_each_micro_batch",
                     "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":

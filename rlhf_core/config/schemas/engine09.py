@@ -91,9 +91,8 @@ class FSDPEngine09:
 class TiledMLPConfig:
     """``<model>.tiled_mlp``: run the MLP over sequence tiles to cut activation memory."""
 
-    enabled: bool = key(False, 'compute the MLP in sequence tiles (lower peak memory, same result)',
-        no_effect_yet='the MLP runs on the whole sequence; same outputs')
-    num_shards: int = key(4, 'tiled MLP: number of sequence tiles', no_effect_yet='read only with tiled_mlp.enabled')
+    enabled: bool = key(False, 'compute the MLP in sequence tiles (lower peak memory, same result)')
+    num_shards: int = key(4, 'tiled MLP: number of sequence tiles (read with tiled_mlp.enabled)')
 
 
 @dataclass
@@ -144,8 +143,8 @@ class Model09:
     """The keys verl 0.9's ``HFModelConfig`` added, shared by ``actor_rollout_ref.model`` and ``critic.model``."""
 
     # verl 0.9: model
-    lora_adapter_path: Optional[str] = key(None, 'a saved PEFT LoRA adapter to start from; null = fresh adapters',
-        no_effect_yet='LoRA adapters start fresh from lora_rank/lora_alpha')
+    lora_adapter_path: Optional[str] = key(None, 'a saved PEFT LoRA adapter to start from (its rank, alpha and '
+        'modules must match lora_rank, lora_alpha and target_modules); null = fresh adapters')
     tiled_mlp: TiledMLPConfig = section(TiledMLPConfig)
     mtp: MTPConfig = section(MTPConfig, 'multi-token prediction (not supported)')
     lora: LoRA09Config = section(LoRA09Config, "verl 0.9's LoRA section for Megatron (not supported)")

@@ -33,7 +33,8 @@ class FusedKernelOptionsConfig:
     """``actor_rollout_ref.model.fused_kernel_options``."""
 
     impl_backend: str = key('torch', 'implementation backend of fused kernels: torch | triton',
-        choices=('torch', 'triton'), no_effect_yet='fused kernels are not supported yet')
+        choices=('torch', 'triton'), only=('torch',),
+        why='fused-kernel backends other than torch: Triton kernels are GPU-only and model.use_fused_kernels is default only')
 
 
 @dataclass
@@ -63,8 +64,8 @@ class HFModelConfig(Model09):
     use_shm: bool = key(False, 'load the model through shared memory (/dev/shm)', why='shared-memory model loading')
     exclude_modules: Any = key(None, 'module names that never get LoRA adapters (a regex string or a list of '
         'names / name suffixes); null = none', types=(str, list))
-    use_liger: bool = key(False, 'apply Liger kernels to the model',
-        no_effect_yet='Liger kernels are not applied; same loss')
+    use_liger: bool = key(False, 'apply Liger kernels to the model', only=(False,),
+        why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     custom_chat_template: Optional[str] = key(None,
         "chat template to use instead of the tokenizer's; null = the tokenizer's")
 

@@ -86,7 +86,8 @@ class CriticFusedKernelOptions:
     """``critic.model.fused_kernel_options``."""
 
     impl_backend: str = key('torch', 'implementation backend of fused kernels: torch | triton',
-        choices=('torch', 'triton'), no_effect_yet='fused kernels are not supported yet')
+        choices=('torch', 'triton'), only=('torch',),
+        why='fused-kernel backends other than torch: Triton kernels are GPU-only and model.use_fused_kernels is default only')
 
 
 @dataclass
@@ -112,13 +113,12 @@ class CriticModelConfig(Model09):
     use_shm: bool = key(False, 'load the critic through shared memory (/dev/shm; default only)',
         why='shared-memory model loading')
     # verl 0.9: model
-    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path',
-        no_effect_yet='the HF config is read from critic.model.path')
-    custom_chat_template: Optional[str] = key(None, "chat template instead of the tokenizer's; null = the tokenizer's",
-        no_effect_yet='the critic scores token ids made by the rollout; no template is applied')
-    exclude_modules: Optional[str] = key(None, 'module names that never get LoRA adapters; null = none',
-        no_effect_yet='every target_modules match gets a LoRA adapter')
-    use_liger: bool = key(False, 'apply Liger kernels to the critic', no_effect_yet='Liger kernels are not applied')
+    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path')
+    custom_chat_template: Optional[str] = key(None, "chat template of the critic's tokenizer (saved with its "
+        "checkpoints; the critic scores the rollout's token ids); null = the tokenizer's")
+    exclude_modules: Optional[str] = key(None, 'module names that never get LoRA adapters (a regex string); null = none')
+    use_liger: bool = key(False, 'apply Liger kernels to the critic', only=(False,),
+        why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     use_fused_kernels: bool = key(False, 'fused log-prob kernels (an actor option; the critic has a value head)',
         only=(False,), why='fused kernels')
     fused_kernel_options: CriticFusedKernelOptions = section(CriticFusedKernelOptions)

@@ -154,9 +154,8 @@ class SftMtpConfig:
 class SftTiledMlpConfig:
     """``model.tiled_mlp``."""
 
-    enabled: bool = key(False, 'TiledMLP: compute the MLP in tiles to cut peak memory',
-        no_effect_yet='the MLP runs untiled (same numbers)')
-    num_shards: int = key(4, 'TiledMLP: tiles per MLP input', no_effect_yet='the MLP runs untiled (same numbers)')
+    enabled: bool = key(False, 'TiledMLP: compute the MLP in sequence tiles to cut peak memory (same result)')
+    num_shards: int = key(4, 'TiledMLP: sequence tiles per MLP input (read with tiled_mlp.enabled)')
 
 
 @dataclass
@@ -164,7 +163,8 @@ class SftFusedKernelOptionsConfig:
     """``model.fused_kernel_options``."""
 
     impl_backend: str = key('torch', 'fused-kernel backend: torch | triton | liger',
-        choices=('torch', 'triton', 'liger'), no_effect_yet='fused kernels are not used (model.use_fused_kernels)')
+        choices=('torch', 'triton', 'liger'), only=('torch',),
+        why='fused-kernel backends other than torch: Triton kernels are GPU-only and model.use_fused_kernels is default only')
 
 
 @dataclass

@@ -127,20 +127,20 @@ class ModelConfig:
     lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
     lora_alpha: int = key(16, 'LoRA scaling alpha')
     target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
-    use_liger: bool = key(False, 'apply Liger kernels (GPU)', no_effect_yet='Liger kernels are not applied; same loss')
+    use_liger: bool = key(False, 'apply Liger kernels (GPU)', only=(False,),
+        why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     # verl 0.9: engine SFT
-    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path',
-        no_effect_yet='the HF config is read from model.path')
-    tokenizer_path: Optional[str] = key(None, 'tokenizer folder; null = model.path',
-        no_effect_yet='the tokenizer is read from model.path')
-    override_config: Dict[str, Any] = free_form("overrides of the model's HF config",
-        no_effect_yet="the model's own HF config is used")
+    hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path')
+    tokenizer_path: Optional[str] = key(None, 'tokenizer folder; null = model.path')
+    override_config: Dict[str, Any] = free_form("overrides of the model's HF config (fields directly or under "
+        "model_config)")
     enable_activation_offload: bool = key(False, 'offload activations to CPU',
-        no_effect_yet='SFT keeps activations on the training device')
-    exclude_modules: Optional[Any] = key(None, 'module names that never get LoRA adapters; null = none',
-        types=(str, list), no_effect_yet='every target_modules match gets a LoRA adapter')
-    lora_adapter_path: Optional[str] = key(None, 'LoRA adapter to continue training from; null = fresh adapters',
-        no_effect_yet='LoRA adapters start fresh')
+        no_effect_on_cpu='on CUDA the training forward runs under save_on_cpu(pin_memory=True); on CPU activations '
+                         'already live in host memory')
+    exclude_modules: Optional[Any] = key(None, 'module names that never get LoRA adapters (a regex string or a list '
+        'of names / name suffixes); null = none', types=(str, list))
+    lora_adapter_path: Optional[str] = key(None, 'a saved PEFT LoRA adapter to continue training from (its rank, '
+        'alpha and modules must match lora_rank, lora_alpha and target_modules); null = fresh adapters')
     use_fused_kernels: bool = key(False, 'fused log-prob kernels from hidden states', why='fused kernels')
     fused_kernel_options: SftFusedKernelOptionsConfig = section(SftFusedKernelOptionsConfig)
     tiled_mlp: SftTiledMlpConfig = section(SftTiledMlpConfig)

@@ -8,7 +8,7 @@ from torch import nn
 
 from rlhf_core.config.structured import full_key
 from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
-from rlhf_core.models.lora import apply_lora
+from rlhf_core.models.lora import lora_from_config
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.model_setup import prepare_role_model
 from rlhf_core.workers.precision import cast_buffers
@@ -41,9 +41,7 @@ def build_engine_copy(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any])
                             override_config=model_cfg.override_config,
                             trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib,
                             config_path=model_cfg.hf_config_path)
-    if int(model_cfg.lora_rank) > 0:
-        module = apply_lora(module, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules,
-                            exclude_modules=model_cfg.exclude_modules)
+    module = lora_from_config(module, model_cfg)  # the actor's adapters (fresh or lora_adapter_path), key for key
     dtype = compute_dtype(fsdp_cfg)
     with torch.no_grad():
         for param in module.parameters():

@@ -34,7 +34,7 @@ def test_spot_checked_statuses_and_reasons():
     assert specs("sft_trainer")["data.train_max_samples"].status == ppo["data.train_max_samples"].status == SUPPORTED
 
 
-@pytest.mark.parametrize("path", ["actor_rollout_ref.model.use_liger", "trainer.esi_redundant_time"])
+@pytest.mark.parametrize("path", ["critic.fsdp.use_orig_params", "trainer.esi_redundant_time"])
 def test_unread_keys_are_not_called_supported(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_YET)
 
@@ -43,9 +43,33 @@ def test_unread_keys_are_not_called_supported(path):
     "reward_model.launch_reward_fn_async", "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.nccl_timeout",
     "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.enable_prefix_caching",
     "actor_rollout_ref.model.custom_chat_template", "actor_rollout_ref.rollout.trace.backend",
-    "ray_init.timeline_json_file"])
+    "ray_init.timeline_json_file", "actor_rollout_ref.model.lora_adapter_path", "critic.model.lora_adapter_path",
+    "actor_rollout_ref.model.tiled_mlp.enabled", "critic.model.tiled_mlp.num_shards", "critic.model.hf_config_path",
+    "critic.model.custom_chat_template", "critic.model.exclude_modules"])
 def test_keys_given_effect_are_supported(path):
     assert status_of("ppo_trainer", path).startswith(SUPPORTED)
+
+
+@pytest.mark.parametrize("path", ["model.lora_adapter_path", "model.exclude_modules", "model.tiled_mlp.enabled",
+                                  "model.hf_config_path", "model.tokenizer_path", "model.override_config"])
+def test_sft_model_keys_given_effect_are_supported(path):  # tests/rlhf_core/trainer/test_sft_model_keys.py
+    assert status_of("sft_trainer", path).startswith(SUPPORTED)
+
+
+@pytest.mark.parametrize("name,override", [
+    ("ppo_trainer", "actor_rollout_ref.model.use_liger=True"), ("ppo_trainer", "critic.model.use_liger=True"),
+    ("ppo_trainer", "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"),
+    ("ppo_trainer", "critic.model.fused_kernel_options.impl_backend=triton"),
+    ("sft_trainer", "model.use_liger=True"), ("sft_trainer", "model.fused_kernel_options.impl_backend=liger")])
+def test_gpu_kernel_keys_are_refused_by_name(name, override):
+    """Liger and the Triton fused-kernel backends are GPU-only kernels this project does not have: a non-default
+    value is refused when the config loads, naming the key (it would otherwise silently run the torch path)."""
+    from rlhf_core.config import load_config
+    from rlhf_core.config.errors import ConfigError
+
+    key, _, value = override.partition("=")
+    with pytest.raises(ConfigError, match=rf"{key}=\S*{value}\S* is not supported yet"):
+        load_config(name, [override])
 
 
 def test_profiler_tool_torch_memory_is_refused_as_cuda_only():
@@ -62,6 +86,7 @@ def test_profiler_tool_torch_memory_is_refused_as_cuda_only():
                                   "actor_rollout_ref.actor.use_torch_compile"])
 def test_gpu_only_keys_say_so(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_ON_CPU)
+    assert status_of("sft_trainer", "model.enable_activation_offload").startswith(NO_EFFECT_ON_CPU)
 
 
 def test_ray_wait_timeout_is_supported():

@@ -98,3 +98,28 @@ def test_actor_worker_reads_tokenizer_config_template_and_exclusions(tiny_model_
         assert engine.config.rms_norm_eps == 0.25 and "o_proj" not in lora_modules(engine)
     finally:
         wg.shutdown()
+
+
+def test_critic_worker_reads_config_template_and_exclusions(tiny_model_dir, split_dirs, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlhf_core.distributed import LocalWorkerGroup
+    from rlhf_core.workers.fsdp_workers import CriticWorker
+
+    _, conf_dir = split_dirs
+    cfg = ppo_config(tiny_model_dir, f"critic.model.hf_config_path={conf_dir}",
+                     f"critic.model.custom_chat_template={json.dumps(TEMPLATE)}", "critic.model.lora_rank=4",
+                     "critic.model.exclude_modules=.*o_proj")
+    wg = LocalWorkerGroup(CriticWorker, {"config": cfg})
+    try:
+        wg.execute_all("init_model")
+        worker = wg.worker
+        assert worker.module.config.rms_norm_eps == 0.25  # config.json from critic.model.hf_config_path
+        adapters = lora_modules(worker.module)
+        assert "q_proj" in adapters and "o_proj" not in adapters
+        assert worker.tokenizer.chat_template == TEMPLATE
+        wg.execute_all("save_checkpoint", str(tmp_path / "critic"))
+    finally:
+        wg.shutdown()
+    # the tokenizer saved with the critic's checkpoint carries the template (verl's critic sets it on its tokenizer)
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "critic" / "huggingface")).chat_template == TEMPLATE
