@@ -110,7 +110,9 @@ class SFTTrainer:
                     break
                 self.global_step += 1
                 is_last = self.global_step >= self.total_steps
+                self._profile(start=True)
                 metrics = mean_rank_metrics(self.wg.execute_dp("train_step", batch))
+                self._profile(start=False, last=is_last)
                 metrics["train/epoch"] = epoch
                 if self.val_loader is not None and (is_last or (test_freq > 0 and self.global_step % test_freq == 0)):
                     metrics.update(self.validate())
@@ -121,6 +123,19 @@ class SFTTrainer:
         self.wg.execute_all("save_hf_model", hf_dir)
         return {"metrics": metrics, "global_step": self.global_step, "hf_model_dir": hf_dir,
                 "checkpoint_dir": last_ckpt}
+
+    def _profile(self, start: bool, last: bool = False) -> None:
+        """verl's ``trainer.profile_interval = [first, last]``: the workers start profiling before step ``first``
+        and stop (writing the trace, then the finish hook) after step ``last``, or after the run's last step
+        when it ends inside the interval. The workers record only with ``profiler.enable`` (and their rank
+        chosen); ``[-1, -1]`` profiles nothing."""
+        first, end = (int(v) for v in self.config.trainer.profile_interval)
+        if first < 1:
+            return
+        if start and self.global_step == first:
+            self.wg.execute_all("start_profile", first)
+        elif not start and first <= self.global_step <= end and (self.global_step == end or last):
+            self.wg.execute_all("stop_profile", True)
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean over the validation set (mean of per-batch token-means, like verl)."""

@@ -29,13 +29,21 @@ from rlhf_core.workers.fsdp_utils import device, full_state_dict, rank, world_si
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
 from rlhf_core.workers.model_setup import prepare_role_model
 from rlhf_core.workers.optim import build_optimizer
+from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
 
 
-class SFTWorker:
-    """``SFTWorker(config)`` with ``config`` the whole ``sft_trainer`` config; call :meth:`init_model` first."""
+class SFTWorker(ProfiledWorker):
+    """``SFTWorker(config)`` with ``config`` the whole ``sft_trainer`` config; call :meth:`init_model` first.
+
+    Profiling (``profiler`` block, tool torch; the driver calls ``start_profile``/``stop_profile`` around
+    ``trainer.profile_interval``): one trace ``<save_path>/step_<first>/sft_rank_<rank>.json`` for the interval, or
+    with ``discrete`` one per training step (``sft_train_step[_<i>]_rank_<rank>.json``); a ``schedule`` counts
+    training steps (:mod:`rlhf_core.workers.profiler`)."""
+
+    profiler_role, profiler_key, profiler_single_window = "sft", "profiler", False
 
     def __init__(self, config: Any, total_steps: int):
         self.config = config
@@ -127,6 +135,7 @@ class SFTWorker:
         return (ce.view_as(mask) * mask).sum()
 
     # ---- steps -----------------------------------------------------------------------------------
+    @profiled_stage("train_step")
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer update on this rank's shard (:func:`run_update`: one mini-batch, one epoch); returns
         ``train/loss`` (global token-mean), ``train/lr`` (before the scheduler step), ``train/grad_norm``,

@@ -22,7 +22,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, see
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
-from rlhf_core.workers.profiler import ProfiledWorker, union_profiler_configs
+from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage, union_profiler_configs
 from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dtype
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
@@ -220,6 +220,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         return self.ref is not None
 
     # ---- compute -------------------------------------------------------------------------------------------
+    @profiled_stage("generate_sequences")
     def generate_sequences(self, batch: Batch) -> Batch:
         """Rollout on this rank's prompts (see ``HFRollout.generate_sequences``)."""
         if self.rollout is None:
@@ -232,6 +233,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         batch.meta.setdefault("temperature", float(self.arr.rollout.temperature))
         return batch
 
+    @profiled_stage("compute_log_prob")
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``Batch{old_log_probs (B,T), entropys (B,T)}`` from the current actor (rollout.log_prob_* batching), and
         ``sum_pi_squared (B,T)`` when ``actor.calculate_sum_pi_squared`` or the advantage estimator needs it."""
@@ -251,6 +253,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         algo = self.config.algorithm
         return bool(algo.use_kl_in_reward) and algo.kl_penalty == "full"
 
+    @profiled_stage("compute_ref_log_prob")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``Batch{ref_log_prob (B,T)}`` from the frozen reference model (ref.log_prob_* batching).
 
@@ -276,6 +279,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             out["ref_kl_full"] = self.actor.compute_full_kl(batch, micro, dynamic, max_tok)
         return Batch(out)
 
+    @profiled_stage("update_actor", scheduled=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One PPO update on this rank's shard, one LR-scheduler step, then a weight sync to the rollout.
 
@@ -353,10 +357,12 @@ class CriticWorker(ProfiledWorker):
             async_save=bool(ccfg.checkpoint.async_save), seed=run_seed(self.config))
         seed_rank(self.config)
 
+    @profiled_stage("compute_values")
     def compute_values(self, batch: Batch) -> Batch:
         """``Batch{values (B,T)}`` (masked by ``response_mask``)."""
         return Batch({"values": self.critic.compute_values(batch)})
 
+    @profiled_stage("update_critic", scheduled=True)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """One critic update + LR step; metrics incl. ``critic/lr``."""
         metrics = self.critic.update_critic(batch)

@@ -39,7 +39,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported, prepare_role_model
-from rlhf_core.workers.profiler import ProfiledWorker
+from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ class RewardModelWorker(ProfiledWorker):
         last = last_valid_index(mask)
         return per_token[torch.arange(len(mask), device=per_token.device), last, 0].float().cpu()
 
+    @profiled_stage("compute_rm_score")
     def compute_rm_score(self, batch: Batch) -> Batch:
         """``Batch{rm_scores (B, T) float32}``: each row's RM score on its last valid response token, 0 elsewhere.
 

@@ -7,7 +7,8 @@ For each epoch, for each mini-batch of this rank's shard (reshuffled per epoch w
    (FSDP averages gradients over the ``W`` ranks; the global-count aggregation wants their sum);
 3. sum the micro-batch metrics over micro-batches and ranks;
 4. clip the global gradient norm to ``grad_clip``; a non-finite norm skips the optimizer step (logged, counted);
-5. optimizer step, zero the gradients; record the mini-batch's metrics.
+5. optimizer step, zero the gradients; record the mini-batch's metrics; advance a torch profiler schedule
+   (``profiler.tool_config.torch.schedule``, :func:`rlhf_core.workers.torch_trace.mini_batch_done`).
 
 Returned metrics are the mean over mini-batches (identical on every rank), except ``<role>/skipped_steps``,
 which is their sum. ``micro_loss`` returns the micro-batch's *contribution* to the mini-batch loss (terms
@@ -26,6 +27,7 @@ from torch import nn
 
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
+from rlhf_core.workers.torch_trace import mini_batch_done
 from rlhf_core.workers.fsdp_utils import activation_offload, clip_grad_norm, world_size
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
             mini_metrics[f"{role}/skipped_steps"] = 0.0 if stepped else 1.0
             for k, v in mini_metrics.items():
                 history.setdefault(k, []).append(v)
+            mini_batch_done()  # advances a profiler schedule over mini-batches (a no-op when none runs)
     out = {k: sum(v) / len(v) for k, v in history.items()}
     out[f"{role}/skipped_steps"] = sum(history.get(f"{role}/skipped_steps", [0.0]))
     return out

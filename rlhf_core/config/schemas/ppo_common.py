@@ -9,7 +9,13 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml an
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from rlhf_core.config.spec import key, section
+from rlhf_core.config.spec import check_section, key, number, section
+
+_TOKEN = ("verl hands it to the vLLM/SGLang engine's own profiler (decode iterations to delay / to trace), which "
+          "this project does not start; the HF rollout's decoding is traced whole in a profiled step")
+_NO_MINI_BATCHES = ("a range of update mini-batches, and the rollout and the reward model run none (the actor/rollout "
+                    "worker's trace reads the actor's block)")
+_CONTENTS = ('cpu', 'cuda', 'memory', 'shapes', 'stack')
 
 
 @dataclass
@@ -38,13 +44,24 @@ class MixedPrecisionConfig:
 # verl 0.9: profiler
 @dataclass
 class TorchScheduleConfig:
-    """``<role>.profiler.tool_config.torch.schedule``: torch.profiler.schedule over the update mini-batches."""
+    """``<role>.profiler.tool_config.torch.schedule``: torch.profiler.schedule over the update mini-batches (each
+    actor/critic update mini-batch advances it; rlhf_core/workers/torch_trace.py)."""
 
-    skip_first: int = key(0, 'torch profiler schedule: mini-batches skipped before the first cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
-    wait: int = key(0, 'torch profiler schedule: idle mini-batches at the start of each cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
-    warmup: int = key(0, 'torch profiler schedule: traced-but-dropped mini-batches per cycle', no_effect_yet='no code reads it yet: no profiler traces are written')
-    active: int = key(0, 'torch profiler schedule: recorded mini-batches per cycle; 0 = no schedule', no_effect_yet='no code reads it yet: no profiler traces are written')
-    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = until the step ends', no_effect_yet='no code reads it yet: no profiler traces are written')
+    skip_first: int = key(0, 'torch profiler schedule: update mini-batches skipped before the first cycle')
+    wait: int = key(0, 'torch profiler schedule: idle mini-batches at the start of each cycle')
+    warmup: int = key(0, 'torch profiler schedule: traced-but-dropped mini-batches per cycle')
+    active: int = key(0, 'torch profiler schedule: recorded mini-batches per cycle; 0 = no schedule (record all)')
+    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = one per whole-step trace, all for a discrete update')
+
+    def __post_init__(self) -> None:
+        check_schedule(self)
+
+
+def check_schedule(schedule) -> None:
+    """Raise for a negative ``skip_first``/``wait``/``warmup``/``active``/``repeat`` (verl asserts the same)."""
+    check_section([f"{{section}}.{k} must be >= 0, got {getattr(schedule, k)}." for k in
+                   ("skip_first", "wait", "warmup", "active", "repeat")
+                   if number(getattr(schedule, k)) and getattr(schedule, k) < 0])
 
 
 @dataclass
@@ -57,9 +74,11 @@ class PrecisionDebuggerConfig:
     steps: Any = key(None, 'msprobe precision debugger: deprecated step filter (global_profiler.steps decides)',
         only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     stages: Any = key('${oc.select:global_profiler.global_tool_config.precision_debugger.stages,null}',
-        'msprobe precision debugger: stages dumped; null = all (follows global_profiler)', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'msprobe precision debugger: stages dumped; null = all (follows global_profiler)', only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     strict: bool = key('${oc.select:global_profiler.global_tool_config.precision_debugger.strict,False}',
-        'msprobe precision debugger: fail on an unknown stage (follows global_profiler)', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'msprobe precision debugger: fail on an unknown stage (follows global_profiler)', only=(False,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
 
 
 @dataclass
@@ -92,15 +111,25 @@ class TorchToolConfig:
     """Sections ``actor_rollout_ref.actor.profiler.tool_config.torch``,
     ``actor_rollout_ref.ref.profiler.tool_config.torch``, ``critic.profiler.tool_config.torch``."""
 
-    step_start: int = key(0, 'torch profiler: first step traced within a profiled step',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
-    step_end: Any = key(None, 'torch profiler: step after the last traced one; null = to the end',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+    step_start: int = key(0, 'torch profiler: first update mini-batch traced in a profiled step (verl 0.6; used '
+                          'when schedule.active is 0)')
+    step_end: Any = key(None, 'torch profiler: update mini-batch after the last traced one; null = to the end',
+                        types=(int,))
     # verl 0.9: profiler
     contents: List[str] = key([], 'torch profiler: what to record (cpu, cuda, memory, shapes, stack); [] = cpu+cuda',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
-    discrete: bool = key(False, 'torch profiler: one trace per stage instead of one per step', no_effect_yet='no code reads it yet: no profiler traces are written')
+        item_choices=_CONTENTS)
+    discrete: bool = key(False, 'torch profiler: one trace per stage (worker call) instead of one per step')
     schedule: TorchScheduleConfig = section(TorchScheduleConfig, 'which update mini-batches are traced')
+
+    def __post_init__(self) -> None:
+        check_step_range(self.step_start, self.step_end)
+
+
+def check_step_range(start, end) -> None:
+    """Raise unless ``[step_start, step_end)`` is a range of mini-batches (``step_end`` null: to the end)."""
+    check_section(["{section}.step_start must be >= 0, got %s." % start] if number(start) and start < 0 else
+                  ["{section}.step_end must be > step_start, got step_start=%s, step_end=%s." % (start, end)]
+                  if number(start) and number(end) and end <= start else [])
 
 
 @dataclass
@@ -148,12 +177,14 @@ class ProfilerConfig:
     tool_config: ProfilerToolConfig = section(ProfilerToolConfig, 'settings of each profiler tool')
     # verl 0.9: profiler
     relocate_results: bool = key('${global_profiler.relocate_results}',
-        "move this role's traces under save_path/<step> when the step ends", no_effect_yet='no code reads it yet: no profiler traces are written')
+        'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
     finish_hook_cmd: Optional[str] = key('${global_profiler.finish_hook_cmd}',
-        'shell command run on each trace when profiling ends; null = none', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
+        'VERL_PROFILE_TRACES...); null = none')
     finish_hook_all_ranks: bool = key('${global_profiler.finish_hook_all_ranks}',
-        'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
-    finish_hook_ranks: List[Any] = key('${global_profiler.finish_hook_ranks}', 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
+    finish_hook_ranks: List[Any] = key('${global_profiler.finish_hook_ranks}',
+        'ranks that run finish_hook_cmd; [] (and finish_hook_all_ranks False) = the profiled ranks')
 
 
 @dataclass
@@ -194,17 +225,19 @@ class FollowerTorchToolConfig:
     ``reward_model.profiler.tool_config.torch``."""
 
     step_start: int = key('${actor_rollout_ref.actor.profiler.tool_config.torch.step_start}',
-        'torch profiler: first step traced within a profiled step',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        'torch profiler: first update mini-batch traced (follows the actor\'s)', no_effect_yet=_NO_MINI_BATCHES)
     step_end: Any = key('${actor_rollout_ref.actor.profiler.tool_config.torch.step_end}',
-        'torch profiler: step after the last traced one; null = to the end',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        "torch profiler: update mini-batch after the last traced one (follows the actor's)",
+        no_effect_yet=_NO_MINI_BATCHES)
     # verl 0.9: profiler
-    contents: List[str] = key('${actor_rollout_ref.actor.profiler.tool_config.torch.contents}', "torch profiler: what to record (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
-    discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.torch.discrete}', "torch profiler: one trace per stage (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
-    profile_token_start: Optional[int] = key(None, 'torch profiler: first generated token traced; null = 0', no_effect_yet='no code reads it yet: no profiler traces are written')
+    contents: List[str] = key('${actor_rollout_ref.actor.profiler.tool_config.torch.contents}',
+        "torch profiler: what to record (follows the actor's)", item_choices=_CONTENTS)
+    discrete: bool = key('${actor_rollout_ref.actor.profiler.tool_config.torch.discrete}',
+        "torch profiler: one trace per stage (worker call) instead of one per step (follows the actor's)")
+    profile_token_start: Optional[int] = key(None, 'torch profiler: first generated token traced; null = 0',
+        no_effect_yet=_TOKEN)
     profile_token_end: Optional[int] = key(None, 'torch profiler: token after the last traced one; null = all',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        no_effect_yet=_TOKEN)
 
 
 @dataclass
@@ -230,9 +263,10 @@ class FollowerPrecisionDebuggerConfig:
     steps: Any = key(None, 'msprobe precision debugger: deprecated step filter', only=(None,),
         why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     stages: Any = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.stages}', "msprobe precision debugger: stages dumped (follows the actor's)",
-        no_effect_yet='no code reads it yet: no profiler traces are written')
+        only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     strict: bool = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.strict}',
-        "msprobe precision debugger: fail on an unknown stage (follows the actor's)", no_effect_yet='no code reads it yet: no profiler traces are written')
+        "msprobe precision debugger: fail on an unknown stage (follows the actor's)", only=(False,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
 
 
 @dataclass
@@ -266,9 +300,11 @@ class FollowerProfilerConfig:
         "settings of each profiler tool (follow the actor's)")
     # verl 0.9: profiler
     relocate_results: bool = key('${actor_rollout_ref.actor.profiler.relocate_results}',
-        "move this role's traces under save_path/<step> when the step ends", no_effect_yet='no code reads it yet: no profiler traces are written')
+        'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
     finish_hook_cmd: Optional[str] = key('${actor_rollout_ref.actor.profiler.finish_hook_cmd}',
-        'shell command run on each trace when profiling ends; null = none', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
+        'VERL_PROFILE_TRACES...); null = none')
     finish_hook_all_ranks: bool = key('${actor_rollout_ref.actor.profiler.finish_hook_all_ranks}',
-        'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
-    finish_hook_ranks: List[Any] = key('${actor_rollout_ref.actor.profiler.finish_hook_ranks}', 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')
+        'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
+    finish_hook_ranks: List[Any] = key('${actor_rollout_ref.actor.profiler.finish_hook_ranks}',
+        'ranks that run finish_hook_cmd; [] (and finish_hook_all_ranks False) = the profiled ranks')

@@ -311,8 +311,10 @@ class GlobalPrecisionDebuggerConfig:
         why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     steps: Any = key(None, 'msprobe precision debugger: deprecated step filter (global_profiler.steps decides)',
         only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
-    stages: Any = key(None, 'msprobe precision debugger: stages dumped; null = all', no_effect_yet='no code reads it yet: no profiler traces are written')
-    strict: bool = key(False, 'msprobe precision debugger: fail on an unknown stage', no_effect_yet='no code reads it yet: no profiler traces are written')
+    stages: Any = key(None, 'msprobe precision debugger: stages dumped; null = all', only=(None,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
+    strict: bool = key(False, 'msprobe precision debugger: fail on an unknown stage', only=(False,),
+        why='the msprobe precision debugger (Ascend tooling), which this project does not have')
 
 
 @dataclass
@@ -339,11 +341,13 @@ class GlobalProfilerConfig:
     save_path: str = key('outputs/profile', 'folder for profiler traces')
     global_tool_config: GlobalToolConfig = section(GlobalToolConfig)
     # verl 0.9: profiler
-    relocate_results: bool = key(False, 'move traces under save_path/<step> when a step ends', no_effect_yet='no code reads it yet: no profiler traces are written')
-    finish_hook_cmd: Optional[str] = key(None, 'shell command run on each trace when profiling ends; null = none',
-        no_effect_yet='no code reads it yet: no profiler traces are written')
-    finish_hook_all_ranks: bool = key(False, 'run finish_hook_cmd on every rank (False = finish_hook_ranks)', no_effect_yet='no code reads it yet: no profiler traces are written')
-    finish_hook_ranks: List[Any] = key([], 'ranks that run finish_hook_cmd', no_effect_yet='no code reads it yet: no profiler traces are written')
+    relocate_results: bool = key(False,
+        'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
+    finish_hook_cmd: Optional[str] = key(None, 'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
+        'VERL_PROFILE_TRACES...); null = none')
+    finish_hook_all_ranks: bool = key(False, 'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
+    finish_hook_ranks: List[Any] = key([],
+        'ranks that run finish_hook_cmd; [] (and finish_hook_all_ranks False) = the profiled ranks')
 
 
 @dataclass

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from rlhf_core.config.spec import key, section
+from rlhf_core.config.schemas.ppo_common import check_schedule
 
 # verl 0.9: engine SFT
 
 _MEGATRON = 'Megatron LoRA (verl 0.9 model.lora.*), a backend this project does not have; FSDP LoRA is model.lora_rank'
 _TURBO = 'the fsdp_turbo engine, a backend this project does not have'
 _QAT = 'quantization-aware training (NVFP4 kernels), which this project does not have'
-_PROFILE = 'SFT writes no profiler traces yet'
+_TOKEN = 'SFT generates no tokens: it has no rollout to trace'
+_CPU = ('read only by the torch_memory profiler, a CUDA memory snapshot (torch.cuda.memory._record_memory_history); '
+        'profiler tool torch_memory is refused here')
+_MSPROBE = 'the msprobe precision debugger (Ascend tooling), which this project does not have'
 _NPU = 'Ascend NPU profiling, a backend we do not have'
 
 
@@ -169,13 +173,17 @@ class SftFusedKernelOptionsConfig:
 
 @dataclass
 class SchedulePlanConfig:
-    """``profiler.tool_config.torch.schedule``."""
+    """``profiler.tool_config.torch.schedule``: torch.profiler.schedule over the profiled SFT steps (one training
+    step advances it, as in verl's SFT trainer)."""
 
-    skip_first: int = key(0, 'torch profiler schedule: steps skipped first', no_effect_yet=_PROFILE)
-    wait: int = key(0, 'torch profiler schedule: idle steps', no_effect_yet=_PROFILE)
-    warmup: int = key(0, 'torch profiler schedule: warmup steps', no_effect_yet=_PROFILE)
-    active: int = key(0, 'torch profiler schedule: traced steps', no_effect_yet=_PROFILE)
-    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = until the end', no_effect_yet=_PROFILE)
+    skip_first: int = key(0, 'torch profiler schedule: steps skipped first')
+    wait: int = key(0, 'torch profiler schedule: idle steps')
+    warmup: int = key(0, 'torch profiler schedule: warmup steps')
+    active: int = key(0, 'torch profiler schedule: traced steps')
+    repeat: int = key(0, 'torch profiler schedule: cycles; 0 = until the end')
+
+    def __post_init__(self) -> None:
+        check_schedule(self)
 
 
 @dataclass
@@ -204,11 +212,11 @@ class SftNsysToolConfig:
 class SftTorchToolConfig:
     """``profiler.tool_config.torch``."""
 
-    contents: List[Any] = key([], 'torch profiler: what to record (cpu, cuda, memory, shapes, stack)',
-        no_effect_yet=_PROFILE)
-    discrete: bool = key(False, 'torch profiler: one trace per task', no_effect_yet=_PROFILE)
-    profile_token_start: Optional[int] = key(None, 'torch profiler: first token', no_effect_yet=_PROFILE)
-    profile_token_end: Optional[int] = key(None, 'torch profiler: last token', no_effect_yet=_PROFILE)
+    contents: List[Any] = key([], 'torch profiler: what to record (cpu, cuda, memory, shapes, stack); [] = cpu+cuda',
+        item_choices=('cpu', 'cuda', 'memory', 'shapes', 'stack'))
+    discrete: bool = key(False, 'torch profiler: one trace per training step instead of one for the interval')
+    profile_token_start: Optional[int] = key(None, 'torch profiler: first token', no_effect_yet=_TOKEN)
+    profile_token_end: Optional[int] = key(None, 'torch profiler: last token', no_effect_yet=_TOKEN)
     schedule: SchedulePlanConfig = section(SchedulePlanConfig)
     name: str = key('torch', 'tool name (fixed)', only=('torch',), why='the name of this tool section')
 
@@ -217,10 +225,9 @@ class SftTorchToolConfig:
 class SftTorchMemoryToolConfig:
     """``profiler.tool_config.torch_memory``."""
 
-    trace_alloc_max_entries: int = key(100000, 'torch memory snapshot: max allocation events',
-        no_effect_yet=_PROFILE)
-    stack_depth: int = key(32, 'torch memory snapshot: stack frames per event', no_effect_yet=_PROFILE)
-    memory_snapshot_num_steps: int = key(1, 'torch memory snapshot: steps recorded', no_effect_yet=_PROFILE)
+    trace_alloc_max_entries: int = key(100000, 'torch memory snapshot: max allocation events', no_effect_on_cpu=_CPU)
+    stack_depth: int = key(32, 'torch memory snapshot: stack frames per event', no_effect_on_cpu=_CPU)
+    memory_snapshot_num_steps: int = key(1, 'torch memory snapshot: steps recorded', no_effect_on_cpu=_CPU)
     name: str = key('torch_memory', 'tool name (fixed)', only=('torch_memory',), why='the name of this tool section')
 
 
@@ -228,9 +235,9 @@ class SftTorchMemoryToolConfig:
 class SftPrecisionDebuggerToolConfig:
     """``profiler.tool_config.precision_debugger``."""
 
-    config_path: Optional[str] = key(None, 'msprobe precision-debugger config (default only)', why=_NPU)
-    steps: Optional[List[Any]] = key(None, 'precision debugger: steps (default only)', why=_NPU)
-    stages: Optional[List[Any]] = key(None, 'precision debugger: stages (default only)', why=_NPU)
+    config_path: Optional[str] = key(None, 'msprobe precision-debugger config (default only)', why=_MSPROBE)
+    steps: Optional[List[Any]] = key(None, 'precision debugger: steps (default only)', why=_MSPROBE)
+    stages: Optional[List[Any]] = key(None, 'precision debugger: stages (default only)', why=_MSPROBE)
     name: str = key('precision_debugger', 'tool name (fixed)', only=('precision_debugger',),
         why='the name of this tool section')
 
@@ -251,13 +258,19 @@ class SftProfilerConfig:
     """``profiler`` (verl 0.9's ``profiler@profiler: profiler`` default; steps in trainer.profile_interval)."""
 
     tool: Optional[str] = key('torch', 'profiler: torch | torch_memory | nsys | npu | precision_debugger',
-        no_effect_yet=_PROFILE)
-    enable: bool = key(False, 'profile the steps of trainer.profile_interval', no_effect_yet=_PROFILE)
-    all_ranks: bool = key(False, 'profile every rank', no_effect_yet=_PROFILE)
-    ranks: List[Any] = key([], 'ranks to profile when all_ranks is False', no_effect_yet=_PROFILE)
-    save_path: str = key('outputs/profile', 'folder for the traces', no_effect_yet=_PROFILE)
-    relocate_results: bool = key(False, 'move the traces after profiling', no_effect_yet=_PROFILE)
-    finish_hook_cmd: Optional[str] = key(None, 'shell command run when profiling ends', no_effect_yet=_PROFILE)
-    finish_hook_all_ranks: bool = key(False, 'run the finish hook on every rank', no_effect_yet=_PROFILE)
-    finish_hook_ranks: List[Any] = key([], 'ranks that run the finish hook', no_effect_yet=_PROFILE)
+        choices=('torch', 'torch_memory', 'nsys', 'npu', 'precision_debugger'),
+        backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler',
+                        'precision_debugger': 'the msprobe precision debugger (Ascend tooling)',
+                        'torch_memory': 'CUDA (a torch.cuda memory snapshot: no effect on CPU)'})
+    enable: bool = key(False, 'profile the steps of trainer.profile_interval (torch traces, rlhf_core/trainer/sft_worker.py)')
+    all_ranks: bool = key(False, 'profile every rank')
+    ranks: List[Any] = key([], 'ranks to profile when all_ranks is False')
+    save_path: str = key('outputs/profile', 'folder for the traces')
+    relocate_results: bool = key(False,
+        'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when profiling ends')
+    finish_hook_cmd: Optional[str] = key(None,
+        'shell command run once when profiling ends (env VERL_PROFILE_SAVE_PATH, VERL_PROFILE_TRACES...); null = none')
+    finish_hook_all_ranks: bool = key(False, 'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
+    finish_hook_ranks: List[Any] = key([],
+        'ranks that run finish_hook_cmd; [] (and finish_hook_all_ranks False) = the profiled ranks')
     tool_config: SftProfilerToolConfig = section(SftProfilerToolConfig)

@@ -223,12 +223,18 @@ class TrainerConfig:
     # verl 0.9: engine SFT
     balance_batch: bool = key(True, 'reorder samples so ranks get similar token counts',
         no_effect_yet='ranks get the samples in loader order')
-    profile_interval: List[int] = key([-1, -1], 'first and last step profiled; [-1, -1] = none',
-        no_effect_yet='SFT writes no profiler traces yet')
+    profile_interval: List[int] = key([-1, -1], 'first and last step profiled (one trace, with profiler.enable); '
+        '[-1, -1] = none')
 
     def __post_init__(self) -> None:
-        check_section(["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
-                      if self.resume_mode == "resume_path" and not self.resume_from_path else [])
+        errors = (["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
+                  if self.resume_mode == "resume_path" and not self.resume_from_path else [])
+        interval = self.profile_interval
+        if isinstance(interval, (list, tuple)) and (len(interval) != 2 or interval[1] < interval[0]
+                                                    or (interval[0] < 0 <= interval[1])):
+            errors.append(f"{{section}}.profile_interval={list(interval)} must be [first, last] steps with "
+                          "first <= last, or [-1, -1] for none.")
+        check_section(errors)
 
 
 @dataclass
