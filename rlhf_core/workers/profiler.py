@@ -213,7 +213,10 @@ def profiled_stage(name: str, scheduled: bool = False) -> Callable:
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(self, *args: Any, **kwargs: Any) -> Any:
-            with self._worker_profiler().stage(name, scheduled):
+            profiler = getattr(self, "_profiler", None)  # made by the first start_profile: none, nothing to do
+            if profiler is None:
+                return fn(self, *args, **kwargs)
+            with profiler.stage(name, scheduled):
                 return fn(self, *args, **kwargs)
 
         return wrapper

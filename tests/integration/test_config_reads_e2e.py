@@ -38,6 +38,18 @@ _IS = "tests/rlhf_core/trainer/test_trainer_ppo.py::test_rollout_is_balance_and_
 _IS_ACTOR = "tests/rlhf_core/workers/test_workers_fsdp.py::test_rollout_is_weights_scale_the_policy_loss"
 _KL = "tests/rlhf_core/trainer/test_trainer_ppo.py::test_adaptive_kl_in_reward_resumes_its_coefficient"
 _PROFILER = "tests/rlhf_core/trainer/test_trainer_keys_effect.py::test_torch_profiler_writes_a_chrome_trace_per_listed_step"
+_PROF = "tests/rlhf_core/workers/test_workers_profiler.py::"
+_PROF_KEYS = {  # profiler keys read only when a step is profiled -> the test showing the effect
+    "tool_config.torch.contents": _PROF + "test_contents_shapes_records_input_shapes",
+    "tool_config.torch.discrete": _PROF + "test_discrete_writes_one_trace_per_stage_and_schedules_only_the_update",
+    "relocate_results": _PROF + "test_relocate_moves_the_traces_and_the_finish_hook_sees_them",
+    "finish_hook_cmd": _PROF + "test_relocate_moves_the_traces_and_the_finish_hook_sees_them",
+    "finish_hook_all_ranks": _PROF + "test_finish_hook_ranks_and_a_failing_hook",
+    "finish_hook_ranks": _PROF + "test_finish_hook_ranks_and_a_failing_hook"}
+_PROF_RANGE = {k: _PROF + "test_schedule_and_step_range_keep_only_the_chosen_mini_batches" for k in (
+    "tool_config.torch.step_start", "tool_config.torch.step_end",
+    *(f"tool_config.torch.schedule.{s}" for s in ("skip_first", "wait", "warmup", "active", "repeat")))}
+_SFT_PROF = "tests/rlhf_core/trainer/test_sft_profiler.py::test_sft_profile_interval_writes_one_trace_with_shapes_and_runs_the_hook"
 _AGENT = "tests/rlhf_core/agent/test_agent_rollout.py::test_async_equals_sync_multiturn"
 _ONE_STEP = "tests/rlhf_core/trainer/test_one_step_off_policy.py::"
 _FULLY_ASYNC = "tests/rlhf_core/trainer/test_fully_async.py::"
@@ -116,6 +128,11 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                           "reward_model")
            for k in ("tool", "enable", "all_ranks", "ranks", "save_path")},
         "global_profiler.steps": _PROFILER, "global_profiler.save_path": _PROFILER,
+        **{f"{role}.profiler.{k}": ref for role in (_A + "actor", _A + "ref", _A + "rollout", "critic", "reward_model")
+           for k, ref in _PROF_KEYS.items()},
+        **{f"{role}.profiler.{k}": ref for role in (_A + "actor", _A + "ref", "critic") for k, ref in _PROF_RANGE.items()},
+        **{f"global_profiler.{k}": _PROF_KEYS[k]
+           for k in ("relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")},
         "skip.rollout.dump_dir":
             "tests/rlhf_core/trainer/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
         **{_A + f"rollout.{k}": _AGENT for k in (
@@ -155,6 +172,13 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                     "trainer.device": _SFT_RAY,
                     "model.tiled_mlp.num_shards": "tests/rlhf_core/trainer/test_sft_model_keys.py::test_tiled_mlp_step_"
                                                   "gives_the_pinned_numbers_and_offload_wraps_each_micro_batch",
+                    # read only with profiler.enable and a trainer.profile_interval
+                    **{f"profiler.{k}": _SFT_PROF for k in (
+                        "tool", "enable", "all_ranks", "ranks", "save_path", "finish_hook_cmd", "finish_hook_ranks",
+                        "finish_hook_all_ranks", "tool_config.torch.contents", "tool_config.torch.discrete")},
+                    "profiler.relocate_results": _PROF + "test_relocate_moves_the_traces_and_the_finish_hook_sees_them",
+                    **{f"profiler.tool_config.torch.schedule.{s}": _PROF + "test_schedule_and_step_range_keep_only_the_chosen_mini_batches"
+                       for s in ("skip_first", "wait", "warmup", "active", "repeat")},
                     "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":

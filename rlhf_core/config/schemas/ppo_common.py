@@ -13,8 +13,8 @@ from rlhf_core.config.spec import check_section, key, number, section
 
 _TOKEN = ("verl hands it to the vLLM/SGLang engine's own profiler (decode iterations to delay / to trace), which "
           "this project does not start; the HF rollout's decoding is traced whole in a profiled step")
-_NO_MINI_BATCHES = ("a range of update mini-batches, and the rollout and the reward model run none (the actor/rollout "
-                    "worker's trace reads the actor's block)")
+_NO_MINI_BATCHES = ("a range of update mini-batches: the rollout and the reward model run none, and the actor/rollout "
+                    "worker's trace reads the actor's block")
 _CONTENTS = ('cpu', 'cuda', 'memory', 'shapes', 'stack')
 
 
@@ -262,7 +262,8 @@ class FollowerPrecisionDebuggerConfig:
         why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     steps: Any = key(None, 'msprobe precision debugger: deprecated step filter', only=(None,),
         why='the msprobe precision debugger (Ascend tooling), which this project does not have')
-    stages: Any = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.stages}', "msprobe precision debugger: stages dumped (follows the actor's)",
+    stages: Any = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.stages}',
+        "msprobe precision debugger: stages dumped (follows the actor's)",
         only=(None,), why='the msprobe precision debugger (Ascend tooling), which this project does not have')
     strict: bool = key('${actor_rollout_ref.actor.profiler.tool_config.precision_debugger.strict}',
         "msprobe precision debugger: fail on an unknown stage (follows the actor's)", only=(False,),

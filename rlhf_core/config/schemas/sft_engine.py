@@ -262,7 +262,7 @@ class SftProfilerConfig:
         backend_values={'nsys': 'NVIDIA Nsight Systems (nsys)', 'npu': 'the Ascend NPU profiler',
                         'precision_debugger': 'the msprobe precision debugger (Ascend tooling)',
                         'torch_memory': 'CUDA (a torch.cuda memory snapshot: no effect on CPU)'})
-    enable: bool = key(False, 'profile the steps of trainer.profile_interval (torch traces, rlhf_core/trainer/sft_worker.py)')
+    enable: bool = key(False, 'profile the steps of trainer.profile_interval (torch traces)')
     all_ranks: bool = key(False, 'profile every rank')
     ranks: List[Any] = key([], 'ranks to profile when all_ranks is False')
     save_path: str = key('outputs/profile', 'folder for the traces')

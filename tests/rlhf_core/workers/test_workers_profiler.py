@@ -160,8 +160,8 @@ def test_discrete_writes_one_trace_per_stage_and_schedules_only_the_update(tmp_p
     # repeat 0 in a discrete update trace: every window until the stage ends, here one per mini-batch (active 1);
     # the window opened by the last mini-batch's end holds none and is not written
     update = [str(step / f"actor_update_actor_rank_0{s}.json") for s in ("", "_part1", "_part2")]
-    assert files == [str(step / "actor_compute_log_prob_rank_0.json"), str(step / "actor_compute_log_prob_1_rank_0.json"),
-                     *update]
+    assert files == [str(step / "actor_compute_log_prob_rank_0.json"),
+                     str(step / "actor_compute_log_prob_1_rank_0.json"), *update]
     assert [len(_events(f)) for f in files] == [1] * 5
     # a whole-step trace instead labels each stage with a range named after it
     cfg.actor_rollout_ref.actor.profiler.tool_config.torch.discrete = False
@@ -194,6 +194,10 @@ def test_finish_hook_ranks_and_a_failing_hook(tmp_path):
     for r in range(3):  # rank 0 is profiled; the hook runs on rank 1 only, though rank 1 recorded nothing
         WorkerProfiler(block, r, "actor").stop(run_hook=True)
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("ran_")) == ["ran_1"]
+    block.finish_hook_all_ranks = True
+    WorkerProfiler(block, 2, "actor").stop(run_hook=True)
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("ran_")) == ["ran_1", "ran_2"]
+    block.finish_hook_all_ranks = False
     block.finish_hook_cmd, block.finish_hook_ranks = "echo upload failed; exit 3", []
     prof = WorkerProfiler(block, 0, "actor")
     prof.start(1)
