@@ -135,13 +135,14 @@ class WorkerProfiler:
             name += f"_{stage}" + (f"_{calls}" if calls else "")
         return os.path.join(self.save_path, f"step_{self._step}", f"{name}_rank_{self.rank}.json")
 
-    def _open(self, path: str, options: TraceOptions, whole_step: bool) -> TorchTrace | None:
+    def _open(self, stage: str | None, options: TraceOptions, whole_step: bool) -> TorchTrace | None:
+        """Start the trace of the step (``stage`` None) or of a stage; None when this process records already."""
         if _OPEN:  # a stage inside another (update_actor's own log-prob pass) is in the enclosing trace
             if _OPEN[0] is not self:
                 logger.warning("profiler: %s's calls are recorded in %s's trace (one torch.profiler per process)",
                                self.role, _OPEN[0].role)
             return None
-        trace = TorchTrace(path, options, whole_step)
+        trace = TorchTrace(self._path(stage), options, whole_step)
         trace.start()
         _OPEN.append(self)
         return trace
@@ -157,7 +158,7 @@ class WorkerProfiler:
             return
         self._step, self._stage_calls, self._files = int(step), {}, []
         if not self.options.discrete:
-            self._trace = self._open(self._path(), self.options, whole_step=self.single_window)
+            self._trace = self._open(None, self.options, whole_step=self.single_window)
 
     @contextlib.contextmanager
     def stage(self, name: str, scheduled: bool = False) -> Iterator[None]:
@@ -171,9 +172,10 @@ class WorkerProfiler:
                 yield
         else:
             options = self.options if scheduled else TraceOptions(self.options.contents)
-            trace = self._open(self._path(name), options, whole_step=False)
+            trace = self._open(name, options, whole_step=False)
             try:
-                yield
+                with torch.profiler.record_function(name):
+                    yield
             finally:
                 if trace is not None:
                     self._files += self._close(trace)
@@ -201,6 +203,9 @@ class WorkerProfiler:
     def _relocated(self, path: str) -> str:
         folder, name = os.path.split(path)
         dst = os.path.join(os.path.dirname(folder), f"{os.path.basename(folder)}_{name}")
+        if os.path.exists(dst):  # never overwrite a trace (an earlier run's): this one stays where it was written
+            logger.warning("profiler: relocate_results: %s exists; %s is left in place", dst, path)
+            return path
         os.replace(path, dst)
         with contextlib.suppress(OSError):
             os.rmdir(folder)  # only when empty: nothing else is removed

@@ -27,6 +27,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,9 @@ class TorchTrace:
         self._recorded, self._drop = whole_step, False
         kwargs = profile_kwargs(options.contents)
         if schedule:
-            kwargs["schedule"] = torch.profiler.schedule(**schedule)
+            with warnings.catch_warnings():  # "won't be using warmup": warmup 0 is the default here, as in verl
+                warnings.simplefilter("ignore", UserWarning)
+                kwargs["schedule"] = torch.profiler.schedule(**schedule)
         self._prof = torch.profiler.profile(on_trace_ready=self._write, **kwargs)
         if schedule:
             self._prof.record_steps = False  # no ProfilerStep#<n> rows: a step here is a mini-batch
