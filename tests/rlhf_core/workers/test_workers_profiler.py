@@ -143,6 +143,7 @@ class _Stages(ProfiledWorker):
 
     @profiled_stage("update_actor", scheduled=True)
     def update_actor(self):
+        self.compute_log_prob()  # a stage inside a stage (the actor's own old-log-prob pass)
         for _ in range(3):
             torch.randn(8, 8) @ torch.randn(8, 8)
             torch_trace.mini_batch_done()
@@ -158,11 +159,13 @@ def test_discrete_writes_one_trace_per_stage_and_schedules_only_the_update(tmp_p
     files = worker.stop_profile()
     step = tmp_path / "step_2"
     # repeat 0 in a discrete update trace: every window until the stage ends, here one per mini-batch (active 1);
-    # the window opened by the last mini-batch's end holds none and is not written
+    # the window opened by the last mini-batch's end holds none and is not written; the log-prob pass inside the
+    # update is in the update's first window (2 matmuls there), not a trace of its own
     update = [str(step / f"actor_update_actor_rank_0{s}.json") for s in ("", "_part1", "_part2")]
     assert files == [str(step / "actor_compute_log_prob_rank_0.json"),
                      str(step / "actor_compute_log_prob_1_rank_0.json"), *update]
-    assert [len(_events(f)) for f in files] == [1] * 5
+    assert [len(_events(f)) for f in files] == [1, 1, 2, 1, 1]
+    assert _events(update[0], "compute_log_prob")
     # a whole-step trace instead labels each stage with a range named after it
     cfg.actor_rollout_ref.actor.profiler.tool_config.torch.discrete = False
     worker = _Stages(cfg)
