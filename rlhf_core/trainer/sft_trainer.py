@@ -73,6 +73,7 @@ class SFTTrainer:
         self.tracker = tracker
         self.global_step = 0
         self.wg = None
+        self._profiling = False  # the workers profile (trainer.profile_interval)
 
     def init_workers(self) -> None:
         kwargs = {"config": self.config, "total_steps": self.total_steps}
@@ -127,15 +128,17 @@ class SFTTrainer:
     def _profile(self, start: bool, last: bool = False) -> None:
         """verl's ``trainer.profile_interval = [first, last]``: the workers start profiling before step ``first``
         and stop (writing the trace, then the finish hook) after step ``last``, or after the run's last step
-        when it ends inside the interval. The workers record only with ``profiler.enable`` (and their rank
+        when it ends inside the interval (a run resumed inside it does not profile, as verl). The workers record only with ``profiler.enable`` (and their rank
         chosen); ``[-1, -1]`` profiles nothing."""
         first, end = (int(v) for v in self.config.trainer.profile_interval)
         if first < 1:
             return
         if start and self.global_step == first:
             self.wg.execute_all("start_profile", first)
-        elif not start and first <= self.global_step <= end and (self.global_step == end or last):
+            self._profiling = True
+        elif not start and self._profiling and (self.global_step == end or last):
             self.wg.execute_all("stop_profile", True)
+            self._profiling = False
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean over the validation set (mean of per-batch token-means, like verl)."""
