@@ -10,9 +10,11 @@ What the keys do (verl semantics, ``verl/utils/profiler/torch_profile.py`` and `
   (:func:`rlhf_core.workers.update_loop.run_update`) calls :func:`mini_batch_done` after each mini-batch, which
   advances the scheduled trace of this process. Enabled when ``schedule.active > 0``: ``skip_first`` mini-batches
   are skipped, then ``repeat`` cycles of ``wait`` idle, ``warmup`` traced-but-dropped and ``active`` recorded
-  mini-batches (``repeat: 0`` = one window for a whole-step trace, as verl; every window until the stage ends for
-  a discrete update trace). Everything before the first active window (the step's earlier stages) is dropped
-  with it, as in verl; a window the update ends inside is still written (a short window, not none).
+  mini-batches (``repeat: 0`` = one window for a whole-step trace, as verl; every window until the trace ends for
+  a discrete update trace and for SFT, whose trace spans ``trainer.profile_interval`` and whose unit is one
+  training step). Everything before the first active window (the step's earlier stages) is dropped with it, as in
+  verl; a window the update ends inside is still written (a short window, not none), a window it ends right at
+  the start of (no mini-batch in it) is not.
   Each window after the first goes to its own file, ``..._part<i>.json``. No ``ProfilerStep#`` rows are written
   (a step here is a mini-batch).
 * ``step_start`` / ``step_end`` (verl 0.6's torch keys) — the same mini-batch selection written as a range: the
