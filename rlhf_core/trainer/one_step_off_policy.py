@@ -20,6 +20,10 @@ Metrics, besides the on-policy trainer's: ``fully_async/count/current_param_vers
 step updates), ``fully_async/generation_param_version`` and ``fully_async/staleness`` (ours: their difference),
 ``timing_s/sync_rollout_weights`` and ``timing_s/generate_async`` (verl's names; the generation's own seconds, which
 overlap the step's other stages). Validation waits for the running generation and syncs the current weights first.
+
+Agent loops (``rollout.mode=async`` / ``multi_turn.enable``): the rollout group's workers build the agent-loop
+rollout as the on-policy actor's do, so the batches carry ``num_turns`` / ``tool_calls`` and the step logs the same
+``num_turns/*``, ``tool_calls/*``.
 """
 from __future__ import annotations
 

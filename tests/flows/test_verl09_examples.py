@@ -63,10 +63,10 @@ REFUSED = {
     # SEMANTICS "estimators": RLOO's baseline is the mean of the *other* samples, so n = 1 is a config error (verl
     # silently trains on the raw score); the script leaves rollout.n at its default, 1
     "rollout_correction__run_qwen2_5_7b_fsdp.sh": r"algorithm.adv_estimator=rloo needs actor_rollout_ref.rollout.n >= 2",
-    # the fully asynchronous trainer here is minimal (docs/OFF_POLICY.md): its rollout group runs no agent loops
-    # (this script's multi-turn tools), refused by name, never run as something else
-    "fully_async_policy__dapo_7b_async_retool.sh": r"multi_turn.enable: agent loops are not supported with "
-                                                    r"async_training.mode=fully_async",
+    # the fully asynchronous trainer runs agent loops (this script's multi-turn tools) with partial_rollout=False
+    # only (docs/OFF_POLICY.md): the script's partial_rollout=True is refused by name, never run as something else
+    "fully_async_policy__dapo_7b_async_retool.sh": r"async_training.partial_rollout=True with actor_rollout_ref."
+                                                    r"rollout.mode=async / multi_turn.enable: partial rollouts",
 }
 
 
