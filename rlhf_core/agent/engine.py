@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rlhf_core.agent.base import TokenOutput
-from rlhf_core.workers.rollout.hf_decode import sample_categorical
+from rlhf_core.workers.rollout.hf_decode import LOGPROBS_MODES, sample_categorical
 
 SCHEDULES = ("continuous", "static")
 
@@ -32,12 +32,13 @@ SCHEDULES = ("continuous", "static")
 @dataclass
 class SamplingParams:
     """``do_sample``, ``temperature`` (> 0), ``top_k`` (0 = off), ``top_p`` (1.0 = off); see
-    ``rlhf_core.workers.rollout.postprocess.sampling_params``."""
+    ``rlhf_core.workers.rollout.postprocess.sampling_params``; ``logprobs_mode``: ``rollout.logprobs_mode``."""
 
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    logprobs_mode: str = "processed_logprobs"
 
 
 @dataclass
@@ -61,14 +62,15 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     (:func:`~rlhf_core.workers.rollout.hf_decode.sample_categorical`).
 
     Returns:
-        ``(token id, log-prob)`` where the log-prob is log-softmax of ``logits / temperature`` at the token
-        (before top-k/top-p, as ``rollout_log_probs`` is defined in the sync rollout).
+        ``(token id, log-prob)`` where the log-prob is what ``params.logprobs_mode`` asks for (as
+        :func:`~rlhf_core.workers.rollout.hf_decode.token_log_probs` in the sync rollout): ``processed_*`` of the
+        logits drawn from (/ temperature, cut to top-k/top-p when sampling), ``raw_*`` of
+        ``logits``; ``*_logprobs`` the log-softmax, ``*_logits`` the logit.
     """
     scaled = logits / params.temperature
-    log_probs = torch.log_softmax(scaled, dim=-1)
     if not params.do_sample:
         token = int(torch.argmax(scaled))
-        return token, float(log_probs[token])
+        return token, _reported(logits, scaled, token, params.logprobs_mode)
     filtered = scaled.clone()
     if params.top_k > 0 and params.top_k < filtered.numel():
         kth = torch.topk(filtered, params.top_k).values[-1]
@@ -79,7 +81,15 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # mass before it already enough
         filtered[order[drop]] = float("-inf")
     token = int(sample_categorical(torch.softmax(filtered, dim=-1), generator))
-    return token, float(log_probs[token])
+    return token, _reported(logits, filtered, token, params.logprobs_mode)
+
+
+def _reported(raw: torch.Tensor, processed: torch.Tensor, token: int, mode: str) -> float:
+    """The value ``logprobs_mode`` reports at ``token`` from the raw or the processed logits ``(V,)``."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={mode!r}: expected one of {LOGPROBS_MODES}")
+    logits = processed if mode.startswith("processed") else raw
+    return float(torch.log_softmax(logits, dim=-1)[token] if mode.endswith("logprobs") else logits[token])
 
 
 class StepEngine:

@@ -189,8 +189,10 @@ class RolloutConfig:
         no_effect_yet='the rollout runs on the actor workers (rollout.nnodes=0)')
     full_determinism: bool = key(False, 'deterministic engine kernels and scheduling',
         no_effect_yet='the engine runs with its default kernels')
-    logprobs_mode: str = key('processed_logprobs', 'which log-probs the engine returns: processed_logprobs | '
-        'raw_logprobs | processed_logits | raw_logits', no_effect_yet="the engine's default log-probs are returned")
+    logprobs_mode: str = key('processed_logprobs', "what rollout_log_probs hold: processed_* = of the logits the "
+        'token was drawn from (/ temperature, cut to top_k/top_p), raw_* = of the model logits; *_logprobs = '
+        'log-softmax, *_logits = the logit', choices=('processed_logprobs', 'raw_logprobs', 'processed_logits',
+                                                     'raw_logits'))
     scheduling_policy: str = key('fcfs', 'engine request scheduling: fcfs | priority',
         no_effect_yet='requests are served first come, first served')
     router_config_path: Optional[str] = key(None, 'config of a request router in front of the servers',

@@ -59,7 +59,8 @@ class AgentRollout:
         params = sampling_params(self.config, batch.meta)
         call, counted = sampling_call_index(self.calls, batch.meta)
         engine = StepEngine(self.hf.module, self.hf.eos_ids, self.hf.pad_token_id,
-                            SamplingParams(params["do_sample"], params["temperature"], params["top_k"], params["top_p"]),
+                            SamplingParams(params["do_sample"], params["temperature"], params["top_k"], params["top_p"],
+                                           str(self.config.logprobs_mode)),
                             seed=self.hf.seed + 7919 * self.hf.rank + call, max_num_seqs=self.max_num_seqs,
                             schedule=self.schedule)
         manager = AgentLoopManager(engine, self.tokenizer, self.settings, self.tools, self.specs,

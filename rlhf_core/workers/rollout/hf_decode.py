@@ -84,6 +84,33 @@ def sampling_warpers(do_sample: bool, temperature: float, top_k: int, top_p: flo
     return warpers
 
 
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")
+
+
+def token_log_probs(raw_logits: torch.Tensor, tokens: torch.Tensor, mode: str, do_sample: bool, temperature: float,
+                    top_k: int, top_p: float) -> torch.Tensor:
+    """What ``rollout.logprobs_mode`` asks for, at each generated token (vLLM's ``logprobs_mode``, which verl 0.9
+    passes to its engine): ``raw_*`` from the model's logits as they are, ``processed_*`` from the logits the token
+    was drawn from (:func:`sampling_warpers`: temperature, then top-k/top-p, which set the cut tokens to ``-inf``;
+    none when greedy); ``*_logprobs`` the log-softmax of those logits, ``*_logits`` the logit itself.
+
+    Args:
+        raw_logits: ``(b, n, V)`` the model's logits at each step (float32). tokens: ``(b, n)`` int64 drawn ids.
+        mode: one of :data:`LOGPROBS_MODES`.
+
+    Returns:
+        ``(b, n)`` float32. Raises ``ValueError`` on another ``mode``."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={mode!r}: expected one of {LOGPROBS_MODES}")
+    b, n, V = raw_logits.shape
+    logits = raw_logits.float().reshape(b * n, V)
+    if mode.startswith("processed"):
+        logits = sampling_warpers(do_sample, temperature, top_k, top_p)(None, logits)
+    if mode.endswith("logprobs"):
+        logits = torch.log_softmax(logits, dim=-1)
+    return logits.gather(-1, tokens.reshape(b * n, 1)).reshape(b, n)
+
+
 class _PreallocatedLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys/values are views into buffers sized for the whole decode: ``update`` writes the
     new step in place instead of concatenating (``DynamicLayer`` copies the whole cache every token)."""

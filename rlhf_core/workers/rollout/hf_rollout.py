@@ -16,7 +16,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from rlhf_core import kernels
 from rlhf_core.progress import progress
-from rlhf_core.workers.rollout.hf_decode import decode, supports_lean_decode
+from rlhf_core.workers.rollout.hf_decode import decode, supports_lean_decode, token_log_probs
 from rlhf_core.workers.rollout.hf_partial import PartialGeneration
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.postprocess import (build_rollout_batch, response_mask_from, sampling_call_index,
@@ -52,7 +52,7 @@ class HFRollout:
         module: the rollout's own (unsharded) causal LM, already on the device.
         tokenizer: gives ``pad_token_id`` and ``eos_token_id``.
         config: ``actor_rollout_ref.rollout`` (``temperature``, ``top_k``, ``top_p``, ``do_sample``, ``ignore_eos``,
-            ``response_length``, ``val_kwargs``, ``calculate_log_probs``, optional ``micro_batch_size``).
+            ``response_length``, ``val_kwargs``, ``calculate_log_probs``, ``logprobs_mode``).
         seed: base seed; rank: this worker's rank (different ranks sample differently).
     """
 
@@ -118,7 +118,8 @@ class HFRollout:
         """Up to ``T`` tokens after the left-padded ``ids``/``mask (b, P)`` (lean decode or ``generate``, with this
         call's RNG state): ``(tokens (b, n) int64, log_probs (b, n) float32 or None)`` on the engine's device,
         ``n ≤ T`` the steps run (fewer when every row ended, or ``should_stop`` returned True after a step);
-        ``log_probs`` = log-softmax(logits / temperature) at each drawn token, under the weights loaded now."""
+        ``log_probs`` as ``rollout.logprobs_mode`` asks (:func:`token_log_probs`) at each drawn token, under the
+        weights loaded now."""
         dev = next(self.module.parameters()).device
         ids, mask = ids.to(dev), mask.to(dev)
         eos = [] if ignore_eos else self.eos_ids
@@ -141,8 +142,11 @@ class HFRollout:
             raw_logits = torch.stack(out.logits, dim=1) if calc_lp else None
         log_probs = None
         if calc_lp:
-            logits = raw_logits.float() / params["temperature"]  # raw logits (b, n, V)
-            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, gen[..., None]).squeeze(-1)
+            # rollout.logprobs_mode: raw or warped logits, as log-probs or logits
+            # generation.yaml's rollout section has no logprobs_mode (its calculate_log_probs has no effect there)
+            mode = str(self.config.logprobs_mode) if "logprobs_mode" in self.config else "processed_logprobs"
+            log_probs = token_log_probs(raw_logits, gen, mode, params["do_sample"], params["temperature"],
+                                        params["top_k"], params["top_p"])
         return gen, log_probs
 
     @torch.no_grad()
@@ -162,8 +166,9 @@ class HFRollout:
         """Generate one response per row of ``batch`` (``input_ids/attention_mask/position_ids (B, P)``, left-padded).
 
         ``batch.meta``: ``do_sample``, ``validate`` (→ ``val_kwargs``), optional ``temperature``. Returns the
-        ARCHITECTURE rollout batch; ``rollout_log_probs`` (log-softmax of logits / temperature at each sampled
-        token) when ``calculate_log_probs``."""
+        ARCHITECTURE rollout batch; ``rollout_log_probs`` at each sampled token when ``calculate_log_probs``, as
+        ``rollout.logprobs_mode`` asks (default ``processed_logprobs``: log-softmax of the logits the token was
+        drawn from, i.e. / temperature and cut to top-k/top-p: :func:`token_log_probs`)."""
         cfg = self.config
         params = sampling_params(cfg, batch.meta)
         T = int(cfg.response_length)

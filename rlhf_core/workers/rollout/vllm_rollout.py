@@ -98,9 +98,9 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         "enable_prefix_caching": bool(config.enable_prefix_caching),
         "disable_log_stats": bool(config.disable_log_stats),
         "skip_tokenizer_init": bool(config.skip_tokenizer_init),
-        # log-probs of logits / temperature, like HFRollout and the actor's compute_log_prob (vLLM's default,
-        # raw_logprobs, ignores the temperature); with top_k / top_p they are of the truncated distribution
-        "logprobs_mode": "processed_logprobs",
+        # rollout.logprobs_mode, as verl 0.9 passes it (default processed_logprobs: of logits / temperature, cut
+        # to top_k / top_p, like HFRollout; vLLM's own default, raw_logprobs, ignores the temperature)
+        "logprobs_mode": str(config.logprobs_mode),
     }
     if model_cfg.tokenizer_path is not None:  # verl 0.9 model.tokenizer_path / hf_config_path
         kwargs["tokenizer"] = local_path(model_cfg.tokenizer_path)

@@ -3,6 +3,7 @@ greedy equal to HF ``generate``, sampling filters; the manager packing a batch o
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -101,3 +102,17 @@ def test_manager_packs_tool_agent_rows(tok, model):
                 {"raw_prompt_ids": [[1]], "extra_info": [{"tools_kwargs": {"nope": {}}}]})
     with pytest.raises(ValueError, match=r"batch row 0: extra_info.tools_kwargs names unknown tools \['nope'\]"):
         manager.generate_sequences(bad)
+
+
+def test_sample_token_reports_logprobs_mode():
+    # logits ln 6, ln 3, ln 1 at temperature 0.5 → 36 : 9 : 1; top_k=2 leaves tokens 0 and 1 (36 : 9), so a draw
+    # of token 1 reports ln(9/45) processed, ln(3/10) raw, its logit ln 3 raw and 2 ln 3 processed
+    logits = torch.log(torch.tensor([6.0, 3.0, 1.0]))
+    want = {"processed_logprobs": math.log(0.2), "raw_logprobs": math.log(0.3), "raw_logits": math.log(3.0),
+            "processed_logits": 2 * math.log(3.0)}
+    for mode, value in want.items():
+        g = torch.Generator().manual_seed(0)
+        draws = [sample_token(logits, SamplingParams(temperature=0.5, top_k=2, logprobs_mode=mode), g)
+                 for _ in range(40)]
+        assert {t for t, _ in draws} == {0, 1}
+        assert [v for t, v in draws if t == 1][0] == pytest.approx(value, abs=1e-5), mode

@@ -273,3 +273,59 @@ def test_sliding_window_and_eager_models_keep_the_2d_mask():
     for m in (windowed.eval(), eager.eval()):  # and decode still equals generate there (greedy)
         want, _ = _generate(m, ids, mask, 8, [], False)
         assert torch.equal(decode(m, ids, mask, 8, [], PAD, False)[0], want)
+
+
+def test_token_log_probs_follow_logprobs_mode_hand_values():
+    # logits ln 6, ln 3, ln 1 and the drawn token 1 (logit ln 3). raw: softmax → 3/10. temperature 0.5 doubles the
+    # logits (36 : 9 : 1) and top_k=2 drops the last: processed log-prob ln(9/45) = ln(1/5); logits: ln 3 and 2 ln 3
+    from rlhf_core.workers.rollout.hf_decode import token_log_probs
+
+    logits = torch.log(torch.tensor([[[6.0, 3.0, 1.0]]]))
+    tok = torch.tensor([[1]])
+    want = {"raw_logprobs": torch.log(torch.tensor(0.3)), "processed_logprobs": torch.log(torch.tensor(0.2)),
+            "raw_logits": torch.log(torch.tensor(3.0)), "processed_logits": 2 * torch.log(torch.tensor(3.0))}
+    for mode, value in want.items():
+        got = token_log_probs(logits, tok, mode, True, 0.5, 2, 1.0)
+        torch.testing.assert_close(got, value.reshape(1, 1), msg=mode)
+    # greedy: no warpers, so processed equals raw
+    torch.testing.assert_close(token_log_probs(logits, tok, "processed_logprobs", False, 1.0, 2, 1.0),
+                               torch.log(torch.tensor([[0.3]])))
+    with pytest.raises(ValueError, match="logprobs_mode='bogus'"):
+        token_log_probs(logits, tok, "bogus", True, 0.5, 2, 1.0)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_hf_rollout_log_probs_follow_logprobs_mode(model, lean):
+    # the same sampled rollout (same seed) under each rollout.logprobs_mode; rollout_log_probs checked against the
+    # model's own forward on the drawn tokens: raw = log_softmax(logits), processed = log_softmax of
+    # logits / temperature with all but the top 5 at -inf
+    cfg = OmegaConf.load(shipped_config_dir() / "ppo_trainer.yaml").actor_rollout_ref.rollout
+    cfg.response_length, cfg.calculate_log_probs, cfg.top_k, cfg.temperature = 6, True, 5, 0.7
+    ids, mask = _prompts(1)
+    outs = {}
+    for mode in ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"):
+        cfg.logprobs_mode = mode
+        rollout = HFRollout(model, _Tok(), cfg, seed=3)
+        rollout.lean_decode = lean
+        outs[mode] = rollout.generate_sequences(Batch(
+            {"input_ids": ids, "attention_mask": mask, "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)},
+            {}, {"validate": False, "do_sample": True}))
+    ref = outs["raw_logits"]
+    for out in outs.values():
+        assert torch.equal(out["responses"], ref["responses"])
+    with torch.no_grad():
+        logits = model(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"],
+                       position_ids=ref["position_ids"]).logits[:, ids.shape[1] - 1:-1]
+    scaled = logits / 0.7
+    cut = scaled.masked_fill(scaled < scaled.topk(5, dim=-1).values[..., -1:], float("-inf"))
+    at = ref["responses"][..., None]
+    want = {"raw_logits": logits.gather(-1, at), "processed_logits": scaled.gather(-1, at),
+            "raw_logprobs": torch.log_softmax(logits, -1).gather(-1, at),
+            "processed_logprobs": torch.log_softmax(cut, -1).gather(-1, at)}
+    m = ref["response_mask"].bool()
+    for mode, value in want.items():
+        torch.testing.assert_close(outs[mode]["rollout_log_probs"][m], value.squeeze(-1)[m], rtol=1e-4, atol=1e-4,
+                                   msg=mode)
+    # and the modes differ from one another on this model (top-5 of 96 tokens, temperature 0.7)
+    assert not torch.allclose(outs["processed_logprobs"]["rollout_log_probs"][m],
+                              outs["raw_logprobs"]["rollout_log_probs"][m], atol=1e-3)
