@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable
 
 from rlhf_core.reward.scorers import default_compute_score
+from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
 from rlhf_core.user_code import exec_user_file, resolve_user_file
 
 KEY = "custom_reward_function.path"
@@ -76,11 +77,16 @@ def reward_function_from_config(config: Any) -> Callable[..., Any]:
     """``custom_reward_function`` of a ppo_trainer/evaluation config → a scorer; the default scorer when no path.
 
     Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and, when present,
-    ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does).
+    ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does); without a path, the
+    Sandbox Fusion service of code data sources (:func:`sandbox_from_config`) when one is configured.
     """
     section = config.custom_reward_function
     # evaluation.yaml has no reward_kwargs (verl's main_eval passes none)
     kwargs = dict(section.reward_kwargs) if "reward_kwargs" in section else {}
     if not section.path:
+        # verl 0.9: the sandbox serves the default scorer only (evaluation.yaml has no reward_model section)
+        sandbox = sandbox_from_config(config) if "reward_model" in config else None
+        if sandbox is not None:
+            kwargs["sandbox_fusion"] = sandbox
         return functools.partial(default_compute_score, **kwargs) if kwargs else default_compute_score
     return load_custom_reward_function(str(section.path), section.name, kwargs)

@@ -245,13 +245,11 @@ class RewardModelSandboxFusionConfig:
     """``reward_model.sandbox_fusion``."""
 
     # verl 0.9: reward section (the 0.9 spellings reward.sandbox_fusion.* are aliases)
-    url: Any = key(None, 'URL of a Sandbox Fusion code-execution service; null = none',
-        why='the Sandbox Fusion code-execution service', aliases=("reward.sandbox_fusion.url",))
-    max_concurrent: int = key(64, 'max concurrent requests to the sandbox',
-        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported',
+    url: Any = key(None, 'run_code endpoint of a Sandbox Fusion service that runs the code of code data sources '
+        '(codecontests, apps, codeforces, taco); null = none', aliases=("reward.sandbox_fusion.url",))
+    max_concurrent: int = key(64, 'max requests in flight to the sandbox (per reward process)',
         aliases=("reward.sandbox_fusion.max_concurrent",))
-    memory_limit_mb: int = key(1024, 'memory limit of one sandbox run, in MB',
-        no_effect_yet='read only with reward_model.sandbox_fusion.url, which is not supported',
+    memory_limit_mb: int = key(1024, 'memory limit of one sandbox run, in MB (sent as memory_limit_MB)',
         aliases=("reward.sandbox_fusion.memory_limit_mb",))
 
 

@@ -224,12 +224,10 @@ class TransferQueueConfig:
 class SandboxFusionConfig:
     """``sandbox_fusion``: the code-execution sandbox used by code reward functions."""
 
-    url: Optional[str] = key(None, 'Sandbox Fusion URL; null = no sandbox',
-        no_effect_yet="read by verl's code reward functions; set reward_model.sandbox_fusion.url here")
-    max_concurrent: Optional[int] = key(None, 'Sandbox Fusion: concurrent requests; null = its default',
-        no_effect_yet='see sandbox_fusion.url')
-    memory_limit_mb: Optional[int] = key(None, 'Sandbox Fusion: memory limit per run (MB); null = its default',
-        no_effect_yet='see sandbox_fusion.url')
+    url: Optional[str] = key(None, 'Sandbox Fusion URL; null = no sandbox. Any key set here replaces '
+        'reward_model.sandbox_fusion (verl 0.9.1 moves this section to reward.sandbox_fusion)')
+    max_concurrent: Optional[int] = key(None, 'Sandbox Fusion: requests in flight; null = 64')
+    memory_limit_mb: Optional[int] = key(None, 'Sandbox Fusion: memory limit per run (MB); null = 1024')
 
 
 RM_ROLLOUT = "a generative reward model served by a rollout engine, which this project does not have"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_core.reward.scorers import countdown, gsm8k, math_boxed
+from rlhf_core.reward.scorers import countdown, gsm8k, math_boxed, sandbox_fusion as sandbox
 
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
@@ -25,6 +25,7 @@ def default_compute_score(
     ground_truth: Any,
     extra_info: dict | None = None,
     gsm8k_method: str = "strict",
+    sandbox_fusion: sandbox.SandboxFusion | None = None,
     **scorer_kwargs: Any,
 ) -> float:
     """Score one response with the scorer registered for its ``data_source``.
@@ -33,11 +34,15 @@ def default_compute_score(
     MATH sources → :func:`math_boxed.compute_score`, a dict ``{score, acc, pred, decided_by}`` whose keys become
     ``reward_extra_info`` columns (``decided_by``: ``math_verify`` or ``string``, the path that decided);
     ``countdown`` → :func:`countdown.compute_score`, a dict ``{score, acc, pred}`` (``format_score``/``score`` from
-    ``scorer_kwargs`` apply to it too). ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
+    ``scorer_kwargs`` apply to it too); ``codecontests``/``apps``/``codeforces``/``taco`` → run in the
+    ``sandbox_fusion`` service (:func:`sandbox.compute_score`, a dict ``{score, passed, cases}``), which
+    ``reward_model.sandbox_fusion.url`` names (verl 0.9; without it verl runs the code locally, which this project
+    does not: an error). ``scorer_kwargs`` (from ``custom_reward_function.reward_kwargs``)
     go to the GSM8K scorer: ``format_score`` (a number extracted but wrong; verl's default 0.0) and ``score``.
 
     Raises:
-        UnknownDataSourceError: (a ``ValueError``) for an unknown ``data_source``, naming the known ones.
+        UnknownDataSourceError: (a ``ValueError``) for an unknown ``data_source``, naming the known ones, or a code
+        data source without a sandbox url.
     """
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score(solution_str, str(ground_truth), method=gsm8k_method, **scorer_kwargs)
@@ -45,6 +50,12 @@ def default_compute_score(
         return math_boxed.compute_score(solution_str, str(ground_truth))
     if data_source in COUNTDOWN_SOURCES:
         return countdown.compute_score(solution_str, ground_truth, **scorer_kwargs)
+    if data_source in sandbox.CODE_SOURCES:
+        if sandbox_fusion is None:
+            raise UnknownDataSourceError(
+                f"data_source={data_source!r} is scored by running the code in a Sandbox Fusion service: set "
+                "reward_model.sandbox_fusion.url (verl 0.9: reward.sandbox_fusion.url) to its run_code endpoint")
+        return sandbox.compute_score(sandbox_fusion, solution_str, ground_truth)
     raise UnknownDataSourceError(
         f"no default reward function for data_source={data_source!r}; known data sources: "
         f"{list(KNOWN_DATA_SOURCES)}. Set custom_reward_function.path to score other data."
