@@ -147,15 +147,18 @@ def score_rows_parallel(records: list[dict], config: Any) -> list[dict]:
     once; ``ray_init.address`` connects to an existing cluster instead. The rows are split into as many
     contiguous chunks as the cluster has free CPUs; each task loads the reward function itself, so a
     ``custom_reward_function`` file only has to be readable where the task runs. ``num_cpus: 1`` scores in this
-    process (one CPU: a Ray task would only add start-up time). A Ray instance started here is shut down after.
+    process (one CPU: a Ray task would only add start-up time) unless ``ray_kwargs.timeline_json_file`` asks for
+    the Ray timeline of the scoring tasks, written there once they end. A Ray instance started here is shut down
+    after.
     The result (rows, order, uids) is the same for any ``num_cpus``.
     """
     ray_cfg = config.ray_init
-    if ray_cfg.num_cpus == 1 and ray_cfg.address is None:
+    timeline = config.ray_kwargs.timeline_json_file
+    if ray_cfg.num_cpus == 1 and ray_cfg.address is None and timeline is None:
         return _score_chunk(records, config, 0)
     import ray  # lazy: only evaluation with Ray workers needs it
 
-    from rlhf_core.distributed.ray_init import init_ray, ray_init_extra
+    from rlhf_core.distributed.ray_init import init_ray, ray_init_extra, write_ray_timeline
 
     started = not ray.is_initialized()
     # verl passes ray_kwargs.ray_init to ray.init (num_cpus there is ray_init.num_cpus's alias, read above)
@@ -165,7 +168,9 @@ def score_rows_parallel(records: list[dict], config: Any) -> list[dict]:
         bounds = np.linspace(0, len(records), n + 1).astype(int).tolist()
         task = ray.remote(num_cpus=1)(_score_chunk)
         refs = [task.remote(records[a:b], config, a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        return [row for part in ray.get(refs) for row in part]
+        rows = [row for part in ray.get(refs) for row in part]
+        write_ray_timeline(timeline)  # ray_kwargs.timeline_json_file: the scoring tasks' timeline
+        return rows
     finally:
         if started:
             ray.shutdown()

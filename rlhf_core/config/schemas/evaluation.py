@@ -64,8 +64,8 @@ class RayKwargsConfig:
     """``ray_kwargs``."""
 
     ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
-    timeline_json_file: Optional[str] = key(None, 'write a Ray timeline to this file; null = none',
-        no_effect_yet='no Ray timeline is written', same_as='ray_init.timeline_json_file')
+    timeline_json_file: Optional[str] = key(None, "write the Ray timeline of the scoring tasks to this file (a "
+        "chrome://tracing JSON) when they end; null = none", same_as='ray_init.timeline_json_file')
 
 
 @dataclass

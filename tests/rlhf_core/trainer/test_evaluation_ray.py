@@ -1,6 +1,7 @@
 """evaluation.yaml's ray_init.*: responses are scored in parallel Ray tasks (verl's main_eval), same results."""
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 
@@ -28,6 +29,7 @@ def test_ray_workers_score_in_parallel_with_the_same_results(tmp_path):
     local = _config(data, samples_dir=str(tmp_path / "local"), custom_path=str(tmp_path / "pid_score.py"))
     on_ray = _config(data, samples_dir=str(tmp_path / "ray"), custom_path=str(tmp_path / "pid_score.py"))
     on_ray.ray_init.num_cpus = 2
+    on_ray.ray_kwargs.timeline_json_file = str(tmp_path / "trace" / "timeline.json")  # folder made on write
     expected = run_evaluation(local)
     assert run_evaluation(on_ray) == pytest.approx(expected)
     a = pq.read_table(tmp_path / "local" / "eval_samples.parquet").to_pandas()
@@ -37,3 +39,6 @@ def test_ray_workers_score_in_parallel_with_the_same_results(tmp_path):
     pids = set(b["pid"])
     assert os.getpid() not in pids and 1 <= len(pids) <= 2
     assert list(b["uid"]) == list(a["uid"]) and list(b["score"]) == list(a["score"])
+    # ray_kwargs.timeline_json_file: Ray's chrome-trace event list, with the scoring tasks in it
+    events = json.loads((tmp_path / "trace" / "timeline.json").read_text())
+    assert isinstance(events, list) and any("_score_chunk" in str(e.get("name", "")) for e in events)
