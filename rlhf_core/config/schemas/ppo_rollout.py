@@ -99,12 +99,12 @@ class RolloutTraceConfig:
         backend_values={'weave': 'the Weights & Biases Weave tracing client'})
     token2text: bool = key(False, 'decode token ids to text in traces')
     # verl 0.9: rollout trace
-    project_name: Optional[str] = key('${oc.select:trainer.project_name,null}', 'trace project (follows trainer)',
-        no_effect_yet='read only with rollout.trace.backend')
+    project_name: Optional[str] = key('${oc.select:trainer.project_name,null}',
+        'trace project: the MLflow experiment of the traces (follows trainer)')
     experiment_name: Optional[str] = key('${oc.select:trainer.experiment_name,null}',
-        'trace experiment (follows trainer)', no_effect_yet='read only with rollout.trace.backend')
-    max_samples_per_step_per_worker: Optional[int] = key(None, 'traced trajectories per step and worker; null = all',
-        no_effect_yet='read only with rollout.trace.backend')
+        'trace experiment: tag experiment_name of every trace (follows trainer)')
+    max_samples_per_step_per_worker: Optional[int] = key(None, 'prompts traced (with all their responses) per '
+        'rollout call of each worker, drawn at random; null = all')
 
 
 @dataclass

@@ -80,3 +80,32 @@ def test_agent_rollout_traces_its_trajectories(tmp_path, monkeypatch):
         assert by_row[row].outputs["response_ids"] == out["responses"][row][out["response_mask"][row].bool()].tolist()
         assert by_row[row].outputs["num_turns"] == int(out["num_turns"][row])
     assert all(t.info.tags["step"] == "3" for t in traces)
+
+
+def test_trace_names_and_max_samples_per_step_per_worker(tmp_path, monkeypatch):
+    """rollout.trace.project_name / experiment_name name the MLflow experiment and the tag (over trainer's);
+    max_samples_per_step_per_worker=2 traces the rows of 2 of the 3 prompts (index column; rollout.n = 2 each)."""
+    import mlflow
+
+    from rlhf_core.config import load_config
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=mlflow",
+                                      "actor_rollout_ref.rollout.trace.project_name=traces",
+                                      "actor_rollout_ref.rollout.trace.experiment_name=exp9",
+                                      "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=2"])
+    tracer = rollout_tracer(cfg.actor_rollout_ref.rollout.trace, cfg.trainer, None)
+    assert mlflow.get_experiment(tracer.experiment_id).name == "traces" != cfg.trainer.project_name
+    two = rollout_batch()
+    six = Batch({k: torch.cat([v, v, v]) for k, v in two.tensors.items()},
+                {"index": np.array([10, 10, 11, 11, 12, 12])}, meta={"global_steps": 4, "validate": False})
+    ids = tracer.log(six)
+    traces = mlflow.search_traces(locations=[tracer.experiment_id], return_type="list")
+    assert len(ids) == len(traces) == 4
+    rows = sorted(int(t.info.tags["sample_index"]) for t in traces)
+    picked = {r // 2 for r in rows}  # rows 2p, 2p+1 hold prompt index 10 + p
+    assert len(picked) == 2 and rows == sorted(r for p in picked for r in (2 * p, 2 * p + 1))  # both responses
+    assert {t.info.tags["experiment_name"] for t in traces} == {"exp9"}
+    with pytest.raises(ValueError, match="max_samples_per_step_per_worker=0"):
+        cfg.actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker = 0
+        rollout_tracer(cfg.actor_rollout_ref.rollout.trace, cfg.trainer, None)
