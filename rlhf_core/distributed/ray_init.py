@@ -200,3 +200,22 @@ def write_ray_timeline(path: str | None) -> None:
     path = os.path.expanduser(str(path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ray.timeline(filename=path)
+
+
+def full_determinism_env(enabled: bool, seed: int) -> dict[str, str]:
+    """The environment verl 0.9's ``run_ppo`` sets before ``ray.init`` when ``rollout.full_determinism`` is on:
+    ``VERL_FULL_DETERMINISM=1``, ``VLLM_BATCH_INVARIANT=1`` (vLLM's batch-invariant kernels: a request's tokens do
+    not depend on what it is batched with) and ``PYTHONHASHSEED`` = the rollout seed; empty when off."""
+    if not enabled:
+        return {}
+    return {"VERL_FULL_DETERMINISM": "1", "VLLM_BATCH_INVARIANT": "1", "PYTHONHASHSEED": str(int(seed))}
+
+
+def with_env_vars(extra: dict, env: dict[str, str]) -> dict:
+    """``extra`` (``ray.init`` keyword arguments) with ``env`` added to its ``runtime_env.env_vars`` (``env`` wins),
+    so every Ray worker process starts with it; ``extra`` itself is not changed."""
+    if not env:
+        return extra
+    runtime_env = dict(extra.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars") or {}), **env}
+    return {**extra, "runtime_env": runtime_env}

@@ -27,7 +27,8 @@ from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
 from rlhf_core.data.factory import create_rl_dataset
-from rlhf_core.distributed.ray_init import init_ray, ray_init_extra, write_ray_timeline
+from rlhf_core.distributed.ray_init import (full_determinism_env, init_ray, ray_init_extra, with_env_vars,
+                                           write_ray_timeline)
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
@@ -246,6 +247,16 @@ def make_trainer(config: DictConfig, *args: Any) -> RayPPOTrainer:
     return RayPPOTrainer(config, tokenizer, build_worker_groups, *rest)
 
 
+def ray_extra(config: DictConfig) -> dict:
+    """``ray.init`` arguments beyond the declared ones: ``ray_kwargs.ray_init``, with the environment of
+    ``rollout.full_determinism`` (:func:`full_determinism_env`, seeded by ``rollout.seed``, null: ``data.seed``) in
+    every worker's ``runtime_env`` (verl sets it in the driver's environment before ``ray.init``)."""
+    rollout = config.actor_rollout_ref.rollout
+    seed = config.data.seed if rollout.seed is None else rollout.seed
+    return with_env_vars(ray_init_extra(config.ray_kwargs.ray_init),
+                         full_determinism_env(bool(rollout.full_determinism), seed))
+
+
 def run_ppo(config: DictConfig) -> dict[str, Any]:
     """Validate ``config``, start Ray, build everything, train; returns
     ``{"metrics": last step's metrics, "global_step": int, "checkpoint_dir": str | None,
@@ -273,7 +284,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable,
-             ray_init_extra(config.ray_kwargs.ray_init))
+             ray_extra(config))
     trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)
     try:
         metrics = trainer.fit()

@@ -186,22 +186,24 @@ class RolloutConfig:
     nnodes: int = key(0, 'nodes of a standalone rollout pool; 0 = colocated with the actor',
         only=(0,), why='a standalone rollout pool (the rollout shares the actor workers here)')
     n_gpus_per_node: int = key('${trainer.n_gpus_per_node}', 'accelerators per node of a standalone rollout pool',
-        no_effect_yet='the rollout runs on the actor workers (rollout.nnodes=0)')
-    full_determinism: bool = key(False, 'deterministic engine kernels and scheduling',
-        no_effect_yet='the engine runs with its default kernels')
+        no_effect_yet='verl reads it only for a standalone rollout pool (rollout.nnodes > 0), which is refused: '
+                      'the rollout runs on the actor workers')
+    full_determinism: bool = key(False, 'deterministic engine: VERL_FULL_DETERMINISM=1, VLLM_BATCH_INVARIANT=1 '
+        "(vLLM's batch-invariant kernels) and PYTHONHASHSEED=rollout.seed in every Ray worker")
     logprobs_mode: str = key('processed_logprobs', "what rollout_log_probs hold: processed_* = of the logits the "
         'token was drawn from (/ temperature, cut to top_k/top_p), raw_* = of the model logits; *_logprobs = '
         'log-softmax, *_logits = the logit', choices=('processed_logprobs', 'raw_logprobs', 'processed_logits',
                                                      'raw_logits'))
-    scheduling_policy: str = key('fcfs', 'engine request scheduling: fcfs | priority',
-        no_effect_yet='requests are served first come, first served')
+    scheduling_policy: str = key('fcfs', 'vllm: engine request scheduling: fcfs | priority', choices=('fcfs',
+        'priority'), engine="vllm")
     router_config_path: Optional[str] = key(None, 'config of a request router in front of the servers',
         only=(None,), why='a request router in front of the rollout servers')
     checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig)
     enable_rollout_routing_replay: bool = key(False, 'record MoE routing in the rollout and replay it in training',
         why='MoE router replay, which this project does not have')
     moe_load_balance_metrics_interval: int = key(0, 'log MoE load-balance metrics every N steps; 0 = never',
-        no_effect_yet='no MoE metrics are logged')
+        only=(0,), why="MoE load-balance metrics (verl 0.9's v1 trainer reads the expert loads of the rollout "
+                       "engine's MoE layers), which this project does not collect")
     prometheus: PrometheusConfig = section(PrometheusConfig)
     quantization: Optional[str] = key(None, 'quantize the rollout weights (e.g. fp8); null = none', only=(None,),
         why='quantized rollout weights')

@@ -25,7 +25,8 @@ class CheckpointEngineConfig:
     update_weights_bucket_megabytes: int = key(2048, 'vllm: weights are staged to the engine in buckets of this many MB',
         engine="vllm", aliases=('actor_rollout_ref.rollout.update_weights_bucket_megabytes',))
     engine_kwargs: Dict[str, Any] = free_form('extra arguments of the weight-sync backend',
-        no_effect_yet='read only by weight-sync backends other than naive')
+        no_effect_yet="verl passes engine_kwargs.<backend> to the weight-sync backend; the naive backend, the only "
+                      "one here, takes no argument from it (verl's takes is_master only)")
     custom_backend_module: Optional[str] = key(None, 'python module registering a custom weight-sync backend',
         only=(None,), why='custom weight-sync backends')
 
@@ -39,7 +40,8 @@ class PrometheusConfig:
     file: str = key('/tmp/ray/session_latest/metrics/prometheus/prometheus.yml', 'Prometheus: its config file',
         why=PROM)
     served_model_name: Optional[str] = key('${oc.select:actor_rollout_ref.model.path,null}',
-        'Prometheus: model name on the metrics (follows model.path)', no_effect_yet=PROM)
+        'Prometheus: model name on the metrics (follows model.path)',
+        no_effect_yet='read only with rollout.prometheus.enable, which is refused (' + PROM + ')')
 
 
 @dataclass

@@ -101,6 +101,7 @@ def engine_kwargs(model_cfg: Mapping[str, Any], config: Mapping[str, Any], seed:
         # rollout.logprobs_mode, as verl 0.9 passes it (default processed_logprobs: of logits / temperature, cut
         # to top_k / top_p, like HFRollout; vLLM's own default, raw_logprobs, ignores the temperature)
         "logprobs_mode": str(config.logprobs_mode),
+        "scheduling_policy": str(config.scheduling_policy),  # verl 0.9 passes it to the engine
     }
     if model_cfg.tokenizer_path is not None:  # verl 0.9 model.tokenizer_path / hf_config_path
         kwargs["tokenizer"] = local_path(model_cfg.tokenizer_path)

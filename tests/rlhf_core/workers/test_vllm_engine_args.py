@@ -65,3 +65,22 @@ def test_weight_buckets_cut_at_the_megabyte_limit():
     assert [n for n, _ in weight_buckets(state, 512)[0]] == list(state)  # verl's default: one bucket here
     with pytest.raises(ValueError, match="update_weights_bucket_megabytes=0"):
         weight_buckets(state, 0)
+
+
+def test_logprobs_mode_and_scheduling_policy_reach_vllm(tmp_path):
+    kw = rollout_kwargs(tmp_path)  # verl 0.9's defaults
+    assert kw["logprobs_mode"] == "processed_logprobs" and kw["scheduling_policy"] == "fcfs"
+    kw = rollout_kwargs(tmp_path, f"{A}.logprobs_mode=raw_logits", f"{A}.scheduling_policy=priority")
+    assert kw["logprobs_mode"] == "raw_logits" and kw["scheduling_policy"] == "priority"
+
+
+def test_full_determinism_env_reaches_every_ray_worker():
+    from rlhf_core.trainer.main_ppo import ray_extra
+
+    cfg = load_config("ppo_trainer", ["+ray_kwargs.ray_init.runtime_env.env_vars={MY_VAR: x}"])
+    assert "VLLM_BATCH_INVARIANT" not in str(ray_extra(cfg))  # off by default
+    cfg = load_config("ppo_trainer", [f"{A}.full_determinism=True", f"{A}.seed=17",
+                                      "+ray_kwargs.ray_init.runtime_env.env_vars={MY_VAR: x}"])
+    env = ray_extra(cfg)["runtime_env"]["env_vars"]
+    # verl 0.9 run_ppo's three variables, PYTHONHASHSEED = rollout.seed; the user's own env_vars kept
+    assert env == {"MY_VAR": "x", "VERL_FULL_DETERMINISM": "1", "VLLM_BATCH_INVARIANT": "1", "PYTHONHASHSEED": "17"}
