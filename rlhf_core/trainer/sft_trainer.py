@@ -35,7 +35,7 @@ from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.commands import sft_main
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
-from rlhf_core.trainer.driver_utils import mean_rank_metrics
+from rlhf_core.trainer.driver_utils import balance_batch, mean_rank_metrics
 from rlhf_core.trainer.sft_worker import SFTWorker, sft_tokenizer_path
 from rlhf_core.trainer.tracking import Tracking
 
@@ -55,14 +55,15 @@ class SFTTrainer:
         t, data = config.trainer, config.data
         self.world_size = int(t.nnodes) * int(t.n_gpus_per_node)
         seed = None if t.seed is None else int(t.seed)  # an explicit 0 stays 0
+        workers = int(data.num_workers)  # DataLoader worker processes reading the samples (verl: num_workers)
         self.train_loader = build_dataloader(train_dataset, int(data.train_batch_size), shuffle=True, seed=seed,
-                                             drop_last=True, collate_fn=sft_collate)
+                                             drop_last=True, collate_fn=sft_collate, num_workers=workers)
         self.val_loader = None
         if val_dataset is not None and len(val_dataset):
             bs = min(int(data.train_batch_size), len(val_dataset))
             bs -= bs % self.world_size
             self.val_loader = build_dataloader(val_dataset, max(bs, self.world_size), shuffle=False, seed=seed,
-                                               drop_last=True, collate_fn=sft_collate)
+                                               drop_last=True, collate_fn=sft_collate, num_workers=workers)
         steps_per_epoch = len(self.train_loader)
         given = t.total_training_steps
         self.total_steps = int(given) if given is not None and given > 0 else steps_per_epoch * int(t.total_epochs)
@@ -112,7 +113,7 @@ class SFTTrainer:
                 self.global_step += 1
                 is_last = self.global_step >= self.total_steps
                 self._profile(start=True)
-                metrics = mean_rank_metrics(self.wg.execute_dp("train_step", batch))
+                metrics = mean_rank_metrics(self.wg.execute_dp("train_step", self.balanced(batch)))
                 self._profile(start=False, last=is_last)
                 metrics["train/epoch"] = epoch
                 if self.val_loader is not None and (is_last or (test_freq > 0 and self.global_step % test_freq == 0)):
@@ -139,6 +140,14 @@ class SFTTrainer:
         elif not start and self._profiling and (self.global_step == end or last):
             self.wg.execute_all("stop_profile", True)
             self._profiling = False
+
+    def balanced(self, batch: Batch) -> Batch:
+        """``trainer.balance_batch`` (verl 0.9's ``sft_trainer_ray``): the rows reordered so that each rank's
+        contiguous share of the global batch holds a similar number of tokens
+        (:func:`~rlhf_core.trainer.driver_utils.balance_batch`); off, or with one rank, ``batch`` as it is."""
+        if not self.config.trainer.balance_batch or self.world_size <= 1:
+            return batch
+        return balance_batch(batch, self.world_size)[0]
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean over the validation set (mean of per-batch token-means, like verl)."""

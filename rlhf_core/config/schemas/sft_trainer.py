@@ -65,7 +65,8 @@ class DataConfig:
     truncation: str = key('error', 'what to do with an over-long sample: error | left | right',
         choices=('error', 'left', 'right'))
     balance_dp_token: bool = key(False, 'balance tokens across data-parallel ranks',
-        no_effect_yet='ranks get equal sample counts')
+        no_effect_yet="verl 0.9 declares it without code (its YAML: 'to be implement'); trainer.balance_batch "
+                      'balances the tokens of the ranks')
     chat_template: Optional[str] = key(None, "chat template (Jinja text) to use; null = the tokenizer's",
         aliases=('model.custom_chat_template',))
     custom_cls: DataCustomClsConfig = section(DataCustomClsConfig)
@@ -81,8 +82,7 @@ class DataConfig:
         types=(str, bool), null_ok=True)
     pad_mode: str = key('right', 'right: padded rows in the forward; no_padding: rows packed without padding '
         '(as use_remove_padding)', choices=('right', 'no_padding'))
-    num_workers: int = key(8, 'dataloader worker processes',
-        no_effect_yet='the SFT samples are read in the driver process (already tokenized lazily per row)')
+    num_workers: int = key(8, 'dataloader worker processes reading the samples (0 = in the driver process)')
     ignore_input_ids_mismatch: bool = key(False,
         'multi-turn: accept a chat template that re-renders earlier turns (token ids built turn by turn)')
 
@@ -221,8 +221,7 @@ class TrainerConfig:
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
     # verl 0.9: engine SFT
-    balance_batch: bool = key(True, 'reorder samples so ranks get similar token counts',
-        no_effect_yet='ranks get the samples in loader order')
+    balance_batch: bool = key(True, "reorder each global batch's rows so ranks get similar token counts")
     profile_interval: List[int] = key([-1, -1], 'first and last step profiled (one trace, with profiler.enable); '
         '[-1, -1] = none')
 
