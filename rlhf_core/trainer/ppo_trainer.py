@@ -46,6 +46,7 @@ from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.rollout_corr_step import rollout_correction_step
 from rlhf_core.trainer.reward_stage import add_reward_baselines, finish_reward, start_reward
+from rlhf_core.trainer.esi import capacity_expiring
 from rlhf_core.trainer.tracking import Tracking
 from rlhf_core.workers.on_policy import skip_old_log_prob
 
@@ -94,6 +95,7 @@ class RayPPOTrainer:
         self.global_steps = 0
         self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
         self._budget_stop = False  # the last train_step found the budget spent (it validated and checkpointed)
+        self._max_step_s = 0.0  # the longest step so far (seconds), for the capacity-expiry save (esi.py)
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
         self._driver_threads_before: int | None = None  # this driver's intra-op threads before init_workers
@@ -250,6 +252,7 @@ class RayPPOTrainer:
             if self._should_save(is_last):
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
+        self._max_step_s = max(self._max_step_s, timing["step"])
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(multiturn_metrics(batch))  # num_turns/*, tool_calls/*; {} for single-turn rollouts
         metrics.update(compute_timing_metrics(batch, timing))
@@ -414,7 +417,8 @@ class RayPPOTrainer:
         freq = int(self.config.trainer.save_freq)
         stop_after = self.config.trainer.stop_after_step
         at_stop = stop_after is not None and self.global_steps == int(stop_after)
-        return at_stop or (freq > 0 and (is_last or self.global_steps % freq == 0))
+        expiring = freq > 0 and capacity_expiring(self._max_step_s, float(self.config.trainer.esi_redundant_time))
+        return at_stop or expiring or (freq > 0 and (is_last or self.global_steps % freq == 0))
 
     def save_checkpoint(self) -> str:
         """[save_checkpoint] see :func:`rlhf_core.trainer.ppo_checkpoint.save_ppo_checkpoint`."""

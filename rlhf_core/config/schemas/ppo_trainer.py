@@ -203,8 +203,9 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = key(None, 'keep at most this many critic checkpoints; null = all')
     ray_wait_register_center_timeout: int = key(300, 'seconds to wait for the Ray register center')
     esi_redundant_time: int = key(0,
-        'seconds before a cloud instance expires at which a checkpoint is forced; 0 = off',
-        no_effect_yet='no cloud-instance expiry watch; save with trainer.save_freq')
+        'extra seconds of margin of the capacity-expiry save: with save_freq > 0 a checkpoint is saved once the '
+        'capacity block (MLP_/SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP) ends within 60 s + the '
+        'longest step + this')
     use_legacy_worker_impl: str = key('auto',
         'worker implementation: auto | enable (legacy workers) | disable (new engine)',
         choices=('auto', 'enable', 'disable'), no_effect_yet='one worker implementation here')
