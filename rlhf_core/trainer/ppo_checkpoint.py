@@ -50,8 +50,9 @@ def async_save(trainer: Any) -> bool:
 
 
 def save_ppo_checkpoint(trainer: Any) -> str:
-    """[save_checkpoint] ``global_step_N/{actor,critic,data.pt}`` then the tracker; applies retention. Returns the
-    checkpoint folder (also kept as ``trainer.last_checkpoint_dir``)."""
+    """[save_checkpoint] ``global_step_N/{actor,critic,data.pt}`` then the tracker; applies retention; then the
+    ``trainer.checkpoint_callback_class`` hook (``trainer.checkpoint_callback``). Returns the checkpoint folder (also
+    kept as ``trainer.last_checkpoint_dir``)."""
     step = trainer.global_steps
     fns = {"actor": lambda p: trainer.actor_wg.execute_all("save_checkpoint", p, None, step)}
     if trainer.use_critic:
@@ -65,6 +66,9 @@ def save_ppo_checkpoint(trainer: Any) -> str:
                  for wg in [trainer.actor_wg] + ([trainer.wgs["critic"]] if trainer.use_critic else [])]
     trainer.last_checkpoint_dir = trainer.checkpoints.save(step, fns, trainer.loader_state(),
                                                            trainer_state, wait_fns=waits)
+    if trainer.checkpoint_callback is not None:  # trainer.checkpoint_callback_class, after the save completed
+        trainer.checkpoint_callback.on_save(trainer=trainer, global_step=step,
+                                            checkpoint_dir=trainer.last_checkpoint_dir, async_save=waits is not None)
     return trainer.last_checkpoint_dir
 
 

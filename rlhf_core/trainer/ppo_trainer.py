@@ -46,6 +46,7 @@ from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.rollout_corr_step import rollout_correction_step
 from rlhf_core.trainer.reward_stage import add_reward_baselines, finish_reward, start_reward
+from rlhf_core.trainer.checkpoint_callback import build_checkpoint_callback
 from rlhf_core.trainer.esi import capacity_expiring
 from rlhf_core.trainer.tracking import Tracking
 from rlhf_core.workers.on_policy import skip_old_log_prob
@@ -96,6 +97,7 @@ class RayPPOTrainer:
         self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
         self._budget_stop = False  # the last train_step found the budget spent (it validated and checkpointed)
         self._max_step_s = 0.0  # the longest step so far (seconds), for the capacity-expiry save (esi.py)
+        self.checkpoint_callback = build_checkpoint_callback(config)  # trainer.checkpoint_callback_class
         self.last_checkpoint_dir: str | None = None
         self.wgs: dict[str, Any] = {}
         self._driver_threads_before: int | None = None  # this driver's intra-op threads before init_workers

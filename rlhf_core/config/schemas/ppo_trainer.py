@@ -214,8 +214,8 @@ class TrainerConfig:
         no_effect_yet='one trainer loop here')
     v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,
-        'dotted path of a class called after each checkpoint save; null = none',
-        no_effect_yet='no callback runs after a checkpoint save')
+        'dotted path of a class built with the config whose on_save(trainer, global_step, checkpoint_dir, '
+        'async_save) runs on the driver after each checkpoint save; null = none')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True,
         verl_default='cuda', differs='ours: auto = cuda when available, else cpu')
