@@ -3,7 +3,8 @@ scoring each (prompt, response) with one scalar, written on the last valid respo
 
 * Model: ``AutoModelForSequenceClassification`` with ``num_labels=1`` from ``reward_model.model.path`` (its
   ``pad_token_id`` set from the RM tokenizer when the checkpoint has none), parameters float32 (or
-  ``fsdp_config.model_dtype``), no gradients, sharded with FSDP2 (``fsdp_config.min_num_params``, ``param_offload``).
+  ``fsdp_config.model_dtype``), no gradients, sharded with FSDP2 (``fsdp_config.min_num_params`` or
+  ``wrap_policy.min_num_params``, ``param_offload``, ``fsdp_size``, ``reshard_after_forward``).
 * Score of a sequence: the score head's output at the sequence's **last valid token** (last position with
   attention mask 1), read from the head's per-token output. (HF's own pooling picks the last token that is not
   ``pad_token_id``, which is wrong when EOS equals the pad id; verl's token-classification RM reads the same
@@ -135,9 +136,12 @@ class RewardModelWorker(ProfiledWorker):
                            "; reward_model.model.use_remove_padding=True runs the padded forward" if
                            mcfg.use_remove_padding else "")
         self.use_remove_padding = bool(mcfg.use_remove_padding) and head is not None
+        # min_num_params, or verl 0.6's spelling wrap_policy.min_num_params when only that one is set
+        min_params = int(fsdp.min_num_params) or int(fsdp.wrap_policy.min_num_params)
         self.module = prepare_role_model(
-            model, "reward_model", {"wrap_policy": {"min_num_params": int(fsdp.min_num_params)},
-                                    "param_offload": bool(fsdp.param_offload)},
+            model, "reward_model", {"wrap_policy": {"min_num_params": min_params},
+                                    "param_offload": bool(fsdp.param_offload), "fsdp_size": int(fsdp.fsdp_size),
+                                    "reshard_after_forward": bool(fsdp.reshard_after_forward)},
             full_key(mcfg, "use_remove_padding") if self.use_remove_padding else None)
 
     # ---- inputs --------------------------------------------------------------------------------------------

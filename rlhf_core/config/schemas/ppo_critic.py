@@ -185,8 +185,8 @@ class RewardModelWrapPolicyConfig:
     """``reward_model.model.fsdp_config.wrap_policy``."""
 
     min_num_params: int = key(0,
-        'wrap modules with at least this many parameters (verl 0.6 spelling of min_num_params above)',
-        no_effect_yet='the reward model reads reward_model.model.fsdp_config.min_num_params')
+        'wrap modules with at least this many parameters (verl 0.6 spelling of min_num_params above; read when '
+        'that one is 0)')
 
 
 @dataclass
@@ -197,10 +197,8 @@ class RewardModelFSDPConfig:
     param_offload: bool = key(False, 'offload reward-model parameters to CPU',
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
     wrap_policy: RewardModelWrapPolicyConfig = section(RewardModelWrapPolicyConfig)
-    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)',
-        no_effect_yet='the reward model always reshards')
-    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers',
-        no_effect_yet='the reward model shards over all workers')
+    reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
+    fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
     forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
         no_effect_yet="FSDP2's default prefetching is used; performance only")
     cpu_threads: Optional[int] = key(None,

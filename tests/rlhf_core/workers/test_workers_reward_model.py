@@ -154,3 +154,24 @@ def test_re_templating_needs_the_raw_chat(tiny_model_dir, tiny_tokenizer, rm_dir
     del batch.non_tensors["raw_prompt"]
     with pytest.raises(ValueError, match="data.return_raw_chat=True"):
         wg.execute_dp("compute_rm_score", batch)
+
+
+def test_fsdp_config_keys_shape_the_sharding(tiny_model_dir, rm_dirs):
+    """reward_model.model.fsdp_config: wrap_policy.min_num_params=1 (verl 0.6's spelling) wraps every smallest
+    module holding a parameter, not just the decoder layers; reshard_after_forward=False keeps the gathered
+    parameters after forward (no post-forward mesh); fsdp_size=0 is refused (it must divide the world size)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def wrapped(wg):
+        return [m for m in wg.worker.module.modules() if isinstance(m, FSDPModule)]
+
+    default = wrapped(_rm_group(tiny_model_dir, rm_dirs["same"]))
+    custom = wrapped(_rm_group(tiny_model_dir, rm_dirs["same"], "reward_model.model.fsdp_config.wrap_policy.min_num_params=1",
+                               "reward_model.model.fsdp_config.reshard_after_forward=False"))
+    assert len(custom) > len(default) >= 2  # default: the decoder layers and the root
+    assert all(m._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+               for m in default if m._get_fsdp_state()._fsdp_param_group is not None)
+    assert all(m._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is None
+               for m in custom if m._get_fsdp_state()._fsdp_param_group is not None)
+    with pytest.raises(ValueError, match="fsdp_size=0 must divide the world size 1"):
+        _rm_group(tiny_model_dir, rm_dirs["same"], "reward_model.model.fsdp_config.fsdp_size=0")
