@@ -32,8 +32,10 @@ class RemoteRewardManager(PrimeRewardManager):
 
     @staticmethod
     def config_kwargs(config: Any) -> dict[str, Any]:
-        """The manager's keyword arguments from the config: ``num_processes=reward.num_workers``."""
-        return {"num_processes": int(config.reward.num_workers)}
+        """The manager's keyword arguments from the config: ``num_processes=reward.num_workers``, or
+        ``reward_model.num_workers`` when that is set (verl 0.9.1 moves it over ``reward.num_workers``)."""
+        legacy = config.reward_model.num_workers
+        return {"num_processes": int(config.reward.num_workers if legacy is None else legacy)}
 
     def score_samples(self, samples: list[DecodedSample]) -> list[Any]:
         return [with_acc(r) for r in super().score_samples(samples)]

@@ -263,10 +263,12 @@ class RewardModelConfig:
         why='a separate Ray resource pool for the reward model; it runs next to the actor',
         aliases=("reward.reward_model.enable_resource_pool",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     n_gpus_per_node: int = key(0, 'GPUs per node of that pool (with enable_resource_pool)',
-        no_effect_yet='read only with reward_model.enable_resource_pool',
+        no_effect_yet='read only with reward_model.enable_resource_pool, which is refused (the reward model runs '
+                      'next to the actor)',
         aliases=("reward.reward_model.n_gpus_per_node",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     nnodes: int = key(0, 'nodes of that pool (with enable_resource_pool)',
-        no_effect_yet='read only with reward_model.enable_resource_pool',
+        no_effect_yet='read only with reward_model.enable_resource_pool, which is refused (the reward model runs '
+                      'next to the actor)',
         aliases=("reward.reward_model.nnodes",), verl_default=None, differs="verl 0.6's default; verl 0.9.1 nulls its legacy reward_model section so that reward.reward_model.* wins")
     strategy: str = key('fsdp', 'backend of the reward model: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
@@ -295,8 +297,8 @@ class RewardModelConfig:
     sandbox_fusion: RewardModelSandboxFusionConfig = section(RewardModelSandboxFusionConfig)
     profiler: FollowerProfilerConfig = section(FollowerProfilerConfig)
     # verl 0.9: reward model
-    num_workers: Optional[int] = key(None, 'reward-loop workers; null = verl 0.9.1 reads reward.num_workers',
-        no_effect_yet='rewards are computed in the trainer process')
+    num_workers: Optional[int] = key(None, 'reward workers (the remote manager\'s processes); set, it replaces '
+        'reward.num_workers (verl 0.9.1); null = reward.num_workers')
     reward_loop_source: Optional[str] = key(None, "where a custom reward loop comes from: null (verl's) | register | "
         'importlib', only=(None,), why='custom reward loops')
     reward_loop_module_path: Optional[str] = key(None, 'file of a custom reward loop', only=(None,),

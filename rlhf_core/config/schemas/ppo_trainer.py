@@ -208,10 +208,13 @@ class TrainerConfig:
         'longest step + this')
     use_legacy_worker_impl: str = key('auto',
         'worker implementation: auto | enable (legacy workers) | disable (new engine)',
-        choices=('auto', 'enable', 'disable'), no_effect_yet='one worker implementation here')
+        choices=('auto', 'enable', 'disable'),
+        no_effect_yet="verl picks between two worker implementations of the same PPO computation; this project has "
+                      "one (FSDP2 workers reading the legacy-worker keys), used for every value")
     # verl 0.9: trainer
     use_v1: bool = key(True, "verl 0.9's v1 trainer loop (its trainer.v1 section configures it)",
-        no_effect_yet='one trainer loop here')
+        no_effect_yet="verl picks its v1 loop or the classic RayPPOTrainer, which run the same PPO step; this "
+                      "project's one driver runs for either value (trainer.v1.* is refused away from its defaults)")
     v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,
         'dotted path of a class built with the config whose on_save(trainer, global_step, checkpoint_dir, '

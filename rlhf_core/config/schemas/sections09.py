@@ -11,6 +11,8 @@ from rlhf_core.config.spec import free_form, key, section
 
 DISTILL = 'on-policy distillation from teacher models, which this project does not have yet'
 TQ = "verl's TransferQueue data plane, which this project does not have"
+DISTILL_FOLLOWER = ("follows the rollout's key, so it cannot be refused; read only with distillation.enabled, which "
+                    "is refused (" + DISTILL + ")")
 SKIP = "verl's rollout dump/replay (skip), which this project does not have yet"
 DISAGG = 'prefill/decode disaggregation (sglang), a backend this project does not have'
 PROM = 'Prometheus metrics of the rollout servers, which this project does not export'
@@ -81,9 +83,9 @@ class TeacherInferenceConfig:
     """``distillation.teacher_models.teacher_model.inference``: the teacher's inference engine."""
 
     name: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.name}', "teacher engine (follows the rollout's)",
-        no_effect_yet=DISTILL)
+        no_effect_yet=DISTILL_FOLLOWER)
     dtype: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.dtype}', "teacher dtype (follows the rollout's)",
-        no_effect_yet=DISTILL)
+        no_effect_yet=DISTILL_FOLLOWER)
     gpu_memory_utilization: float = key(0.5, 'teacher: fraction of accelerator memory for the engine', why=DISTILL)
     enforce_eager: bool = key(True, 'teacher: no CUDA graphs', why=DISTILL)
     cudagraph_capture_sizes: Optional[List[int]] = key(None, 'teacher: CUDA-graph batch sizes', why=DISTILL)
@@ -102,11 +104,11 @@ class TeacherInferenceConfig:
     disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', why=DISTILL)
     skip_tokenizer_init: bool = key(True, 'teacher: the engine gets token ids, no tokenizer', why=DISTILL)
     prompt_length: int = key('${oc.select:actor_rollout_ref.rollout.prompt_length}',
-        "teacher: prompt length (follows the rollout's)", no_effect_yet=DISTILL)
+        "teacher: prompt length (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
     response_length: int = key('${oc.select:actor_rollout_ref.rollout.response_length}',
-        "teacher: response length (follows the rollout's)", no_effect_yet=DISTILL)
+        "teacher: response length (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
     temperature: float = key('${oc.select:actor_rollout_ref.rollout.temperature}',
-        "teacher: temperature of its log-probs (follows the rollout's)", no_effect_yet=DISTILL)
+        "teacher: temperature of its log-probs (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
 
 
 @dataclass

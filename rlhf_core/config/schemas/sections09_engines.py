@@ -37,7 +37,7 @@ class RewardModelEngineConfig:
     full_determinism: bool = key(False, 'generative reward model engine: deterministic kernels', why=GEN_RM)
     seed: int = key(42, 'generative reward model engine: sampling seed', why=GEN_RM)
     multi_stage_wake_up: bool = key(False, 'generative reward model engine: wake weights and KV cache in stages', why=GEN_RM)
-    engine_kwargs: Dict[str, Any] = free_form('generative reward model engine: extra engine arguments', no_effect_yet=GEN_RM)
+    engine_kwargs: Dict[str, Any] = free_form('generative reward model engine: extra engine arguments', why=GEN_RM)
     limit_images: Optional[Any] = key(None, 'generative reward model engine: images per prompt', why=GEN_RM)
     enable_chunked_prefill: bool = key(True, 'generative reward model engine: chunked prefill', why=GEN_RM)
     enable_prefix_caching: bool = key(True, 'generative reward model engine: prefix caching', why=GEN_RM)
@@ -110,7 +110,7 @@ class V1SamplerConfig:
     max_off_policy_strategy: str = key('drop', 'v1: what happens to samples past the threshold', why=V1)
     sync_refill_failed_groups: bool = key(False, 'v1: refill failed groups synchronously', why=V1)
     custom_sampler: CustomSamplerConfig = section(CustomSamplerConfig)
-    sampler_kwargs: Dict[str, Any] = free_form('v1: extra sampler arguments', no_effect_yet=V1)
+    sampler_kwargs: Dict[str, Any] = free_form('v1: extra sampler arguments', why=V1)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class TrainerV1Config:
     """``trainer.v1``: verl 0.9's experimental trainer loop settings."""
 
     trainer_mode: str = key('sync', 'v1 trainer mode: sync | colocate_async | separate_async', why=V1)
-    sync: Dict[str, Any] = free_form('v1 sync mode settings', no_effect_yet=V1)
+    sync: Dict[str, Any] = free_form('v1 sync mode settings', why=V1)
     colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig)
     separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig)
     sampler: V1SamplerConfig = section(V1SamplerConfig)

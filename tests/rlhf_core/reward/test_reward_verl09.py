@@ -212,3 +212,13 @@ def test_batch_manager_without_a_custom_function_scores_with_the_builtin_scorers
     # the gsm8k scorer one sample at a time: "#### 7" is right (1.0 on its last token, index 6), "#### 8" wrong (0)
     reward = load_reward_manager(cfg, tok)(batch)
     assert reward[0, 6] == 1.0 and reward.sum() == 1.0
+
+
+def test_reward_model_num_workers_replaces_reward_num_workers():
+    # verl 0.9.1's reward loop: a set reward_model.num_workers is moved over reward.num_workers
+    from rlhf_core.reward.remote import RemoteRewardManager
+
+    cfg = typed_config("ppo_trainer", "reward.num_workers=3")
+    assert RemoteRewardManager.config_kwargs(cfg) == {"num_processes": 3}  # null: reward.num_workers
+    cfg = typed_config("ppo_trainer", "reward.num_workers=3", "reward_model.num_workers=5")
+    assert RemoteRewardManager.config_kwargs(cfg) == {"num_processes": 5}
