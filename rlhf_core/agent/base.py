@@ -20,7 +20,8 @@ from rlhf_core.tools.runner import ToolCallStats
 @dataclass
 class TokenOutput:
     """One generation request's result: the sampled ``token_ids`` (ending with EOS when it stopped there) and
-    their ``log_probs`` (log-softmax of logits / temperature, float) when the engine computes them."""
+    their ``log_probs`` (float; what ``rollout.logprobs_mode`` asks for, by default the log-softmax of the logits
+    the token was drawn from) when the engine computes them."""
 
     token_ids: list[int]
     log_probs: list[float] | None = None
