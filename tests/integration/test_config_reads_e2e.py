@@ -167,6 +167,23 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
            for k in ("max_rpm", "max_tpm", "estimated_tokens_per_request")},
         **{f"reward.{k}": "tests/rlhf_core/reward/test_reward_verl09.py::test_rate_limited_caps_concurrency_and_times_out"
            for k in ("max_concurrent", "timeout")},
+        # issue #35: keys given their verl 0.9 effect, read on paths the short runs do not take (vLLM, a trace
+        # backend, the default scorer with a sandbox, the remote manager, a reward model, the rollout's log-probs)
+        _A + "rollout.logprobs_mode":  # read with calculate_log_probs (generation.yaml's rollout has no such key)
+            "tests/rlhf_core/workers/test_hf_decode.py::test_hf_rollout_log_probs_follow_logprobs_mode",
+        _A + "rollout.scheduling_policy":
+            "tests/rlhf_core/workers/test_vllm_engine_args.py::test_logprobs_mode_and_scheduling_policy_reach_vllm",
+        **{_A + f"rollout.trace.{k}":
+           "tests/rlhf_core/workers/test_rollout_trace_mlflow.py::test_trace_names_and_max_samples_per_step_per_worker"
+           for k in ("project_name", "experiment_name", "max_samples_per_step_per_worker")},
+        **{f"{s}.{k}": "tests/rlhf_core/reward/test_reward_sandbox_fusion.py::test_max_concurrent_bounds_requests_and_"
+           "memory_limit_is_sent" for s in ("reward_model.sandbox_fusion", "sandbox_fusion")
+           for k in ("url", "max_concurrent", "memory_limit_mb")},
+        "reward_model.num_workers":
+            "tests/rlhf_core/reward/test_reward_verl09.py::test_reward_model_num_workers_replaces_reward_num_workers",
+        **{f"reward_model.model.fsdp_config.{k}":
+           "tests/rlhf_core/workers/test_workers_reward_model.py::test_fsdp_config_keys_shape_the_sharding"
+           for k in ("fsdp_size", "reshard_after_forward", "wrap_policy.min_num_params")},
     },
     "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,

@@ -34,7 +34,7 @@ def test_spot_checked_statuses_and_reasons():
     assert specs("sft_trainer")["data.train_max_samples"].status == ppo["data.train_max_samples"].status == SUPPORTED
 
 
-@pytest.mark.parametrize("path", ["critic.fsdp.use_orig_params", "trainer.esi_redundant_time"])
+@pytest.mark.parametrize("path", ["critic.fsdp.use_orig_params", "actor_rollout_ref.rollout.n_gpus_per_node"])
 def test_unread_keys_are_not_called_supported(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_YET)
 
@@ -45,7 +45,9 @@ def test_unread_keys_are_not_called_supported(path):
     "actor_rollout_ref.model.custom_chat_template", "actor_rollout_ref.rollout.trace.backend",
     "ray_init.timeline_json_file", "actor_rollout_ref.model.lora_adapter_path", "critic.model.lora_adapter_path",
     "actor_rollout_ref.model.tiled_mlp.enabled", "critic.model.tiled_mlp.num_shards", "critic.model.hf_config_path",
-    "critic.model.custom_chat_template", "critic.model.exclude_modules"])
+    "critic.model.custom_chat_template", "critic.model.exclude_modules", "actor_rollout_ref.rollout.logprobs_mode",
+    "reward_model.sandbox_fusion.url", "trainer.esi_redundant_time", "trainer.checkpoint_callback_class",
+    "actor_rollout_ref.rollout.trace.project_name"])
 def test_keys_given_effect_are_supported(path):
     assert status_of("ppo_trainer", path).startswith(SUPPORTED)
 
