@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# the session's Prefect services, defined once here (a fixture imported into each test module would be one definition,
+# hence one server, per module): the temporary-database harness and the real server on 127.0.0.1
+from conftest_services import prefect_harness, prefect_server  # noqa: F401
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -60,6 +64,7 @@ LONGEST_FIRST = ("test_flow_e2e.py", "test_faults.py", "test_ray_cluster_e2e.py"
 
 
 _SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["'](module|class|package)["']""")
+_XDIST_GROUP = re.compile(r"""pytest\.mark\.xdist_group\(\s*(?:name\s*=\s*)?["']([^"']+)["']""")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -67,24 +72,28 @@ def pytest_xdist_make_scheduler(config, log):
     """``-n N`` (``--dist load``), except that the tests of a module that defines a module-, class- or
     package-scoped fixture go to one worker together, so that fixture is built once, not once per worker that got
     one of its tests (test_faults.py's reference run, test_flow_e2e.py's flow run, test_exact_resume.py's runs were
-    built on both workers, in parallel, on 2 cores). Every other test is its own unit, as under ``load``; units start
-    in collection order (``LONGEST_FIRST``). pytest-xdist's ``loadgroup`` does not group under pytest 9."""
+    built on both workers, in parallel, on 2 cores); and the modules marked ``pytest.mark.xdist_group("NAME")`` (in
+    their text) go to one worker together, so a session fixture they share is built once (the Prefect server of
+    test_prefect_server.py and test_deploy_experiment.py). Every other test is its own unit, as under ``load``; units
+    start in collection order (``LONGEST_FIRST``). pytest-xdist's ``loadgroup`` does not group under pytest 9."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    shares: dict[str, bool] = {}
+    units: dict[str, str | None] = {}
 
-    def shares_a_fixture(path: str) -> bool:
-        if path not in shares:
+    def module_unit(path: str) -> str | None:
+        """The unit of every test of the module at ``path``: its group, the module, or None (one unit per test)."""
+        if path not in units:
             file = config.rootpath / path
-            shares[path] = file.suffix == ".py" and file.is_file() and bool(_SHARED_FIXTURE.search(file.read_text()))
-        return shares[path]
+            text = file.read_text() if file.suffix == ".py" and file.is_file() else ""
+            group = _XDIST_GROUP.search(text)
+            units[path] = f"group:{group.group(1)}" if group else path if _SHARED_FIXTURE.search(text) else None
+        return units[path]
 
     class ModuleFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return path if shares_a_fixture(path) else nodeid
+            return module_unit(nodeid.split("::", 1)[0]) or nodeid
 
         def _reschedule(self, node) -> None:
             # the next unit once the worker holds only the test it cannot start before it knows the next one

@@ -1,4 +1,4 @@
-"""``rlhf deploy FILE`` on a real Prefect server on 127.0.0.1 (test_prefect_server.py's fixture), run by a real
+"""``rlhf deploy FILE`` on a real Prefect server on 127.0.0.1 (the session's ``prefect_server``), run by a real
 process worker: the deployment ``rlhf/<experiment name>`` carries the file's schedule, work pool and text (with its
 digest); a second deploy of the edited file updates the same deployment; and a run of it completes after the file
 was deleted, so what runs is the deployed content, not the path.
@@ -16,8 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from test_prefect_server import PREFECT, REPO, _run, prefect_server  # noqa: F401  (the server fixture)
+from test_prefect_server import PREFECT, REPO, _run
 
+# on the server test_prefect_server.py uses (one xdist worker runs both modules: one server)
+pytestmark = pytest.mark.xdist_group("prefect_server")
 RLHF = str(Path(sys.executable).with_name("rlhf"))
 POOL = "experiments-pool"
 

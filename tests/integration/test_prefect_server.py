@@ -1,31 +1,28 @@
 """Deployment `rlhf/full` on a real Prefect server, run by a real process worker.
 
-Starts ``prefect server start`` on a free port in a temporary PREFECT_HOME, creates the
-process pool, deploys from ``prefect.yaml``, triggers a tiny run and lets
-``prefect worker start --run-once`` execute it; the flow run must end COMPLETED.
+On ``prefect server start`` on a free port in a temporary PREFECT_HOME (the session's ``prefect_server``,
+tests/conftest_services.py, shared with test_deploy_experiment.py), creates the process pool, deploys from
+``prefect.yaml``, triggers a tiny run and lets ``prefect worker start --run-once`` execute it; the flow run must
+end COMPLETED.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from conftest_services import pick_free_port
-from infra.servers import prefect_server_command
-
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
+# the modules on the session's prefect_server run on one xdist worker, which starts one server for them all
+pytestmark = pytest.mark.xdist_group("prefect_server")
 TINY = {"train_prompts": 16, "val_prompts": 4, "sft_epochs": 1, "ppo_steps": 1, "segment_steps": 1}
 
 
@@ -50,39 +47,6 @@ def _run(cmd, env, timeout=300, **kw):
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kw)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
-
-
-@pytest.fixture
-def prefect_server(tmp_path):
-    port = pick_free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RLHF_"))}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_UI_ENABLED="false")
-    log = open(tmp_path / "server.log", "w")
-    # the documented command line (infra.servers): it switches analytics off itself, no PREFECT_* variable is set
-    server = subprocess.Popen(prefect_server_command(port, "127.0.0.1"),
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"prefect server did not start:\n{(tmp_path / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
-        # no telemetry: the server's setting, which its clients (workers, flow runs) follow as well
-        assert httpx.get(f"{api}/admin/settings", timeout=10).json()["server"]["analytics_enabled"] is False
-        yield api, {**env, "PREFECT_API_URL": api}
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.mark.slow

@@ -25,8 +25,6 @@ from typing import Any
 import pytest
 import torch
 
-from conftest_services import prefect_harness  # noqa: F401 - the temporary Prefect API (session fixture)
-
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 STEPS = 2  # step 1 completes and is checkpointed in every faulted run; the fault fires in step 2
@@ -162,7 +160,7 @@ def _run_stage(world: World, name: str, fault: str | None = None) -> Outcome:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, tiny_model_dir, gsm8k_dir, prefect_harness):  # noqa: F811 - the fixture above
+def world(tmp_path_factory, tiny_model_dir, gsm8k_dir, prefect_harness):  # the temporary Prefect API (tests/conftest.py)
     import pandas as pd
 
     from infra.home import configure_environment

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest_services import *  # noqa: F401,F403 - rlhf_env, prefect_harness, ray_local
+from conftest_services import *  # noqa: F401,F403 - rlhf_env, ray_local (prefect_harness: tests/conftest.py)
 
 pytestmark = pytest.mark.ray  # starts Ray: uses the fixture ray_local
 

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
-from conftest_services import *  # noqa: F401,F403 - rlhf_env, prefect_harness, free_port
+from conftest_services import *  # noqa: F401,F403 - rlhf_env, free_port (prefect_harness: tests/conftest.py)
 from rlhf_core.config import load_config
 from rlhf_core.config.schema import flatten
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest_services import *  # noqa: F401,F403 - rlhf_env, prefect_harness, free_port
+from conftest_services import *  # noqa: F401,F403 - rlhf_env, free_port (prefect_harness: tests/conftest.py)
 from rlhf_core.config import load_base, load_config
 from rlhf_core.config.schema import flatten
 from rlhf_core.redact import SECRET, install_log_redaction, is_secret_name, redact, redact_text
