@@ -112,8 +112,17 @@ def _same(metrics: dict) -> dict:
             if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/", "fully_async/"))}
 
 
+@pytest.fixture(scope="module")
+def on_policy(tiny_model_dir, tmp_path_factory):
+    """The on-policy trainer's run of the same config (per-step metrics, final weights), which both slow comparisons
+    below read: the workers seed themselves from the config, so it does not depend on what ran before it."""
+    torch.manual_seed(0)
+    steps, weights, _ = _run(_config(tmp_path_factory.mktemp("on_policy")), tiny_model_dir, False)
+    return steps, weights
+
+
 @pytest.mark.slow
-def test_overlap_updates_use_responses_of_the_previous_weights(tiny_model_dir, tmp_path):
+def test_overlap_updates_use_responses_of_the_previous_weights(tiny_model_dir, tmp_path, on_policy):
     torch.manual_seed(0)
     steps, weights, trainer = _run(_config(tmp_path, "async_training.mode=one_step_off_policy", "trainer.test_freq=2"),
                                    tiny_model_dir, True, validate=True)
@@ -127,18 +136,18 @@ def test_overlap_updates_use_responses_of_the_previous_weights(tiny_model_dir, t
     # current weights first; the versions above show it did not change which weights generated the training batches
     assert [any(k.startswith("val-") for k in steps[s]) for s in (1, 2, 3)] == [False, True, True]
     # the stale batches still train: the weights moved, and step 2's metrics differ from the on-policy run's
-    on_steps, on_weights, _ = _run(_config(tmp_path), tiny_model_dir, False)
+    on_steps, on_weights = on_policy
     assert any(not torch.equal(weights[k], on_weights[k]) for k in weights)
     assert _same(steps[1]) == _same(on_steps[1])  # step 1 has nothing stale: the same as on-policy
     assert _same(steps[2]) != _same(on_steps[2])
 
 
 @pytest.mark.slow
-def test_without_overlap_the_run_equals_the_on_policy_run(tiny_model_dir, tmp_path):
+def test_without_overlap_the_run_equals_the_on_policy_run(tiny_model_dir, tmp_path, on_policy):
     torch.manual_seed(0)
     one, one_w, trainer = _run(_config(tmp_path, "async_training.mode=one_step_off_policy",
                                        "async_training.one_step_overlap=false"), tiny_model_dir, True)
-    on, on_w, _ = _run(_config(tmp_path), tiny_model_dir, False)
+    on, on_w = on_policy
     assert trainer.versions == [(1, 0, 0), (2, 1, 1), (3, 2, 2)]  # each batch from the weights it updates
     assert [one[s]["fully_async/staleness"] for s in (1, 2, 3)] == [0, 0, 0]
     assert sorted(one) == sorted(on) == [1, 2, 3]
