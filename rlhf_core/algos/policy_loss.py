@@ -48,6 +48,8 @@ class PolicyLossInputs:
         global_tokens, global_seqs: valid tokens / sequences of the whole mini-batch over all micro-batches and
             ranks, or ``None`` (this batch alone); with them the loss is this micro-batch's contribution
             (``rlhf_core.algos.loss_agg``).
+        loss_scale_factor: ``actor.loss_scale_factor``: the constant divisor of ``seq-mean-token-sum-norm``
+            (``None``: the response length ``T``; :func:`~rlhf_core.algos.loss_agg.agg_loss`).
     Raises:
         ValueError: when a tensor's shape differs from ``response_mask``'s or is not 2-d, naming the field.
     """
@@ -59,6 +61,7 @@ class PolicyLossInputs:
     rollout_is_weights: torch.Tensor | None = None
     global_tokens: float | None = None
     global_seqs: float | None = None
+    loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.response_mask.shape)
@@ -75,7 +78,7 @@ class PolicyLossInputs:
         if self.rollout_is_weights is not None:
             pg_losses = pg_losses * self.rollout_is_weights.detach()
         return agg_loss(pg_losses, self.response_mask, loss_agg_mode, global_tokens=self.global_tokens,
-                        global_seqs=self.global_seqs)
+                        global_seqs=self.global_seqs, loss_scale_factor=self.loss_scale_factor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +270,7 @@ def compute_value_loss(
     loss_agg_mode: str,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss (PPO2 baseline, verl ``compute_value_loss``): ½·agg(max((V−R)², (V_clip−R)²)).
 
@@ -276,6 +280,7 @@ def compute_value_loss(
         vpreds: ``(B, T)`` float, current critic values V (gradient flows through these).
         returns: ``(B, T)`` float targets R. values: ``(B, T)`` float V_old at rollout.
         response_mask: ``(B, T)`` 0/1.
+        loss_scale_factor: ``critic.loss_scale_factor``, the divisor of ``seq-mean-token-sum-norm`` (``None``: ``T``).
     Returns:
         ``(vf_loss 0-d tensor, vf_clipfrac 0-d detached float32)``; vf_clipfrac = masked mean of
         1[(V_clip−R)² > (V−R)²].
@@ -287,7 +292,8 @@ def compute_value_loss(
     loss1 = (vpreds - returns) ** 2
     loss2 = (vclipped - returns) ** 2
     vf_loss = 0.5 * agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode,
-                             global_tokens=global_tokens, global_seqs=global_seqs)
+                             global_tokens=global_tokens, global_seqs=global_seqs,
+                             loss_scale_factor=loss_scale_factor)
     with torch.no_grad():
         clipfrac = masked_mean((loss2 > loss1).float(), response_mask)
     return vf_loss, clipfrac.detach().float()

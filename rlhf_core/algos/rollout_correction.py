@@ -225,7 +225,7 @@ def compute_policy_loss_bypass_mode(inputs: Any, config: Any, settings: Any) -> 
         if weights is not None:
             pg_losses = pg_losses * weights.detach()
         pg_loss = agg_loss(pg_losses, mask, config.loss_agg_mode, global_tokens=inputs.global_tokens,
-                           global_seqs=inputs.global_seqs)
+                           global_seqs=inputs.global_seqs, loss_scale_factor=inputs.loss_scale_factor)
         kl = masked_mean(inputs.old_log_prob - inputs.log_prob.detach(), mask)
         zero = torch.zeros((), dtype=torch.float32)
         metrics = {"ppo_kl": kl.detach().float(), "pg_clipfrac": zero, "pg_clipfrac_lower": zero}

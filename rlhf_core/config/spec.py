@@ -111,6 +111,12 @@ def free_form(help: str, default: dict | None = None, *, ours: bool = False, **s
                  metadata={"help": help, "open": True, "ours": ours, **status})
 
 
+def free_form_or_null(help: str, **status: Any) -> Any:
+    """An ``Optional[Dict[str, Any]]`` field, null by default, whose sub-keys are not checked (extra keyword
+    arguments handed to a library, which checks them itself: ``optim.override_optimizer_config``)."""
+    return field(default=None, metadata={"help": help, "open": True, **status})
+
+
 def follower(default: str, help: str, **status: Any) -> Any:
     """A ``Dict[str, Any]`` field whose default interpolates a whole section (``${oc.select:a.b.qat,null}``): verl's
     copy of another section, one leaf here (its sub-keys are the followed section's, checked there)."""

@@ -205,6 +205,13 @@ class DataParallelPPOActor:
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
 
     ``config.use_torch_compile`` compiles the log-prob/entropy functions on CUDA (see :func:`hot_functions`).
+    The entropy settings are read from ``config.fsdp_config`` (verl 0.9's new engine reads that copy; each copy
+    follows the role's key by default, so setting either works): ``entropy_from_logits_with_chunking`` computes
+    the entropy ``entropy_from_logits_chunk_size`` rows at a time (else in the default 128-row chunks of
+    :func:`~rlhf_core.algos.utils.entropy_from_logits`; the same values either way) and ``entropy_checkpointing``
+    recomputes it in the backward (``torch.utils.checkpoint``: its ``(rows, V)`` intermediates are not kept; the same
+    gradient). ``config.calculate_entropy`` computes the entropy in the update even when ``entropy_coeff`` is 0, for
+    the ``actor/entropy_loss`` metric (verl 0.9).
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -214,6 +221,10 @@ class DataParallelPPOActor:
         self.config = config
         self.activation_offload = bool(activation_offload)
         self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile))
+        engine = config.fsdp_config  # verl 0.9's new engine reads these copies of the role's keys
+        self.entropy_chunk_rows = (int(engine.entropy_from_logits_chunk_size)
+                                   if engine.entropy_from_logits_with_chunking else None)
+        self.entropy_checkpointing = bool(engine.entropy_checkpointing)
         self.model = model
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
@@ -257,8 +268,16 @@ class DataParallelPPOActor:
         entropy = None
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = self._entropy_fn(logits)
+                entropy = self.entropy(logits)
         return (log_prob, entropy, logits) if return_logits else (log_prob, entropy)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Entropy per position of ``logits (b, T, V)`` → ``(b, T)`` float32, in ``entropy_chunk_rows``-row chunks
+        when set, recomputed in the backward under ``entropy_checkpointing`` while autograd records."""
+        kwargs = {} if self.entropy_chunk_rows is None else {"chunk_rows": self.entropy_chunk_rows}
+        if self.entropy_checkpointing and torch.is_grad_enabled() and logits.requires_grad:
+            return torch.utils.checkpoint.checkpoint(self._entropy_fn, logits, use_reentrant=False, **kwargs)
+        return self._entropy_fn(logits, **kwargs)
 
     @torch.no_grad()
     def ref_response_logits(self, mb: Batch, temperature: float) -> torch.Tensor:
@@ -349,6 +368,8 @@ class DataParallelPPOActor:
         :func:`~rlhf_core.algos.rollout_correction.compute_policy_loss_bypass_mode`), else None."""
         cfg = self.config
         mode = cfg.loss_agg_mode
+        # verl 0.9: the divisor of seq-mean-token-sum-norm for every term (policy, entropy, KL); None: T
+        scale = None if cfg.loss_scale_factor is None else float(cfg.loss_scale_factor)
         entropy_coeff = float(cfg.entropy_coeff)
         dev = device()
         mask = mb["response_mask"].to(dev)
@@ -359,13 +380,14 @@ class DataParallelPPOActor:
         # on-policy shortcut (workers/on_policy.py): without old_log_probs the first forward provides them, and
         # the pre-update actor/entropy the skipped old_log_prob stage would have logged
         on_policy = "old_log_probs" not in mb
-        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=bool(entropy_coeff) or on_policy,
+        entropy_metric = bool(entropy_coeff) or bool(cfg.calculate_entropy)  # verl 0.9: actor/entropy_loss
+        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=entropy_metric or on_policy,
                                                           return_logits=full_kl, entropy_grad=bool(entropy_coeff))
         old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
         is_w = self._is_weights(mb)
         inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
                                   rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok,
-                                  global_seqs=n_seq)
+                                  global_seqs=n_seq, loss_scale_factor=scale)
         if bypass is not None:
             pg_loss, pg_metrics = compute_policy_loss_bypass_mode(inputs, PolicyLossConfig.from_actor_config(cfg),
                                                                   bypass)
@@ -373,18 +395,22 @@ class DataParallelPPOActor:
             loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
             pg_loss, pg_metrics = loss_fn(inputs, PolicyLossConfig.from_actor_config(cfg))
         loss = pg_loss
-        if entropy_coeff:
-            loss = loss - entropy_coeff * agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
-        share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
         metrics = {"actor/pg_loss": float(pg_loss.detach())}
+        if entropy_metric:
+            entropy_loss = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq,
+                                    loss_scale_factor=scale)
+            if entropy_coeff:
+                loss = loss - entropy_coeff * entropy_loss
+            metrics["actor/entropy_loss"] = float(entropy_loss.detach())  # a share: summed, the mini-batch's value
+        share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
         if on_policy:  # a mini-batch-normalised share: summed over micro-batches it is the batch's entropy
             metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, mode, global_tokens=n_tok,
-                                                      global_seqs=n_seq))
+                                                      global_seqs=n_seq, loss_scale_factor=scale))
         metrics.update({k if k.startswith("rollout_corr/") else f"actor/{k}": float(v) * share
                         for k, v in pg_metrics.items()})
         if use_kl_loss:
             kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
-            kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq)
+            kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq, loss_scale_factor=scale)
             loss = loss + float(cfg.kl_loss_coef) * kl_loss
             metrics["actor/kl_loss"] = float(kl_loss.detach())
         return loss, metrics
@@ -397,7 +423,8 @@ class DataParallelPPOActor:
         ``rollout_log_probs`` or ``rollout_is_weights`` with ``rollout_is``). Returns metrics averaged over
         mini-batches, identical on every rank: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
         ``actor/pg_clipfrac_lower``, ``actor/kl_loss`` + ``actor/kl_coef`` (with
-        ``use_kl_loss``), ``actor/grad_norm``, ``actor/skipped_steps`` (non-finite grad norm → no step).
+        ``use_kl_loss``), ``actor/entropy_loss`` (the update's aggregated entropy, with ``entropy_coeff != 0`` or
+        ``calculate_entropy``), ``actor/grad_norm``, ``actor/skipped_steps`` (non-finite grad norm → no step).
         The LR is stepped by the worker. No ``actor/entropy``: as in verl, that metric is the rollout batch's
         entropy before the update (the trainer's ``old_log_prob`` stage), which an update value would overwrite.
         """

@@ -84,7 +84,7 @@ class DataParallelPPOCritic:
             ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size,
             micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
-            seed=0,  # the critic section has no data_loader_seed key: its shuffle has always been seeded by 0
+            seed=int(cfg.data_loader_seed),  # verl 0.9 critic.data_loader_seed (42)
             grad_clip=cfg.grad_clip, activation_offload=self.activation_offload)
         out = run_update("critic", self.model, self.optimizer, batch, schedule, self._micro_loss, self.update_calls)
         self.update_calls += 1
@@ -100,7 +100,8 @@ class DataParallelPPOCritic:
         loss, clipfrac = compute_value_loss(
             vpreds, mb["returns"].to(mask.device), mb["values"].to(mask.device), mask,
             None if cliprange is None else float(cliprange), cfg.loss_agg_mode, global_tokens=n_tok,
-            global_seqs=n_seq)
+            global_seqs=n_seq,
+            loss_scale_factor=None if cfg.loss_scale_factor is None else float(cfg.loss_scale_factor))
         share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
         return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac) * share,
                       "critic/vpred_mean": float((vpreds.detach() * mask).sum()) / max(n_tok, 1e-8)}

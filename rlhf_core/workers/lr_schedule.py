@@ -21,7 +21,10 @@ PPO (verl's FSDP workers): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 ``int(optim.lr_warmup_steps_ratio × optim.total_training_steps)``; ``optim.lr_scheduler_type`` is ``constant`` or
 ``cosine`` (the deprecated ``optim.warmup_style``, when set, takes its place, see
 :func:`rlhf_core.config.validate.lr_scheduler_type_of`); a null ``min_lr_ratio`` is 0. The scheduler is stepped
-once per ``update_actor`` / ``update_critic`` call.
+once per ``update_actor`` / ``update_critic`` call. ``optim.zero_indexed_step: False`` makes the cosine schedule
+count from 1 (its multiplier at update ``s`` is the one above at ``s + 1``: verl 0.9's
+``get_cosine_schedule_with_warmup(zero_indexed_step=False)``, torchtitan's convention); verl's constant schedule
+ignores the key, and so does ours.
 SFT (verl's ``fsdp_sft_trainer``; verl 0.9's ``sft_trainer`` spells the keys ``lr_warmup_steps_ratio`` and
 ``lr_scheduler_type``, aliases here): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 ``int(optim.warmup_steps_ratio × T)``; ``optim.lr_scheduler`` is ``constant``, ``cosine`` or ``wsd`` (the deprecated
@@ -68,9 +71,10 @@ def lr_multiplier(step: int, *, kind: str, warmup: int, total: int, min_lr_ratio
     return m + (1.0 - m) * max(0.0, 0.5 * (1.0 + math.cos(2.0 * math.pi * float(num_cycles) * progress)))
 
 
-def _lambda_lr(optimizer: torch.optim.Optimizer, **schedule: Any) -> LambdaLR:
+def _lambda_lr(optimizer: torch.optim.Optimizer, step_offset: int = 0, **schedule: Any) -> LambdaLR:
+    """``LambdaLR`` of :func:`lr_multiplier` at update ``s + step_offset`` (1: a schedule that counts from 1)."""
     lr_multiplier(0, **schedule)  # an unknown kind fails here, before training
-    return LambdaLR(optimizer, lambda s: lr_multiplier(s, **schedule))
+    return LambdaLR(optimizer, lambda s: lr_multiplier(s + step_offset, **schedule))
 
 
 def ppo_warmup_steps(optim_cfg: Any, total_training_steps: int) -> int:
@@ -103,7 +107,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any) -> Lamb
         raise ValueError(f"optim.lr_scheduler_type={kind!r}: use 'constant' or 'cosine'")
     if kind == "cosine" and total <= 0:
         raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps > 0")
-    return _lambda_lr(optimizer, kind=kind, warmup=ppo_warmup_steps(optim_cfg, total), total=total,
+    offset = 1 if kind == "cosine" and not optim_cfg.zero_indexed_step else 0  # verl: the cosine schedule only
+    return _lambda_lr(optimizer, offset, kind=kind, warmup=ppo_warmup_steps(optim_cfg, total), total=total,
                       min_lr_ratio=optim_cfg.min_lr_ratio, num_cycles=float(optim_cfg.num_cycles))
 
 

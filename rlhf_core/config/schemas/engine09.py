@@ -73,7 +73,7 @@ class FSDPEngine09:
     full_determinism: bool = key(False, 'new engine: deterministic kernels (torch.use_deterministic_algorithms)',
         no_effect_yet='the default kernels are used')
     entropy_from_logits_chunk_size: int = key(2048, 'new-engine copy of entropy_from_logits_chunk_size',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the role's key")
+        no_effect_yet='the critic computes values, no entropy (as in verl); the actor and reference override this copy')
     use_no_sync_for_gradient_accumulation: bool = key(False,
         'new engine: skip the gradient reduce-scatter on all but the last micro-batch',
         no_effect_yet='gradients are reduced every micro-batch; same result, performance only')

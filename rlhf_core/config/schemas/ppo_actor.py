@@ -8,9 +8,12 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml an
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import check_section, free_form, key, number, registered, section
+from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, registered, section
 from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, QATConfig
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
+
+REF_NO_ENTROPY = ("the reference's log-prob pass computes no entropy (as in verl 0.9); the reference's actor object "
+                  "reads fsdp_config's copy of this key")
 
 
 @dataclass
@@ -100,8 +103,9 @@ class ActorPolicyLossConfig:
 class ActorOptimConfig:
     """``actor_rollout_ref.actor.optim``."""
 
-    optimizer: str = key('adam', 'optimizer: adam (AdamW)', choices=('adam', 'adamw'),
-        no_effect_yet='adam and adamw both build torch.optim.AdamW',
+    optimizer: str = key('adam', 'optimizer: adam and adamw build torch.optim.AdamW; AdamW, Adam, SGD, RMSprop the '
+        'torch.optim class of that name (betas and eps go to the Adam family only)',
+        choices=('adam', 'adamw', 'AdamW', 'Adam', 'SGD', 'RMSprop'),
         verl_default='AdamW', differs="the reference's default (adam = torch.optim.AdamW)")
     lr: float = key(1e-06, 'peak learning rate')
     betas: List[float] = key([0.9, 0.999], 'AdamW betas')
@@ -119,10 +123,10 @@ class ActorOptimConfig:
     # verl 0.9: optimizer
     optimizer_impl: str = key('torch.optim', 'module the optimizer class is taken from', only=('torch.optim',),
         why='optimizers from other modules (e.g. torchao, bitsandbytes)')
-    zero_indexed_step: bool = key(True, 'the scheduler counts optimizer steps from 0',
-        no_effect_yet='the scheduler counts from 0')
-    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra keyword arguments for the optimizer',
-        no_effect_yet='the optimizer is built from lr, betas, eps and weight_decay')
+    zero_indexed_step: bool = key(True, 'the cosine scheduler counts optimizer steps from 0; False: from 1 (its '
+        'multiplier at update s is the one of s + 1; the constant schedule ignores it, as in verl)')
+    override_optimizer_config: Optional[Dict[str, Any]] = free_form_or_null('extra keyword arguments for the '
+        'optimizer, applied last (e.g. {amsgrad: true}); a keyword the optimizer does not take fails the build')
     clip_grad: float = key(1.0, 'Megatron: gradient clip (FSDP uses actor.grad_clip; default only)',
         why='Megatron-only optimizer key; set actor_rollout_ref.actor.grad_clip')
     lr_warmup_init: float = key(0.0, 'Megatron: initial lr of warmup (default only)',
@@ -166,12 +170,13 @@ class ActorFSDPConfig(FSDPEngine09):
         no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
-    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}', 'new-engine copy of entropy_from_logits_with_chunking',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}',
+        "new-engine copy of entropy_from_logits_with_chunking (the actor reads this copy, which follows the role's "
+        "key)")
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
-    entropy_checkpointing: bool = key('${actor_rollout_ref.actor.entropy_checkpointing}', 'new-engine copy of entropy_checkpointing',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_checkpointing: bool = key('${actor_rollout_ref.actor.entropy_checkpointing}',
+        "new-engine copy of entropy_checkpointing (the actor reads this copy, which follows the role's key)")
     forward_only: bool = key(False, 'new engine: build the actor for forward passes only',
         no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
@@ -180,8 +185,7 @@ class ActorFSDPConfig(FSDPEngine09):
         "intra-op CPU threads of each actor/rollout/ref rank; null = the node's CPUs ÷ its ranks", ours=True)
     mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
     entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.actor.entropy_from_logits_chunk_size}',
-        'new-engine copy of entropy_from_logits_chunk_size',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the role's key")
+        "new-engine copy of entropy_from_logits_chunk_size (the actor reads this copy, which follows the role's key)")
     pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}', "new-engine copy of the actor's pad_to_length",
         no_effect_yet="a copy read by verl's new engine workers")
 
@@ -232,10 +236,10 @@ class ActorConfig:
         choices=('token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'))
     entropy_coeff: float = key(0.0, 'entropy bonus coefficient',
         verl_default=0, differs="the reference's default, written 0.0 (a float)")
-    entropy_from_logits_with_chunking: bool = key(False, 'compute entropy from logits in chunks to save memory',
-        no_effect_yet='entropy is always computed in 1024-row chunks')
-    entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
-        no_effect_yet='entropy activations are stored; same outputs')
+    entropy_from_logits_with_chunking: bool = key(False, 'compute the entropy entropy_from_logits_chunk_size rows '
+        'at a time (False: in 128-row chunks, sized for the CPU cache); the same values either way')
+    entropy_checkpointing: bool = key(False, 'recompute the entropy in the backward instead of storing its '
+        'intermediates (torch.utils.checkpoint; the same gradient)')
     # verl 0.9: advantage estimators (optimal token baseline)
     calculate_sum_pi_squared: bool = key(False,
         'the log-prob pass also returns sum_pi_squared (B, T) = Σ_v π(v)² per response token; '
@@ -279,14 +283,14 @@ class ActorConfig:
     rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
         no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
     loss_scale_factor: Optional[float] = key(None,
-        'divide the summed token loss by this constant instead of the token count (seq-mean-token-sum-norm); '
-        'null = the longest response length', no_effect_yet='the loss is normalised as loss_agg_mode says')
-    calculate_entropy: bool = key(False, 'compute the entropy even when entropy_coeff is 0 (for the metric)',
-        no_effect_yet='the entropy metric is computed every update')
+        'seq-mean-token-sum-norm: divide the sequence-mean of the summed token losses (policy, entropy and KL '
+        'terms) by this constant instead of the response length; null = the padded response length (the width '
+        'of the loss mask); other loss_agg_modes ignore it')
+    calculate_entropy: bool = key(False, 'compute the entropy in the update even when entropy_coeff is 0, for the '
+        'actor/entropy_loss metric (no gradient flows through it then)')
     use_prefix_grouper: bool = key(False, 'share the prompt prefix of a group in one forward (prefix grouping)',
         why="verl's prefix-grouper forward, which this project does not have")
-    entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
-        no_effect_yet='entropy is always computed in 1024-row chunks')
+    entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk with entropy_from_logits_with_chunking')
     pad_to_length: bool = key(False, 'pad each micro-batch to the full prompt + response length',
         no_effect_yet='micro-batches are padded to their longest sequence; same outputs')
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
@@ -333,20 +337,19 @@ class RefFSDPConfig(FSDPEngine09):
         no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
-    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}', 'new-engine copy of entropy_from_logits_with_chunking',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}',
+        'new-engine copy of entropy_from_logits_with_chunking', no_effect_yet=REF_NO_ENTROPY)
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
-    entropy_checkpointing: bool = key('${actor_rollout_ref.ref.entropy_checkpointing}', 'new-engine copy of entropy_checkpointing',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    entropy_checkpointing: bool = key('${actor_rollout_ref.ref.entropy_checkpointing}',
+        'new-engine copy of entropy_checkpointing', no_effect_yet=REF_NO_ENTROPY)
     forward_only: bool = key(True, 'new engine: build the reference for forward passes only',
         no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
 
     entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.ref.entropy_from_logits_chunk_size}',
-        'new-engine copy of entropy_from_logits_chunk_size',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the role's key")
+        'new-engine copy of entropy_from_logits_chunk_size', no_effect_yet=REF_NO_ENTROPY)
     pad_to_length: bool = key('${actor_rollout_ref.ref.pad_to_length}', "new-engine copy of the reference's pad_to_length",
         no_effect_yet="a copy read by verl's new engine workers")
     pad_to_length_bucket: int = key('${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}',
@@ -381,14 +384,14 @@ class RefConfig:
             "actor_rollout_ref.model",
 )
     entropy_from_logits_with_chunking: bool = key(False, 'compute entropy from logits in chunks to save memory',
-        no_effect_yet='entropy is always computed in 1024-row chunks')
+        no_effect_yet=REF_NO_ENTROPY)
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward instead of storing activations',
-        no_effect_yet='the reference computes no gradients')
+        no_effect_yet="the reference computes no gradients (and its log-prob pass no entropy)")
     # verl 0.9: reference
     rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
         no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
-        no_effect_yet='entropy is always computed in 1024-row chunks')
+        no_effect_yet=REF_NO_ENTROPY)
     pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}',
         'pad each micro-batch to the full prompt + response length', no_effect_yet="micro-batches are padded to their longest sequence")
     profiler: ProfilerConfig = section(ProfilerConfig)

@@ -8,7 +8,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml an
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import check_section, free_form, key, registered, section
+from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, registered, section
 from rlhf_core.config.schemas.sections09 import RewardModelRolloutConfig
 from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
@@ -35,14 +35,14 @@ class CriticOptimConfig:
     warmup_style: Optional[str] = key(None,
         'deprecated spelling of lr_scheduler_type (constant | cosine); null = unset', choices=('constant', 'cosine'))
     # verl 0.9: optimizer
-    optimizer: str = key('AdamW', 'optimizer class name: AdamW (adam is the same)', choices=('AdamW', 'adam', 'adamw'),
-        no_effect_yet='the critic is trained with torch.optim.AdamW')
+    optimizer: str = key('AdamW', 'optimizer class name: AdamW, Adam, SGD, RMSprop (torch.optim); adam and adamw are '
+        'AdamW', choices=('AdamW', 'adam', 'adamw', 'Adam', 'SGD', 'RMSprop'))
     optimizer_impl: str = key('torch.optim', 'module the optimizer class is taken from', only=('torch.optim',),
         why='optimizers from other modules (e.g. torchao, bitsandbytes)')
-    zero_indexed_step: bool = key(True, 'the scheduler counts optimizer steps from 0',
-        no_effect_yet='the scheduler counts from 0')
-    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra keyword arguments for the optimizer',
-        no_effect_yet='the optimizer is built from lr, betas, eps and weight_decay')
+    zero_indexed_step: bool = key(True, 'the cosine scheduler counts optimizer steps from 0; False: from 1 (its '
+        'multiplier at update s is the one of s + 1; the constant schedule ignores it, as in verl)')
+    override_optimizer_config: Optional[Dict[str, Any]] = free_form_or_null('extra keyword arguments for the '
+        'optimizer, applied last (e.g. {amsgrad: true}); a keyword the optimizer does not take fails the build')
 
 
 @dataclass
@@ -67,11 +67,11 @@ class CriticFSDPConfig(FSDPEngine09):
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+        no_effect_yet='the critic computes values, no entropy (as in verl)')
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
         no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
     entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+        no_effect_yet='the critic computes values, no entropy (as in verl)')
     forward_only: bool = key(False, 'new engine: build the critic for forward passes only',
         no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
@@ -173,11 +173,10 @@ class CriticConfig:
     profiler: ProfilerConfig = section(ProfilerConfig)
     # verl 0.9: critic
     fsdp: CriticFSDPConfig = section(CriticFSDPConfig, "the critic's FSDP engine", aliases=("critic.model.fsdp_config",))
-    data_loader_seed: int = key(42, 'seed of the critic mini-batch shuffling',
-        no_effect_yet="the critic's mini-batches follow the actor's order (actor.shuffle)")
+    data_loader_seed: int = key(42, 'seed of the critic mini-batch shuffling (critic.shuffle)')
     loss_scale_factor: Optional[float] = key('${actor_rollout_ref.actor.loss_scale_factor}',
-        "constant divisor of the summed value loss (follows the actor's); null = the token count",
-        no_effect_yet='the value loss is normalised as loss_agg_mode says')
+        "seq-mean-token-sum-norm: divide the value loss by this constant instead of the response length (follows "
+        "the actor's); null = the response length; other loss_agg_modes ignore it")
 
 
 @dataclass

@@ -7,7 +7,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml an
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import check_section, free_form, key, number, section
+from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, section
 
 from .sft_engine import (EngineConfig, SftFusedKernelOptionsConfig, SftLoraConfig, SftMtpConfig, SftProfilerConfig,
                          SftTiledMlpConfig)
@@ -166,7 +166,8 @@ class OptimConfig:
     stable_ratio: float = key(0.9,
         "wsd: fraction of the post-warmup steps held at the peak lr (verl's function default)", ours=True)
     # verl 0.9: engine SFT
-    optimizer: str = key('AdamW', 'optimizer class name', only=('AdamW',), why='other optimizers (AdamW only)')
+    optimizer: str = key('AdamW', 'optimizer class name: AdamW, Adam, SGD, RMSprop (torch.optim; betas go to the '
+        'Adam family only)', choices=('AdamW', 'Adam', 'SGD', 'RMSprop'))
     optimizer_impl: str = key('torch.optim', 'module of the optimizer class', only=('torch.optim',),
         why='other optimizer modules (torch.optim only)')
     total_training_steps: int = key(-1, 'total optimizer steps; -1 = set by the trainer',
@@ -177,8 +178,8 @@ class OptimConfig:
         why='1-indexed LR schedules')
     warmup_style: Optional[str] = key(None, 'deprecated spelling of lr_scheduler; null = lr_scheduler',
         choices=('constant', 'cosine', 'wsd'))
-    override_optimizer_config: Optional[Dict[str, Any]] = key(None, 'extra optimizer keyword arguments',
-        no_effect_yet='AdamW gets lr, betas and weight_decay only')
+    override_optimizer_config: Optional[Dict[str, Any]] = free_form_or_null('extra optimizer keyword arguments, '
+        'applied last (e.g. {amsgrad: true}); a keyword the optimizer does not take fails the build')
 
     def __post_init__(self) -> None:
         check_section([f"{{section}}.{key}={getattr(self, key)} must lie in [0, 1]."

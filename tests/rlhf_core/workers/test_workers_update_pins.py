@@ -78,7 +78,9 @@ def actor_update(micro: int | None, *overrides: str, dynamic_tokens: int | None 
 def critic_update(micro: int | None, *overrides: str, dynamic_tokens: int | None = None):
     torch.manual_seed(1)
     model = Qwen2ForTokenClassification(tiny_config())
-    base = ["critic.ppo_epochs=2", "critic.shuffle=True", "critic.cliprange_value=0.05", "critic.grad_clip=1.0"]
+    # data_loader_seed=0: the pins were recorded when the critic's shuffle was always seeded by 0 (now by the key)
+    base = ["critic.ppo_epochs=2", "critic.shuffle=True", "critic.cliprange_value=0.05", "critic.grad_clip=1.0",
+            "critic.data_loader_seed=0"]
     if dynamic_tokens:
         base += ["critic.use_dynamic_bsz=True", f"critic.ppo_max_token_len_per_gpu={dynamic_tokens}"]
     cfg = load_config("ppo_trainer", base + list(overrides)).critic
@@ -90,8 +92,9 @@ def critic_update(micro: int | None, *overrides: str, dynamic_tokens: int | None
 
 # Recorded at cced719 (micro-batch size 2); see the module docstring.
 # actor/entropy (3.4614410400390625 at cced719) left the update's metrics on purpose: verl's actor/entropy is the
-# rollout batch's entropy before the update, logged by the trainer's old_log_prob stage, which it overwrote.
-ACTOR_PIN = {"actor/pg_loss": 0.007008871412836015,
+# rollout batch's entropy before the update, logged by the trainer's old_log_prob stage, which it overwrote. The
+# update's entropy is back, with that recorded value, under verl 0.9's name actor/entropy_loss (entropy_coeff != 0).
+ACTOR_PIN = {"actor/pg_loss": 0.007008871412836015, "actor/entropy_loss": 3.4614410400390625,
              "actor/pg_clipfrac": 0.2543463531500575, "actor/ppo_kl": 0.0510480091190682,
              "actor/pg_clipfrac_lower": 0.0, "actor/kl_loss": 0.06308213470038027, "actor/skipped_steps": 0.0,
              "actor/grad_norm": 1.422239989042282, "actor/kl_coef": 0.1}
