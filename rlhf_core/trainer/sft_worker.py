@@ -28,6 +28,7 @@ from rlhf_core.workers.checkpoint import FSDPCheckpointManager
 from rlhf_core.workers.fsdp_utils import device, full_state_dict, rank, world_size
 from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
 from rlhf_core.workers.model_setup import prepare_role_model
+from rlhf_core.workers.determinism import apply_engine_determinism
 from rlhf_core.workers.optim import build_optimizer
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
@@ -64,6 +65,7 @@ class SFTWorker(ProfiledWorker):
         mcfg = self.config.model
         torch.manual_seed(int(self.config.trainer.seed))  # an explicit 0 stays 0
         check_lora_adapter(mcfg)
+        apply_engine_determinism(self.config.engine)  # engine.full_determinism: seeded by engine.seed instead
         model = self._load_model()
         if mcfg.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)

@@ -20,6 +20,7 @@ from rlhf_core.trainer.mfu import rank_peak_flops
 from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, seed_all
 from rlhf_core.workers.critic import DataParallelPPOCritic
+from rlhf_core.workers.determinism import apply_engine_determinism
 from rlhf_core.workers.fsdp_utils import full_state_dict, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage, union_profiler_configs
@@ -93,6 +94,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         n = int(self.arr.rollout.n)
         if self._is_actor:
             note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")
+            apply_engine_determinism(acfg.fsdp_config)
             self.actor_module = build_model(mcfg, acfg.fsdp_config, "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
             self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
@@ -109,6 +111,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self._init_rollout()
         if self._is_ref:
             rcfg = self.arr.ref
+            apply_engine_determinism(rcfg.fsdp_config)
             self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"),
                                             use_remove_padding=bool(mcfg.use_remove_padding))
         if self.actor is not None and self.ref is not None:
@@ -345,6 +348,7 @@ class CriticWorker(ProfiledWorker):
         self.tokenizer = load_tokenizer(mcfg.tokenizer_path, bool(mcfg.trust_remote_code), mcfg.custom_chat_template)
         n = int(ccfg.rollout_n)
         note_unsupported(mcfg, False, "critic")
+        apply_engine_determinism(ccfg.fsdp)
         self.module = build_model(mcfg, ccfg.fsdp, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
         self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n),

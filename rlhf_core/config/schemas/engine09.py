@@ -68,10 +68,11 @@ class FSDPEngine09:
     (each role's class inherits them and overrides the defaults that follow a role key)."""
 
     # verl 0.9: FSDP engine
-    seed: int = key(42, "new engine: seed of the engine's initialisation",
-        no_effect_yet='weights are initialised from the checkpoint and sampling follows data.seed')
-    full_determinism: bool = key(False, 'new engine: deterministic kernels (torch.use_deterministic_algorithms)',
-        no_effect_yet='the default kernels are used')
+    seed: int = key(42, "with full_determinism: the seed of every RNG while this role's model is built (a LoRA "
+        "adapter's initialisation); read only with full_determinism, as in verl 0.9's FSDP engine")
+    full_determinism: bool = key(False, "before this role's model is built: torch.use_deterministic_algorithms("
+        "warn_only), cuDNN deterministic, the cuBLAS/flash-attention/NCCL deterministic environment and RNGs seeded "
+        "with seed (verl 0.9's enable_full_determinism); process-wide, for debugging")
     entropy_from_logits_chunk_size: int = key(2048, 'new-engine copy of entropy_from_logits_chunk_size',
         no_effect_yet='the critic computes values, no entropy (as in verl); the actor and reference override this copy')
     use_no_sync_for_gradient_accumulation: bool = key(False,

@@ -87,9 +87,11 @@ class EngineConfig:
         no_effect_yet='FSDP2 prefetches by its own schedule')
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
         no_effect_yet='FSDP2 has no flat parameters')
-    seed: int = key(42, "engine's random seed", no_effect_yet='the model is seeded with trainer.seed')
-    full_determinism: bool = key(False, 'deterministic kernels for debugging',
-        no_effect_yet='kernels are not forced deterministic')
+    seed: int = key(42, "with full_determinism: the seed of every RNG while the model is built (instead of "
+        "trainer.seed); read only with full_determinism, as in verl 0.9's FSDP engine")
+    full_determinism: bool = key(False, 'deterministic kernels for debugging: torch.use_deterministic_algorithms('
+        'warn_only), cuDNN deterministic, the cuBLAS/flash-attention/NCCL deterministic environment and RNGs seeded '
+        "with engine.seed (verl 0.9's enable_full_determinism)")
     entropy_from_logits_with_chunking: bool = key(False, 'compute entropy in chunks',
         no_effect_yet='SFT computes no entropy')
     entropy_from_logits_chunk_size: int = key(2048, 'chunk size of the chunked entropy',
