@@ -77,7 +77,8 @@ class SFTWorker(ProfiledWorker):
         fsdp_cfg.update({"param_offload": offload or engine.param_offload,
                          "optimizer_offload": offload or engine.optimizer_offload,
                          "offload_policy": engine.offload_policy, "fsdp_size": engine.fsdp_size,
-                         "reshard_after_forward": engine.reshard_after_forward})
+                         "reshard_after_forward": engine.reshard_after_forward,
+                         "forward_prefetch": engine.forward_prefetch})
         packed_key = None
         if self._packed():
             packed_key = (full_key(self.config, "use_remove_padding") if self.config.use_remove_padding

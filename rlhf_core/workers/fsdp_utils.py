@@ -100,7 +100,8 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     Honoured ``fsdp_config`` keys: ``wrap_policy.min_num_params``, ``fsdp_size``, ``param_offload``,
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
     ``reshard_after_forward`` (default True), ``mixed_precision`` (``param_dtype``/``reduce_dtype``/``buffer_dtype``,
-    :mod:`rlhf_core.workers.precision`).
+    :mod:`rlhf_core.workers.precision`), ``forward_prefetch`` (each wrapped module prefetches the next one's
+    all-gather in forward: ``set_modules_to_forward_prefetch``, as verl's FSDP2 path).
     """
     cfg = fsdp_config if fsdp_config is not None else {}
     wrap = _present(cfg, "wrap_policy", {})
@@ -122,9 +123,15 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     if not torch.cuda.is_available() or not offload:
         model.to(device())
     broadcast_from_rank0(model)
-    for module in _modules_to_wrap(model, int(_present(wrap, "min_num_params", 0))):
+    wrapped = _modules_to_wrap(model, int(_present(wrap, "min_num_params", 0)))
+    for module in wrapped:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    if _present(cfg, "forward_prefetch", False):
+        # verl 0.9's FSDP2 path: each wrapped module all-gathers the next one's parameters as its forward starts
+        # (depth 1, FSDP1's forward_prefetch_limit); the same outputs, the next gather overlaps this compute
+        for module, following in zip(wrapped, wrapped[1:]):
+            module.set_modules_to_forward_prefetch([following])
     return model
 
 

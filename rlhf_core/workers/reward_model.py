@@ -141,7 +141,8 @@ class RewardModelWorker(ProfiledWorker):
         self.module = prepare_role_model(
             model, "reward_model", {"wrap_policy": {"min_num_params": min_params},
                                     "param_offload": bool(fsdp.param_offload), "fsdp_size": int(fsdp.fsdp_size),
-                                    "reshard_after_forward": bool(fsdp.reshard_after_forward)},
+                                    "reshard_after_forward": bool(fsdp.reshard_after_forward),
+                                    "forward_prefetch": bool(fsdp.forward_prefetch)},
             full_key(mcfg, "use_remove_padding") if self.use_remove_padding else None)
 
     # ---- inputs --------------------------------------------------------------------------------------------

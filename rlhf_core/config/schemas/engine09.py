@@ -14,6 +14,9 @@ from rlhf_core.config.spec import key, section
 QAT = 'quantization-aware training (QAT), which this project does not have'
 TURBO = "verl's fsdp_turbo engine, a backend this project does not have"
 MTP = 'multi-token prediction (MTP) and speculative decoding, which this project does not have'
+USE_ORIG_PARAMS = ("FSDP2, the only FSDP here, always keeps the original parameters (each a DTensor shard), as FSDP1 "
+                   "did with True; FSDP1's flat parameters (False) cannot exist on FSDP2, so either value trains "
+                   "the same")
 MEGATRON_LORA = "Megatron's LoRA (this project's LoRA is set by model.lora_rank, lora_alpha, target_modules)"
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, registered, section
-from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, QATConfig
+from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, QATConfig, USE_ORIG_PARAMS
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 REF_NO_ENTROPY = ("the reference's log-prob pass computes no entropy (as in verl 0.9); the reference's actor object "
@@ -162,12 +162,12 @@ class ActorFSDPConfig(FSDPEngine09):
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
     reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
     fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
-    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
-        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    forward_prefetch: bool = key(False, "prefetch the next layer's all-gather in forward (FSDP2 "
+        "set_modules_to_forward_prefetch, depth 1, as verl's FSDP2 path; the same outputs)")
     model_dtype: str = key('fp32', 'dtype of the trained parameters: fp32 | bf16 | fp16',
         choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
-        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+        no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}',
@@ -201,8 +201,10 @@ class ActorCheckpointConfig:
         'what to load when resuming', item_choices=('model', 'optimizer', 'extra', 'hf_model'))
     async_save: bool = key(False, 'save checkpoints off the training thread')
     # verl 0.9: checkpoint
-    strict: bool = key(True, 'fail when a loaded checkpoint misses or adds model keys',
-        no_effect_yet='checkpoints always load strictly: a model key missing from the checkpoint fails the load')
+    strict: bool = key(True, "strict validation of the HF weights a checkpoint exports (verl 0.9 reads it only in "
+        "its Megatron checkpoint manager, for Megatron-Bridge's save_hf_weights)",
+        no_effect_yet="verl's FSDP checkpoint manager ignores it too; here every load is strict (DCP fails on a "
+                      "model key the checkpoint lacks) and hf_model writes every key of the model's state dict")
 
 
 @dataclass
@@ -320,8 +322,8 @@ class RefFSDPConfig(FSDPEngine09):
     param_offload: bool = key(False, 'offload reference parameters to CPU',
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
     reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
-    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
-        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    forward_prefetch: bool = key(False, "prefetch the next layer's all-gather in forward (FSDP2 "
+        "set_modules_to_forward_prefetch, depth 1, as verl's FSDP2 path; the same outputs)")
     model_dtype: str = key('fp32', 'dtype of the reference parameters: fp32 | bf16 | fp16',
         choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
     mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
@@ -334,7 +336,7 @@ class RefFSDPConfig(FSDPEngine09):
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
     fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
-        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+        no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}',

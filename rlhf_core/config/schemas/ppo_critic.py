@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, registered, section
 from rlhf_core.config.schemas.sections09 import RewardModelRolloutConfig
-from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09
+from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, USE_ORIG_PARAMS
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -60,10 +60,10 @@ class CriticFSDPConfig(FSDPEngine09):
     offload_policy: bool = key(False, 'FSDP2 CPU offload policy',
         no_effect_on_cpu='CPUOffloadPolicy on CUDA; on CPU the weights already live in host memory')
     reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
-    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
-        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    forward_prefetch: bool = key(False, "prefetch the next layer's all-gather in forward (FSDP2 "
+        "set_modules_to_forward_prefetch, depth 1, as verl's FSDP2 path; the same outputs)")
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
-        no_effect_yet='an FSDP1 option; FSDP2 has no flat parameters')
+        no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
@@ -198,8 +198,8 @@ class RewardModelFSDPConfig:
     wrap_policy: RewardModelWrapPolicyConfig = section(RewardModelWrapPolicyConfig)
     reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
     fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
-    forward_prefetch: bool = key(False, 'prefetch the next all-gather in forward',
-        no_effect_yet="FSDP2's default prefetching is used; performance only")
+    forward_prefetch: bool = key(False, "prefetch the next layer's all-gather in forward (FSDP2 "
+        "set_modules_to_forward_prefetch, depth 1, as verl's FSDP2 path; the same outputs)")
     cpu_threads: Optional[int] = key(None,
         "intra-op CPU threads of each reward-model rank; null = the node's CPUs ÷ its ranks", ours=True)
 

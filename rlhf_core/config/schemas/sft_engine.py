@@ -9,6 +9,7 @@ Keys whose meaning equals a verl 0.6 key are not here: they are ``aliases`` of t
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from rlhf_core.config.schemas.engine09 import USE_ORIG_PARAMS
 from rlhf_core.config.spec import key, section
 from rlhf_core.config.schemas.ppo_common import check_schedule
 
@@ -83,10 +84,10 @@ class EngineConfig:
         no_effect_on_cpu='on CPU the weights already live in host memory')
     reshard_after_forward: bool = key(True, 'reshard parameters after forward (FSDP2)')
     fsdp_size: int = key(-1, 'FSDP shard group size; -1 = all workers')
-    forward_prefetch: bool = key(False, 'FSDP1: prefetch the next all-gather in forward',
-        no_effect_yet='FSDP2 prefetches by its own schedule')
+    forward_prefetch: bool = key(False, "prefetch the next layer's all-gather in forward (FSDP2 "
+        "set_modules_to_forward_prefetch, depth 1, as verl's FSDP2 path; the same outputs)")
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
-        no_effect_yet='FSDP2 has no flat parameters')
+        no_effect_yet=USE_ORIG_PARAMS)
     seed: int = key(42, "with full_determinism: the seed of every RNG while the model is built (instead of "
         "trainer.seed); read only with full_determinism, as in verl 0.9's FSDP engine")
     full_determinism: bool = key(False, 'deterministic kernels for debugging: torch.use_deterministic_algorithms('

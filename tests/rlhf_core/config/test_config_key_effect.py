@@ -28,7 +28,8 @@ def test_spot_checked_statuses_and_reasons():
     assert ppo["actor_rollout_ref.rollout.gpu_memory_utilization"].status == NO_EFFECT_ON_CPU
     assert (ppo["critic.fsdp.use_orig_params"].status,
             ppo["critic.fsdp.use_orig_params"].why) == (
-        NO_EFFECT_YET, "an FSDP1 option; FSDP2 has no flat parameters")
+        NO_EFFECT_YET, "FSDP2, the only FSDP here, always keeps the original parameters (each a DTensor shard), as "
+        "FSDP1 did with True; FSDP1's flat parameters (False) cannot exist on FSDP2, so either value trains the same")
     # the same path can have another status in another config: sft's data.balance_dp_token is not read there
     assert specs("sft_trainer")["data.balance_dp_token"].status == NO_EFFECT_YET
     assert specs("sft_trainer")["data.train_max_samples"].status == ppo["data.train_max_samples"].status == SUPPORTED
