@@ -149,7 +149,8 @@ class SFTWorker(ProfiledWorker):
                                   grad_clip=self.config.optim.clip_grad, use_dynamic_bsz=bool(data.use_dynamic_bsz),
                                   max_token_len=int(data.max_token_len_per_gpu),
                                   max_token_len_key="data.max_token_len_per_gpu",
-                                  activation_offload=bool(self.config.model.enable_activation_offload))
+                                  activation_offload=bool(self.config.model.enable_activation_offload),
+                                  no_sync=bool(self.config.engine.use_no_sync_for_gradient_accumulation))
 
         def micro_loss(micro: Batch, n_tokens: float, _n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)

@@ -443,7 +443,8 @@ class DataParallelPPOActor:
             micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
             seed=0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed), grad_clip=cfg.grad_clip,
-            activation_offload=self.activation_offload)
+            activation_offload=self.activation_offload,
+            no_sync=bool(cfg.fsdp_config.use_no_sync_for_gradient_accumulation))
         out = run_update("actor", self.model, self.optimizer, batch, schedule,
                          lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq, bypass),
                          self.update_calls)

@@ -85,7 +85,8 @@ class DataParallelPPOCritic:
             micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
             seed=int(cfg.data_loader_seed),  # verl 0.9 critic.data_loader_seed (42)
-            grad_clip=cfg.grad_clip, activation_offload=self.activation_offload)
+            grad_clip=cfg.grad_clip, activation_offload=self.activation_offload,
+            no_sync=bool(cfg.fsdp.use_no_sync_for_gradient_accumulation))
         out = run_update("critic", self.model, self.optimizer, batch, schedule, self._micro_loss, self.update_calls)
         self.update_calls += 1
         return out

@@ -17,6 +17,7 @@ the metrics do not depend on the micro-batch split or the number of ranks.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
@@ -49,6 +51,10 @@ class UpdateSchedule:
         shuffle: reshuffle mini-batches every epoch, seeded by ``seed``, the call index and the epoch.
         grad_clip: max global grad L2 norm (``None`` or ≤ 0: no clipping).
         activation_offload: run each micro-batch loss under ``save_on_cpu`` on CUDA.
+        no_sync: ``use_no_sync_for_gradient_accumulation``: an FSDP2 model skips the gradient reduce-scatter on
+            every micro-batch's backward but the mini-batch's last (``set_requires_gradient_sync(False)``, as verl
+            0.9's engine): the unsharded gradients accumulate locally and are reduced once; the same update, less
+            communication, more memory held.
     """
 
     ppo_epochs: int
@@ -61,6 +67,20 @@ class UpdateSchedule:
     seed: int = 0
     grad_clip: float | None = None
     activation_offload: bool = False
+    no_sync: bool = False
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, sync: bool):
+    """FSDP2's gradient reduction off for one backward when not ``sync`` (only an ``FSDPModule`` has it)."""
+    if sync or not isinstance(model, FSDPModule):
+        yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def response_mask(batch: Batch) -> torch.Tensor:
@@ -86,11 +106,13 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
             n_tok, n_seq = batching.global_counts(count_mask(mini))
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
-            for mb in batching.micro_batches(mini, schedule.micro_batch_size, schedule.use_dynamic_bsz,
-                                             schedule.max_token_len, schedule.max_token_len_key):
-                with activation_offload(schedule.activation_offload):
-                    loss, metrics = micro_loss(mb, n_tok, n_seq)
-                (loss * W).backward()
+            micros = batching.micro_batches(mini, schedule.micro_batch_size, schedule.use_dynamic_bsz,
+                                            schedule.max_token_len, schedule.max_token_len_key)
+            for i, mb in enumerate(micros):
+                with _gradient_sync(model, not schedule.no_sync or i == len(micros) - 1):
+                    with activation_offload(schedule.activation_offload):
+                        loss, metrics = micro_loss(mb, n_tok, n_seq)
+                    (loss * W).backward()
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
             mini_metrics = batching.all_reduce_sum(sums)

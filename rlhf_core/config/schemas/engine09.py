@@ -79,8 +79,9 @@ class FSDPEngine09:
     entropy_from_logits_chunk_size: int = key(2048, 'new-engine copy of entropy_from_logits_chunk_size',
         no_effect_yet='the critic computes values, no entropy (as in verl); the actor and reference override this copy')
     use_no_sync_for_gradient_accumulation: bool = key(False,
-        'new engine: skip the gradient reduce-scatter on all but the last micro-batch',
-        no_effect_yet='gradients are reduced every micro-batch; same result, performance only')
+        "skip FSDP2's gradient reduce-scatter on all but a mini-batch's last micro-batch "
+        "(set_requires_gradient_sync, as verl 0.9's engine): the same update, one reduction per step, the unsharded "
+        "gradients held meanwhile")
     pad_to_length: bool = key(False, "new-engine copy of the role's pad_to_length",
         no_effect_yet="a copy read by verl's new engine workers")
     pad_to_length_bucket: int = key(1024, 'new engine: pad packed sequences up to a multiple of this many tokens',

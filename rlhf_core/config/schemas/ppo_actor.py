@@ -354,6 +354,9 @@ class RefFSDPConfig(FSDPEngine09):
         'new-engine copy of entropy_from_logits_chunk_size', no_effect_yet=REF_NO_ENTROPY)
     pad_to_length: bool = key('${actor_rollout_ref.ref.pad_to_length}', "new-engine copy of the reference's pad_to_length",
         no_effect_yet="a copy read by verl's new engine workers")
+    use_no_sync_for_gradient_accumulation: bool = key(False,
+        'skip the gradient reduce-scatter on all but the last micro-batch',
+        no_effect_yet='the reference computes no gradients (it is never trained)')
     pad_to_length_bucket: int = key('${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}',
         "new engine: bucket padding of packed sequences (follows the actor's)",
         no_effect_yet='sequences are packed without bucket padding; performance only')

@@ -100,8 +100,8 @@ class EngineConfig:
     use_torch_compile: bool = key(True, 'torch.compile the entropy/log-prob helpers',
         no_effect_yet='nothing is torch.compiled')
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward', no_effect_yet='SFT computes no entropy')
-    use_no_sync_for_gradient_accumulation: bool = key(False, 'defer gradient sync to the last micro-batch',
-        no_effect_yet='gradients are reduced every micro-batch')
+    use_no_sync_for_gradient_accumulation: bool = key(False, "defer FSDP2's gradient reduce-scatter to a step's "
+        'last micro-batch (set_requires_gradient_sync, as verl 0.9; the same update, one reduction per step)')
     pad_to_length: bool = key(False, 'round packed micro-batches up to pad_to_length_bucket tokens',
         no_effect_yet='packed micro-batches keep their own length')
     pad_to_length_bucket: int = key(1024, 'token granularity of pad_to_length',
