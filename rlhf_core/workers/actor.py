@@ -33,6 +33,7 @@ from rlhf_core.kernels import support
 from rlhf_core.kernels.packing import packed_logits
 from rlhf_core.kernels.shared_prefix import checkpointing_disables_cache, shared_prefix_logits
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
+from rlhf_core.workers.pad_to_length import pad_bucket_of, pad_pack_to_bucket
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -96,15 +97,19 @@ class ResponseForward:
         logits_to_keep: the model's forward takes ``logits_to_keep`` (the LM head runs on the wanted positions).
         active_dropout: the model drops in train mode (its forward must then not depend on the micro-batch's shape).
         device: where the micro-batch is moved (``fsdp_utils.device``).
+        pad_bucket: ``fsdp_config.pad_to_length`` on: a packed forward's token count is rounded up to a multiple of
+            ``fsdp_config.pad_to_length_bucket`` (:func:`pad_pack_to_bucket`); ``None``: off.
     """
     shared_prefix: bool
     packed: bool
     logits_to_keep: bool
     active_dropout: bool
     device: torch.device
+    pad_bucket: int | None = None
 
 
-def choose_response_forward(model: nn.Module, use_remove_padding: bool) -> ResponseForward:
+def choose_response_forward(model: nn.Module, use_remove_padding: bool,
+                            pad_bucket: int | None = None) -> ResponseForward:
     """The :class:`ResponseForward` of ``model``: packed when ``use_remove_padding``; the shared prefix where the
     model supports it, except packed on GPU (packed or not, on CPU a prompt that repeats runs once, rollout.n > 1:
     less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
@@ -112,7 +117,8 @@ def choose_response_forward(model: nn.Module, use_remove_padding: bool) -> Respo
     described, dev = support(model), device()
     return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu"),
                            packed=bool(use_remove_padding), logits_to_keep=described.logits_to_keep,
-                           active_dropout=described.active_dropout, device=dev)
+                           active_dropout=described.active_dropout, device=dev,
+                           pad_bucket=pad_bucket if use_remove_padding else None)
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -169,7 +175,10 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int, u
         if shared is not None:
             return shared
     if path.packed:
-        return packed_logits(model, ids, mask, pos, keep_last=keep)[:, -response_length - 1:-1]
+        b = ids.shape[0]
+        if path.pad_bucket is not None:
+            ids, mask, pos = pad_pack_to_bucket(ids, mask, pos, path.pad_bucket)
+        return packed_logits(model, ids, mask, pos, keep_last=keep)[:b, -response_length - 1:-1]
     # the last position predicts nothing that is used: the forward stops before it (slicing its logits off instead
     # cost a zero-filled (b, T, V) gradient in the backward). The full width under active dropout, so its masks are
     # drawn over the same shape as ever, and for an empty response (logits_to_keep=0 would mean all positions).
@@ -242,9 +251,10 @@ class DataParallelPPOActor:
     @use_remove_padding.setter
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
-        self._path = choose_response_forward(self.model, self._use_remove_padding)
+        bucket = pad_bucket_of(self.config.fsdp_config)
+        self._path = choose_response_forward(self.model, self._use_remove_padding, bucket)
         self._ref_path = (None if self._ref_model is None
-                          else choose_response_forward(self._ref_model, self._use_remove_padding))
+                          else choose_response_forward(self._ref_model, self._use_remove_padding, bucket))
 
     @property
     def ref_model(self) -> nn.Module | None:
@@ -254,7 +264,8 @@ class DataParallelPPOActor:
     @ref_model.setter
     def ref_model(self, model: nn.Module | None) -> None:
         self._ref_model = model
-        self._ref_path = None if model is None else choose_response_forward(model, self._use_remove_padding)
+        self._ref_path = (None if model is None else
+                          choose_response_forward(model, self._use_remove_padding, pad_bucket_of(self.config.fsdp_config)))
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,

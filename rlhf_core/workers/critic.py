@@ -13,7 +13,7 @@ from torch import nn
 from rlhf_core.algos.policy_loss import compute_value_loss
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
-from rlhf_core.workers.actor import choose_response_forward, forward_response_logits
+from rlhf_core.workers.actor import choose_response_forward, forward_response_logits, pad_bucket_of
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
@@ -52,7 +52,7 @@ class DataParallelPPOCritic:
     @use_remove_padding.setter
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
-        self._path = choose_response_forward(self.model, self._use_remove_padding)
+        self._path = choose_response_forward(self.model, self._use_remove_padding, pad_bucket_of(self.config.fsdp))
 
     def _values(self, mb: Batch) -> torch.Tensor:
         T = mb["responses"].shape[-1]

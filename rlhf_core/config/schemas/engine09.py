@@ -17,6 +17,10 @@ MTP = 'multi-token prediction (MTP) and speculative decoding, which this project
 USE_ORIG_PARAMS = ("FSDP2, the only FSDP here, always keeps the original parameters (each a DTensor shard), as FSDP1 "
                    "did with True; FSDP1's flat parameters (False) cannot exist on FSDP2, so either value trains "
                    "the same")
+PAD_TO_LENGTH = ("round every packed micro-batch up to a multiple of pad_to_length_bucket tokens (dummy sequences, "
+                 "dropped before the loss; the same outputs): few distinct shapes for compiled/tuned kernels. Read "
+                 "with use_remove_padding only, on the packed forward (on CPU a micro-batch whose prompts repeat "
+                 "runs the shared-prefix path unpadded)")
 MEGATRON_LORA = "Megatron's LoRA (this project's LoRA is set by model.lora_rank, lora_alpha, target_modules)"
 
 
@@ -82,10 +86,9 @@ class FSDPEngine09:
         "skip FSDP2's gradient reduce-scatter on all but a mini-batch's last micro-batch "
         "(set_requires_gradient_sync, as verl 0.9's engine): the same update, one reduction per step, the unsharded "
         "gradients held meanwhile")
-    pad_to_length: bool = key(False, "new-engine copy of the role's pad_to_length",
-        no_effect_yet="a copy read by verl's new engine workers")
-    pad_to_length_bucket: int = key(1024, 'new engine: pad packed sequences up to a multiple of this many tokens',
-        no_effect_yet='sequences are packed without bucket padding; performance only')
+    pad_to_length: bool = key(False, PAD_TO_LENGTH)
+    pad_to_length_bucket: int = key(1024, 'pad_to_length: tokens per bucket; a packed micro-batch is rounded up to a '
+        'multiple of it')
     dtype: str = key('bfloat16', "new engine: dtype of the engine's compute",
         no_effect_yet='model_dtype and mixed_precision decide the dtypes here')
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, registered, section
-from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, QATConfig, USE_ORIG_PARAMS
+from rlhf_core.config.schemas.engine09 import PAD_TO_LENGTH, USE_ORIG_PARAMS, FSDPEngine09, Model09, QATConfig
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 REF_NO_ENTROPY = ("the reference's log-prob pass computes no entropy (as in verl 0.9); the reference's actor object "
@@ -186,8 +186,8 @@ class ActorFSDPConfig(FSDPEngine09):
     mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig)
     entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.actor.entropy_from_logits_chunk_size}',
         "new-engine copy of entropy_from_logits_chunk_size (the actor reads this copy, which follows the role's key)")
-    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}', "new-engine copy of the actor's pad_to_length",
-        no_effect_yet="a copy read by verl's new engine workers")
+    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}',
+        "new-engine copy of the actor's pad_to_length (the actor reads this copy, which follows the role's key)")
 
 
 @dataclass
@@ -293,8 +293,7 @@ class ActorConfig:
     use_prefix_grouper: bool = key(False, 'share the prompt prefix of a group in one forward (prefix grouping)',
         why="verl's prefix-grouper forward, which this project does not have")
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk with entropy_from_logits_with_chunking')
-    pad_to_length: bool = key(False, 'pad each micro-batch to the full prompt + response length',
-        no_effect_yet='micro-batches are padded to their longest sequence; same outputs')
+    pad_to_length: bool = key(False, PAD_TO_LENGTH)
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
     policy_loss: ActorPolicyLossConfig = section(ActorPolicyLossConfig)
     optim: ActorOptimConfig = section(ActorOptimConfig)
@@ -352,14 +351,13 @@ class RefFSDPConfig(FSDPEngine09):
 
     entropy_from_logits_chunk_size: int = key('${actor_rollout_ref.ref.entropy_from_logits_chunk_size}',
         'new-engine copy of entropy_from_logits_chunk_size', no_effect_yet=REF_NO_ENTROPY)
-    pad_to_length: bool = key('${actor_rollout_ref.ref.pad_to_length}', "new-engine copy of the reference's pad_to_length",
-        no_effect_yet="a copy read by verl's new engine workers")
+    pad_to_length: bool = key('${actor_rollout_ref.ref.pad_to_length}',
+        "new-engine copy of the reference's pad_to_length (the reference reads this copy, which follows its key)")
     use_no_sync_for_gradient_accumulation: bool = key(False,
         'skip the gradient reduce-scatter on all but the last micro-batch',
         no_effect_yet='the reference computes no gradients (it is never trained)')
     pad_to_length_bucket: int = key('${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}',
-        "new engine: bucket padding of packed sequences (follows the actor's)",
-        no_effect_yet='sequences are packed without bucket padding; performance only')
+        "new engine: bucket padding of packed sequences (follows the actor's)")
 
 @dataclass
 class RefConfig:
@@ -397,6 +395,5 @@ class RefConfig:
         no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
         no_effect_yet=REF_NO_ENTROPY)
-    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}',
-        'pad each micro-batch to the full prompt + response length', no_effect_yet="micro-batches are padded to their longest sequence")
+    pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}', PAD_TO_LENGTH + " (follows the actor's)")
     profiler: ProfilerConfig = section(ProfilerConfig)

@@ -2,6 +2,7 @@
 ``critic.fsdp``, the reward model, SFT's ``engine``) in one process (a single-rank gloo group)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -67,3 +68,55 @@ def test_no_sync_for_gradient_accumulation_defers_the_reduction_with_the_same_up
     assert calls_sync == []
     assert calls_defer == [False, True] * 3  # micro-batches 1-3 skip the reduction; the 4th reduces all four
     torch.testing.assert_close(w_defer, w_sync, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["actor_rollout_ref.actor.pad_to_length", "actor_rollout_ref.actor.fsdp_config.pad_to_length"])
+def test_pad_to_length_rounds_the_pack_up_with_the_same_log_probs(spelling, monkeypatch):
+    from rlhf_core import kernels
+    from rlhf_core.config import load_config
+    from rlhf_core.workers import actor as actor_mod
+    from tests.rlhf_core.workers.test_workers_update_pins import fixed_batch, tiny_config
+
+    packs = []
+    real = actor_mod.packed_logits
+    monkeypatch.setattr(actor_mod, "packed_logits", lambda m, ids, mask, pos, **k: (packs.append(int(mask.sum())),
+                                                                                   real(m, ids, mask, pos, **k))[1])
+    out = {}
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(tiny_config()).eval()
+        kernels.prepare(model, "use_remove_padding")
+        cfg = load_config("ppo_trainer", [f"{spelling}={on}",
+                                          "actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket=16"])
+        actor = actor_mod.DataParallelPPOActor(cfg.actor_rollout_ref.actor, model, use_remove_padding=True)
+        packs.clear()
+        out[on] = actor.compute_log_prob(fixed_batch(), 4)
+        out[f"packs{on}"] = list(packs)
+    # fixed_batch: prompt 4 (row 0 has 2 pads) + responses of 5,4,3,5 | 2,5,1,4 tokens: 4·4−2+17 = 31 and 4·4+12 = 28
+    # valid tokens per micro-batch of 4 → 32 each with bucket 16
+    assert out["packsFalse"] == [31, 28] and out["packsTrue"] == [32, 32]
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("setting, role", [("actor_rollout_ref.ref.pad_to_length", "ref"),
+                                           ("actor_rollout_ref.actor.pad_to_length", "ref"),  # the ref follows it
+                                           ("critic.fsdp.pad_to_length", "critic")])
+def test_reference_and_critic_read_their_pad_to_length(setting, role):
+    from transformers import Qwen2ForTokenClassification
+
+    from rlhf_core.config import load_config
+    from rlhf_core.workers.actor import DataParallelPPOActor
+    from rlhf_core.workers.critic import DataParallelPPOCritic
+    from tests.rlhf_core.workers.test_workers_update_pins import tiny_config
+
+    def path(*overrides):
+        cfg = load_config("ppo_trainer", list(overrides))
+        if role == "critic":
+            return DataParallelPPOCritic(cfg.critic, Qwen2ForTokenClassification(tiny_config()), None, 8, 2,
+                                         use_remove_padding=True)._path
+        return DataParallelPPOActor(cfg.actor_rollout_ref.ref, Qwen2ForCausalLM(tiny_config()),
+                                    use_remove_padding=True)._path
+
+    assert path().pad_bucket is None
+    assert path(f"{setting}=True").pad_bucket == 1024  # the bucket's default
