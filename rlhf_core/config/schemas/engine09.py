@@ -89,8 +89,10 @@ class FSDPEngine09:
     pad_to_length: bool = key(False, PAD_TO_LENGTH)
     pad_to_length_bucket: int = key(1024, 'pad_to_length: tokens per bucket; a packed micro-batch is rounded up to a '
         'multiple of it')
-    dtype: str = key('bfloat16', "new engine: dtype of the engine's compute",
-        no_effect_yet='model_dtype and mixed_precision decide the dtypes here')
+    dtype: str = key('bfloat16', "new engine: mixed-precision dtype: bfloat16 | float16 (checked, as verl does)",
+        choices=('bfloat16', 'float16'),
+        no_effect_yet="verl 0.9's FSDP engine checks it and reads it nowhere: mixed_precision.param_dtype decides "
+                      "the compute dtype and model_dtype the stored parameters, here as there")
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
     turbo_config: TurboConfig = section(TurboConfig, 'fsdp_turbo engine options (not supported)')
 

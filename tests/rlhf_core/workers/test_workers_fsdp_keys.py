@@ -120,3 +120,14 @@ def test_reference_and_critic_read_their_pad_to_length(setting, role):
 
     assert path().pad_bucket is None
     assert path(f"{setting}=True").pad_bucket == 1024  # the bucket's default
+
+
+@pytest.mark.parametrize("section, key", [("ppo_trainer", "actor_rollout_ref.actor.fsdp_config.dtype"),
+                                          ("ppo_trainer", "critic.fsdp.dtype"), ("sft_trainer", "engine.dtype")])
+def test_engine_dtype_is_checked_as_verl_does(section, key):
+    # verl 0.9 FSDPEngineConfig.__post_init__ asserts bfloat16 | float16 (and reads the key nowhere else)
+    from rlhf_core.config import ConfigError, load_config
+
+    assert load_config(section, [f"{key}=float16"])
+    with pytest.raises(ConfigError, match=rf"{key}='fp32' is not one of \['bfloat16', 'float16'\]"):
+        load_config(section, [f"{key}=fp32"])
