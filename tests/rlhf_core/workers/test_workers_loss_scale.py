@@ -22,6 +22,18 @@ from tests.rlhf_core.workers.test_workers_update_pins import T, fixed_batch, tin
 NORM = "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
 
 
+def test_agg_loss_scale_factor_hand_values():
+    from rlhf_core.algos.loss_agg import agg_loss
+
+    # rows sum to 1+2+3 = 6 and 4+5 = 9 (the 7 is masked): sequence-mean 7.5; ÷ T = 3 → 2.5, ÷ 5 → 1.5
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == 2.5
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=5).item() == 1.5
+    # token-mean ignores it: 15 / 5 tokens = 3
+    assert agg_loss(loss, mask, "token-mean", loss_scale_factor=5).item() == 3.0
+
+
 def _actor_metrics(*overrides: str) -> dict[str, float]:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(tiny_config())
