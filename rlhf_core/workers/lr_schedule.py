@@ -24,7 +24,7 @@ PPO (verl's FSDP workers): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 once per ``update_actor`` / ``update_critic`` call. ``optim.zero_indexed_step: False`` makes the cosine schedule
 count from 1 (its multiplier at update ``s`` is the one above at ``s + 1``: verl 0.9's
 ``get_cosine_schedule_with_warmup(zero_indexed_step=False)``, torchtitan's convention); verl's constant schedule
-ignores the key, and so does ours.
+ignores the key, and so does ours (SFT's ``optim.zero_indexed_step`` likewise, for its cosine schedule).
 SFT (verl's ``fsdp_sft_trainer``; verl 0.9's ``sft_trainer`` spells the keys ``lr_warmup_steps_ratio`` and
 ``lr_scheduler_type``, aliases here): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 ``int(optim.warmup_steps_ratio × T)``; ``optim.lr_scheduler`` is ``constant``, ``cosine`` or ``wsd`` (the deprecated
@@ -125,6 +125,7 @@ def build_sft_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, tot
     m = float(optim_cfg.min_lr_ratio)
     steps = int(optim_cfg.lr_warmup_steps)
     warmup = steps if steps >= 0 else int(float(optim_cfg.warmup_steps_ratio) * total_steps)
-    return _lambda_lr(optimizer, kind=kind, warmup=warmup, total=int(total_steps), min_lr_ratio=m,
+    offset = 1 if kind == "cosine" and not optim_cfg.zero_indexed_step else 0  # verl: the cosine schedule only
+    return _lambda_lr(optimizer, offset, kind=kind, warmup=warmup, total=int(total_steps), min_lr_ratio=m,
                       num_cycles=float(optim_cfg.num_cycles), stable_ratio=float(optim_cfg.stable_ratio),
                       init_lr_ratio=m if m > 0 else None)

@@ -174,8 +174,8 @@ class OptimConfig:
         no_effect_yet='the trainer sets it from trainer.total_training_steps (or epochs), as verl does')
     lr_warmup_steps: int = key(-1, 'warmup steps; negative = warmup_steps_ratio x total steps')
     num_cycles: float = key(0.5, 'cosine: number of cosine cycles (0.5 = one fall from lr to min_lr_ratio x lr)')
-    zero_indexed_step: bool = key(True, 'the schedule counts updates from 0', only=(True,),
-        why='1-indexed LR schedules')
+    zero_indexed_step: bool = key(True, 'the cosine schedule counts updates from 0; False: from 1 (its multiplier '
+        'at update s is the one of s + 1; constant and wsd ignore it, as verl)')
     warmup_style: Optional[str] = key(None, 'deprecated spelling of lr_scheduler; null = lr_scheduler',
         choices=('constant', 'cosine', 'wsd'))
     override_optimizer_config: Optional[Dict[str, Any]] = free_form_or_null('extra optimizer keyword arguments, '

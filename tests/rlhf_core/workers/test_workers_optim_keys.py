@@ -98,3 +98,24 @@ def test_zero_indexed_step_is_ignored_by_the_constant_schedule():
     base = [f"{A}lr=1.0", f"{A}lr_warmup_steps=2", f"{A}total_training_steps=4"]
     cfg = lambda *o: load_config("ppo_trainer", base + list(o)).actor_rollout_ref.actor.optim
     assert _lrs(cfg(), 4) == _lrs(cfg(f"{A}zero_indexed_step=False"), 4)
+
+
+def test_sft_zero_indexed_step_false_shifts_its_cosine_schedule():
+    from rlhf_core.workers.lr_schedule import build_sft_lr_scheduler
+
+    def lrs(*overrides):
+        cfg = load_config("sft_trainer", ["optim.lr=1.0", "optim.lr_scheduler=cosine", "optim.lr_warmup_steps=0",
+                                          *overrides]).optim
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = build_sft_lr_scheduler(opt, cfg, 4)
+        out = []
+        for _ in range(4):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    # as the PPO case: ½(1 + cos(π·s/4)) at s = 0..3, or at s + 1 = 1..4
+    expect = [0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(5)]
+    assert lrs() == pytest.approx(expect[:4], abs=1e-9)
+    assert lrs("optim.zero_indexed_step=False") == pytest.approx(expect[1:], abs=1e-9)
