@@ -31,6 +31,7 @@ from rlhf_core.workers.model_setup import prepare_role_model
 from rlhf_core.workers.determinism import apply_engine_determinism
 from rlhf_core.workers.optim import build_optimizer
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage
+from rlhf_core.workers.pad_to_length import pad_bucket_of, pad_pack_to_bucket
 from rlhf_core.workers.update_loop import UpdateSchedule, run_update
 
 logger = logging.getLogger(__name__)
@@ -123,12 +124,18 @@ class SFTWorker(ProfiledWorker):
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
         """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad); packed under
-        ``use_remove_padding`` (:func:`~rlhf_core.kernels.packing.packed_next_token_ce`, the same sum)."""
+        ``use_remove_padding`` (:func:`~rlhf_core.kernels.packing.packed_next_token_ce`, the same sum), its token
+        count rounded up to a multiple of ``engine.pad_to_length_bucket`` under ``engine.pad_to_length``
+        (:func:`~rlhf_core.workers.pad_to_length.pad_pack_to_bucket`: dummy rows that weigh 0)."""
         dev = device()
         input_ids = micro["input_ids"].to(dev)
         if self._packed():
-            return packed_next_token_ce(self.model, input_ids, micro["attention_mask"].to(dev),
-                                        micro["position_ids"].to(dev), micro["loss_mask"].to(dev))
+            mask, pos, loss_mask = (micro[k].to(dev) for k in ("attention_mask", "position_ids", "loss_mask"))
+            bucket = pad_bucket_of(self.config.engine)  # engine.pad_to_length: dummy rows, loss_mask 0
+            if bucket is not None:
+                input_ids, mask, pos = pad_pack_to_bucket(input_ids, mask, pos, bucket)
+                loss_mask = torch.cat([loss_mask, loss_mask.new_zeros((len(mask) - len(loss_mask), mask.shape[1]))])
+            return packed_next_token_ce(self.model, input_ids, mask, pos, loss_mask)
         out = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(dev),
                          position_ids=micro["position_ids"].to(dev), use_cache=False)
         logits = out.logits[:, :-1].float()

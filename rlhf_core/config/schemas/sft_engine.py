@@ -102,11 +102,10 @@ class EngineConfig:
     entropy_checkpointing: bool = key(False, 'recompute entropy in backward', no_effect_yet='SFT computes no entropy')
     use_no_sync_for_gradient_accumulation: bool = key(False, "defer FSDP2's gradient reduce-scatter to a step's "
         'last micro-batch (set_requires_gradient_sync, as verl 0.9; the same update, one reduction per step)')
-    pad_to_length: bool = key(False, 'round packed micro-batches up to pad_to_length_bucket tokens',
-        no_effect_yet="SFT's packed loss (packed_next_token_ce) runs each micro-batch at its own token count; "
-                      'the PPO roles honour their fsdp_config.pad_to_length')
-    pad_to_length_bucket: int = key(1024, 'token granularity of pad_to_length',
-        no_effect_yet='packed micro-batches keep their own length')
+    pad_to_length: bool = key(False, 'round every packed micro-batch up to a multiple of pad_to_length_bucket tokens '
+        '(dummy rows that weigh 0 in the loss; the same loss): few distinct shapes for compiled/tuned kernels; read '
+        'with use_remove_padding or data.pad_mode=no_padding only')
+    pad_to_length_bucket: int = key(1024, 'token granularity of pad_to_length')
     forward_only: bool = key(False, 'build the engine without optimizer (inference)', only=(False,),
         why='SFT always trains')
     dtype: str = key('bfloat16', 'mixed-precision parameter dtype: bfloat16 | float16 (checked, as verl does)',

@@ -113,3 +113,26 @@ def _one_step(config, batch) -> tuple[dict, tuple[float, float]]:
 
 SFT_PIN = {"train/loss": 6.917751789093018, "train/lr": 0.01, "train/grad_norm": 2.5845158100128174}
 SFT_PIN_CHECKSUM = (152.79277644935064, 21.18925288331699)
+
+
+def test_pad_to_length_rounds_the_pack_up_with_the_same_step(sft_batch_and_config, monkeypatch):
+    """``engine.pad_to_length``: each packed micro-batch is rounded up to a multiple of the bucket (dummy rows with
+    loss_mask 0), and the step is the pinned padded one."""
+    from omegaconf import OmegaConf
+
+    from rlhf_core.trainer import sft_worker
+
+    packs = []
+    real = sft_worker.packed_next_token_ce
+    monkeypatch.setattr(sft_worker, "packed_next_token_ce",
+                        lambda m, ids, mask, *a: (packs.append(int(mask.sum())), real(m, ids, mask, *a))[1])
+    batch, config = sft_batch_and_config
+    cfg = config(2)
+    for key, value in (("use_remove_padding", True), ("engine.pad_to_length", True),
+                       ("engine.pad_to_length_bucket", 64)):
+        OmegaConf.update(cfg, key, value)
+    metrics, checksum = _one_step(cfg, batch)
+    assert len(packs) == 2 and all(n % 64 == 0 for n in packs)
+    assert sum(packs) - int(batch["attention_mask"].sum()) > 0  # dummy tokens were added
+    assert metrics["train/loss"] == pytest.approx(SFT_PIN["train/loss"], rel=1e-5)
+    assert checksum == pytest.approx(SFT_PIN_CHECKSUM, rel=1e-5)
