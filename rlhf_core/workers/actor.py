@@ -264,8 +264,8 @@ class DataParallelPPOActor:
     @ref_model.setter
     def ref_model(self, model: nn.Module | None) -> None:
         self._ref_model = model
-        self._ref_path = (None if model is None else
-                          choose_response_forward(model, self._use_remove_padding, pad_bucket_of(self.config.fsdp_config)))
+        bucket = pad_bucket_of(self.config.fsdp_config)
+        self._ref_path = None if model is None else choose_response_forward(model, self._use_remove_padding, bucket)
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,

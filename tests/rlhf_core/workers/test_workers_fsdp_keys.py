@@ -70,7 +70,8 @@ def test_no_sync_for_gradient_accumulation_defers_the_reduction_with_the_same_up
     torch.testing.assert_close(w_defer, w_sync, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("spelling", ["actor_rollout_ref.actor.pad_to_length", "actor_rollout_ref.actor.fsdp_config.pad_to_length"])
+@pytest.mark.parametrize("spelling", ["actor_rollout_ref.actor.pad_to_length",
+                                      "actor_rollout_ref.actor.fsdp_config.pad_to_length"])
 def test_pad_to_length_rounds_the_pack_up_with_the_same_log_probs(spelling, monkeypatch):
     from rlhf_core import kernels
     from rlhf_core.config import load_config
@@ -92,8 +93,8 @@ def test_pad_to_length_rounds_the_pack_up_with_the_same_log_probs(spelling, monk
         packs.clear()
         out[on] = actor.compute_log_prob(fixed_batch(), 4)
         out[f"packs{on}"] = list(packs)
-    # fixed_batch: prompt 4 (row 0 has 2 pads) + responses of 5,4,3,5 | 2,5,1,4 tokens: 4·4−2+17 = 31 and 4·4+12 = 28
-    # valid tokens per micro-batch of 4 → 32 each with bucket 16
+    # fixed_batch: prompt 4 (row 0 has 2 pads) + responses of 5,4,3,5 | 2,5,1,4 tokens:
+    # 4·4−2+17 = 31 and 4·4+12 = 28 valid tokens per micro-batch of 4 → 32 each with bucket 16
     assert out["packsFalse"] == [31, 28] and out["packsTrue"] == [32, 32]
     torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
     torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-5)

@@ -63,7 +63,8 @@ def test_unknown_override_keyword_fails_naming_the_key():
 
 
 def test_sgd_override_gets_its_keywords_and_no_betas():
-    cfg = load_config("ppo_trainer", ["critic.optim.optimizer=SGD", "+critic.optim.override_optimizer_config.momentum=0.5"])
+    cfg = load_config("ppo_trainer", ["critic.optim.optimizer=SGD",
+                                      "+critic.optim.override_optimizer_config.momentum=0.5"])
     opt = build_optimizer(_params(), cfg.critic.optim)
     assert type(opt) is torch.optim.SGD and opt.param_groups[0]["momentum"] == 0.5
 
