@@ -156,12 +156,13 @@ def run_ours(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra
 
 
 def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra: list[str] | None = None,
-            threads: int = 2) -> dict:
+            threads: int = 2, steps: int = 100000, step_times: list[float] | None = None) -> dict:
     """GRPO with TRL's GRPOTrainer for ``seconds`` of training; returns ``{"steps", "model_dir", "wall_s"}``.
 
     Mirrors our settings after ``extra``: ``rollout.n`` → ``num_generations``; ``actor.ppo_mini_batch_size``
     prompts per optimizer step → ``per_device_train_batch_size`` (× n) and ``steps_per_generation`` (train batch ÷
-    mini-batch); ``threads`` → ``torch.set_num_threads``. ``steps`` counts TRL's optimizer steps."""
+    mini-batch); ``threads`` → ``torch.set_num_threads``. ``steps`` counts TRL's optimizer steps (``max_steps``);
+    ``step_times`` (a list), when given, gets ``time.perf_counter()`` at the start of training and at each step's end."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -185,8 +186,12 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra:
     class Budget(TrainerCallback):
         def on_train_begin(self, a, state, control, **kw):
             self.t0 = time.perf_counter()
+            if step_times is not None:
+                step_times.append(self.t0)
 
         def on_step_end(self, a, state, control, **kw):
+            if step_times is not None:
+                step_times.append(time.perf_counter())
             if time.perf_counter() - self.t0 >= seconds:
                 control.should_training_stop = True
 
@@ -196,7 +201,7 @@ def run_trl(work: Path, warm: Path, seconds: float, lr: float, seed: int, extra:
         steps_per_generation=prompts // mini, num_generations=n, max_completion_length=MAX_NEW_TOKENS,
         learning_rate=lr, beta=0.0, num_iterations=1,
         scale_rewards="group", temperature=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
-        logging_steps=10, report_to="none", save_strategy="no", max_steps=100000, disable_tqdm=True,
+        logging_steps=10, report_to="none", save_strategy="no", max_steps=steps, disable_tqdm=True,
         dataloader_num_workers=0, seed=seed, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.01, max_grad_norm=1.0)  # ours: actor.optim.weight_decay 0.01, actor.grad_clip 1.0
     t0 = time.perf_counter()
