@@ -1,10 +1,10 @@
 """What FSDP2 at world size 1 costs the actor update of a tiny model (issue 38): CPU time of one update step.
 
     OMP_NUM_THREADS=1 python bench/bench_fsdp_ws1.py MODEL_DIR [--variants plain,fsdp,fsdp_keep] [--micro 64]
-                                                              [--steps 15] [--rows 128] [--seq 36]
+                                                              [--steps 15] [--rows 128] [--seq 44]
 
 The update of ``bench/bench_short_prompts.py``'s workload without the trainer around it: ``--rows`` sequences of
-``--seq`` random tokens (Countdown: about 24 prompt + 12 response tokens), micro-batches of ``--micro`` rows,
+``--seq`` random tokens (Countdown: 28-33 prompt + up to 12 response tokens), micro-batches of ``--micro`` rows,
 the log-prob of the last 12 tokens as the loss, backward, gradient clip 1.0, fused AdamW. Variants: ``plain`` (the
 HF model as loaded), ``fsdp`` (``fully_shard`` on each decoder layer and the root, one gloo rank, as
 ``workers/fsdp_utils.apply_fsdp2`` wraps it), ``fsdp_keep`` (the same with ``reshard_after_forward=False``). Each
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro", type=int, default=64)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--rows", type=int, default=128)
-    p.add_argument("--seq", type=int, default=36)
+    p.add_argument("--seq", type=int, default=44)
     args = p.parse_args(argv)
     import torch
     import torch.distributed as dist

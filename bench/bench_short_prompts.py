@@ -3,8 +3,8 @@
     python bench/bench_short_prompts.py --workdir W [--rounds 5] [--steps 40] [--warmup 5] [--prompts 16] [--n 8]
                                         [--threads 1] [--alternate] [--set KEY=VALUE ...] [--json out.json]
 
-The workload: Countdown (``experiments/countdown.yaml``: its tiny 0.83 M-parameter Qwen2, prompts of about 20
-tokens, responses ≤ 12 tokens), warmed up once per ``--workdir`` as ``bench/learning_vs_trl.py`` does; then GRPO
+The workload: Countdown (``experiments/countdown.yaml``: its tiny 0.83 M-parameter Qwen2, prompts of 28-33
+tokens with the chat template, responses ≤ 12 tokens), warmed up once per ``--workdir`` as ``bench/learning_vs_trl.py`` does; then GRPO
 with ``--prompts`` prompts × ``--n`` samples per step and **one** optimizer step per batch (our
 ``ppo_mini_batch_size`` = ``data.train_batch_size``; TRL's ``steps_per_generation=1``), so one step of either peer
 is one generation of the batch, its rewards and one update.
