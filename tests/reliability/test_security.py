@@ -139,8 +139,10 @@ def test_trust_remote_code_defaults_to_false_for_models(config_name):
     assert {k: resolved[k] for k in found} == expected
 
 
-# GenerationConfig is a JSON of sampling settings: transformers never runs a folder's code for it
-NO_CODE_LOADERS = {"GenerationConfig"}
+# GenerationConfig is a JSON of sampling settings: transformers never runs a folder's code for it. PeftModel (a
+# model.lora_adapter_path) reads adapter_config.json and the adapter weights (safetensors, or torch.load with
+# weights_only=True in peft's torch_load): it runs no code from the folder and takes no trust_remote_code.
+NO_CODE_LOADERS = {"GenerationConfig", "PeftModel"}
 
 
 def test_every_from_pretrained_in_rlhf_core_passes_trust_remote_code():
