@@ -49,6 +49,8 @@ class _Request:
     future: asyncio.Future
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    request_id: str = ""
+    versions: tuple[int, int] | None = None  # (first, last) weight version of its sampled tokens
 
 
 def request_seed(seed: int, request_id: str) -> int:
@@ -101,13 +103,16 @@ class StepEngine:
         params: sampling. seed: base seed of the per-request generators.
         max_num_seqs: running requests at most (``rollout.max_num_seqs``).
         schedule: ``continuous`` or ``static``.
+        gate: a :class:`~rlhf_core.agent.pause.WeightGate` each decoding step runs inside (partial rollouts: a
+            weight load between two steps); None: none. Each finished request's (first, last) weight version is
+            kept in ``request_versions[request_id]`` (``(0, 0)`` without a gate).
 
     Raises:
         ValueError: for an unknown ``schedule`` or ``max_num_seqs < 1``.
     """
 
     def __init__(self, module: nn.Module, eos_ids: list[int], pad_token_id: int, params: SamplingParams,
-                 seed: int = 0, max_num_seqs: int = 1024, schedule: str = "continuous") -> None:
+                 seed: int = 0, max_num_seqs: int = 1024, schedule: str = "continuous", gate=None) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if max_num_seqs < 1:
@@ -120,12 +125,15 @@ class StepEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlhf-engine")
         self.steps = 0          # forward passes run
         self.row_steps = 0      # sum over steps of running requests (the batch work done)
+        self.gate = gate
+        self.request_versions: dict[str, tuple[int, int]] = {}
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, request_id: str) -> TokenOutput:
         """Queue one request and wait for its tokens (see the module docstring)."""
         loop = asyncio.get_running_loop()
         generator = torch.Generator().manual_seed(request_seed(self.seed, request_id))
-        request = _Request(list(prompt_ids), int(max_new_tokens), generator, loop.create_future())
+        request = _Request(list(prompt_ids), int(max_new_tokens), generator, loop.create_future(),
+                           request_id=request_id)
         if request.max_new_tokens <= 0:
             return TokenOutput([], [])
         self._waiting.append(request)
@@ -152,6 +160,12 @@ class StepEngine:
         out = self.module(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
         return out.logits[:, -1, :].float().cpu()
 
+    def _gated_logits(self, sequences: list[list[int]]) -> tuple[torch.Tensor, int]:
+        if self.gate is None:
+            return self._last_logits(sequences), 0
+        with self.gate.step() as version:
+            return self._last_logits(sequences), version
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -161,16 +175,19 @@ class StepEngine:
                 if not self._running:
                     return
                 batch = list(self._running)
-                logits = await loop.run_in_executor(self._executor, self._last_logits,
-                                                    [r.prompt_ids + r.out_ids for r in batch])
+                logits, version = await loop.run_in_executor(self._executor, self._gated_logits,
+                                                             [r.prompt_ids + r.out_ids for r in batch])
                 self.steps += 1
                 self.row_steps += len(batch)
                 for row, request in zip(logits, batch):
                     token, logprob = sample_token(row, self.params, request.generator)
                     request.out_ids.append(token)
                     request.out_logprobs.append(logprob)
+                    request.versions = (version, version) if request.versions is None else \
+                        (request.versions[0], version)
                     if token in self.eos_ids or len(request.out_ids) >= request.max_new_tokens:
                         self._running.remove(request)
+                        self.request_versions[request.request_id] = request.versions
                         request.future.set_result(TokenOutput(request.out_ids, request.out_logprobs))
         except BaseException as exc:  # a failed forward must fail every waiting trajectory, not hang them
             for request in self._running + list(self._waiting):

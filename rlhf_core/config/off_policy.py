@@ -39,12 +39,6 @@ def fully_async_config_errors(config: Any) -> list[str]:
     (the same rollout group) and its own, one line per key (empty: runnable); read before any worker starts."""
     at, actor = config.async_training, config.actor_rollout_ref.actor
     errors = one_step_config_errors(config, "fully_async")
-    rollout = config.actor_rollout_ref.rollout
-    if at.partial_rollout and (rollout.mode != "sync" or rollout.multi_turn.enable):
-        errors.append("async_training.partial_rollout=True with actor_rollout_ref.rollout.mode=async / "
-                      "multi_turn.enable: partial rollouts interrupt and resume single-turn generation only (an agent "
-                      "loop's turns and tool calls are not resumable here); set async_training.partial_rollout=False "
-                      "(a weight sync then waits for the chunk in flight)")
     if at.staleness_threshold < 0:
         errors.append(f"async_training.staleness_threshold={at.staleness_threshold} must be >= 0 (verl asserts it)")
     for name in ("trigger_parameter_sync_step", "require_batches"):

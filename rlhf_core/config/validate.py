@@ -305,6 +305,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if use_critic(cfg) and (_get(cfg, "trainer.critic_warmup") or 0) < 0:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
     errors += _filter_groups_errors(cfg)
+    errors += _agent_loop_errors(cfg)
     if _get(cfg, f"{A}.hybrid_engine") is False and _get(cfg, "async_training.mode") == "on_policy":
         errors.append(f"{A}.hybrid_engine=False (rollout in workers of its own) runs only with "
                       f"async_training.mode=one_step_off_policy or fully_async, got 'on_policy'.")
@@ -313,6 +314,19 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if _get(cfg, "async_training.mode") == "fully_async" and tbs is not None:  # all at once (verl scripts hit several)
         errors += fully_async_config_errors(cfg)
     return errors
+
+
+def _agent_loop_errors(cfg: DictConfig) -> list[str]:
+    """Agent loops (``rollout.mode=async`` or ``multi_turn.enable``) with tools (``multi_turn.tool_config_path``):
+    ``tool_agent`` renders the tool schemas into the chat template from the prompt's messages, which the dataset
+    keeps only with ``data.return_raw_chat=True`` (else every trajectory fails at its first generation)."""
+    agent = _get(cfg, f"{A}.rollout.mode") == "async" or bool(_get(cfg, f"{A}.rollout.multi_turn.enable"))
+    tools = _get(cfg, f"{A}.rollout.multi_turn.tool_config_path")
+    if agent and tools and not _get(cfg, "data.return_raw_chat"):
+        return [f"data.return_raw_chat={_get(cfg, 'data.return_raw_chat')}: {A}.rollout.multi_turn.tool_config_path="
+                f"{tools} gives tool_agent tools, which it renders into the chat template from the prompt's messages; "
+                f"the dataset keeps them only with data.return_raw_chat=True: set it."]
+    return []
 
 
 def _filter_groups_errors(cfg: DictConfig) -> list[str]:

@@ -53,6 +53,7 @@ from typing import Any, Iterator
 import torch
 from omegaconf import DictConfig, open_dict
 
+from rlhf_core.agent.registry import uses_agent_loop
 from rlhf_core.config import ConfigError
 from rlhf_core.config.off_policy import fully_async_config_errors
 from rlhf_core.protocol import Batch
@@ -69,6 +70,14 @@ def check_fully_async_config(config: DictConfig) -> None:
     errors = fully_async_config_errors(config)
     if errors:
         raise ConfigError("async_training.mode=fully_async:\n  - " + "\n  - ".join(errors))
+
+
+def _partial_metrics(span: torch.Tensor) -> dict[str, float]:
+    """verl's ``fully_async/partial/*`` of a chunk from each response's version span ``(N,)`` int64."""
+    partial = int((span > 0).sum())
+    return {"fully_async/partial/total_partial_num": partial,
+            "fully_async/partial/partial_ratio": partial / max(len(span), 1),
+            "fully_async/partial/max_partial_span": int(span.max()) if len(span) else 0}
 
 
 class _LockedValidator:
@@ -114,6 +123,10 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._sync_idle = threading.Event()  # cleared while a sync waits: the rollouter starts no segment
         self._sync_idle.set()
         self._chunk_partial: dict[str, float] = {}  # fully_async/partial/* of the chunk being trained
+        # agent loops: the sync loads between two decoding steps of the chunk in flight (rlhf_core/agent/pause.py);
+        # entry g = the parameter version of the rollout ranks' g-th weight load (0: their initial weights)
+        self.partial_agent = self.partial and uses_agent_loop(config.actor_rollout_ref.rollout)
+        self._load_versions: list[int] = [self.rollout_version]
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -137,6 +150,12 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         the new weights: :meth:`_partial_generate`). The queue's staleness count restarts (verl's
         ``_fit_update_weights`` + ``reset_staleness``)."""
         interrupt = self.partial and self.rollout_version != self.param_version
+        if interrupt and self.partial_agent:  # no generation lock: the chunk in flight pauses for the load
+            self._load_versions.append(self.param_version)  # before the load: a token sampled under it maps
+            self.rollout_wg.execute_all("interrupt_generation")
+            super().sync_rollout()
+            self.queue.reset_staleness()
+            return
         if interrupt:
             self._sync_idle.clear()
             self.rollout_wg.execute_all("interrupt_generation")  # a second thread of each rank's actor
@@ -160,7 +179,11 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                     return
                 batch = add_uids(prompts).repeat_interleave(n)
                 start = time.perf_counter()
-                if self.partial:  # _partial_generate takes the generation lock per segment
+                if self.partial_agent:
+                    with self.gen_lock:  # a sync loads inside the generation (no lock), validation waits
+                        batch = self._agent_partial_generate(batch, step=first_step + i + 1)
+                    version, partial = self._partial_versions
+                elif self.partial:  # _partial_generate takes the generation lock per segment
                     batch = self.generate(batch, step=first_step + i + 1)
                     version, partial = self._partial_versions
                 else:
@@ -174,9 +197,23 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
             self.queue.close()
 
     def rollout_generate(self, batch: Batch) -> Batch:
-        if self.partial:
+        if self.partial and not self.partial_agent:
             return self._partial_generate(batch)
         return self.rollout_wg.execute_dp("generate_sequences", batch)
+
+    def _agent_partial_generate(self, batch: Batch, step: int) -> Batch:
+        """``partial_rollout`` with agent loops: one generation call; a sync in its course loads between two decoding
+        steps and the trajectories go on (:mod:`rlhf_core.agent.pause`). Sets ``_partial_versions`` = (the chunk's
+        earliest token version, verl's ``fully_async/partial/*``; per trajectory span = version of its last token
+        − of its first: verl's ``max_global_steps - min_global_steps``)."""
+        batch.meta["report_weight_versions"] = True
+        out = self.generate(batch, step=step)
+        out.meta.pop("report_weight_versions", None)
+        versions = torch.tensor(self._load_versions)
+        first = versions[out.tensors.pop("rollout_min_version")]
+        span = versions[out.tensors.pop("rollout_max_version")] - first
+        self._partial_versions = (int(first.min()) if len(first) else self.rollout_version, _partial_metrics(span))
+        return out
 
     def _partial_generate(self, batch: Batch) -> Batch:
         """``partial_rollout``: the chunk in segments, each under the generation lock with the version the rollout
@@ -197,11 +234,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                     done = all(self.rollout_wg.execute_all("resume_partial_generation"))
         out = Batch.concat(self.rollout_wg.execute_all("finish_partial_generation"))
         span = torch.tensor(versions)[out.tensors.pop("rollout_last_segment")] - versions[0]
-        partial = int((span > 0).sum())
-        self._partial_versions = (versions[0], {
-            "fully_async/partial/total_partial_num": partial,
-            "fully_async/partial/partial_ratio": partial / max(len(span), 1),
-            "fully_async/partial/max_partial_span": int(span.max()) if len(span) else 0})
+        self._partial_versions = (versions[0], _partial_metrics(span))
         return out
 
     # ---- the trainer -------------------------------------------------------------------------------

@@ -180,7 +180,13 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     def interrupt_generation(self) -> None:
         """Stop this rank's partial rollout after its current token (called from another thread of the actor while
-        it generates: the rollout group runs with ``max_concurrency=2``); cleared by the next weight load."""
+        it generates: the rollout group runs with ``max_concurrency=2``); cleared by the next weight load. An agent-loop
+        rollout stops before its next decoding step instead, its trajectories open (``rlhf_core/agent/pause.py``)."""
+        from rlhf_core.workers.rollout.agent_rollout import AgentRollout
+
+        if isinstance(self.rollout, AgentRollout):
+            self.rollout.interrupt()
+            return
         self._partial_engine().interrupt()
 
     def _partial_engine(self) -> HFRollout:
