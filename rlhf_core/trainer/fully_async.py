@@ -19,8 +19,8 @@ Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter ver
   default) the push first interrupts the chunk being generated at its next token; the rollouter then resumes the
   open responses under v+1 from prompt + prefix (:meth:`FullyAsyncTrainer._partial_generate`,
   ``rlhf_core/workers/rollout/hf_partial.py``); without it the push waits for the chunk. Agent loops (as in the
-  one-step driver) run with ``partial_rollout=False`` only: the interrupt/resume path is single-turn generation
-  (:func:`rlhf_core.config.off_policy.fully_async_config_errors` refuses the combination by name).
+  one-step driver) with ``partial_rollout``: the push loads between two decoding steps of the chunk in flight, whose
+  trajectories go on with v+1 (:meth:`FullyAsyncTrainer._agent_partial_generate`, ``rlhf_core/agent/pause.py``).
 
 A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_queue.max_staleness` above the
 version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the

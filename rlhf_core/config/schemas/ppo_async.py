@@ -56,8 +56,8 @@ class AsyncTrainingConfig:
     partial_rollout: bool = key(True, 'fully async: a parameter sync interrupts the chunk being generated at a token '
                                 'boundary, loads the new weights and resumes the open responses from prompt + '
                                 'prefix (each token\'s rollout log-prob from the weights that sampled it; '
-                                'fully_async/partial/* metrics); False: the sync waits for the chunk. Agent loops '
-                                '(rollout.mode=async / multi_turn.enable) need False')
+                                'fully_async/partial/* metrics; agent loops: the load lands between two decoding '
+                                'steps and the open trajectories go on); False: the sync waits for the chunk')
     use_trainer_do_validate: bool = key(False, 'fully async: validate in the trainer', only=None, why=FULLY_ASYNC_WHY)
     use_dynamic_resource_scheduling: bool = key(False, 'fully async: hybrid rollout replicas on trainer devices',
                                                 only=None, why=FULLY_ASYNC_WHY)
