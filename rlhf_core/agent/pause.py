@@ -31,6 +31,12 @@ class WeightGate:
         with self._cond:
             self._interrupted = True
 
+    def release(self) -> None:
+        """Clear an interrupt without a load (the sync failed): the waiting steps go on with the weights held."""
+        with self._cond:
+            self._interrupted = False
+            self._cond.notify_all()
+
     @contextmanager
     def step(self) -> Iterator[int]:
         """One decoding step: waits while interrupted, yields the weight version it runs under."""

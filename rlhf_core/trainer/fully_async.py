@@ -153,7 +153,11 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         if interrupt and self.partial_agent:  # no generation lock: the chunk in flight pauses for the load
             self._load_versions.append(self.param_version)  # before the load: a token sampled under it maps
             self.rollout_wg.execute_all("interrupt_generation")
-            super().sync_rollout()
+            try:
+                super().sync_rollout()
+            except BaseException:
+                self.rollout_wg.execute_all("release_generation")  # the chunk in flight must not wait forever
+                raise
             self.queue.reset_staleness()
             return
         if interrupt:

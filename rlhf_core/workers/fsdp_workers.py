@@ -189,6 +189,14 @@ class ActorRolloutRefWorker(ProfiledWorker):
             return
         self._partial_engine().interrupt()
 
+    def release_generation(self) -> None:
+        """Undo :meth:`interrupt_generation` of an agent-loop rollout whose weight load will not come (the sync
+        failed): its generation goes on with the weights it holds instead of waiting forever."""
+        from rlhf_core.workers.rollout.agent_rollout import AgentRollout
+
+        if isinstance(self.rollout, AgentRollout):
+            self.rollout.release()
+
     def _partial_engine(self) -> HFRollout:
         if not isinstance(self.rollout, HFRollout):
             raise RuntimeError(f"role {self.role!r}: partial rollouts need the hf rollout engine (actor_rollout_ref."

@@ -69,6 +69,10 @@ class AgentRollout:
         """Start no further decoding step until the next :meth:`sync_weights` (thread-safe)."""
         self.gate.interrupt()
 
+    def release(self) -> None:
+        """Undo :meth:`interrupt` without a load (the sync failed; the generation goes on)."""
+        self.gate.release()
+
     def generate_sequences(self, batch: Batch) -> Batch:
         """One trajectory per row; output fields as :func:`rlhf_core.agent.layout.pack_trajectories`."""
         params = sampling_params(self.config, batch.meta)

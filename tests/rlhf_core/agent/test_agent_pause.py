@@ -125,3 +125,17 @@ def test_row_versions_cover_every_turn_of_a_row():
     got = _row_versions({"0/0/turn0": (1, 1), "0/0/turn1": (1, 3), "0/1": (2, 2), "0/2/repeat0/turn1": (0, 2),
                          "0/10": (5, 5)}, 0, 3)
     assert [t.tolist() for t in got] == [[1, 2, 0], [3, 2, 2]]
+
+
+def test_a_failed_load_releases_the_interrupt_and_release_needs_no_load():
+    gate = WeightGate()
+    gate.interrupt()
+    with pytest.raises(RuntimeError, match="boom"):
+        gate.load(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    with gate.step() as version:  # not blocked: the failed load cleared the interrupt, counted no version
+        assert version == 0
+    gate.interrupt()
+    gate.release()  # the trainer's path when the weights never reach the load
+    done = threading.Event()
+    threading.Thread(target=lambda: (gate.step().__enter__(), done.set()), daemon=True).start()
+    assert done.wait(10) and gate.version == 0
