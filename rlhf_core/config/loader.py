@@ -17,6 +17,7 @@ from rlhf_core.redact import redact
 from .errors import ConfigError
 from .notices import (AliasNotice, ConfigNotice, alias_notice, changed_paths, effect_notices, named_engine_keys,
                       rename_aliases, resolve_aliases)
+from .off_policy import derive_fully_async_batch
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
@@ -269,6 +270,8 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
             convert_deprecated(cfg, sft=kind == "sft_trainer")
         except OmegaConfBaseException as exc:
             raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
+    if kind == "ppo_trainer":
+        derive_fully_async_batch(cfg)  # verl's fully async scripts set data.train_batch_size=0
     try:
         OmegaConf.resolve(cfg)
         if _folder(config_dir):  # a shipped base (the config classes' defaults) always resolves

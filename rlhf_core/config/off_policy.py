@@ -3,6 +3,7 @@ run), checked when the config loads (:func:`rlhf_core.config.validate.ppo_static
 ``rlhf ppo`` refuse them before anything starts. Torch-free."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 
@@ -34,6 +35,32 @@ def one_step_config_errors(config: Any, mode: str = "one_step_off_policy") -> li
     return errors
 
 
+class FullyAsyncBatchNotice(UserWarning):
+    """``data.train_batch_size`` unset (0 or null) in a fully async run was read as the trainer's step size."""
+
+
+def derive_fully_async_batch(cfg: Any) -> None:
+    """verl 0.9's fully async scripts set ``data.train_batch_size=0`` (its rollouter draws prompts one by one and
+    ignores the key). Here the rollouter draws loader batches of ``data.train_batch_size`` prompts, one trainer
+    step each, so with ``async_training.mode=fully_async`` a value of 0 or null is set, before interpolations are
+    resolved (``data.gen_batch_size`` follows it), to ``actor_rollout_ref.actor.ppo_mini_batch_size ×
+    async_training.require_batches``, with one :class:`FullyAsyncBatchNotice`. ``cfg``: the unresolved
+    ``ppo_trainer`` DictConfig, changed in place; other modes and positive values are left alone."""
+    if cfg.async_training.mode != "fully_async":
+        return
+    tbs = cfg.data.train_batch_size
+    if tbs is not None and int(tbs) > 0:
+        return
+    mini, batches = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.async_training.require_batches
+    if not (isinstance(mini, int) and isinstance(batches, int)) or mini < 1 or batches < 1:
+        return  # the schema and fully_async_config_errors name those keys
+    cfg.data.train_batch_size = mini * batches
+    warnings.warn(FullyAsyncBatchNotice(
+        f"data.train_batch_size={tbs} with async_training.mode=fully_async (verl ignores it there) is read as "
+        f"actor_rollout_ref.actor.ppo_mini_batch_size × async_training.require_batches = {mini} × {batches} = "
+        f"{mini * batches}: the prompts the rollouter draws per trainer step"), stacklevel=3)
+
+
 def fully_async_config_errors(config: Any) -> list[str]:
     """What the fully async driver (``rlhf_core.trainer.fully_async``) cannot run: the one-step driver's limits
     (the same rollout group) and its own, one line per key (empty: runnable); read before any worker starts."""
@@ -54,7 +81,7 @@ def fully_async_config_errors(config: Any) -> list[str]:
     if int(config.rollout.total_rollout_steps) < required:
         errors.append(f"rollout.total_rollout_steps={config.rollout.total_rollout_steps} samples is fewer than one "
                       f"trainer step takes (ppo_mini_batch_size × require_batches = {required}): nothing would train")
-    if int(config.data.train_batch_size) not in (required, 0):  # 0: ppo_static_errors names it
+    if int(config.data.train_batch_size) != required:
         errors.append(f"data.train_batch_size={config.data.train_batch_size}: with async_training.mode=fully_async "
                       f"the rollouter generates one loader batch at a time and the trainer takes "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size × async_training.require_batches = "

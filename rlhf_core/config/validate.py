@@ -264,13 +264,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     errors = section_errors(cfg, "ppo_trainer")
     errors += finite_errors(cfg, _PPO_FINITE + (_CRITIC_FINITE if use_critic(cfg) else ()))
     tbs, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{A}.rollout.n")
-    if (tbs is None or tbs <= 0) and _get(cfg, "async_training.mode") == "fully_async":
-        required = _get(cfg, f"{A}.actor.ppo_mini_batch_size") * _get(cfg, "async_training.require_batches")
-        errors.append(f"data.train_batch_size={tbs}: verl's fully async trainer ignores it; here the rollouter draws "
-                      f"loader batches of data.train_batch_size prompts, which must equal the trainer's "
-                      f"{A}.actor.ppo_mini_batch_size × async_training.require_batches: set data.train_batch_size="
-                      f"{required}.")
-    elif tbs is None or tbs <= 0:
+    if tbs is None or tbs <= 0:  # fully async: 0 / null became the step size (derive_fully_async_batch)
         errors.append(f"data.train_batch_size={tbs} must be > 0.")
     for key in ("data.max_prompt_length", "data.max_response_length", f"{A}.actor.ppo_epochs", "trainer.total_epochs"):
         if (_get(cfg, key) or 0) < 1:

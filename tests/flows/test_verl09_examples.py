@@ -66,12 +66,9 @@ REFUSED = {
 }
 
 # Scripts refused for one key only, whose error names the fix; with that fix they pass (and the rest of the test runs)
-FIXED_BY = {
-    # verl's fully async trainer ignores data.train_batch_size (the script sets 0); here the rollouter draws loader
-    # batches of that many prompts, which must be what a trainer step takes (ppo_mini_batch_size × require_batches).
-    # Its agent loops (multi-turn tools) with verl's default partial_rollout=True run (docs/OFF_POLICY.md)
-    "fully_async_policy__dapo_7b_async_retool.sh": (r"data.train_batch_size=0: .* set data.train_batch_size=16\.",
-                                                    ["data.train_batch_size=16"]),
+FIXED_BY: dict = {
+    # (none: verl's fully async scripts set data.train_batch_size=0, read here as ppo_mini_batch_size ×
+    # require_batches with a notice, rlhf_core/config/off_policy.py derive_fully_async_batch)
 }
 
 

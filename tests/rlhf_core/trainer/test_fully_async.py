@@ -122,10 +122,14 @@ def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=1 samples is fewer than one trainer step "
                                           r"takes \(ppo_mini_batch_size × require_batches = 2\)"):
         _config(tmp_path, *FA, "rollout.total_rollout_steps=1")
-    # verl's fully async scripts leave data.train_batch_size at 0: the message names the value to set here
-    with pytest.raises(ConfigError, match=r"data.train_batch_size=0: verl's fully async trainer ignores it; .*set "
-                                          r"data.train_batch_size=2\."):
-        _config(tmp_path, *FA, "data.train_batch_size=0")
+    # verl's fully async scripts leave data.train_batch_size at 0 (verl ignores it): read as ppo_mini_batch_size ×
+    # require_batches = 2 × 2 = 4, with one notice
+    from rlhf_core.config.off_policy import FullyAsyncBatchNotice
+    with pytest.warns(FullyAsyncBatchNotice, match=r"data.train_batch_size=0 .* = 2 × 2 = 4"):
+        cfg = _config(tmp_path, *FA, "data.train_batch_size=0", "async_training.require_batches=2")
+    assert cfg.data.train_batch_size == 4
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=0 must be > 0"):  # not fully async: refused
+        _config(tmp_path, "data.train_batch_size=0")
     # the trainer's per-step sampler update / datagen growth would race the rollouter thread's draws
     with pytest.raises(ConfigError, match=r"data.sampler.class_path=s.py: the rollouter thread draws from the data "
                                           r"loader while the trainer updates the sampler"):
