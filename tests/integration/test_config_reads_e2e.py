@@ -29,8 +29,6 @@ pytestmark = pytest.mark.ray  # starts Ray: calls run_ppo
 
 ROOT = Path(__file__).resolve().parents[2]
 _A = "actor_rollout_ref."
-_LORA = "tests/rlhf_core/workers/test_workers_lora.py::test_lora_actor_update_sync_and_merge"
-_LORA_CRITIC = "tests/rlhf_core/workers/test_workers_lora.py::test_lora_critic_trains_head_and_merges"
 _RM = "tests/rlhf_core/workers/test_workers_reward_model.py::test_other_chat_template_is_re_templated"
 _RM_SAME = "tests/rlhf_core/workers/test_workers_reward_model.py::test_same_tokenizer_scores_the_policy_ids"
 _VLLM = "tests/rlhf_core/workers/test_workers_fsdp.py::test_vllm_engine_kwargs_and_missing_vllm_message"
@@ -81,19 +79,15 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "load_format", "max_model_len", "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init")},
         _A + "rollout.checkpoint_engine.update_weights_bucket_megabytes":
             "tests/rlhf_core/workers/test_vllm_engine_args.py::test_weight_buckets_cut_at_the_megabyte_limit",
-        _A + "model.exclude_modules":
-            "tests/rlhf_core/models/test_model_source_keys.py::test_exclude_modules_keeps_adapters_off_those_modules",
         _A + "rollout.trace.token2text": "tests/rlhf_core/workers/test_rollout_trace_mlflow.py::test_each_trajectory_is_one_mlflow_trace",
         **{f"reward_model.overlong_buffer.{k}": "tests/rlhf_core/reward/test_reward_dapo.py::test_dapo_recipe_spellings_reach_the_manager"
            for k in ("enable", "len", "penalty_factor", "log")},
         **{f"algorithm.gdpo_reward_{k}": "tests/rlhf_core/trainer/test_trainer_adv_09.py::test_gdpo_reads_the_reward_components_and_logs_them"
            for k in ("keys", "weights")},
         "ray_kwargs.timeline_json_file": "tests/rlhf_core/distributed/test_distributed_ray.py::test_ray_timeline_is_written",
-        _A + "model.lora_alpha": _LORA, _A + "model.target_modules": _LORA,
         # read only with tiled_mlp.enabled
         **{f"{m}.tiled_mlp.num_shards": "tests/rlhf_core/models/test_tiled_mlp.py::test_actor_ref_and_critic_read_"
            "their_tiled_mlp" for m in (_A + "model", "critic.model")},
-        "critic.model.lora_alpha": _LORA_CRITIC, "critic.model.target_modules": _LORA_CRITIC,
         "data.filter_overlong_prompts_workers": "tests/rlhf_core/data/test_data_rl_dataset.py::test_filter_two_workers_equals_one",
         "critic.forward_micro_batch_size": _DEPRECATED,
         # vLLM engine arguments (the e2e runs use the hf rollout)
@@ -167,6 +161,23 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
            for k in ("max_rpm", "max_tpm", "estimated_tokens_per_request")},
         **{f"reward.{k}": "tests/rlhf_core/reward/test_reward_verl09.py::test_rate_limited_caps_concurrency_and_times_out"
            for k in ("max_concurrent", "timeout")},
+        # issue #35: optimizer / engine keys read only when set or on paths the short runs do not take
+        **{f"{r}.optim.zero_indexed_step": "tests/rlhf_core/workers/test_workers_optim_keys.py::"
+           "test_zero_indexed_step_false_shifts_the_cosine_schedule_by_one" for r in (_A + "actor", "critic")},
+        **{_A + f"actor.{k}": "tests/rlhf_core/workers/test_workers_entropy_keys.py::test_chunked_entropy_equals_the_default"
+           for k in ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
+                     "fsdp_config.entropy_from_logits_chunk_size")},
+        _A + "actor.entropy_checkpointing":
+            "tests/rlhf_core/workers/test_workers_entropy_keys.py::test_entropy_checkpointing_keeps_less_and_gives_the_same_gradient",
+        **{k: "tests/rlhf_core/workers/test_workers_fsdp_keys.py::test_pad_to_length_rounds_the_pack_up_with_the_same_log_probs"
+           for k in (_A + "actor.pad_to_length", _A + "actor.fsdp_config.pad_to_length_bucket")},
+        **{k: "tests/rlhf_core/workers/test_workers_fsdp_keys.py::test_reference_and_critic_read_their_pad_to_length"
+           for k in (_A + "ref.pad_to_length", _A + "ref.fsdp_config.pad_to_length_bucket",
+                     "critic.fsdp.pad_to_length_bucket")},
+        **{k: "tests/rlhf_core/workers/test_workers_determinism.py::test_each_worker_applies_its_section_before_building_the_model"
+           for k in (_A + "actor.fsdp_config.seed", _A + "ref.fsdp_config.seed", "critic.fsdp.seed")},
+        "reward_model.model.fsdp_config.forward_prefetch":
+            "tests/rlhf_core/workers/test_workers_fsdp_keys.py::test_forward_prefetch_prefetches_the_next_layer_with_the_same_outputs",
         # issue #35: keys given their verl 0.9 effect, read on paths the short runs do not take (vLLM, a trace
         # backend, the default scorer with a sandbox, the remote manager, a reward model, the rollout's log-probs)
         _A + "rollout.logprobs_mode":  # read with calculate_log_probs (generation.yaml's rollout has no such key)
@@ -196,6 +207,10 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                     "profiler.relocate_results": _PROF + "test_relocate_moves_the_traces_and_the_finish_hook_sees_them",
                     **{f"profiler.tool_config.torch.schedule.{s}": _PROF + "test_schedule_and_step_range_keep_only_the_chosen_mini_batches"
                        for s in ("skip_first", "wait", "warmup", "active", "repeat")},
+                    "engine.seed": "tests/rlhf_core/workers/test_workers_determinism.py::test_sft_worker_applies_engine_determinism_after_"
+                                   "trainer_seed",
+                    **{f"engine.{k}": "tests/rlhf_core/trainer/test_sft_worker.py::test_pad_to_length_rounds_the_pack_"
+                       "up_with_the_same_step" for k in ("pad_to_length", "pad_to_length_bucket")},
                     "trainer.total_epochs": "tests/integration/test_sft_e2e.py::test_sft_loss_decreases_schedule_and_hf_output"},
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":
