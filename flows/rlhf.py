@@ -40,7 +40,8 @@ from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 from prefect.settings import get_current_settings  # noqa: E402
 
-from flows import artifacts, report  # noqa: E402
+from flows import artifacts, interrupt, report  # noqa: E402
+from flows.interrupt import result_of  # noqa: E402
 from flows.preflight import config_notes, run_checks  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
 from infra import lineage  # noqa: E402
@@ -107,15 +108,19 @@ def rlhf(
     run_checks(s)  # configs, data heads, model, reward: a bad input fails here in one line, before any stage
     home = rlhf_home()
     fr_id = str(flow_run.get_id() or "local")
+    interrupt.note_flow_run(fr_id, flow_run.get_name())
     store = ResultsStore(home)
     baseline_run = report.resolve_baseline(store, s.baseline, fr_id)  # a wrong id fails here
     started, status = report.now(), "FAILED"
     report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), "RUNNING", started)
     try:
-        out = _pipeline(s, home, fr_id, store, baseline_run)
-        status = "FINISHED"
-    finally:
-        report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
+        try:
+            out = _pipeline(s, home, fr_id, store, baseline_run)
+            status = "FINISHED"
+        finally:
+            report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
+    except KeyboardInterrupt:  # Ctrl-C: recorded above; Prefect would wait for the running stage (flows.interrupt)
+        interrupt.stop()
     return out
 
 
@@ -145,21 +150,21 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
          filter_prompts) = _configured_tasks(s)
         rec = _Recorder(parent_run_id, store, fr_id, fr_name)
         upstream: Any = prepare_data.submit(s.data_spec(), ctx)
-        data = rec("prepare_data", upstream.result())
+        data = rec("prepare_data", result_of(upstream))
         for split, context in (("train", "training"), ("val", "validation")):  # the parent's own dataset inputs
             lineage.log_dataset(parent_run_id, data[split], f"{s.data_label}_{split}", context)
         base_model = s.model_path
         if not base_model:
             upstream = build_model.submit(data["train"], s.model_sizes, ctx, wait_for=[upstream])
-            base_model = rec("build_model", upstream.result())["model_path"]
+            base_model = rec("build_model", result_of(upstream))["model_path"]
         if s.prefilter:  # after build_model: a built model's tokenizer is trained on the prepared data
             upstream = filter_prompts.submit(data, base_model, s.filter_cfg, ctx, wait_for=[upstream])
-            data = rec("filter_prompts", upstream.result())
+            data = rec("filter_prompts", result_of(upstream))
         model = base_model
         if s.sft_enabled:  # SFT reads the unfiltered prepared files (or the experiment's SFT files)
             upstream = sft.submit(base_model, data["sft_train"], data["sft_val"], s.sft_list(), ctx,
                                   wait_for=[upstream])
-            model = rec("sft", upstream.result())["hf_dir"]
+            model = rec("sft", result_of(upstream))["hf_dir"]
         ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream, validate)
         rec.log("ppo")
         evaluation: dict[str, Any] = {}
@@ -168,7 +173,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
                 s.eval_list(), ctx, checkpoint=ppo_result.get("checkpoint_dir"), val_file=data["val"],
                 global_step=int(ppo_result.get("global_step") or 0), suites=s.suites,
                 ppo_overrides=ppo_result["overrides"], model_path=model, wait_for=[upstream])
-            evaluation = upstream.result()
+            evaluation = result_of(upstream)
             rec.log("evaluate")
         _log_summary(parent_run_id, ppo_result, evaluation)
         _print_learning(run_dir, s.val_prompts)
@@ -286,7 +291,7 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
 
         if load_config("ppo_trainer", lists[0]).trainer.val_before_train:
             upstream = check(lists[0], None, 0, upstream)
-            upstream.result()
+            result_of(upstream)
         first = 1
         progress_id = create_ppo_progress(s.ppo_steps)
         for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
@@ -294,10 +299,10 @@ def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str
             upstream = ppo_task.with_options(task_run_name=name).submit(
                 plan.segment_overrides(overrides), i, ppo_run_id, ctx, progress_id,
                 wait_for=[upstream] if upstream is not None else None)
-            result = upstream.result()
+            result = result_of(upstream)
             if result.get("checkpoint_dir"):  # none: the segment trained nothing (a run resumed past its end)
                 upstream = check(overrides, result["checkpoint_dir"], int(result["global_step"]), upstream)
-                result = {**result, "metrics": {**(result.get("metrics") or {}), **upstream.result()["metrics"]}}
+                result = {**result, "metrics": {**(result.get("metrics") or {}), **result_of(upstream)["metrics"]}}
             first = stop + 1
         _reward_chart(ppo_run_id, ctx)
     return {**result, "run_id": ppo_run_id, "overrides": lists[-1]}, upstream
@@ -325,8 +330,8 @@ def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, d
     tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
             f"dataset.{s.data_label}_train.path": data["train"], f"dataset.{s.data_label}_val.path": data["val"]}
     tags.update({f"dataset.{s.data_label}_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
-    return task.submit(ppo_result["run_id"], ckpt, s.experiment, tags, ctx, dict(evaluation), verdict, gate_text,
-                       baseline_run_id, wait_for=[upstream]).result()
+    return result_of(task.submit(ppo_result["run_id"], ckpt, s.experiment, tags, ctx, dict(evaluation), verdict,
+                                 gate_text, baseline_run_id, wait_for=[upstream]))
 
 
 # the flow parameters that are command-line options: (type or "flag" or "list", help); an option left out is None =
@@ -423,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlhf pipeline: error: {error}", file=sys.stderr)
             return 2
         start_ephemeral_prefect()
-        out = rlhf(**params)
+        try:
+            out = rlhf(**params)
+        except KeyboardInterrupt:  # Ctrl-C: the flow run is Crashed; stop Ray and the server, exit 130
+            interrupt.stop()
         home = Path(out["home"])
         print(f"\nResults under {home}")
         print(f"  MLflow: {os.environ.get('MLFLOW_TRACKING_URI')}  (parent run {out['parent_run_id']})")
@@ -463,12 +471,10 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
         filelock.Timeout: another process kept the lock ``timeout_s`` seconds.
         RuntimeError: the server did not start (Prefect's message).
     """
-    from prefect.server.api.server import SubprocessASGIServer  # lazy: the server app's imports are heavy
-
     if get_current_settings().api.url:
         return
     with filelock.FileLock(str(Path(os.environ["PREFECT_HOME"]).expanduser() / "prefect.db.lock"), timeout=timeout_s):
-        SubprocessASGIServer().start()
+        interrupt.start_server()  # in its own session: a Ctrl-C in the terminal does not kill it
 
 
 def _local(path: str) -> Path | None:
