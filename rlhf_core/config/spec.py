@@ -145,6 +145,19 @@ def check_section(errors: list[str]) -> None:
         raise SectionErrors(errors)
 
 
+def trainer_errors(trainer: Any) -> list[str]:
+    """The rules of a ``trainer`` section both trainers share (``ppo_trainer`` and ``sft_trainer``): resume_path
+    needs resume_from_path; ``total_training_steps`` is null (the dataloader's batches × ``total_epochs``) or >= 1
+    (verl takes any non-null value as the step count, so a negative one is refused, not read as "use epochs")."""
+    errors = ["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."] \
+        if trainer.resume_mode == "resume_path" and not trainer.resume_from_path else []
+    steps = trainer.total_training_steps
+    if number(steps) and steps < 1:
+        errors.append(f"{{section}}.total_training_steps={steps} must be >= 1, or null for the dataloader's batches "
+                      f"× {{section}}.total_epochs.")
+    return errors
+
+
 def number(value: Any) -> bool:
     """True for an int or float value (not a bool, not an unresolved ``${...}`` default)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -127,13 +127,14 @@ def dump_rollouts(batch: Batch, tokenizer: Any, out_dir: str, global_step: int) 
 
 
 def compute_total_training_steps(config: DictConfig, steps_per_epoch: int) -> int:
-    """``trainer.total_training_steps`` when given (> 0), else ``steps_per_epoch × trainer.total_epochs``.
+    """``trainer.total_training_steps`` when not null (verl's rule; the config check refuses a value < 1), else
+    ``steps_per_epoch × trainer.total_epochs``.
 
     Raises:
         ValueError: when the result is not positive (e.g. an empty dataloader).
     """
     given = config.trainer.total_training_steps
-    total = int(given) if given is not None and given > 0 else steps_per_epoch * int(config.trainer.total_epochs)
+    total = int(given) if given is not None else steps_per_epoch * int(config.trainer.total_epochs)
     if total <= 0:
         raise ValueError(f"total_training_steps is {total}: the train dataloader has {steps_per_epoch} batches "
                          f"(data.train_batch_size={config.data.train_batch_size}) × {config.trainer.total_epochs} epochs")

@@ -66,7 +66,7 @@ class SFTTrainer:
                                                drop_last=True, collate_fn=sft_collate, num_workers=workers)
         steps_per_epoch = len(self.train_loader)
         given = t.total_training_steps
-        self.total_steps = int(given) if given is not None and given > 0 else steps_per_epoch * int(t.total_epochs)
+        self.total_steps = int(given) if given is not None else steps_per_epoch * int(t.total_epochs)
         if self.total_steps <= 0:
             raise ValueError(f"SFT has 0 training steps: {len(train_dataset)} samples, "
                              f"data.train_batch_size={data.train_batch_size}")

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.schemas.sections09 import (DistillationConfig, SandboxFusionConfig, SkipConfig,
                                                  TransferQueueConfig)
-from rlhf_core.config.spec import check_section, free_form, key, registered, section
+from rlhf_core.config.spec import check_section, free_form, key, registered, section, trainer_errors
 from rlhf_core.config.schemas.ppo_async import AsyncTrainingConfig, StandaloneRolloutConfig
 from rlhf_core.config.schemas.ppo_actor import ActorConfig, HFModelConfig, RefConfig
 from rlhf_core.config.schemas.ppo_critic import CriticConfig, CustomRewardConfig, RewardModelConfig
@@ -232,8 +232,7 @@ class TrainerConfig:
         'register_policy_loss and reward-manager register calls make new names valid choices', ours=True)
 
     def __post_init__(self) -> None:
-        check_section(["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
-                      if self.resume_mode == "resume_path" and not self.resume_from_path else [])
+        check_section(trainer_errors(self))
 
 
 @dataclass

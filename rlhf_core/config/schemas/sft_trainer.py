@@ -7,7 +7,7 @@ run `python -m rlhf_core.config.gen_yaml` to rewrite rlhf_core/configs/*.yaml an
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, section
+from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, section, trainer_errors
 
 from .sft_engine import (EngineConfig, SftFusedKernelOptionsConfig, SftLoraConfig, SftMtpConfig, SftProfilerConfig,
                          SftTiledMlpConfig)
@@ -229,8 +229,7 @@ class TrainerConfig:
         '[-1, -1] = none')
 
     def __post_init__(self) -> None:
-        errors = (["{section}.resume_mode=resume_path needs {section}.resume_from_path, got null."]
-                  if self.resume_mode == "resume_path" and not self.resume_from_path else [])
+        errors = trainer_errors(self)
         interval = self.profile_interval
         if isinstance(interval, (list, tuple)) and (len(interval) != 2 or interval[1] < interval[0]
                                                     or (interval[0] < 0 <= interval[1])):

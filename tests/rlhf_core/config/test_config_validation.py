@@ -233,3 +233,12 @@ def test_a_missing_config_file_is_named_with_its_resolved_path(tmp_path):
         load_config(str(missing), [])
     with pytest.raises(ConfigError, match="Unknown config 'ppo_trainr' \\(not a shipped config\\)"):
         load_config("ppo_trainr", [])  # a misspelt shipped name is not reported as a missing file
+
+
+@pytest.mark.parametrize("name,base", [("ppo_trainer", SMALL), ("sft_trainer", [])])
+@pytest.mark.parametrize("value", [-5, 0])
+def test_total_training_steps_below_one_is_an_error_naming_the_key(name, base, value):
+    # verl takes any non-null value as the step count; -5 was read here as "use the epochs" (given > 0)
+    msg = error_of(f"trainer.total_training_steps={value}", name=name, base=base)
+    assert f"trainer.total_training_steps={value} must be >= 1, or null" in msg
+    assert load_config(name, [*base, "trainer.total_training_steps=null"]).trainer.total_training_steps is None
