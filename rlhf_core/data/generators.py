@@ -87,10 +87,33 @@ def _gsm8k_inputs(args: dict[str, Any]) -> list[str] | None:
     return [str(p) for p in sorted(folder.glob("*")) if p.suffix in (".jsonl", ".parquet")]
 
 
+def _hub_unreachable() -> str | None:
+    """Why GSM8K's hub files cannot be read now (None when both exist): offline, the stage would fail later."""
+    import fsspec
+
+    from rlhf_core.data import gsm8k as hub
+
+    for split in ("train", "test"):
+        url = hub.HUB_URL.format(split=split)
+        try:
+            fs, path = fsspec.core.url_to_fs(url)
+            found = fs.exists(path)
+        except Exception as exc:  # noqa: BLE001 - offline, proxy, missing huggingface_hub...: cannot be read
+            found, why = False, f"cannot be reached ({type(exc).__name__}: {exc})"
+        else:
+            why = "does not exist"
+        if not found:
+            return (f"GSM8K is read from the Hugging Face hub (source_dir null, GSM8K_DIR unset), and {url} {why}; "
+                    "set data.generator_args.source_dir or GSM8K_DIR to a folder with train.jsonl and test.jsonl")
+    return None
+
+
 def _gsm8k_missing(args: dict[str, Any]) -> str | None:
     given = gsm8k_source(args.get("source_dir"))
+    if given is None:  # the hub: checked now, as the stage would fail on it
+        return _hub_unreachable()
     folder = _local_folder(given)
-    if folder is None:  # the hub, or a remote URL: read when the stage runs
+    if folder is None:  # a remote URL: read when the stage runs
         return None
     if not folder.exists():
         return f"{given} does not exist"

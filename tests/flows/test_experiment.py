@@ -254,3 +254,23 @@ def test_dry_run_prints_each_config_notice_once_as_a_note_line(tmp_path, capsys,
     assert notes == ["note actor_rollout_ref.rollout.enforce_eager=False has no effect here: it is read only by the "
                      "vllm rollout engine, and actor_rollout_ref.rollout.name='hf'."], lines
     assert "enforce_eager" not in err
+
+
+def test_dry_run_refuses_gsm8k_from_a_hub_it_cannot_read(tmp_path, capsys, monkeypatch):
+    # the default experiment (GSM8K, source_dir null) passed --dry-run offline, then its prepare_data stage failed on
+    # the hub: the hub files are checked now (here a URL with no file, standing in for an unreachable hub)
+    from rlhf_core.data import gsm8k
+
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GSM8K_DIR", raising=False)
+    monkeypatch.setattr(gsm8k, "HUB_URL", "memory://no-hub/{split}.parquet")
+    rc, lines, err = _dry_run(REPO / "experiments" / "gsm8k_tiny.yaml", capsys)
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"rlhf pipeline: error: {REPO / 'experiments' / 'gsm8k_tiny.yaml'}: data.generator: GSM8K "
+                          "is read from the Hugging Face hub (source_dir null, GSM8K_DIR unset), and "
+                          "memory://no-hub/train.parquet does not exist; set data.generator_args.source_dir or "
+                          "GSM8K_DIR to a folder with train.jsonl and test.jsonl"), err
+    with fsspec.open("memory://no-hub/train.parquet", "wb") as fh, fsspec.open("memory://no-hub/test.parquet", "wb") as gh:
+        fh.write(b"x"), gh.write(b"x")  # both hub files there: the check passes (their rows are read by the stage)
+    rc, lines, err = _dry_run(REPO / "experiments" / "gsm8k_tiny.yaml", capsys)
+    assert rc == 0 and "ok   data.generator: gsm8k {'source_dir': None}" in lines, err
