@@ -72,12 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             check_run_folder(args.path)
         except (FileNotFoundError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"rlhf results: error: {exc}", file=sys.stderr)
             return 1
     expected = Path(os.environ.get("RLHF_HOME") or ".rlhf").expanduser().resolve()
     if not (expected / "results").exists():
         # a query from another folder would silently see an empty store: say where we looked
-        print(f"note: no results under {expected} yet (set RLHF_HOME, or run from the folder the flow ran in)",
+        print(f"rlhf results: note: no results under {expected} yet (set RLHF_HOME, or run from the folder the flow ran in)",
               file=sys.stderr)
     store = ResultsStore(rlhf_home())
     if args.cmd == "path":
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cmp = compare_runs(store, args.run_a, args.run_b, seed=args.seed, n_boot=args.n_boot)
         except RunNotFoundError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"rlhf results: error: {exc}", file=sys.stderr)
             return 1
         print(format_comparison(cmp, show=args.show, limit=args.limit))
         return 0
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             info = register_folder(store, args.path, stage=args.stage)
         except (FileNotFoundError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"rlhf results: error: {exc}", file=sys.stderr)
             return 1
         print(f"registered {info['samples']} samples and {info['metrics']} metric values of "
               f"{args.path} as run {info['run_id']} (stage {info['stage']})")
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names, rows = store.sql(args.query)
     except duckdb.Error as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"rlhf results: error: {exc}", file=sys.stderr)
         return 1
     print(format_table(names, rows, args.max_width))
     return 0

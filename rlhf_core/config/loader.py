@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import warnings
@@ -137,8 +138,10 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     if not path.is_file():
         looks_like_path = "/" in name or name.endswith((".yaml", ".yml"))
         found = f"no file {str(path.resolve())!r}" if looks_like_path else "not a shipped config"
-        raise ConfigError(f"Unknown config '{name}' ({found}): expected one of {list(CONFIG_NAMES)} or a path to a "
-                          "YAML file")
+        near = difflib.get_close_matches(path.stem, [*CONFIG_NAMES, *VIEWS], n=1)
+        hint = f"; did you mean '{near[0]}'?" if near and not looks_like_path else ""
+        raise ConfigError(f"Unknown config '{name}' ({found}{hint}): expected one of {list(CONFIG_NAMES)} or a path "
+                          "to a YAML file")
     user = _load_mapping(path)
     redact(OmegaConf.to_container(user, resolve=False))  # remembers its secret values: no error quotes them
     user = _drop_targets(user)

@@ -173,7 +173,7 @@ def test_refused_register_creates_nothing(tmp_path, what):
     assert proc.returncode == 1
     expected = f"run folder {run} does not exist" if what == "missing" else \
         f"{run}: no sample parquet files"
-    assert proc.stderr.splitlines()[-1].startswith(f"error: {expected}"), proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(f"rlhf results: error: {expected}"), proc.stderr
     assert list(cwd.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == (["cwd"] if what == "missing" else ["cwd", "run"])
 

@@ -72,7 +72,7 @@ def test_sql_cannot_write_files_or_the_store(store, tmp_path, capsys):
     for query, what in attacks.items():
         rc, out, err = _run(query, capsys)
         assert (rc, out) == (1, ""), query
-        assert err == (f"error: the results store is read-only: {what}; only queries run here (SELECT, WITH, FROM, "
+        assert err == (f"rlhf results: error: the results store is read-only: {what}; only queries run here (SELECT, WITH, FROM, "
                        "SHOW, DESCRIBE, SUMMARIZE, and EXPLAIN of those)\n"), query
     assert _tree(store.home) == before and not any(p.name.startswith("outside") for p in tmp_path.iterdir())
     assert store.sql("SELECT count(*) FROM samples")[1] == [(1,)]  # the view is intact
@@ -92,7 +92,7 @@ def test_sql_cannot_read_outside_the_store_nor_lift_the_limits(store, tmp_path, 
                   f"SELECT * FROM glob('{tmp_path}/*')"]:
         rc, out, err = _run(query, capsys)
         assert rc == 1 and out == "" and "SECRET-VALUE-123" not in err and "root:" not in err, query
-        assert err.startswith("error: Permission Error: Cannot access file") and "disabled by configuration" in err
+        assert err.startswith("rlhf results: error: Permission Error: Cannot access file") and "disabled by configuration" in err
     for query, message in [(f"ATTACH '{other_db}' AS o", "of type ATTACH"),
                            ("SET enable_external_access = true", "of type SET"),
                            ("SET allowed_directories = ['/']", "of type SET"),

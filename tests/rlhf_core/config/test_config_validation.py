@@ -231,8 +231,9 @@ def test_a_missing_config_file_is_named_with_its_resolved_path(tmp_path):
     missing = tmp_path / "my_ppo.yaml"
     with pytest.raises(ConfigError, match=re.escape(f"Unknown config '{missing}' (no file '{missing}')")):
         load_config(str(missing), [])
-    with pytest.raises(ConfigError, match="Unknown config 'ppo_trainr' \\(not a shipped config\\)"):
-        load_config("ppo_trainr", [])  # a misspelt shipped name is not reported as a missing file
+    with pytest.raises(ConfigError, match=re.escape("Unknown config 'ppo_trainr' (not a shipped config; did you mean "
+                                                    "'ppo_trainer'?)")):
+        load_config("ppo_trainr", [])  # a misspelt shipped name is not reported as a missing file, and gets a guess
 
 
 @pytest.mark.parametrize("name,base", [("ppo_trainer", SMALL), ("sft_trainer", [])])
