@@ -430,14 +430,14 @@ def main(argv: list[str]) -> int:
     if bad:
         raise ConfigError(f"--set {bad[0]!r}: expected NAME=VALUE (a shell variable name)")
     preset = dict(item.split("=", 1) for item in args.preset)
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and out.exists() and not args.force:  # before the conversion (it loads every stage config)
+        raise ConfigError(f"--out {out} exists: pass --force to replace it (it is not changed)")
     conv = convert(path.read_text(encoding="utf-8"), str(path), preset)
     text = render(conv)
-    if args.out is None:
+    if out is None:
         print(text, end="")
         return 0
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise ConfigError(f"--out {out} exists: pass --force to replace it (it is not changed)")
     from rlhf_core.atomic import atomic_write_text
     os.makedirs(out.parent if str(out.parent) else ".", exist_ok=True)
     atomic_write_text(out, text)

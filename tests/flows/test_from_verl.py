@@ -118,6 +118,20 @@ def test_an_existing_out_file_is_not_replaced_without_force(tmp_path, capsys):
     assert yaml.safe_load(out.read_text())["name"] == "my_proj"
 
 
+def test_an_existing_out_file_is_refused_before_the_conversion(tmp_path, capsys, monkeypatch):
+    # the conversion loads every stage's config (seconds); it ran first, then the refusal came
+    import flows.from_verl
+
+    def convert(*args, **kwargs):
+        raise AssertionError("converted before --out was checked")
+
+    monkeypatch.setattr(flows.from_verl, "convert", convert)
+    script, out = _write(tmp_path, HAND_SCRIPT), _write(tmp_path, "name: mine\n", "mine.yaml")
+    assert rlhf_main(["experiment", "from-verl", str(script), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == f"rlhf experiment: error: --out {out} exists: pass --force to replace it (it is " \
+                                      "not changed)\n"
+
+
 def test_bad_scripts_are_one_line_errors(tmp_path, capsys):
     cases = {"echo hello\n": "no verl command found",
              "python3 -m verl.trainer.main_ppo a=1\npython3 -m verl.trainer.main_ppo b=2\n":
