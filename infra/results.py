@@ -379,6 +379,12 @@ class ResultsStore:
         _atomic_write(table, self.root / "runs" / f"run_id={run_id}.parquet", self.root)
         self._after_write("runs")
 
+    def forget_run(self, run_id: str) -> None:
+        """Remove the run-index row of ``run_id`` (a run refused before it did anything: ``rlhf_cli.tracked``);
+        no-op when there is none. Samples and metrics are not touched. Raises ValueError for an unsafe id."""
+        (self.root / "runs" / f"run_id={_check_name('run_id', run_id)}.parquet").unlink(missing_ok=True)
+        self.refresh_views(strict=False)  # the runs view may have lost its last file
+
     # ---------------------------------------------------------------- readers
     def sql(self, query: str) -> tuple[list[str], list[tuple]]:
         """Run ``query`` on a short-lived, read-only and confined connection (:meth:`_confined_connection`).

@@ -50,9 +50,10 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
     env = {**lineage.stage_env(run_id), "RLHF_METRICS_FILE": str(folder / "metrics.jsonl")}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    status, code = "FAILED", 1
+    status, code, returned = "FAILED", 1, False
     try:
         code = int(run_core(argv + extra) or 0)
+        returned = True  # an exit code, not a crash (a traceback is recorded FAILED)
         status = "FINISHED" if code == 0 else "FAILED"
     finally:
         for k, v in saved.items():
@@ -66,9 +67,16 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
             lineage.log_metrics(run_id, {sanitize_mlflow_name(k): v for k, v in metrics.items()})
         if rows:
             store.register_metrics(rows, run_id, stage)
-        lineage.end_run(run_id, status)
-        store.index_run(run_id, None, stage, status, started, _now(), params_json, name=f"manual {stage}")
-        print(f"registered run {run_id} ({stage}, {status}) in {store.db_path}")
+        ckpts = _ckpts(config, config_name)
+        if returned and code == 1 and not rows and not sample_files(samples_dir) and not ckpts:
+            # refused before any work (rlhf_core.cli: an input error, its line printed): nothing to keep
+            lineage.client().delete_run(run_id)
+            store.forget_run(run_id)
+            print(f"nothing registered: the run was refused before it started (results store {store.db_path})")
+        else:
+            lineage.end_run(run_id, status)
+            store.index_run(run_id, None, stage, status, started, _now(), params_json, name=f"manual {stage}")
+            print(f"registered run {run_id} ({stage}, {status}) in {store.db_path}")
     return code
 
 

@@ -60,3 +60,18 @@ def test_register_an_existing_run_folder(rlhf_env, results_store, tmp_path, caps
     assert results_store.sql("SELECT key, value FROM metrics")[1] == [("critic/score/mean", 0.5)]
     assert results_store.sql("SELECT name FROM runs")[1] == [("my_ppo_run",)]
     assert results_main(["register", str(tmp_path / "missing")]) == 1
+
+
+def test_a_refused_rlhf_ppo_leaves_no_run_behind(rlhf_env, results_store, tmp_path, capsys, monkeypatch):
+    # a model path that does not exist: refused before torch is imported; it used to be registered as a FAILED run
+    # (a runs row and an MLflow run) though nothing ran
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    code = rlhf_main(["ppo", "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1",
+                      f"actor_rollout_ref.model.path={tmp_path / 'no_model'}"])
+    out, err = capsys.readouterr()
+    assert code == 1 and f"rlhf ppo: error: actor_rollout_ref.model.path='{tmp_path / 'no_model'}'" in err
+    assert "nothing registered: the run was refused before it started" in out
+    assert results_store.sql("SELECT count(*) FROM runs")[1] == [(0,)]
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert [r.info.run_id for e in client.search_experiments() for r in client.search_runs([e.experiment_id])] == []
