@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -18,6 +19,14 @@ from flows.experiment import ExperimentError
 from flows.settings import PipelineSettings, ppo_config, validate_overrides
 
 HEAD_ROWS = 5  # rows read from each data file
+
+
+def _unexpanded(path: str) -> str:
+    """`` (it holds $NAME, ...)`` when ``path`` holds a shell variable nothing expanded (a verl script's ``$HOME``
+    kept by ``rlhf experiment from-verl``), else ``""``: the path was read with the variable in it."""
+    var = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", path)
+    return (f" (it holds ${var.group(1)}, a shell variable nothing expands here: write the path, or convert the script "
+            f"again with --set {var.group(1)}=VALUE)") if var else ""
 
 
 def _head(url: str, rows: int = HEAD_ROWS) -> Any:
@@ -34,7 +43,7 @@ def _head(url: str, rows: int = HEAD_ROWS) -> Any:
 
     fs, path = fsspec.core.url_to_fs(url)
     if not fs.exists(path):
-        raise FileNotFoundError(f"{url} does not exist")
+        raise FileNotFoundError(f"{url} does not exist{_unexpanded(url)}")
     try:
         with fs.open(path, "rb") as fh:
             reader = pq.ParquetFile(fh)
@@ -72,7 +81,7 @@ def _model(path: str | None, sizes: dict[str, Any]) -> str:
 
         folder = Path(copy_to_local(path))
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: no Hugging Face model folder here (no config.json)")
+            raise FileNotFoundError(f"{path}: no Hugging Face model folder here (no config.json){_unexpanded(path)}")
         return f"{path}: a local Hugging Face folder"
     try:
         fs, inner = fsspec.core.url_to_fs(path)

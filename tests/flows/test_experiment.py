@@ -198,7 +198,7 @@ def test_dry_run_checks_every_input_and_trains_nothing(tmp_path, capsys, monkeyp
     assert not (tmp_path / "home" / "ray").exists() and not (tmp_path / "home" / "data").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown field", "missing url", "no prompt column", "prompt string",
+@pytest.mark.parametrize("case", ["unknown field", "missing url", "unexpanded variable", "no prompt column", "prompt string",
                                   "no reward function", "model unreachable", "empty suite", "engine not installed"])
 def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_path, capsys, case, monkeypatch):
     monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
@@ -207,6 +207,10 @@ def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_pa
         extra, field = "evaluaton: {}\n", "evaluaton: unknown field; did you mean 'evaluation'?"
     elif case == "missing url":
         train, field = "memory://exp/nope.parquet", "data.train_files[0]: memory://exp/nope.parquet does not exist"
+    elif case == "unexpanded variable":  # a verl script's $HOME, kept by rlhf experiment from-verl
+        train = "$HOME/data/train.parquet"
+        field = (f"data.train_files[0]: {tmp_path}/$HOME/data/train.parquet does not exist (it holds $HOME, a shell "
+                 "variable nothing expands here: write the path, or convert the script again with --set HOME=VALUE)")
     elif case in ("no prompt column", "prompt string"):
         rows = _rows(2)
         rows = ([{k: v for k, v in r.items() if k != "prompt"} for r in rows] if case == "no prompt column"
