@@ -198,8 +198,8 @@ def test_dry_run_checks_every_input_and_trains_nothing(tmp_path, capsys, monkeyp
     assert not (tmp_path / "home" / "ray").exists() and not (tmp_path / "home" / "data").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown field", "missing url", "unexpanded variable", "no prompt column", "prompt string",
-                                  "no reward function", "model unreachable", "empty suite", "engine not installed"])
+@pytest.mark.parametrize("case", ["unknown field", "missing url", "unexpanded variable", "no prompt column",
+                                  "prompt string", "no reward function", "model unreachable", "empty suite", "engine not installed"])
 def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_path, capsys, case, monkeypatch):
     monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
     extra, train, field = "", "memory://exp/train.parquet", ""
@@ -274,7 +274,8 @@ def test_dry_run_refuses_gsm8k_from_a_hub_it_cannot_read(tmp_path, capsys, monke
                           "is read from the Hugging Face hub (source_dir null, GSM8K_DIR unset), and "
                           "memory://no-hub/train.parquet does not exist; set data.generator_args.source_dir or "
                           "GSM8K_DIR to a folder with train.jsonl and test.jsonl"), err
-    with fsspec.open("memory://no-hub/train.parquet", "wb") as fh, fsspec.open("memory://no-hub/test.parquet", "wb") as gh:
-        fh.write(b"x"), gh.write(b"x")  # both hub files there: the check passes (their rows are read by the stage)
+    for split in ("train", "test"):  # both hub files there: the check passes (their rows are read by the stage)
+        with fsspec.open(f"memory://no-hub/{split}.parquet", "wb") as fh:
+            fh.write(b"x")
     rc, lines, err = _dry_run(REPO / "experiments" / "gsm8k_tiny.yaml", capsys)
     assert rc == 0 and "ok   data.generator: gsm8k {'source_dir': None}" in lines, err
