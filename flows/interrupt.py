@@ -17,6 +17,7 @@ the dead server for minutes, printing tracebacks, and the flow run stayed "Runni
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import os
@@ -77,22 +78,31 @@ def _mark_crashed(flow_run_id: str) -> str:
     return state.name if state is not None else "unknown"
 
 
-def _stop_ray() -> None:
-    """Kill the embedded Ray instance this process started (its services; the workers exit with the raylet).
-    Not ``ray.shutdown()``: the stage's thread is inside a Ray call, and the core worker ends the process when
-    it is touched after a shutdown. A cluster this process only joined is left alone."""
-    import ray
+def _stop_children() -> None:
+    """Kill every process this one started, recursively (Ray's embedded services, agents and workers, Prefect's
+    server in its own session): each is suspended first, until a look at the tree finds none new, so that none
+    forks a process that would outlive it (the raylet starts workers at any time), then all are killed. Not
+    ``ray.shutdown()``: the stage's thread is inside a Ray call, and the core worker ends the process when it is
+    touched after a shutdown. A Ray cluster this process only joined is not a child: it is left alone."""
+    import psutil
 
-    node = ray._private.worker._global_node
-    if node is not None and node.is_head():
-        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+    me, seen = psutil.Process(), {}
+    while new := [p for p in me.children(recursive=True) if p.pid not in seen]:
+        for proc in new:
+            seen[proc.pid] = proc
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+    for proc in seen.values():
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(seen.values()), timeout=5)
 
 
 def stop(prog: str = "rlhf pipeline") -> None:
     """After a Ctrl-C in the flow (the record of the flow's own outcome already written by the caller): a second
-    Ctrl-C is ignored; the flow run is marked Crashed; Ray's embedded instance and Prefect's temporary server are
-    stopped; one line is printed and the process ends with exit code 130 (``os._exit``: the stage's thread is not
-    waited for; Prefect's engine would wait for it before reporting). Never returns."""
+    Ctrl-C is ignored; the flow run is marked Crashed; one line is printed; every child process (Ray's embedded
+    instance, Prefect's temporary server) is stopped and the process ends with exit code 130 (``os._exit``: the
+    stage's thread is not waited for; Prefect's engine would wait for it before reporting). Never returns."""
     from rlhf_core.cli import INTERRUPTED
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -103,14 +113,11 @@ def stop(prog: str = "rlhf pipeline") -> None:
             what = f"flow run '{_flow_run['name']}' ({_flow_run['id']}) is {_mark_crashed(_flow_run['id'])}"
     except Exception as exc:  # noqa: BLE001 - the message must come out whatever the server does
         what = f"flow run '{_flow_run['name']}' ({_flow_run['id']}): its state was not recorded ({type(exc).__name__})"
+    # first (Ray's core worker may end this process as soon as its raylet goes), and to file descriptor 2 itself:
+    # inside the flow, print and sys.stderr may be Prefect's or Ray's (logging is off by now)
+    sys.stdout.flush()
+    os.write(2, f"{prog}: interrupted; {what}; stopping Ray and the temporary Prefect server\n".encode())
     try:
-        _stop_ray()
+        _stop_children()
     finally:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        for server in list(SubprocessASGIServer._instances.values()):
-            server.stop()
-        print(f"{prog}: interrupted; {what}; Ray and the temporary Prefect server stopped", file=sys.stderr,
-              flush=True)
-        sys.stdout.flush()
         os._exit(INTERRUPTED)
