@@ -222,7 +222,7 @@ def test_validate_overrides_fails_fast_on_a_typo():
         validate_overrides(resolve_settings({"ppo_overrides": ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]}))
 
 
-def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_path):
+def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_path, gsm8k_dir):
     from infra.home import embedded_defaults
 
     for key, value in embedded_defaults(tmp_path).items():  # importing the flow sets these; keep them private
@@ -236,6 +236,7 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
         return {"home": "/h", "parent_run_id": "p", "flow_run_id": "f-1"}
 
     monkeypatch.setattr(flow_mod, "rlhf", fake_flow)
+    monkeypatch.setenv("GSM8K_DIR", str(gsm8k_dir))  # the default experiment's data: the hub is checked when unset
     started = []  # the ephemeral Prefect server the real flow would use
     monkeypatch.setattr(flow_mod, "start_ephemeral_prefect", lambda: started.append(True))
     monkeypatch.setattr(flow_mod.shutil, "which", lambda name: None)
@@ -275,11 +276,12 @@ def test_ephemeral_prefect_starts_under_the_home_lock(monkeypatch, tmp_path):
             flow_mod.start_ephemeral_prefect(timeout_s=0.5)  # a real server is configured: no lock, no start
 
 
-def test_cli_checks_parameters_before_any_service(monkeypatch, capsys, tmp_path):
+def test_cli_checks_parameters_before_any_service(monkeypatch, capsys, tmp_path, gsm8k_dir):
     from infra.home import embedded_defaults
 
     for key, value in embedded_defaults(tmp_path).items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("GSM8K_DIR", str(gsm8k_dir))  # the default experiment's data: the hub is checked when unset
     import flows.rlhf as flow_mod
 
     def no_flow(**kwargs):
