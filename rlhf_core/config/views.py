@@ -39,6 +39,8 @@ VIEWS: dict[str, tuple[str, dict[str, object]]] = {
 DIFFERENCES: dict[str, dict[str, str]] = {
     "sft_trainer_engine": {
         "trainer.device": "auto: cuda when there is one, else cpu (verl's default is cuda)",
+        "data.num_workers": "0: the samples are read in the driver process (verl's 8 DataLoader processes take cores "
+                            "from the training threads on CPU; see the key's help)",
     },
 }
 
