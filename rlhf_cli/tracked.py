@@ -68,8 +68,10 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
         if rows:
             store.register_metrics(rows, run_id, stage)
         ckpts = _ckpts(config, config_name)
-        if returned and code == 1 and not rows and not sample_files(samples_dir) and not ckpts:
-            # refused before any work (rlhf_core.cli: an input error, its line printed): nothing to keep
+        if returned and code == 1 and _refused_for_input() and not rows and not sample_files(samples_dir) \
+                and not ckpts:
+            # refused for its input before any work (rlhf_core.cli: an input error, its line printed): nothing to
+            # keep. A storage error (a full disk) is not a refusal: its FAILED record stays
             lineage.client().delete_run(run_id)
             store.forget_run(run_id)
             print(f"nothing registered: the run was refused before it started (results store {store.db_path})")
@@ -78,6 +80,14 @@ def _tracked(config_name: str, argv: list[str], run_folder_key: str, experiment_
             store.index_run(run_id, None, stage, status, started, _now(), params_json, name=f"manual {stage}")
             print(f"registered run {run_id} ({stage}, {status}) in {store.db_path}")
     return code
+
+
+def _refused_for_input() -> bool:
+    """True when the core's last command returned 1 for an input error (not a storage error: a full disk)."""
+    from rlhf_core.cli import INPUT_ERRORS, last_user_error
+    from rlhf_core.storage import storage_cause
+
+    return any(isinstance(e, INPUT_ERRORS) and storage_cause(e) is None for e in last_user_error)
 
 
 def _ckpts(config: Any, config_name: str) -> dict[int, str] | None:

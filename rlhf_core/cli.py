@@ -44,6 +44,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 INTERRUPTED = 130
 """Exit code after Ctrl-C (SIGINT), as shells report a process killed by it (128 + 2)."""
 
+last_user_error: list[BaseException] = []
+"""The input or storage error that :func:`run_command`'s last call in this process showed as one line and
+returned 1 for (empty when it returned otherwise): lets ``rlhf_cli.tracked`` tell a run refused for its input
+from one stopped by a full disk."""
+
 
 def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Sequence[str]) -> int:
     """``command(argv)``'s exit code, with the error display described in the module docstring; Ctrl-C prints
@@ -52,6 +57,7 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
     Raises:
         every exception that is not an input error nor argparse's ``SystemExit`` (shown with a traceback).
     """
+    last_user_error.clear()
     try:
         return int(command(list(argv)) or 0)
     except SystemExit as exc:  # argparse: --help (0), a usage error (2)
@@ -65,6 +71,7 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
             raise
         text = str(cause) if cause is exc and isinstance(exc, INPUT_ERRORS) else one_line(cause)  # raised here
         print(f"{prog}: error: {redact_text(text)}", file=sys.stderr)
+        last_user_error.append(cause)
         return 1
 
 

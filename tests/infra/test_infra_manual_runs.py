@@ -75,3 +75,26 @@ def test_a_refused_rlhf_ppo_leaves_no_run_behind(rlhf_env, results_store, tmp_pa
     assert results_store.sql("SELECT count(*) FROM runs")[1] == [(0,)]
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     assert [r.info.run_id for e in client.search_experiments() for r in client.search_runs([e.experiment_id])] == []
+
+
+def test_a_run_stopped_by_a_full_disk_stays_failed(rlhf_env, results_store, tmp_path, capsys, monkeypatch):
+    # exit 1 with nothing written, as a refusal, but for a storage error (ENOSPC): the FAILED record is kept, not
+    # forgotten (a fault never deletes what a user might need); the core's own error display (run_command) is used
+    import errno
+
+    from rlhf_cli.tracked import _tracked
+    from rlhf_core.cli import run_command
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+
+    def full_disk(_argv):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ckpt"))
+
+    code = _tracked("ppo_trainer", ["actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1",
+                                    f"actor_rollout_ref.model.path={tmp_path / 'm'}"],
+                    "trainer.validation_data_dir", "trainer.project_name",
+                    lambda argv: run_command("rlhf ppo", full_disk, argv))
+    out, err = capsys.readouterr()
+    assert code == 1 and "No space left on device" in err and "registered run" in out
+    assert results_store.sql("SELECT stage, status FROM runs")[1] == [("ppo", "FAILED")]
