@@ -13,8 +13,8 @@ export OMP_NUM_THREADS ?= 1
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile $(TORCH)
-	$(BIN)/python -m pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
