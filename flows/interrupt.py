@@ -6,7 +6,8 @@ for the running stage to end (its task runner's exit joins the thread), then ret
 the dead server for minutes, printing tracebacks, and the flow run stayed "Running". Here:
 
 * :func:`start_server` starts Prefect's temporary server in its own session, out of the terminal's process
-  group, so it outlives the Ctrl-C long enough to record the Crashed state.
+  group, so it outlives the Ctrl-C long enough to record the Crashed state; SIGTERM and SIGHUP, which no longer
+  reach it, are then read as a Ctrl-C (:func:`interrupt_on_termination`).
 * :func:`result_of` waits for a task in slices of :data:`POLL_S` seconds, so the interrupt is seen in the flow
   within that time whichever thread the signal was delivered to.
 * the flow (``flows.rlhf.rlhf``) records its own outcome (DuckDB row, MLflow parent run: FAILED) as the
@@ -32,25 +33,50 @@ POLL_S = 0.5
 _flow_run: dict[str, str] = {}  # the flow run of this process (its id and name), for the message
 
 
+class _SessionSubprocess:
+    """``subprocess`` as Prefect's server module sees it while its server starts: ``Popen`` starts the child in a
+    new session; every other name is the real module's. Only that module's global is swapped (other threads'
+    ``subprocess.Popen`` is untouched)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    Popen = functools.partial(subprocess.Popen, start_new_session=True)
+
+
 def start_server() -> Any:
     """Start Prefect's temporary API server (``SubprocessASGIServer``, the instance Prefect's client uses) with
     its process in a new session (``start_new_session``): SIGINT sent to the terminal's process group does not
-    reach it. Returns the server. Raises what ``SubprocessASGIServer.start`` raises (RuntimeError)."""
-    from prefect.server.api.server import SubprocessASGIServer
+    reach it; SIGTERM and SIGHUP of this process are then read as a Ctrl-C (:func:`interrupt_on_termination`), so
+    the server is stopped by :func:`stop` then too. Returns the server. Raises what ``SubprocessASGIServer.start``
+    raises (RuntimeError)."""
+    from prefect.server.api import server as server_module
 
-    server = SubprocessASGIServer()
-    popen = subprocess.Popen
-
-    def run_uvicorn(original: Any = server._run_uvicorn_command) -> Any:
-        subprocess.Popen = functools.partial(popen, start_new_session=True)  # type: ignore[misc]
-        try:
-            return original()
-        finally:
-            subprocess.Popen = popen  # type: ignore[misc]
-
-    server._run_uvicorn_command = run_uvicorn
-    server.start()
+    server = server_module.SubprocessASGIServer()
+    server_module.subprocess = _SessionSubprocess()  # type: ignore[assignment]
+    try:
+        server.start()
+    finally:
+        server_module.subprocess = subprocess
+    interrupt_on_termination()
     return server
+
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM (``kill``, a scheduler's stop) and SIGHUP (the terminal closed) raise KeyboardInterrupt in the main
+    thread, as Ctrl-C does, so the flow records its outcome and :func:`stop` stops the server started in its own
+    session (which those signals no longer reach). A no-op outside the main thread. SIGKILL cannot be caught:
+    after ``kill -9`` the server stays until its port's owner is killed."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
 
 
 def note_flow_run(flow_run_id: str, name: str | None) -> None:
@@ -76,6 +102,31 @@ def _mark_crashed(flow_run_id: str) -> str:
                                                                "(Ctrl-C)."), force=True)
         state = client.read_flow_run(flow_run_id).state
     return state.name if state is not None else "unknown"
+
+
+MARK_TIMEOUT_S = 10.0
+"""Seconds :func:`stop` waits for the server to record the Crashed state (a hung server must not keep the user
+waiting: a second Ctrl-C is ignored by then)."""
+
+
+def _crashed_within(flow_run: dict[str, str], timeout_s: float) -> str:
+    """The message part naming ``flow_run`` and its recorded state, :func:`_mark_crashed` given ``timeout_s``
+    seconds on a daemon thread (Prefect's client retries a dead server for minutes)."""
+    import threading
+
+    out: list[str] = []
+
+    def mark() -> None:
+        try:
+            out.append(f"is {_mark_crashed(flow_run['id'])}")
+        except Exception as exc:  # noqa: BLE001 - the message must come out whatever the server does
+            out.append(f"its state was not recorded ({type(exc).__name__})")
+
+    thread = threading.Thread(target=mark, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    state = out[0] if out else f"its state was not recorded (no answer from the server in {timeout_s:g} s)"
+    return f"flow run '{flow_run['name']}' ({flow_run['id']}) {state}"
 
 
 def _stop_children() -> None:
@@ -108,11 +159,8 @@ def stop(prog: str = "rlhf pipeline") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.disable(logging.CRITICAL)  # the stage's thread fails as Ray stops: no tracebacks from it
     what = "before the flow run started"
-    try:
-        if _flow_run:
-            what = f"flow run '{_flow_run['name']}' ({_flow_run['id']}) is {_mark_crashed(_flow_run['id'])}"
-    except Exception as exc:  # noqa: BLE001 - the message must come out whatever the server does
-        what = f"flow run '{_flow_run['name']}' ({_flow_run['id']}): its state was not recorded ({type(exc).__name__})"
+    if _flow_run:
+        what = _crashed_within(_flow_run, MARK_TIMEOUT_S)
     # first (Ray's core worker may end this process as soon as its raylet goes), and to file descriptor 2 itself:
     # inside the flow, print and sys.stderr may be Prefect's or Ray's (logging is off by now)
     sys.stdout.flush()

@@ -1,0 +1,48 @@
+"""flows.interrupt without Prefect: the server's Popen shim, SIGTERM/SIGHUP read as Ctrl-C, the bounded Crashed mark.
+(The whole Ctrl-C path, with a real server and flow, is tests/flows/test_pipeline_interrupt.py, slow.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows import interrupt
+
+
+def test_the_shim_starts_the_server_process_in_its_own_session_and_leaves_subprocess_alone():
+    proc = interrupt._SessionSubprocess().Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # a new session: its id is the child's own pid (the terminal's Ctrl-C goes to this process's group only)
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert interrupt._SessionSubprocess().PIPE is subprocess.PIPE  # every other name is the real module's
+    assert subprocess.Popen is not interrupt._SessionSubprocess.Popen  # the real module is untouched
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_raise_keyboard_interrupt_in_the_main_thread(sig):
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        interrupt.interrupt_on_termination()
+        with pytest.raises(KeyboardInterrupt, match=signal.Signals(sig).name):
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the handler runs at the next bytecode boundary
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_a_hung_server_delays_the_message_by_the_timeout_only(monkeypatch):
+    monkeypatch.setattr(interrupt, "_mark_crashed", lambda _id: time.sleep(60) or "Crashed")
+    t0 = time.monotonic()
+    text = interrupt._crashed_within({"id": "f1", "name": "run-a"}, 0.5)
+    assert time.monotonic() - t0 < 5
+    assert text == "flow run 'run-a' (f1) its state was not recorded (no answer from the server in 0.5 s)"
+    monkeypatch.setattr(interrupt, "_mark_crashed", lambda _id: "Crashed")
+    assert interrupt._crashed_within({"id": "f1", "name": "run-a"}, 5) == "flow run 'run-a' (f1) is Crashed"
