@@ -22,7 +22,7 @@ def capacity_expiring(max_step_seconds: float, redundant_seconds: float, now: fl
         max_step_seconds: the longest training step so far (0 before the first ends: the Volcano check then waits,
             as verl's). redundant_seconds: ``trainer.esi_redundant_time``. now: Unix time (default: the clock).
 
-    Returns False when neither variable is set or the Volcano one is not a number; an already passed Volcano
+    Returns False when neither variable is set or the one set is not a number; an already passed Volcano
     expiry is False too (verl's), a passed SageMaker one True."""
     now = time.time() if now is None else float(now)
     budget = SAVE_SECONDS + float(max_step_seconds) + float(redundant_seconds)
@@ -34,5 +34,8 @@ def capacity_expiring(max_step_seconds: float, redundant_seconds: float, now: fl
             return False
         return left > 0 and max_step_seconds > 0 and left <= budget
     if sagemaker:
-        return int(sagemaker) - now < budget
+        try:
+            return float(sagemaker) - now < budget
+        except ValueError:  # not a number: no expiry known (as the Volcano variable)
+            return False
     return False

@@ -166,6 +166,10 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         try:
             with self.gen_lock:
                 super().sync_rollout()  # load_rollout_weights clears the interrupt on every rank
+        except BaseException:
+            if interrupt:  # the load did not come: the chunk in flight must not stop after every token
+                self.rollout_wg.execute_all("release_generation")
+            raise
         finally:
             self._sync_idle.set()
         self.queue.reset_staleness()

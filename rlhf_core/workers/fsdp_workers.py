@@ -190,12 +190,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self._partial_engine().interrupt()
 
     def release_generation(self) -> None:
-        """Undo :meth:`interrupt_generation` of an agent-loop rollout whose weight load will not come (the sync
-        failed): its generation goes on with the weights it holds instead of waiting forever."""
-        from rlhf_core.workers.rollout.agent_rollout import AgentRollout
-
-        if isinstance(self.rollout, AgentRollout):
-            self.rollout.release()
+        """Undo :meth:`interrupt_generation` when the weight load will not come (the sync failed): an agent-loop
+        rollout goes on with the weights it holds instead of waiting forever; a partial hf rollout stops cutting
+        every segment after one token."""
+        self.rollout.release()
 
     def _partial_engine(self) -> HFRollout:
         if not isinstance(self.rollout, HFRollout):

@@ -80,17 +80,19 @@ class PartialGeneration:
         was_training = engine.module.training
         engine.module.eval()
         devices = _rng_devices()
-        with torch.random.fork_rng(devices=devices):
-            if self.rng is None:
-                torch.manual_seed(self.seed)
-            else:
-                torch.set_rng_state(self.rng[0])
-                for dev, state in zip(devices, self.rng[1]):
-                    torch.cuda.set_rng_state(state, dev)
-            gen, lp = engine.decode_tokens(ids, mask, self.T - self.filled, self.params, self.calc_lp,
-                                           self.ignore_eos, should_stop)
-            self.rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices])
-        engine.module.train(was_training)
+        try:
+            with torch.random.fork_rng(devices=devices):
+                if self.rng is None:
+                    torch.manual_seed(self.seed)
+                else:
+                    torch.set_rng_state(self.rng[0])
+                    for dev, state in zip(devices, self.rng[1]):
+                        torch.cuda.set_rng_state(state, dev)
+                gen, lp = engine.decode_tokens(ids, mask, self.T - self.filled, self.params, self.calc_lp,
+                                               self.ignore_eos, should_stop)
+                self.rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices])
+        finally:
+            engine.module.train(was_training)  # also when the decode raised
         gen, m = gen.cpu(), gen.shape[-1]
         self.responses[rows, self.filled:self.filled + m] = gen
         if self.calc_lp:

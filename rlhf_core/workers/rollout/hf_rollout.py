@@ -86,6 +86,10 @@ class HFRollout:
         Stays set, stopping any segment after its first token, until :meth:`sync_weights` loads new weights."""
         self._interrupt.set()
 
+    def release(self) -> None:
+        """Undo :meth:`interrupt` when the weight load it waited for will not come (the sync failed)."""
+        self._interrupt.clear()
+
     def start_partial(self, batch: Batch) -> bool:
         """Start an interruptible ``generate_sequences(batch)`` (:class:`~rlhf_core.workers.rollout.hf_partial.
         PartialGeneration`): True when it ran to the end, False when :meth:`interrupt` stopped it."""

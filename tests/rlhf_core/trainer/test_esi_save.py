@@ -30,6 +30,8 @@ def test_sagemaker_expiry_and_no_variable(monkeypatch):
     monkeypatch.setenv(SAGEMAKER, "1100")
     assert not capacity_expiring(10, 20, now=1000)  # 100 s left >= 90
     assert capacity_expiring(10, 40, now=1000)  # < 110
+    monkeypatch.setenv(SAGEMAKER, "soon")  # not a number: no expiry known, the run goes on (it raised ValueError)
+    assert not capacity_expiring(10, 10**6, now=1000)
 
 
 def test_trainer_saves_off_schedule_when_the_block_expires(tmp_path, monkeypatch):

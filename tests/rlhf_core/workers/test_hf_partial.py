@@ -143,3 +143,20 @@ def test_greedy_resume_continues_prompt_plus_prefix_under_the_new_weights(weight
     assert torch.equal(out["responses"][open_rows, 1:1 + gen.shape[1]], gen)
     # B's continuation is not A's (the weights changed mid-response)
     assert not torch.equal(out["responses"], _engine(model).generate_sequences(_batch(do_sample=False))["responses"])
+
+
+def test_release_after_a_failed_sync_lets_the_chunk_finish_with_the_weights_it_holds(weights):
+    # the trainer's path when the weight load never comes (fully_async.sync_rollout -> release_generation): without
+    # release the interrupt stays set and every resumed segment stops after one token; with it the resume runs to
+    # the end in one segment and equals the uninterrupted generation (same weights A, same seed)
+    model, _ = weights
+    whole = _engine(model).generate_sequences(_batch())
+    rollout = _engine(model)
+    rollout.interrupt()
+    assert rollout.start_partial(_batch()) is False and rollout.partial.filled == 1
+    assert rollout.resume_partial() is False and rollout.partial.filled == 2  # still interrupted: one token
+    rollout.release()
+    assert rollout.resume_partial() is True
+    out = rollout.finish_partial()
+    assert torch.equal(out["responses"], whole["responses"])
+    torch.testing.assert_close(out["rollout_log_probs"], whole["rollout_log_probs"], rtol=1e-5, atol=1e-5)
