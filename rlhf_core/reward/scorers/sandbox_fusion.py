@@ -15,12 +15,15 @@ Import-light (stdlib only): reward worker processes import it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 CASES_SCORED = 10  # verl's continuous score: the pass rate of the first 10 cases
@@ -99,7 +102,14 @@ def run_code(sandbox: SandboxFusion, code: str, stdin: str | None) -> dict:
             with urllib.request.urlopen(request, timeout=RUN_TIMEOUT_S + COMPILE_TIMEOUT_S + HTTP_MARGIN_S) as resp:
                 return json.loads(resp.read().decode())
         except (urllib.error.URLError, OSError, ValueError) as exc:
+            if sandbox.url not in _UNREACHED:  # once per URL and process: a wrong URL must not pass unnoticed
+                _UNREACHED.add(sandbox.url)
+                logger.warning("sandbox_fusion: %s did not answer (%s); its cases score as failed (verl's "
+                               "behaviour) and each result counts them in api_errors", sandbox.url, exc)
             return {"status": "ApiError", "message": f"{sandbox.url}: {exc}"}
+
+
+_UNREACHED: set[str] = set()  # sandbox URLs whose failure was logged in this process
 
 
 def case_passed(reply: dict, expected: Any) -> bool:
@@ -116,8 +126,8 @@ def compute_score(sandbox: SandboxFusion, completion: str, test_cases: Any) -> d
     ``assert_case``: code appended to the response's, one run each).
 
     Returns:
-        ``{"score": passed / cases among the first 10, "passed": that count, "cases": cases run}``; score 0 when
-        the response has no fenced code.
+        ``{"score": passed / cases among the first 10, "passed": that count, "cases": cases run, "api_errors":
+        cases the service did not answer (scored as failed)}``; score 0 when the response has no fenced code.
 
     Raises:
         ValueError: test cases that are not JSON, lack inputs/outputs, differ in length, or call a function by
@@ -139,11 +149,12 @@ def compute_score(sandbox: SandboxFusion, completion: str, test_cases: Any) -> d
                          "cases: they must match")
     code = extract_code(completion)
     if code is None or not inputs:
-        return {"score": 0.0, "passed": 0, "cases": 0}
-    with ThreadPoolExecutor(max_workers=len(inputs)) as pool:  # the semaphore bounds the requests in flight
+        return {"score": 0.0, "passed": 0, "cases": 0, "api_errors": 0}
+    with ThreadPoolExecutor(max_workers=min(len(inputs), sandbox.max_concurrent)) as pool:  # the semaphore bounds the requests in flight
         replies = list(pool.map(lambda i: run_code(sandbox, code + "\n\n" + asserts[i],
                                                     None if inputs[i] is None else str(inputs[i])),
                                 range(len(inputs))))
     ok = [case_passed(r, o) for r, o in zip(replies, outputs)]
     scored = ok[:CASES_SCORED]
-    return {"score": sum(scored) / len(scored), "passed": sum(scored), "cases": len(ok)}
+    return {"score": sum(scored) / len(scored), "passed": sum(scored), "cases": len(ok),
+            "api_errors": sum(r.get("status") == "ApiError" for r in replies)}

@@ -83,7 +83,7 @@ def test_max_concurrent_bounds_requests_and_memory_limit_is_sent(sandbox):
                        "reward_model.sandbox_fusion.memory_limit_mb=333")
     score = reward_function_from_config(cfg)
     out = score("codecontests", ANSWER, json.dumps(CASES))
-    assert out == {"score": pytest.approx(5 / 6), "passed": 5, "cases": 6}
+    assert out == {"score": pytest.approx(5 / 6), "passed": 5, "cases": 6, "api_errors": 0}
     assert sandbox.peak == 2  # six cases, two at a time
     assert len(sandbox.bodies) == 6 and {b["memory_limit_MB"] for b in sandbox.bodies} == {333}
     assert {b["stdin"] for b in sandbox.bodies} == set(CASES["inputs"])
@@ -110,7 +110,7 @@ def test_more_than_ten_cases_score_the_first_ten(sandbox):
     # verl's continuous score: 12 cases, the last two wrong → the first 10 all pass → 1.0, all 12 are run
     cases = {"inputs": [str(i) for i in range(12)], "outputs": [str(2 * i) for i in range(10)] + ["x", "y"]}
     fn = reward_function_from_config(typed_config("ppo_trainer", f"reward_model.sandbox_fusion.url={sandbox.url}"))
-    assert fn("codeforces", ANSWER, cases) == {"score": 1.0, "passed": 10, "cases": 12}
+    assert fn("codeforces", ANSWER, cases) == {"score": 1.0, "passed": 10, "cases": 12, "api_errors": 0}
 
 
 def test_without_a_url_code_sources_are_refused_and_no_fence_scores_zero(sandbox):
@@ -122,13 +122,18 @@ def test_without_a_url_code_sources_are_refused_and_no_fence_scores_zero(sandbox
         fn("apps", ANSWER, {"fn_name": "solve", "inputs": [], "outputs": []})
 
 
-def test_unreachable_sandbox_scores_zero_and_extract_code():
+def test_unreachable_sandbox_scores_zero_and_extract_code(caplog):
     import pickle
 
     sb = pickle.loads(pickle.dumps(SandboxFusion("http://127.0.0.1:1/run_code", 4, 256)))  # nothing listens there
     from rlhf_core.reward.scorers.sandbox_fusion import compute_score
 
-    assert compute_score(sb, ANSWER, CASES) == {"score": 0.0, "passed": 0, "cases": 6}
+    # every case failed for the service, counted in api_errors, and one warning names the URL (a wrong URL would
+    # otherwise train on all-zero code rewards unnoticed)
+    with caplog.at_level("WARNING", logger="rlhf_core.reward.scorers.sandbox_fusion"):
+        assert compute_score(sb, ANSWER, CASES) == {"score": 0.0, "passed": 0, "cases": 6, "api_errors": 6}
+    assert [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()][0].startswith(
+        "sandbox_fusion: http://127.0.0.1:1/run_code did not answer")
     assert extract_code("```py\nx = 1\n```") == "x = 1\n"
     assert extract_code("a ```python\nA\n``` b ```python\nB\n```") == "\nB\n"
     assert extract_code("no fence") is None
