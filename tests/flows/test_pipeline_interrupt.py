@@ -59,8 +59,10 @@ def _session_members(sid: int) -> list[str]:
 @pytest.mark.slow
 def test_ctrl_c_stops_the_pipeline_in_seconds_and_marks_the_flow_run_crashed(tmp_path):
     home = tmp_path / "home"
-    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, "RLHF_HOME": str(home),
-           "PYTHONPATH": str(REPO)}
+    # a user's environment: no PREFECT_/MLFLOW_/RLHF_ variable an earlier test of this process left set (PREFECT_HOME
+    # from configure_environment would put the flow's Prefect database elsewhere)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RLHF_"))},
+           "RLHF_HOME": str(home), "PYTHONPATH": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     log = tmp_path / "out.log"
     with open(log, "w") as fh:  # own session, SIGINT at its default (as in a terminal)
         proc = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=REPO, env=env, stdout=fh,
