@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.rlhf_core.trainer.test_one_step_off_policy import _config, _Recorder, _same  # noqa: E402
+from tests.rlhf_core.trainer.test_one_step_off_policy import _config, _same, run_driver  # noqa: E402
 from tests.rlhf_core.trainer.test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
 from tests.flows.test_verl09_examples_train import gsm8k_parquet  # noqa: E402,F401 (a fixture)
 
@@ -178,31 +178,12 @@ def test_a_failing_rollouter_fails_the_step_waiting_for_samples(tmp_path):
 
 def _run(cfg, model_dir, fully_async: bool, validate: bool = False):
     """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
-    from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.trainer.fully_async import FullyAsyncTrainer
     from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
-    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
-    cfg.actor_rollout_ref.model.path = model_dir
-    groups = {}
-
-    def factory(config):
-        groups["actor_rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {
-            "config": config, "role": "actor" if fully_async else "actor_rollout"})
-        if fully_async:
-            groups["rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {"config": config, "role": "rollout"})
-        return dict(groups)
-
-    tracker = _Recorder()
     cls = FullyAsyncTrainer if fully_async else RayPPOTrainer
-    val = (reward_fn, make_dataset(2)) if validate else (None, None)
-    trainer = cls(cfg, DecodeTok(), factory, reward_fn, val[0], make_dataset(6), val[1], tracker=tracker)
-    try:
-        trainer.fit()
-        weights = {k: v.clone() for k, v in groups["actor_rollout"].execute_all("actor_weights")[0].items()}
-    finally:
-        trainer.shutdown()
-    return tracker.steps, weights, trainer
+    return run_driver(cls, cfg, model_dir, fully_async, make_dataset(6),
+                      (reward_fn, make_dataset(2)) if validate else (None, None))
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.rlhf_core.agent.test_agent_rollout import TOOL_YAML
-from tests.rlhf_core.trainer.test_one_step_off_policy import _config, _Recorder, _same  # noqa: E402
-from tests.rlhf_core.trainer.test_trainer_ppo import DecodeTok, make_dataset, reward_fn  # noqa: E402
+from tests.rlhf_core.trainer.test_one_step_off_policy import _config, _same, run_driver  # noqa: E402
+from tests.rlhf_core.trainer.test_trainer_ppo import make_dataset  # noqa: E402
 
 from rlhf_core.config import ConfigError  # noqa: E402
 
@@ -84,32 +84,12 @@ def test_tools_without_return_raw_chat_are_a_config_error(tmp_path):
 def _run(cfg, model_dir, driver: str):
     """Train 2 steps in-process with ``driver`` (on_policy, one_step, fully_async); returns (per-step metrics, final
     actor weights, trainer)."""
-    from rlhf_core.distributed import LocalWorkerGroup
     from rlhf_core.trainer.fully_async import FullyAsyncTrainer
     from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
     from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
-    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
-
-    cfg.actor_rollout_ref.model.path = model_dir
-    apart = driver != "on_policy"
-    groups = {}
-
-    def factory(config):
-        groups["actor_rollout"] = LocalWorkerGroup(ActorRolloutRefWorker,
-                                                   {"config": config, "role": "actor" if apart else "actor_rollout"})
-        if apart:
-            groups["rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {"config": config, "role": "rollout"})
-        return dict(groups)
 
     cls = {"on_policy": RayPPOTrainer, "one_step": OneStepOffPolicyTrainer, "fully_async": FullyAsyncTrainer}[driver]
-    tracker = _Recorder()
-    trainer = cls(cfg, DecodeTok(), factory, reward_fn, None, _agent_dataset(4), None, tracker=tracker)
-    try:
-        trainer.fit()
-        weights = {k: v.clone() for k, v in groups["actor_rollout"].execute_all("actor_weights")[0].items()}
-    finally:
-        trainer.shutdown()
-    return tracker.steps, weights, trainer
+    return run_driver(cls, cfg, model_dir, driver != "on_policy", _agent_dataset(4))
 
 
 def _call_the_tool_every_turn(monkeypatch):

@@ -77,11 +77,11 @@ class _Recorder:
         self.steps[step] = dict(data)
 
 
-def _run(cfg, model_dir, one_step: bool, validate: bool = False):
-    """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
+def run_driver(cls, cfg, model_dir, apart: bool, train, val=(None, None)):
+    """Train ``cls`` (a PPO driver class) in-process on LocalWorkerGroups: ``apart`` gives it an ``actor`` group and a
+    separate ``rollout`` group (the off-policy drivers), else one ``actor_rollout`` group. ``train``: the training
+    dataset; ``val``: (validation reward function, dataset). Returns (per-step metrics, final actor weights, trainer)."""
     from rlhf_core.distributed import LocalWorkerGroup
-    from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
-    from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
     from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
 
     cfg.actor_rollout_ref.model.path = model_dir
@@ -89,21 +89,29 @@ def _run(cfg, model_dir, one_step: bool, validate: bool = False):
 
     def factory(config):
         groups["actor_rollout"] = LocalWorkerGroup(ActorRolloutRefWorker,
-                                                   {"config": config, "role": "actor" if one_step else "actor_rollout"})
-        if one_step:
+                                                   {"config": config, "role": "actor" if apart else "actor_rollout"})
+        if apart:
             groups["rollout"] = LocalWorkerGroup(ActorRolloutRefWorker, {"config": config, "role": "rollout"})
         return dict(groups)
 
-    cls = OneStepOffPolicyTrainer if one_step else RayPPOTrainer
     tracker = _Recorder()
-    val = (reward_fn, make_dataset(2)) if validate else (None, None)
-    trainer = cls(cfg, DecodeTok(), factory, reward_fn, val[0], make_dataset(6), val[1], tracker=tracker)
+    trainer = cls(cfg, DecodeTok(), factory, reward_fn, val[0], train, val[1], tracker=tracker)
     try:
         trainer.fit()
         weights = {k: v.clone() for k, v in groups["actor_rollout"].execute_all("actor_weights")[0].items()}
     finally:
         trainer.shutdown()
     return tracker.steps, weights, trainer
+
+
+def _run(cfg, model_dir, one_step: bool, validate: bool = False):
+    """Train 3 steps in-process; returns (per-step metrics, final actor weights, trainer)."""
+    from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
+    from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
+
+    cls = OneStepOffPolicyTrainer if one_step else RayPPOTrainer
+    return run_driver(cls, cfg, model_dir, one_step, make_dataset(6),
+                      (reward_fn, make_dataset(2)) if validate else (None, None))
 
 
 def _same(metrics: dict) -> dict:
