@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhf_core.config import load_config
-from rlhf_core.workers.lr_schedule import build_lr_scheduler
+from tests.rlhf_core.workers.test_lr_schedule import _lrs
 from rlhf_core.workers.optim import build_optimizer
 
 A = "actor_rollout_ref.actor.optim."
@@ -67,17 +67,6 @@ def test_sgd_override_gets_its_keywords_and_no_betas():
                                       "+critic.optim.override_optimizer_config.momentum=0.5"])
     opt = build_optimizer(_params(), cfg.critic.optim)
     assert type(opt) is torch.optim.SGD and opt.param_groups[0]["momentum"] == 0.5
-
-
-def _lrs(optim_cfg, steps):
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(optim_cfg.lr))
-    sched = build_lr_scheduler(opt, optim_cfg)
-    out = []
-    for _ in range(steps):
-        out.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
-    return out
 
 
 @pytest.mark.parametrize("prefix", [A, "critic.optim."])
