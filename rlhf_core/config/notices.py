@@ -146,7 +146,8 @@ def effect_notices(cfg: DictConfig, user_set: set[str], name: str = "ppo_trainer
     A vLLM-only rollout key under another engine gets that reason instead of its status (one line per key).
     """
     notices, on_cpu = [], None
-    engine = OmegaConf.select(cfg, _R + "name", default=None)
+    name_key = "rollout.name" if name == "generation" else _R + "name"  # generation.yaml's rollout is top-level
+    engine = OmegaConf.select(cfg, name_key, default=None)
     table = specs(name) if name in CONFIG_NAMES else {}
     for path in sorted(user_set):
         spec = table.get(path)
@@ -154,7 +155,7 @@ def effect_notices(cfg: DictConfig, user_set: set[str], name: str = "ppo_trainer
             continue
         if spec.engine and engine is not None and engine != spec.engine:
             notices.append(f"{path}={_select(cfg, path)!r} has no effect here: it is read only by the {spec.engine} "
-                           f"rollout engine, and {_R}name={engine!r}.")
+                           f"rollout engine, and {name_key}={engine!r}.")
             continue
         if spec.status not in (NO_EFFECT_ON_CPU, NO_EFFECT_YET):
             continue
@@ -184,11 +185,13 @@ def logger_notices(cfg: DictConfig, user_set: set[str]) -> list[str]:
 
 
 def engine_errors(cfg: DictConfig) -> list[str]:
-    """An error line when ``actor_rollout_ref.rollout.name`` needs a package that is not importable here."""
-    engine = OmegaConf.select(cfg, _R + "name", default=None)
+    """An error line when ``actor_rollout_ref.rollout.name`` (generation.yaml: ``rollout.name``) needs a package
+    that is not importable here."""
+    name_key = _R + "name" if "actor_rollout_ref" in cfg else "rollout.name"
+    engine = OmegaConf.select(cfg, name_key, default=None)
     package = ENGINE_PACKAGES.get(engine)
     if package and importlib.util.find_spec(package) is None:
         how = ENGINE_INSTALL.get(engine, "install it")
-        return [f"{_R}name={engine!r} needs the '{package}' package, which is not importable in this environment; "
-                f"{how} or set {_R}name=hf."]
+        return [f"{name_key}={engine!r} needs the '{package}' package, which is not importable in this environment; "
+                f"{how} or set {name_key}=hf."]
     return []

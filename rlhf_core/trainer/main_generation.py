@@ -2,28 +2,35 @@
 
 Reads ``data.path`` (verl's RL schema; ``data.prompt_key`` holds a chat message list per row), renders each prompt
 with the tokenizer's chat template (``add_generation_prompt``, ``data.apply_chat_template_kwargs``), generates
-``data.n_samples`` responses per prompt with the HF rollout engine
-(:class:`~rlhf_core.workers.rollout.hf_rollout.HFRollout`, the one PPO trains with: ``rollout.temperature``,
-``top_k``, ``top_p``, ``do_sample``, ``ignore_eos``, ``response_length``) and writes ``data.output_path``: the input
-table unchanged plus a ``responses`` column, a list of ``n_samples`` strings per row (special tokens skipped), as
-verl's ``main_generation`` writes it — what ``rlhf eval data.path=<output>`` scores.
+``data.n_samples`` responses per prompt with the rollout engine ``rollout.name`` picks — ``hf``
+(:class:`~rlhf_core.workers.rollout.hf_rollout.HFRollout`) or ``vllm``
+(:class:`~rlhf_core.workers.rollout.vllm_rollout.VLLMRollout`, the engines PPO rolls out with: ``rollout.temperature``,
+``top_k``, ``top_p``, ``do_sample``, ``ignore_eos``, ``response_length``; vLLM also gets the ``rollout`` engine keys,
+:func:`engine_config`) — and writes ``data.output_path``: the input table unchanged plus a ``responses`` column, a
+list of ``n_samples`` strings per row (special tokens skipped), as verl's ``main_generation`` writes it — what
+``rlhf eval data.path=<output>`` scores. With ``rollout.calculate_log_probs`` a ``rollout_log_probs`` column is added:
+per row ``n_samples`` lists of float32, the engine's log-prob of each response token (verl computes them and drops
+them; they are ours).
 
 Differences from verl, each one deliberate:
 
-* one process on one device (``trainer.device``), no Ray worker group: ``trainer.nnodes``/``n_gpus_per_node``,
-  ``ray_kwargs``, the ``actor`` section and the vLLM keys are accepted and change nothing (a notice names each one
-  set, declared in :mod:`rlhf_core.config.schemas.generation`); only the hf engine runs (``rollout.name=hf``).
+* one engine in this process on ``trainer.device`` (vLLM: on the device its build targets, over
+  ``tensor_model_parallel_size`` devices; a 16-bit ``rollout.dtype`` runs as float32 on CPU, as in PPO), no Ray
+  worker group: ``trainer.nnodes``/``n_gpus_per_node``, ``ray_kwargs`` and the ``actor`` section are accepted and
+  change nothing (a notice names each one set, declared in :mod:`rlhf_core.config.schemas.generation`), nor do the
+  vLLM keys under ``rollout.name=hf``. Our default engine is ``hf`` (verl's is vllm, an optional install here).
 * a prompt longer than ``rollout.prompt_length`` tokens is refused, naming its row, before the model loads (verl
   cuts it silently at the right, which drops the generation prompt).
 * each prompt is repeated ``n_samples`` times in one engine call (as PPO's ``rollout.n``: one prefill per
-  distinct prompt) instead of ``n_samples`` calls; engine call ``i`` is seeded with ``rollout.seed + i``, so a run
-  is reproducible; with ``do_sample=False`` the ``n_samples`` responses of a prompt are identical.
+  distinct prompt) instead of ``n_samples`` calls; hf seeds engine call ``i`` with ``rollout.seed + i``, vLLM each
+  request (:meth:`VLLMRollout.generate_sequences`), so a run is reproducible; with ``do_sample=False`` the
+  ``n_samples`` responses of a prompt are identical.
 * the output is written atomically (a crash or a full disk leaves no partial file, and an existing output stays
   whole until the new one is complete); ``data.output_path`` is a local path.
 
 Input errors (missing or empty file, no ``data.prompt_key`` column, a prompt that is not chat messages, a model
-folder without weights, a tokenizer without a chat template, an overlong prompt) are one line naming the file, row
-and key, raised before the model loads.
+folder without weights, a tokenizer without a chat template, an overlong prompt, ``rollout.name=vllm`` without vLLM
+installed) are one line naming the file, row and key, raised before the model loads.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf_core.atomic import atomic_write
 from rlhf_core.config.errors import ConfigError
+from rlhf_core.config.notices import engine_errors
 from rlhf_core.data import DataError
 from rlhf_core.data.fs import copy_to_local
 from rlhf_core.data.prompts import encode, pad_ids, pad_token_id, positions_from_mask, render_prompt
@@ -54,6 +62,14 @@ logger = logging.getLogger(__name__)
 
 RESPONSES = "responses"
 """The column verl's ``main_generation`` adds (``evaluation.yaml``'s ``data.response_key`` default)."""
+LOG_PROBS = "rollout_log_probs"
+"""The column ``rollout.calculate_log_probs`` adds (the rollout batch's name for the engine's log-probs)."""
+
+_VLLM_ONLY = ("enable_prefix_caching", "skip_tokenizer_init", "logprobs_mode", "scheduling_policy",
+              "cudagraph_capture_sizes", "multi_stage_wake_up", "engine_kwargs",
+              "checkpoint_engine.update_weights_bucket_megabytes")
+"""``actor_rollout_ref.rollout`` keys the vLLM engine reads that generation.yaml does not have: they take
+ppo_trainer.yaml's defaults (:func:`engine_config`)."""
 
 
 def run_generation(config: DictConfig) -> str:
@@ -67,6 +83,8 @@ def run_generation(config: DictConfig) -> str:
             model loads. ``OSError`` (ENOSPC, EROFS) when the output cannot be written; nothing partial is left.
     """
     data, rollout = config.data, config.rollout
+    if engine_errors(config):  # rollout.name=vllm without vLLM installed: one line, before anything loads
+        raise ConfigError(engine_errors(config)[0])
     output = _output_path(str(data.output_path))
     device = _device(str(config.trainer.device))
     _check_model(str(config.model.path))
@@ -77,21 +95,73 @@ def run_generation(config: DictConfig) -> str:
     template_kwargs = OmegaConf.to_container(data.apply_chat_template_kwargs, resolve=True)
     prompt_ids = [_prompt_ids(tokenizer, messages, template_kwargs, where, int(rollout.prompt_length))
                   for messages, where in rows]
+    engine = _engine(config, tokenizer, device)
+    n, size = int(data.n_samples), int(data.batch_size)
+    calc_lp = bool(rollout.calculate_log_probs)
+    responses: list[list[str]] = []
+    log_probs: list[list[list[float]]] = []
+    starts = range(0, len(prompt_ids), size)
+    for start in progress(starts, "generate", unit="batch", total=len(starts)):
+        batch = prompt_batch(prompt_ids[start:start + size], pad_token_id(tokenizer)).repeat_interleave(n)
+        out = engine.generate_sequences(batch)
+        texts = decode_responses(out, tokenizer)
+        responses.extend(texts[i:i + n] for i in range(0, len(texts), n))
+        if calc_lp:
+            lps = response_log_probs(out)
+            log_probs.extend(lps[i:i + n] for i in range(0, len(lps), n))
+    write_responses(str(data.path), responses, output, log_probs if calc_lp else None)
+    logger.info("generate: %d prompts x %d responses -> %s", len(responses), n, output)
+    return output
+
+
+def _engine(config: DictConfig, tokenizer: Any, device: torch.device):
+    """The rollout engine ``rollout.name`` names: ``HFRollout`` on ``device`` with ``model.path`` loaded in
+    ``rollout.dtype``, or ``VLLMRollout`` (vLLM loads ``model.path`` itself, :func:`engine_config`).
+
+    Raises:
+        ConfigError: ``rollout.name=vllm`` and ``import vllm`` fails (naming the key and the install), before any
+            weights are read.
+    """
+    rollout = config.rollout
+    if str(rollout.name) == "vllm":
+        from rlhf_core.models.loading import import_external_libs
+        from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout, _import_vllm
+
+        try:
+            _import_vllm()  # installed (engine_errors) but may still fail to import, e.g. CUDA torchvision wheels
+        except ImportError as exc:  # a ConfigError: `rlhf generate` prints it as one line
+            raise ConfigError(f"rollout.name=vllm: {exc}") from None
+        import_external_libs(config.model.external_lib)
+        model_cfg, engine_cfg = engine_config(config)
+        return VLLMRollout(model_cfg, tokenizer, engine_cfg, seed=int(rollout.seed), weights_from_actor=False)
     module = load_causal_lm(str(config.model.path), dtype=str(rollout.dtype),
                             trust_remote_code=bool(config.model.trust_remote_code),
                             external_lib=config.model.external_lib).to(device).eval()
     module.requires_grad_(False)
-    engine = HFRollout(module, tokenizer, rollout, seed=int(rollout.seed))
-    n, size = int(data.n_samples), int(data.batch_size)
-    responses: list[list[str]] = []
-    starts = range(0, len(prompt_ids), size)
-    for start in progress(starts, "generate", unit="batch", total=len(starts)):
-        batch = prompt_batch(prompt_ids[start:start + size], pad_token_id(tokenizer)).repeat_interleave(n)
-        texts = decode_responses(engine.generate_sequences(batch), tokenizer)
-        responses.extend(texts[i:i + n] for i in range(0, len(texts), n))
-    write_responses(str(data.path), responses, output)
-    logger.info("generate: %d prompts x %d responses -> %s", len(responses), n, output)
-    return output
+    return HFRollout(module, tokenizer, rollout, seed=int(rollout.seed))
+
+
+def engine_config(config: DictConfig) -> tuple[DictConfig, DictConfig]:
+    """``(model, rollout)`` sections shaped as ppo_trainer.yaml's ``actor_rollout_ref.model`` / ``.rollout`` for
+    :class:`~rlhf_core.workers.rollout.vllm_rollout.VLLMRollout` (whose
+    :func:`~rlhf_core.workers.rollout.vllm_rollout.engine_kwargs` turns them into ``vllm.LLM`` arguments).
+
+    ``rollout`` is generation.yaml's ``rollout`` section as given (every vLLM key of it reaches the engine), plus
+    the engine keys generation.yaml does not declare (:data:`_VLLM_ONLY`) at ppo_trainer.yaml's defaults, read from
+    its schema; ``model`` is ``model.path`` / ``trust_remote_code`` without LoRA, tokenizer or hf-config paths.
+    """
+    from rlhf_core.config.schema import specs
+
+    prefix = "actor_rollout_ref.rollout."
+    defaults = OmegaConf.create({})
+    for path, spec in specs("ppo_trainer").items():
+        name = path[len(prefix):] if path.startswith(prefix) else ""
+        if any(name == k or name.startswith(k + ".") for k in _VLLM_ONLY):
+            OmegaConf.update(defaults, name, spec.default, force_add=True)
+    rollout = OmegaConf.merge(defaults, OmegaConf.to_container(config.rollout, resolve=True))
+    model = OmegaConf.create({"path": str(config.model.path), "trust_remote_code": bool(config.model.trust_remote_code),
+                              "tokenizer_path": None, "hf_config_path": None, "lora_rank": 0, "lora_alpha": 16})
+    return model, rollout
 
 
 def _output_path(path: str) -> str:
@@ -171,21 +241,33 @@ def decode_responses(out: Batch, tokenizer: Any) -> list[str]:
             for ids, mask in zip(out["responses"], out["response_mask"])]
 
 
-def write_responses(data_path: str, responses: list[list[str]], output: str) -> None:
+def response_log_probs(out: Batch) -> list[list[float]]:
+    """Each row's ``rollout_log_probs`` where ``response_mask`` is 1: the engine's log-prob of each response token
+    (as :func:`decode_responses` keeps the ids), float32 values as Python floats."""
+    return [lp[mask.bool()].tolist() for lp, mask in zip(out["rollout_log_probs"], out["response_mask"])]
+
+
+def write_responses(data_path: str, responses: list[list[str]], output: str,
+                    log_probs: list[list[list[float]]] | None = None) -> None:
     """Write ``data_path``'s table (schema and values unchanged) plus the ``responses`` column (``list<string>``,
-    replacing one already there) to ``output``, atomically; creates the output's folder.
+    replacing one already there) and, when given, ``rollout_log_probs`` (``list<list<float32>>``, one list per
+    response) to ``output``, atomically; creates the output's folder.
 
     Raises:
-        ValueError: ``responses`` does not have one entry per row. ``OSError`` from the write (nothing partial left).
+        ValueError: ``responses`` (or ``log_probs``) does not have one entry per row. ``OSError`` from the write
+            (nothing partial left).
     """
     table = pq.read_table(copy_to_local(data_path))
-    if len(responses) != table.num_rows:
-        raise ValueError(f"{len(responses)} response lists for {table.num_rows} rows of {data_path}")
-    column = pa.array(responses, type=pa.list_(pa.string()))
-    if RESPONSES in table.column_names:
-        table = table.set_column(table.column_names.index(RESPONSES), RESPONSES, column)
-    else:
-        table = table.append_column(RESPONSES, column)
+    columns = {RESPONSES: pa.array(responses, type=pa.list_(pa.string()))}
+    if log_probs is not None:
+        columns[LOG_PROBS] = pa.array(log_probs, type=pa.list_(pa.list_(pa.float32())))
+    for name, column in columns.items():
+        if len(column) != table.num_rows:
+            raise ValueError(f"{len(column)} {name} lists for {table.num_rows} rows of {data_path}")
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, column)
+        else:
+            table = table.append_column(name, column)
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with atomic_write(output) as fh:
         pq.write_table(table, fh)

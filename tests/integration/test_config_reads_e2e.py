@@ -215,7 +215,11 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":
                    "tests/rlhf_core/trainer/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
-    "generation": {},  # a default run reads every supported key of generation.yaml
+    # the default run (hf engine) reads every other supported key of generation.yaml
+    "generation": {f"rollout.{k}": "tests/rlhf_core/workers/test_generation_vllm_cpu.py::"
+                   "test_generate_with_vllm_passes_the_rollout_keys_and_equals_hf"
+                   for k in ("enforce_eager", "load_format", "tensor_model_parallel_size", "max_num_batched_tokens",
+                             "max_model_len", "max_num_seqs", "disable_log_stats")},
 }
 
 

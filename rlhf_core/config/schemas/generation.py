@@ -17,14 +17,22 @@ YAML_HEADER = (
 )
 
 
+_ENGINE_LOG_PROBS = ("no separate log-prob forward: calculate_log_probs takes the engine's own log-probs at "
+                     "sampling time (verl 0.6's rollout-only generation worker does not read it either)")
+_ONE_PROCESS = ("rlhf generate runs one engine in the calling process on trainer.device (vLLM spreads it over "
+                "rollout.tensor_model_parallel_size devices); verl splits each batch over nnodes x n_gpus_per_node Ray "
+                "workers, which changes only which worker samples a prompt")
+_NO_RAY = "rlhf generate starts no Ray: the engine runs in the calling process (see trainer.nnodes)"
+
+
 @dataclass
 class TrainerConfig:
     """``trainer``."""
 
     nnodes: int = key(1, 'nodes (verl: rollout workers per node × nodes; here generation runs in one process)',
-        no_effect_yet='generation runs the HF engine in one process on one device (trainer.device)')
+        no_effect_yet=_ONE_PROCESS)
     n_gpus_per_node: int = key(8, 'devices per node (verl: one rollout worker each)',
-        no_effect_yet='generation runs the HF engine in one process on one device (trainer.device)')
+        no_effect_yet=_ONE_PROCESS)
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
 
@@ -61,11 +69,12 @@ class ModelConfig:
 class RolloutConfig:
     """``rollout``."""
 
-    name: str = key('hf', "rollout engine: hf (vllm is verl's default; rlhf generate runs the hf engine)",
-        why='rlhf generate runs the hf engine; vllm generation is not wired yet')
+    name: str = key('hf', "rollout engine: hf (transformers) | vllm (needs vLLM installed; verl's default)",
+        choices=('hf', 'vllm'))
     mode: str = key('sync', 'sync = one generate call per batch (verl 0.6); async is not supported by rlhf generate',
         why='rlhf generate calls the engine once per batch')
-    seed: int = key(0, 'sampling seed: call i of the engine is seeded with seed + i', ours=True)
+    seed: int = key(0, 'sampling seed: hf seeds engine call i with seed + i; vllm seeds request j of call i with '
+        'seed + 104729*i + j', ours=True)
     temperature: float = key(1.0, 'sampling temperature')
     top_k: int = key(50, 'top-k sampling; 0 (hf) or -1 (vllm) = disabled')
     top_p: float = key(0.7, 'top-p (nucleus) sampling')
@@ -75,38 +84,43 @@ class RolloutConfig:
     dtype: str = key('bfloat16', 'dtype the model generates in',
         choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
     gpu_memory_utilization: float = key(0.5, 'vllm: fraction of GPU memory for the engine',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        no_effect_on_cpu="vLLM on CUDA only: vLLM's CPU backend sizes its KV cache by VLLM_CPU_KVCACHE_SPACE",
+        engine='vllm')
     ignore_eos: bool = key(False, 'keep generating after EOS')
     enforce_eager: bool = key(True, 'vllm: disable CUDA graphs',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     free_cache_engine: bool = key(True, 'vllm: release the KV cache after generation',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
-    load_format: str = key('auto', 'vllm: initial weight loader',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        no_effect_on_cpu="on CUDA the engine sleeps after each batch (level 1: weights to host memory, KV cache "
+                         "freed) and wakes before the next; vLLM's sleep mode is CUDA only", engine='vllm')
+    load_format: str = key('auto', "vllm: weight loader; verl's dummy_* (random weights, replaced by an actor's) "
+        "loads model.path's weights (auto): generation has no actor", engine='vllm')
     tensor_model_parallel_size: int = key(1, 'vllm: tensor-parallel size of the engine',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     data_parallel_size: int = key(1, 'vllm: data-parallel size of the engine (default only)',
         why='vLLM data-parallel rollout engines')
     max_num_batched_tokens: int = key(8192, 'vllm: max tokens per engine batch',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     max_model_len: Optional[int] = key(None,
         'vllm: max prompt + response tokens; null = prompt_length + response_length',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     max_num_seqs: int = key(1024, 'vllm: max sequences per engine batch',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     log_prob_micro_batch_size: Optional[int] = key(None, 'deprecated global micro-batch for log-probs',
-        no_effect_yet='no log-probs are computed: the responses parquet holds text only')
+        no_effect_yet=_ENGINE_LOG_PROBS)
     log_prob_micro_batch_size_per_gpu: Optional[int] = key(8, 'sequences per forward when computing log-probs',
-        no_effect_yet='no log-probs are computed: the responses parquet holds text only')
+        no_effect_yet=_ENGINE_LOG_PROBS)
     do_sample: bool = key(True, 'sample (True) or greedy decode (False)')
     disable_log_stats: bool = key(True, "vllm: silence the engine's periodic statistics log",
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        engine='vllm')
     enable_chunked_prefill: bool = key(True, 'vllm: split long prompts over engine steps',
-        no_effect_yet='read only by the vllm engine; rlhf generate runs the hf engine')
+        no_effect_on_cpu='off on CPU: vLLM 0.32 CPU fails on a seeded request whose prompt is split over two steps '
+                         '("CPU Generator does not use offset"); passed to vLLM on CUDA', engine='vllm')
     n: int = key(1, 'responses per generate call (data.n_samples sets the responses per prompt)',
-        no_effect_yet='data.n_samples sets the responses per prompt')
-    calculate_log_probs: bool = key(False, "compute the sampled tokens' log-probs (debugging)",
-        no_effect_yet="the responses parquet holds text only, as verl's")
+        no_effect_yet="data.n_samples sets the responses per prompt; the engine samples one response per request, "
+                      "as verl 0.6's main_generation, whose rollout sets n=1 (the batch is repeated instead)")
+    calculate_log_probs: bool = key(False, "also write a rollout_log_probs column: per response, the engine's "
+        "log-prob of each sampled token (of the logits it was drawn from: / temperature, cut to top_k/top_p); "
+        "verl computes them but writes text only")
 
 
 @dataclass
@@ -138,9 +152,9 @@ class RayInitConfig:
     """``ray_init``."""
 
     num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all',
-        no_effect_yet='generation runs in the calling process and starts no Ray')
+        no_effect_yet=_NO_RAY)
     timeline_json_file: Optional[str] = key(None, 'write a Ray timeline to this file; null = none',
-        no_effect_yet='generation runs in the calling process and starts no Ray')
+        no_effect_yet=_NO_RAY)
 
 
 @dataclass
@@ -148,7 +162,7 @@ class RayKwargsRayInitConfig:
     """``ray_kwargs.ray_init``."""
 
     num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all (alias of ray_init.num_cpus)',
-        no_effect_yet='generation runs in the calling process and starts no Ray', same_as='ray_init.num_cpus')
+        no_effect_yet=_NO_RAY, same_as='ray_init.num_cpus')
 
 
 @dataclass
@@ -158,7 +172,7 @@ class RayKwargsConfig:
     ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
     timeline_json_file: Optional[str] = key(None,
         'write a Ray timeline to this file; null = none (alias of ray_init.timeline_json_file)',
-        no_effect_yet='generation runs in the calling process and starts no Ray',
+        no_effect_yet=_NO_RAY,
         same_as='ray_init.timeline_json_file')
 
 

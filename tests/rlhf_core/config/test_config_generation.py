@@ -19,7 +19,7 @@ from tests.rlhf_core.config.test_config_verl06 import DATA, _leaves, _ours_at
 # (path) -> (verl's, ours, why); the test checks both values, so the list cannot go stale
 EXCEPTIONS: dict[str, tuple[object, object, str]] = {
     "trainer.device": ("cuda", "auto", "ours: auto = cuda when available, else cpu (as ppo_trainer/sft_trainer)"),
-    "rollout.name": ("vllm", "hf", "ours: rlhf generate runs the hf engine; vllm generation is not wired yet"),
+    "rollout.name": ("vllm", "hf", "ours: vLLM is an optional install here; rollout.name=vllm runs it"),
 }
 
 
@@ -61,8 +61,8 @@ def test_typos_types_and_verl_rules_are_refused_at_load():
         load_config("generation", ["rollout.top_k=many"])
     with pytest.raises(ConfigError, match=r"rollout.dtype='fp8' is not one of"):
         load_config("generation", ["rollout.dtype=fp8"])
-    with pytest.raises(ConfigError, match=r"rollout.name='vllm' is not supported yet"):
-        load_config("generation", ["rollout.name=vllm"])
+    with pytest.raises(ConfigError, match=r"rollout.name='sglang' is not one of \['hf', 'vllm'\]"):
+        load_config("generation", ["rollout.name=sglang"])
     # verl main_generation: "When temperature=0, n_samples must be 1."
     with pytest.raises(ConfigError, match=r"rollout.temperature=0 needs data.n_samples=1 \(got 5\)"):
         load_config("generation", ["rollout.temperature=0"])
@@ -79,6 +79,8 @@ def test_keys_without_effect_get_a_notice_and_ray_kwargs_is_an_alias():
     notices = sorted(str(w.message).split(" has no effect")[0] for w in caught if w.category is ConfigNotice)
     assert notices == ["ray_kwargs.ray_init.num_cpus=3", "rollout.tensor_model_parallel_size=2",
                        "trainer.n_gpus_per_node=2"]
+    # a vLLM key under the hf engine names the engine key (generation.yaml's rollout section is top-level)
+    assert any("read only by the vllm rollout engine, and rollout.name='hf'" in str(w.message) for w in caught)
     assert cfg.ray_init.num_cpus == 3 and cfg.rollout.top_p == 1.0 and isinstance(cfg.rollout.top_p, float)
     assert status_of("generation", "rollout.top_k") == "supported"
     assert status_of("generation", "rollout.n").startswith("accepted, no effect yet")

@@ -5,6 +5,7 @@ prompts, two data sources and a custom reward function whose score the test can 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pandas as pd
@@ -139,3 +140,80 @@ def test_bad_keys_are_one_line_on_the_command_line(tmp_path):
     assert "Traceback" not in done.stderr
     done = rlhf("generate", "data.n_smaples=2")
     assert done.returncode == 1 and "Did you mean 'data.n_samples'?" in done.stderr
+
+
+def test_calculate_log_probs_writes_each_response_tokens_log_prob(tiny_model_dir, tmp_path, monkeypatch):
+    """rollout.calculate_log_probs: a rollout_log_probs column, per row n_samples lists with one float per response
+    token; at temperature 1 without top-k/top-p cuts each is log softmax(logits)[token] of a plain HF forward over the
+    prompt and the response so far (teacher forcing on the engine's own ids, recorded from its output batch)."""
+    import rlhf_core.trainer.main_generation as gen
+    from transformers import AutoModelForCausalLM
+
+    batches = []
+    decode = gen.decode_responses
+    monkeypatch.setattr(gen, "decode_responses", lambda out, tok: batches.append(out) or decode(out, tok))
+    data = prompts_parquet(tmp_path / "test.parquet", QUESTIONS[:2])
+    path = gen.run_generation(load_config("generation", generation_overrides(
+        tiny_model_dir, data, tmp_path / "lp.parquet", "data.n_samples=2", "rollout.calculate_log_probs=True",
+        "rollout.temperature=1.0", "rollout.top_k=0", "rollout.top_p=1.0")))
+    table = pq.read_table(path)
+    assert table.schema.field("rollout_log_probs").type == pa.list_(pa.list_(pa.float32()))
+    column = table.column("rollout_log_probs").to_pylist()
+    (out,) = batches  # 2 prompts x 2 samples, batch_size=2: one engine call of 4 rows, prompt-major
+    P = out["prompts"].shape[1]
+    T = out["responses"].shape[1]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                       position_ids=out["position_ids"]).logits[:, P - 1:P + T - 1]
+    expected = torch.log_softmax(logits, -1).gather(-1, out["responses"][..., None]).squeeze(-1)
+    for row in range(2):
+        for sample in range(2):
+            i, mask = 2 * row + sample, out["response_mask"][2 * row + sample].bool()
+            got = column[row][sample]
+            assert len(got) == int(mask.sum()) > 0
+            torch.testing.assert_close(torch.tensor(got), expected[i][mask], atol=1e-4, rtol=1e-4)
+    assert "rollout_log_probs" not in pq.read_table(gen.run_generation(load_config("generation", generation_overrides(
+        tiny_model_dir, data, tmp_path / "text.parquet")))).column_names  # default: text only, as verl's
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_engine_without_vllm_is_named_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch):
+    import rlhf_core.trainer.main_generation as gen
+
+    monkeypatch.setattr(gen, "load_causal_lm", lambda *a, **k: pytest.fail("the model was loaded"))
+    out = tmp_path / "out.parquet"
+    with pytest.raises(ConfigError, match=r"^rollout.name='vllm' needs the 'vllm' package.*vllm_cpu_env.sh.* or "
+                                          r"set rollout.name=hf"):
+        gen.run_generation(load_config("generation", generation_overrides(
+            tiny_model_dir, prompts_parquet(tmp_path / "p.parquet"), out, "rollout.name=vllm")))
+    assert not out.exists()
+
+
+def test_vllm_keys_reach_the_engine_arguments(tmp_path):
+    """generation.yaml's rollout keys, as engine_kwargs hands them to vllm.LLM (the engine itself reads them back in
+    tests/rlhf_core/workers/test_generation_vllm_cpu.py, in the vLLM venv); keys generation.yaml lacks take
+    ppo_trainer.yaml's defaults."""
+    from rlhf_core.trainer.main_generation import engine_config
+    from rlhf_core.workers.rollout.vllm_rollout import engine_kwargs
+
+    cfg = load_config("generation", [f"model.path={tmp_path}", "rollout.name=vllm", "rollout.prompt_length=40",
+                                     "rollout.response_length=24", "rollout.max_model_len=100",
+                                     "rollout.max_num_seqs=7", "rollout.max_num_batched_tokens=300",
+                                     "rollout.disable_log_stats=False", "rollout.enforce_eager=False",
+                                     "rollout.load_format=dummy_dtensor", "rollout.gpu_memory_utilization=0.3",
+                                     "rollout.tensor_model_parallel_size=1"])
+    model, rollout = engine_config(cfg)
+    kw = engine_kwargs(model, rollout, seed=0, weights_from_actor=False)
+    assert kw["max_model_len"] == 100 and kw["max_num_seqs"] == 7 and kw["max_num_batched_tokens"] == 300
+    assert kw["disable_log_stats"] is False and kw["enforce_eager"] is False
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["tensor_parallel_size"] == 1
+    assert kw["load_format"] == "auto"  # dummy_*: random weights nothing would replace; model.path's instead
+    assert kw["model"] == str(tmp_path) and kw["trust_remote_code"] is False
+    # not in generation.yaml: ppo_trainer.yaml's defaults
+    assert kw["enable_prefix_caching"] is True and kw["skip_tokenizer_init"] is True
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    kw = engine_kwargs(*engine_config(load_config("generation", [f"model.path={tmp_path}", "rollout.name=vllm",
+                                                                 "rollout.load_format=safetensors"])), seed=0,
+                       weights_from_actor=False)
+    assert kw["load_format"] == "safetensors" and kw["max_model_len"] == 1536 + 512  # null: prompt + response
