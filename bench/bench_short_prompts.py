@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -81,16 +82,28 @@ def uptime() -> str:
 
 
 def start(peer: str, args: argparse.Namespace) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    """Start one peer's run (``args``: this script's options) in its own process group, as a user would run it:
+    ``OMP_NUM_THREADS=args.threads`` and no OpenMP wait policy (``OMP_WAIT_POLICY``/``GOMP_SPINCOUNT`` of this
+    process are not passed on: TRL gets libgomp's default, ours what ``rlhf`` sets for its ranks)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update({"OMP_NUM_THREADS": str(args.threads),
+                "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     cmd = [sys.executable, __file__, "--workdir", str(args.workdir), "--peer", peer, "--steps", str(args.steps),
            "--threads", str(args.threads), "--prompts", str(args.prompts), "--n", str(args.n),
            *[f"--set={s}" for s in args.set]]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
 
 
-def finish(proc: subprocess.Popen, peer: str) -> dict:
-    out, _ = proc.communicate()
+def finish(proc: subprocess.Popen, peer: str, timeout: float | None = None) -> dict:
+    """The JSON result a peer's run (from :func:`start`) prints last; raises RuntimeError when it fails or, after
+    killing its process group (the peer, ``rlhf``, its Ray processes), when it runs past ``timeout`` seconds."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"peer {peer} ran past {timeout} s; killed") from None
     if proc.returncode != 0:
         raise RuntimeError(f"peer {peer} failed (rc {proc.returncode}): {out[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
