@@ -1,7 +1,7 @@
 """How far each stage of a PPO step is from the machine's limit (issue 38, "the limit, measured").
 
     OMP_WAIT_POLICY=PASSIVE python bench/bench_limits.py [--sizes 1m,20m,100m] [--device cpu|cuda] [--reps 2]
-        [--batch 16] [--prompt-len 64] [--new-tokens 32] [--json FILE]
+        [--batch 16] [--prompt-len 64] [--new-tokens 32] [--no-profile] [--estimate-only] [--json FILE]
 
 The limits, at the thread count used (``torch.get_num_threads()``; on CUDA the device):
 
@@ -9,7 +9,10 @@ The limits, at the thread count used (``torch.get_num_threads()``; on CUDA the d
   On CPU it is taken as ``rlhf_core.trainer.mfu`` takes it (the larger of the multi-threaded wall-clock rate and
   threads × the one-thread CPU-time rate), so a loaded machine does not lower the peak the fractions divide by.
 * Memory bandwidth: STREAM-like ``copy`` (b = a, 2 × 4 bytes per element) and ``triad`` (a = b + s·c, 3 × 4 bytes)
-  on float32 vectors of ``--stream-mb`` MiB each, best of ``--stream-reps``.
+  on float32 vectors of ``--stream-mb`` MiB each, best of ``--stream-reps``. On CPU the default size follows
+  STREAM's rule, each vector at least 4 × the last-level cache (:func:`last_level_cache_bytes`; 128 MiB at least),
+  so that the copy measures the memory and not the cache: a 2-vCPU VM may report a 480 MiB L3, which 128 MiB
+  vectors fit in. A model whose weights fit that cache can decode faster than this roofline (fraction > 1).
 
 The stages, on a random Qwen2 of each ``--sizes`` (the sizes of ``bench_ppo_step.py --size``), float32,
 ``--batch`` sequences of a ``--prompt-len``-token prompt and ``--new-tokens`` sampled tokens, median of ``--reps``:
@@ -23,14 +26,23 @@ The stages, on a random Qwen2 of each ``--sizes`` (the sizes of ``bench_ppo_step
   float32 GEMM peak is the update's MFU (``perf/mfu/actor``).
 
 Each fraction is given by the wall clock and by the process's CPU time ÷ threads (what the stage would take with
-its cores to itself: on a loaded machine the wall clock counts time the process waited for a core). For the stage
-furthest from its limit a ``torch.profiler`` summary of its top-5 ops (self CPU time) is printed.
+its cores to itself: on a loaded machine the wall clock counts time the process waited for a core). For every stage
+one more run under ``torch.profiler`` gives the op that dominates it: its top-5 ops by self time (CPU; on CUDA the
+device's) with their shares of the stage's total (``--no-profile`` leaves it out).
+
+Bounded memory and time: before a size is built, its peak memory is estimated (:func:`memory_estimate`: weights,
+gradients and AdamW's two moments, plus every tensor the update's forward saves for its backward, counted on the
+``meta`` device without computing anything) and the run stops with an error naming the options to lower when the
+estimate exceeds the memory available (``MemAvailable`` of ``/proc/meminfo``); the printed time at the limits
+(the stages' work over the peaks, times the passes run) is a lower bound of the size's duration. The peak resident
+memory of the process during each size (``VmHWM``, reset before the size) is printed next to the estimate.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -86,6 +98,93 @@ def stream(device: str, mb: int, reps: int) -> dict[str, float]:
             sync(device)
             best[name] = min(best[name], time.perf_counter() - t0)
     return {"copy": 2 * 4 * n / best["copy"], "triad": 3 * 4 * n / best["triad"]}
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of CPU 0's highest-level cache in bytes (``/sys/devices/system/cpu/cpu0/cache/index*/size``, e.g.
+    ``491520K``); None where it cannot be read."""
+    best = None
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = int((d / "level").read_text()), (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(size[-1:], 1)
+        if size.rstrip("KMG").isdigit() and (best is None or level >= best[0]):
+            best = (level, int(size.rstrip("KMG")) * scale)
+    return best[1] if best else None
+
+
+def default_stream_mb(device: str) -> int:
+    """``--stream-mb`` when not given: 128 on CUDA; on CPU 4 × the last-level cache in MiB (at least 128), capped so
+    that the three vectors take at most a quarter of the memory available."""
+    if device == "cuda":
+        return 128
+    llc, avail = last_level_cache_bytes(), available_bytes()
+    mb = max(128, 4 * (llc or 0) // 2 ** 20)
+    return int(min(mb, avail / 12 / 2 ** 20)) if avail else mb
+
+
+def memory_estimate(cfg, batch: int, seqlen: int) -> dict[str, float]:
+    """Bytes a float32 update of the Qwen2 ``cfg`` on ``batch`` × ``seqlen`` tokens holds at its peak, estimated
+    without computing: ``state`` = parameters × 16 (weights, gradients, AdamW's ``exp_avg`` and ``exp_avg_sq``);
+    ``saved`` = the bytes of every tensor the forward (and the loss's log-softmax) saves for the backward, counted
+    by ``torch.autograd.graph.saved_tensors_hooks`` on a model built on the ``meta`` device (an upper bound: a
+    tensor that two ops save is counted twice); ``total`` = their sum. The decode's KV cache (``2 · layers ·
+    kv_heads · head_dim · 4`` bytes per token) is far smaller at these sizes and not counted."""
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg)
+        ids = torch.zeros(batch, seqlen, dtype=torch.long)
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])
+    state = 16.0 * sum(p.numel() for p in model.parameters())
+    return {"state": state, "saved": float(saved[0]), "total": state + saved[0]}
+
+
+def available_bytes() -> float | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where there is no such file (not Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            return next(float(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def resident_bytes(field: str = "VmRSS") -> float:
+    """This process's resident memory now (``VmRSS``) or at its peak (``VmHWM``) from ``/proc/self/status``; the
+    peak since the process started (``ru_maxrss``) where there is no such file."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(float(line.split()[1]) * 1024 for line in fh if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def reset_peak_resident() -> None:
+    """Reset this process's ``VmHWM`` to its current resident memory (``5`` to ``/proc/self/clear_refs``, Linux
+    4.0+), so that the next peak is a stage's own and not the STREAM vectors'; nothing where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def top_ops(prof, device: str, n: int = 5) -> list[tuple[str, float]]:
+    """The ``n`` ops of a ``torch.profiler`` run with the most self time (CPU; on CUDA the device's) and each one's
+    share of the run's total self time, largest first."""
+    attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    rows = [(e.key, getattr(e, attr)) for e in prof.key_averages()]
+    total = sum(t for _, t in rows) or 1.0
+    return [(k, t / total) for k, t in sorted(rows, key=lambda r: -r[1])[:n]]
 
 
 class Clock:
@@ -166,15 +265,15 @@ def measure_size(size: str, args, peak32: float, bandwidth: float) -> dict:
                                "fraction_wall": work[name] / wall / limit[name],
                                "fraction_cpu": work[name] / cpu / limit[name], "unit": "bytes" if name == "decode"
                                else "FLOP", "work": work[name]}
-    worst = min(out["stages"], key=lambda k: out["stages"][k]["fraction_cpu"])
-    out["furthest"] = worst
+    out["furthest"] = min(out["stages"], key=lambda k: out["stages"][k]["fraction_cpu"])
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-        with profile(activities=acts) as prof:
-            {"decode": lambda: decode(), "log_prob": lambda: log_prob(ids), "update": lambda: update(ids)}[worst]()
-        out["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=5, max_name_column_width=40)
+        for name, fn in (("decode", decode), ("log_prob", lambda: log_prob(ids)), ("update", lambda: update(ids))):
+            with profile(activities=acts) as prof:
+                fn()
+            out["stages"][name]["top_ops"] = top_ops(prof, args.device)
     return out
 
 
@@ -187,9 +286,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--gemm-budget-s", type=float, default=0.5)
-    ap.add_argument("--stream-mb", type=int, default=128)
+    ap.add_argument("--stream-mb", type=int, default=None,
+                    help="MiB per STREAM vector (default: 4 x the last-level cache on CPU, 128 on CUDA)")
     ap.add_argument("--stream-reps", type=int, default=5)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--estimate-only", action="store_true",
+                    help="measure the limits and print each size's memory and time estimates, run no stage")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
@@ -201,17 +303,41 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
     peak32 = gemm_peak(torch.float32, args.device, args.gemm_budget_s)
     peak16 = gemm_peak(torch.bfloat16, args.device, args.gemm_budget_s)
+    if args.stream_mb is None:
+        args.stream_mb = default_stream_mb(args.device)
     bw = stream(args.device, args.stream_mb, args.stream_reps)
     print(f"limits on {args.device} ({where}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '-')}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}): GEMM fp32 {peak32 / 1e9:.1f} GFLOP/s, bf16 "
           + (f"{peak16 / 1e9:.1f} GFLOP/s" if peak16 else "n/a")
-          + f"; STREAM copy {bw['copy'] / 1e9:.1f} GB/s, triad {bw['triad'] / 1e9:.1f} GB/s; load {load0:.1f}")
+          + f"; STREAM ({args.stream_mb} MiB vectors; last-level cache {(last_level_cache_bytes() or 0) / 2**20:.0f}"
+          f" MiB) copy {bw['copy'] / 1e9:.1f} GB/s, triad {bw['triad'] / 1e9:.1f} GB/s; load {load0:.1f}")
     results = {"device": args.device, "where": where, "peak_fp32": peak32, "peak_bf16": peak16, "stream": bw,
-               "load_start": load0, "sizes": {}}
+               "stream_mb": args.stream_mb, "load_start": load0, "sizes": {}}
+    from transformers import Qwen2Config
+
+    passes = 1 + args.reps + args.profile  # the warm-up, the measured reps, the profiled run
     for size in sizes:
+        cfg = Qwen2Config(vocab_size=2000, max_position_embeddings=1024, tie_word_embeddings=True, **SIZES[size])
+        mem, avail = memory_estimate(cfg, args.batch, args.prompt_len + args.new_tokens), available_bytes()
+        if args.device == "cpu" and avail is not None and mem["total"] > avail:
+            raise SystemExit(f"--sizes {size}: the update needs about {mem['total'] / 2**30:.1f} GiB (state "
+                             f"{mem['state'] / 2**30:.1f} + activations {mem['saved'] / 2**30:.1f}), "
+                             f"{avail / 2**30:.1f} GiB available; lower --batch, --prompt-len or --new-tokens")
+        params, seqlens = mem["state"] / 16, [args.prompt_len + args.new_tokens] * args.batch
+        at_limit = passes * (args.new_tokens * max(4 * params / bw["triad"], 2 * params * args.batch / peak32)
+                             + (forward_flops(cfg, seqlens) + training_flops(cfg, seqlens, 1)) / peak32)
+        reset_peak_resident()
+        mem["rss_before"] = resident_bytes()
+        print(f"{size}: estimated peak memory {mem['total'] / 2**30:.2f} GiB (state {mem['state'] / 2**30:.2f} + "
+              f"saved activations {mem['saved'] / 2**30:.2f}) over the process's {mem['rss_before'] / 2**30:.2f} GiB; "
+              f"{avail / 2**30 if avail else float('nan'):.1f} GiB available; {passes} passes of every stage take "
+              f">= {at_limit:.0f} s at the limits", flush=True)
+        if args.estimate_only:
+            continue
         load = os.getloadavg()[0]
         r = measure_size(size, args, peak32, bw["triad"])
         r["load"] = (load, os.getloadavg()[0])
+        r["memory"] = {**mem, "max_rss": resident_bytes("VmHWM")}
         results["sizes"][size] = r
         print(f"{size} ({r['params'] / 1e6:.1f} M params, {args.batch} x ({args.prompt_len} + {args.new_tokens}) tokens, "
               f"{args.reps} reps, load {load:.1f} -> {os.getloadavg()[0]:.1f}):")
@@ -221,8 +347,12 @@ def main(argv=None) -> int:
                   f"{s['spread_s'][1] * 1e3:.2f}), {s['cpu_s'] * 1e3:9.2f} ms CPU/threads; "
                   f"{s['work'] / 1e6:10.1f} M{s['unit']} -> {s['fraction_wall']:.3f} of the {lim} by wall clock, "
                   f"{s['fraction_cpu']:.3f} by CPU time" + ("  (per token step)" if name == "decode" else ""))
-        if "profile" in r:
-            print(f"  top-5 ops of {r['furthest']} (furthest from its limit):\n{r['profile']}")
+            if "top_ops" in s:
+                print(f"            top ops (share of self {'device' if args.device == 'cuda' else 'CPU'} time): "
+                      + ", ".join(f"{k} {v:.0%}" for k, v in s["top_ops"]))
+        print(f"  furthest from its limit: {r['furthest']}; peak resident memory of the process "
+              f"{r['memory']['max_rss'] / 2**30:.2f} GiB (estimated "
+              f"{(r['memory']['rss_before'] + r['memory']['total']) / 2**30:.2f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0
