@@ -1,6 +1,6 @@
 """Our step and TRL's under the same competing load: steps/s alone and with a CPU burner (issue 38, contention).
 
-    python bench/bench_contention_trl.py --workdir W [--rounds 3] [--steps 40] [--warmup 5] [--prompts 16] [--n 8]
+    python bench/bench_contention_trl.py [--workdir W] [--rounds 3] [--steps 40] [--warmup 5] [--prompts 16] [--n 8]
                                          [--threads 2] [--burners 1] [--peer-timeout 900] [--set KEY=VALUE ...]
                                          [--json out.json]
 
@@ -76,7 +76,8 @@ def run_once(peer: str, loaded: bool, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", required=True, type=Path)
+    p.add_argument("--workdir", type=Path, default=sp.DEFAULT_WORKDIR,
+                   help="the warmed-up Countdown set-up (prepared when missing); default: %(default)s")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40, help="steps per run")
     p.add_argument("--warmup", type=int, default=5, help="leading steps left out of the rate")

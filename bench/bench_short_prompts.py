@@ -1,6 +1,6 @@
 """Steps per second on short prompts and small steps: ``rlhf ppo`` against TRL's GRPOTrainer (issue 38).
 
-    python bench/bench_short_prompts.py --workdir W [--rounds 5] [--steps 40] [--warmup 5] [--prompts 16] [--n 8]
+    python bench/bench_short_prompts.py [--workdir W] [--rounds 5] [--steps 40] [--warmup 5] [--prompts 16] [--n 8]
                                         [--threads 1] [--alternate] [--set KEY=VALUE ...] [--json out.json]
 
 The workload: Countdown (``experiments/countdown.yaml``: its tiny 0.83 M-parameter Qwen2, prompts of 28-33
@@ -33,11 +33,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "rlhf-bench-countdown"  # shared by the Countdown benchmarks
 STAGES = ("step", "gen", "reward", "old_log_prob", "adv", "update_actor")
 
 
@@ -119,7 +121,8 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", required=True, type=Path)
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                   help="the warmed-up Countdown set-up (prepared when missing); default: %(default)s")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=40, help="steps per peer per round")
     p.add_argument("--warmup", type=int, default=5, help="leading steps left out of the rate")
