@@ -18,7 +18,7 @@ from rlhf_core.agent import loops, repeat  # noqa: F401 - registers single_turn_
 from rlhf_core.agent.base import AGENT_LOOPS, AgentLoopBase, MultiTurnSettings
 from rlhf_core.agent.interactions import load_interactions
 from rlhf_core.agent.sanity import SANITY_CHECK_MODES
-from rlhf_core.tools.config import load_tools
+from rlhf_core.tools.function_tool import load_all_tools
 from rlhf_core.tools.parser import TOOL_PARSERS
 from rlhf_core.tools.runner import TRUNCATE_SIDES
 
@@ -155,8 +155,7 @@ def check_datasets(rollout_cfg: Any, datasets: Iterable[Any]) -> None:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interaction_path!r} "
                              "needs agent-loop rollouts: set rollout.mode=async or rollout.multi_turn.enable=True")
         return
-    path = rollout_cfg.multi_turn.tool_config_path
-    tools = load_tools(path) if path else {}
+    tools = load_all_tools(rollout_cfg.multi_turn.tool_config_path, rollout_cfg.multi_turn.function_tool_path)
     interactions = load_interactions(interaction_path) if interaction_path else {}
     specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)
     for ds in datasets:

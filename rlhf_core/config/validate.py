@@ -311,14 +311,16 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
 
 
 def _agent_loop_errors(cfg: DictConfig) -> list[str]:
-    """Agent loops (``rollout.mode=async`` or ``multi_turn.enable``) with tools (``multi_turn.tool_config_path``):
+    """Agent loops (``rollout.mode=async`` or ``multi_turn.enable``) with tools (``multi_turn.tool_config_path`` or
+    ``function_tool_path``):
     ``tool_agent`` renders the tool schemas into the chat template from the prompt's messages, which the dataset
     keeps only with ``data.return_raw_chat=True`` (else every trajectory fails at its first generation)."""
     agent = _get(cfg, f"{A}.rollout.mode") == "async" or bool(_get(cfg, f"{A}.rollout.multi_turn.enable"))
-    tools = _get(cfg, f"{A}.rollout.multi_turn.tool_config_path")
-    if agent and tools and not _get(cfg, "data.return_raw_chat"):
-        return [f"data.return_raw_chat={_get(cfg, 'data.return_raw_chat')}: {A}.rollout.multi_turn.tool_config_path="
-                f"{tools} gives tool_agent tools, which it renders into the chat template from the prompt's messages; "
+    paths = [f"{A}.rollout.multi_turn.{k}={_get(cfg, f'{A}.rollout.multi_turn.{k}')}"
+             for k in ("tool_config_path", "function_tool_path") if _get(cfg, f"{A}.rollout.multi_turn.{k}")]
+    if agent and paths and not _get(cfg, "data.return_raw_chat"):
+        return [f"data.return_raw_chat={_get(cfg, 'data.return_raw_chat')}: {' and '.join(paths)} "
+                f"gives tool_agent tools, which it renders into the chat template from the prompt's messages; "
                 f"the dataset keeps them only with data.return_raw_chat=True: set it."]
     return []
 

@@ -26,6 +26,7 @@ from rlhf_core.data.prompts import (
 )
 from rlhf_core.data.readers import RowSource, read_rows
 from rlhf_core.protocol import Batch
+from rlhf_core.tools.function_tool import load_all_tools
 
 __all__ = ["RLHFDataset", "collate_fn", "render_prompt", "validate_messages"]
 
@@ -74,7 +75,9 @@ class RLHFDataset(Dataset):
         config: the ``data`` section of ``ppo_trainer.yaml`` (DictConfig or dict). Read keys: ``prompt_key``,
             ``max_prompt_length``, ``truncation``, ``return_raw_input_ids``, ``return_raw_chat``,
             ``return_full_prompt``, ``shuffle``, ``seed``, ``filter_overlong_prompts``,
-            ``filter_overlong_prompts_workers``, ``apply_chat_template_kwargs``. (``custom_cls`` and ``datagen``
+            ``filter_overlong_prompts_workers``, ``apply_chat_template_kwargs``, ``tool_config_path`` and
+            ``function_tool_path`` (the overlong filter measures prompts with these tools in the template,
+            as verl 0.9.1; the items themselves are rendered without them, as there). (``custom_cls`` and ``datagen``
             are honoured by :func:`rlhf_core.data.factory.create_rl_dataset`; ``image_key``/``processor``
             (multimodal) are accepted but images are not processed.)
         processor: multimodal processor; unused (kept for verl's signature).
@@ -128,16 +131,29 @@ class RLHFDataset(Dataset):
         positions = np.arange(len(rows))
         if max_samples is not None and 0 < max_samples < len(rows):
             positions = self._subsample(len(rows), int(max_samples))
+        # verl 0.9.1 (RLHFDataset): the overlong filter renders the rollout's tool schemas into the template
+        self.tool_paths = (config.tool_config_path, config.function_tool_path)
         if config.filter_overlong_prompts:
             workers = int(config.filter_overlong_prompts_workers)
             kept = keep_short_prompts(tokenizer, [rows[p][self.prompt_key] for p in positions],
-                                      self.max_prompt_length, workers, self.apply_chat_template_kwargs)
+                                      self.max_prompt_length, workers, self._filter_template_kwargs())
             positions = positions[kept]
         elif self.truncation == "error":
             self._check_lengths(tokenizer, rows, sources, positions, int(config.filter_overlong_prompts_workers))
         self.rows = [rows[p] for p in positions]
         self.sources = [sources[p] for p in positions]
         self.row_numbers = [int(p) for p in positions]
+
+    def _filter_template_kwargs(self) -> dict[str, Any]:
+        """``apply_chat_template_kwargs`` plus ``tools``: the schemas of ``data.tool_config_path`` and
+        ``data.function_tool_path`` (by default the rollout's ``multi_turn`` keys) as the agent loop renders them
+        (``model_dump(exclude_none=True)``), so the filter measures the prompt the rollout will see (verl 0.9.1's
+        ``RLHFDataset.maybe_filter_out_long_prompts``). Raises ToolConfigError naming a bad tool file."""
+        tools = load_all_tools(*self.tool_paths)
+        if not tools:
+            return self.apply_chat_template_kwargs
+        schemas = [t.get_openai_tool_schema().model_dump(exclude_none=True) for t in tools.values()]
+        return {**self.apply_chat_template_kwargs, "tools": schemas}
 
     def _check_lengths(self, tokenizer, rows, sources, positions, workers: int) -> None:
         """``truncation: error``: fail at construction — before any model is loaded — naming the first row whose

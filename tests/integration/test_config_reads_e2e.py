@@ -134,6 +134,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",
             "multi_turn.tool_response_truncate_side", "multi_turn.format", "agent.default_agent_loop",
             "agent.agent_loop_config_path")},
+        _A + "rollout.multi_turn.function_tool_path":
+            "tests/rlhf_core/tools/test_function_tools.py::test_tool_agent_calls_a_function_tool",
         _A + "rollout.agent.num_workers":
             "tests/rlhf_core/agent/test_agent_keys.py::test_num_workers_cuts_contiguous_chunks_each_with_its_own_loops",
         _A + "rollout.multi_turn.use_inference_chat_template":

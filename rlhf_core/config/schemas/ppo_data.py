@@ -95,11 +95,11 @@ class DataConfig:
     apply_chat_template_kwargs: Dict[str, Any] = free_form('extra keyword arguments for tokenizer.apply_chat_template (e.g. enable_thinking)')
     # verl 0.9: data
     tool_config_path: Optional[str] = key('${actor_rollout_ref.rollout.multi_turn.tool_config_path}',
-        "tools offered in each prompt's chat template (follows rollout.multi_turn)",
-        no_effect_yet='the agent loop reads actor_rollout_ref.rollout.multi_turn.tool_config_path')
+        "tool config whose schemas filter_overlong_prompts renders into each prompt's chat template when measuring "
+        'it, as the agent loop will (follows rollout.multi_turn; verl 0.9.1 RLHFDataset)')
     function_tool_path: Optional[str] = key('${actor_rollout_ref.rollout.multi_turn.function_tool_path}',
-        'python file of function tools (follows rollout.multi_turn)',
-        no_effect_yet='tools are declared in tool_config_path')
+        'python file of function tools, rendered like tool_config_path when filter_overlong_prompts measures a '
+        'prompt (follows rollout.multi_turn)')
     image_patch_size: int = key(14, 'vision encoder patch size, for image token counts (multimodal only)',
         only=(14,), why='multimodal models, which we do not have yet')
     audio_key: str = key('audios', 'dataset column holding audio (multimodal only)', only=('audios',),

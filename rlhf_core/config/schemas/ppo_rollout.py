@@ -43,8 +43,8 @@ class RolloutMultiTurnConfig:
         'check that incremental tokenization matches a full re-tokenization: strict | ignore_strippable | disable',
         choices=('strict', 'ignore_strippable', 'disable'))
     format: str = key('hermes', 'tool-call format of the chat template', choices=registered("tool_parser"))
-    function_tool_path: Optional[str] = key(None, 'python file whose functions become tools; null = none',
-        no_effect_yet='tools are declared in tool_config_path')
+    function_tool_path: Optional[str] = key(None, 'python file whose @function_tool functions become tools (next to '
+        "tool_config_path's; schema from type hints and docstring); null = none")
     num_repeat_rollouts: Any = key(None,
         'interaction continuations rolled out after the trained turn, for the reward (collabllm_agent loop only)')
 

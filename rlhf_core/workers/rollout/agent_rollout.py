@@ -20,7 +20,7 @@ from rlhf_core.agent.manager import AgentLoopManager
 from rlhf_core.agent.pause import WeightGate
 from rlhf_core.agent.registry import load_agent_loop_specs, settings_from_config, uses_agent_loop  # noqa: F401
 from rlhf_core.protocol import Batch
-from rlhf_core.tools.config import load_tools
+from rlhf_core.tools.function_tool import load_all_tools
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 from rlhf_core.workers.rollout.postprocess import sampling_call_index, sampling_params
 
@@ -28,12 +28,12 @@ from rlhf_core.workers.rollout.postprocess import sampling_call_index, sampling_
 class AgentRollout:
     """Wraps an :class:`HFRollout` (``rollout.name: hf``; with ``vllm`` the worker keeps vLLM's own rollout) (its model copy, weight sync, EOS and pad ids) and generates with agent loops.
 
-    Tools (``multi_turn.tool_config_path``), interactions (``multi_turn.interaction_config_path``) and loop
-    classes (``agent.agent_loop_config_path``) load here, at worker start, so a bad config fails before any step.
+    Tools (``multi_turn.tool_config_path`` and ``multi_turn.function_tool_path``), interactions
+    (``multi_turn.interaction_config_path``) and loop classes (``agent.agent_loop_config_path``) load here, at worker start, so a bad config fails before any step.
 
     Raises:
-        ToolConfigError, InteractionConfigError, AgentConfigError: see :func:`load_tools`,
-            :func:`load_interactions`, :func:`load_agent_loop_specs`.
+        ToolConfigError, InteractionConfigError, AgentConfigError: see
+            :func:`~rlhf_core.tools.function_tool.load_all_tools`, :func:`load_interactions`, :func:`load_agent_loop_specs`.
     """
 
     def __init__(self, hf_rollout: HFRollout, tokenizer, rollout_cfg, tracer=None) -> None:
@@ -43,8 +43,7 @@ class AgentRollout:
         self.config = rollout_cfg
         self.schedule = "continuous" if str(rollout_cfg.mode) == "async" else "static"
         self.settings = settings_from_config(rollout_cfg)
-        path = rollout_cfg.multi_turn.tool_config_path
-        self.tools = load_tools(path) if path else {}
+        self.tools = load_all_tools(rollout_cfg.multi_turn.tool_config_path, rollout_cfg.multi_turn.function_tool_path)
         interaction_path = rollout_cfg.multi_turn.interaction_config_path
         self.interactions = load_interactions(interaction_path) if interaction_path else {}
         self.specs = load_agent_loop_specs(rollout_cfg.agent.agent_loop_config_path)

@@ -48,7 +48,8 @@ def test_unread_keys_are_not_called_supported(path):
     "actor_rollout_ref.model.tiled_mlp.enabled", "critic.model.tiled_mlp.num_shards", "critic.model.hf_config_path",
     "critic.model.custom_chat_template", "critic.model.exclude_modules", "actor_rollout_ref.rollout.logprobs_mode",
     "reward_model.sandbox_fusion.url", "trainer.esi_redundant_time", "trainer.checkpoint_callback_class",
-    "actor_rollout_ref.rollout.trace.project_name"])
+    "actor_rollout_ref.rollout.trace.project_name", "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+    "data.function_tool_path", "data.tool_config_path"])
 def test_keys_given_effect_are_supported(path):
     assert status_of("ppo_trainer", path).startswith(SUPPORTED)
 
