@@ -213,7 +213,8 @@ class DataParallelPPOActor:
         activation_offload: ``model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
 
-    ``config.use_torch_compile`` compiles the log-prob/entropy functions on CUDA (see :func:`hot_functions`).
+    ``config.use_torch_compile`` and ``config.fsdp_config.use_torch_compile`` (both) compile the log-prob/entropy
+    functions on CUDA (see :func:`hot_functions`).
     The entropy settings are read from ``config.fsdp_config`` (verl 0.9's new engine reads that copy; each copy
     follows the role's key by default, so setting either works): ``entropy_from_logits_with_chunking`` computes
     the entropy ``entropy_from_logits_chunk_size`` rows at a time (else in the default 128-row chunks of
@@ -229,7 +230,9 @@ class DataParallelPPOActor:
                  use_remove_padding: bool = False) -> None:
         self.config = config
         self.activation_offload = bool(activation_offload)
-        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile))
+        # verl 0.6's legacy worker reads the role's key, verl 0.9.1's engine fsdp_config's copy: either False is eager
+        self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile)
+                                                            and bool(config.fsdp_config.use_torch_compile))
         engine = config.fsdp_config  # verl 0.9's new engine reads these copies of the role's keys
         self.entropy_chunk_rows = (int(engine.entropy_from_logits_chunk_size)
                                    if engine.entropy_from_logits_with_chunking else None)

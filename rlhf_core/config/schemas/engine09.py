@@ -14,6 +14,11 @@ from rlhf_core.config.spec import key, section
 QAT = 'quantization-aware training (QAT), which this project does not have'
 TURBO = "verl's fsdp_turbo engine, a backend this project does not have"
 MTP = 'multi-token prediction (MTP) and speculative decoding, which this project does not have'
+CRITIC_NO_ENTROPY = ("the critic computes values, no entropy, as verl 0.9.1's value-head forward "
+                     "(verl/workers/engine/fsdp/transformer_impl.py, calculate_entropy never set for the critic)")
+# why an actor/critic fsdp_config.forward_only=True is refused (verl 0.9.1 cannot train that role either)
+FORWARD_ONLY = ("verl 0.9.1's FSDP engine then builds no optimizer (verl/workers/engine/fsdp/transformer_impl.py) and "
+                "its train_batch asserts (verl/workers/engine_workers.py): the role is trained, so only False")
 USE_ORIG_PARAMS = ("FSDP2, the only FSDP here, always keeps the original parameters (each a DTensor shard), as FSDP1 "
                    "did with True; FSDP1's flat parameters (False) cannot exist on FSDP2, so either value trains "
                    "the same")
@@ -81,7 +86,7 @@ class FSDPEngine09:
         "warn_only), cuDNN deterministic, the cuBLAS/flash-attention/NCCL deterministic environment and RNGs seeded "
         "with seed (verl 0.9's enable_full_determinism); process-wide, for debugging")
     entropy_from_logits_chunk_size: int = key(2048, 'new-engine copy of entropy_from_logits_chunk_size',
-        no_effect_yet='the critic computes values, no entropy (as in verl); the actor and reference override this copy')
+        no_effect_yet=CRITIC_NO_ENTROPY + '; the actor and reference override this copy')
     use_no_sync_for_gradient_accumulation: bool = key(False,
         "skip FSDP2's gradient reduce-scatter on all but a mini-batch's last micro-batch "
         "(set_requires_gradient_sync, as verl 0.9's engine): the same update, one reduction per step, the unsharded "
@@ -91,8 +96,9 @@ class FSDPEngine09:
         'multiple of it')
     dtype: str = key('bfloat16', "new engine: mixed-precision dtype: bfloat16 | float16 (checked, as verl does)",
         choices=('bfloat16', 'float16'),
-        no_effect_yet="verl 0.9's FSDP engine checks it and reads it nowhere: mixed_precision.param_dtype decides "
-                      "the compute dtype and model_dtype the stored parameters, here as there")
+        no_effect_yet="verl 0.9.1 checks it (FSDPEngineConfig, verl/workers/config/engine.py) and reads it nowhere: "
+                      "mixed_precision.param_dtype decides the compute dtype and model_dtype the stored parameters, "
+                      "here as there")
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
     turbo_config: TurboConfig = section(TurboConfig, 'fsdp_turbo engine options (not supported)')
 

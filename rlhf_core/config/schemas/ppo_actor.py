@@ -9,11 +9,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, number, registered, section
-from rlhf_core.config.schemas.engine09 import PAD_TO_LENGTH, USE_ORIG_PARAMS, FSDPEngine09, Model09, QATConfig
+from rlhf_core.config.schemas.engine09 import FORWARD_ONLY, PAD_TO_LENGTH, USE_ORIG_PARAMS, FSDPEngine09, Model09, QATConfig
 from rlhf_core.config.schemas.ppo_common import MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
-REF_NO_ENTROPY = ("the reference's log-prob pass computes no entropy (as in verl 0.9); the reference's actor object "
-                  "reads fsdp_config's copy of this key")
+REF_NO_ENTROPY = ("the reference's log-prob pass computes no entropy, as in verl 0.9.1 (_compute_ref_log_prob sets "
+                  "calculate_entropy=False, verl/trainer/ppo/ray_trainer.py); the reference's actor object reads "
+                  "fsdp_config's copy of this key")
+ENGINE_COMPILE = ("on CUDA False turns torch.compile of the log-prob/entropy functions off (verl 0.9.1's FSDP engine, "
+                  "verl/workers/engine/fsdp/transformer_impl.py, reads this copy; verl 0.6's legacy worker read the "
+                  "role's use_torch_compile: either False runs them eagerly); on CPU they run eagerly anyway")
 
 
 @dataclass
@@ -173,12 +177,12 @@ class ActorFSDPConfig(FSDPEngine09):
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}',
         "new-engine copy of entropy_from_logits_with_chunking (the actor reads this copy, which follows the role's "
         "key)")
-    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile (False: no torch.compile)',
+        no_effect_on_cpu=ENGINE_COMPILE)
     entropy_checkpointing: bool = key('${actor_rollout_ref.actor.entropy_checkpointing}',
         "new-engine copy of entropy_checkpointing (the actor reads this copy, which follows the role's key)")
-    forward_only: bool = key(False, 'new engine: build the actor for forward passes only',
-        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+    forward_only: bool = key(False, 'new engine: build the actor for forward passes only (False only: it is trained)',
+        only=(False,), why=FORWARD_ONLY)
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
     cpu_threads: Optional[int] = key(None,
@@ -203,8 +207,10 @@ class ActorCheckpointConfig:
     # verl 0.9: checkpoint
     strict: bool = key(True, "strict validation of the HF weights a checkpoint exports (verl 0.9 reads it only in "
         "its Megatron checkpoint manager, for Megatron-Bridge's save_hf_weights)",
-        no_effect_yet="verl's FSDP checkpoint manager ignores it too; here every load is strict (DCP fails on a "
-                      "model key the checkpoint lacks) and hf_model writes every key of the model's state dict")
+        no_effect_yet="verl 0.9.1 reads it only in verl/utils/checkpoint/megatron_checkpoint_manager.py (Megatron, "
+                      "which we do not have); its FSDP checkpoint manager ignores it too; here every load is strict "
+                      "(DCP fails on a model key the checkpoint lacks) and hf_model writes every key of the model's "
+                      "state dict")
 
 
 @dataclass
@@ -277,13 +283,17 @@ class ActorConfig:
         'copy of model.use_fused_kernels read by the actor (default only)', only=(False,), why='fused kernels')
     use_remove_padding: bool = key('${actor_rollout_ref.model.use_remove_padding}',
         'copy of model.use_remove_padding read by the actor',
-        no_effect_yet='the workers read actor_rollout_ref.model.use_remove_padding, which this copy follows by default',
+        no_effect_yet="verl 0.9.1 reads it nowhere (verl/workers/engine_workers.py gives the engine "
+                      "actor_rollout_ref.model.use_remove_padding); the workers here read that key too, which this "
+                      "copy follows by default",
 )
     ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
         why='sequence parallelism')
     # verl 0.9: actor
     rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
-        no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
+        no_effect_yet="verl 0.9.1 only asserts it is set (ActorConfig, verl/workers/config/actor.py) and takes the "
+                      "responses per prompt from actor_rollout_ref.rollout.n (verl/trainer/ppo/ray_trainer.py), as "
+                      "the trainer does here; this copy follows it by default")
     loss_scale_factor: Optional[float] = key(None,
         'seq-mean-token-sum-norm: divide the sequence-mean of the summed token losses (policy, entropy and KL '
         'terms) by this constant instead of the response length; null = the padded response length (the width '
@@ -340,12 +350,14 @@ class RefFSDPConfig(FSDPEngine09):
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}',
         'new-engine copy of entropy_from_logits_with_chunking', no_effect_yet=REF_NO_ENTROPY)
-    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+    use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile (False: no torch.compile)',
+        no_effect_on_cpu=ENGINE_COMPILE)
     entropy_checkpointing: bool = key('${actor_rollout_ref.ref.entropy_checkpointing}',
         'new-engine copy of entropy_checkpointing', no_effect_yet=REF_NO_ENTROPY)
     forward_only: bool = key(True, 'new engine: build the reference for forward passes only',
-        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+        no_effect_yet="with False verl 0.9.1's FSDP engine (verl/workers/engine/fsdp/transformer_impl.py) also builds "
+                      "an optimizer for the reference, never stepped (memory only); the reference here never builds "
+                      "one, and its parameters' dtype is model_dtype's either way")
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
 
@@ -355,7 +367,8 @@ class RefFSDPConfig(FSDPEngine09):
         "new-engine copy of the reference's pad_to_length (the reference reads this copy, which follows its key)")
     use_no_sync_for_gradient_accumulation: bool = key(False,
         'skip the gradient reduce-scatter on all but the last micro-batch',
-        no_effect_yet='the reference computes no gradients (it is never trained)')
+        no_effect_yet='the reference computes no gradients (it is never trained; verl 0.9.1 reads the key in its '
+                      'training step only, verl/workers/engine/fsdp/transformer_impl.py)')
     pad_to_length_bucket: int = key('${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}',
         "new engine: bucket padding of packed sequences (follows the actor's)")
 
@@ -392,7 +405,9 @@ class RefConfig:
         no_effect_yet="the reference computes no gradients (and its log-prob pass no entropy)")
     # verl 0.9: reference
     rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
-        no_effect_yet='the trainer reads actor_rollout_ref.rollout.n, which this copy follows by default')
+        no_effect_yet="verl 0.9.1 only asserts it is set (ActorConfig, verl/workers/config/actor.py) and takes the "
+                      "responses per prompt from actor_rollout_ref.rollout.n (verl/trainer/ppo/ray_trainer.py), as "
+                      "the trainer does here; this copy follows it by default")
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk when entropy is computed in chunks',
         no_effect_yet=REF_NO_ENTROPY)
     pad_to_length: bool = key('${actor_rollout_ref.actor.pad_to_length}', PAD_TO_LENGTH + " (follows the actor's)")

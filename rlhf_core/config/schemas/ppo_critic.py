@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import check_section, free_form, free_form_or_null, key, registered, section
 from rlhf_core.config.schemas.sections09 import RewardModelRolloutConfig
-from rlhf_core.config.schemas.engine09 import FSDPEngine09, Model09, USE_ORIG_PARAMS
+from rlhf_core.config.schemas.engine09 import CRITIC_NO_ENTROPY, FORWARD_ONLY, FSDPEngine09, Model09, USE_ORIG_PARAMS
 from rlhf_core.config.schemas.ppo_common import FollowerProfilerConfig, MixedPrecisionConfig, ProfilerConfig, WrapPolicyConfig
 
 
@@ -67,13 +67,15 @@ class CriticFSDPConfig(FSDPEngine09):
     ulysses_sequence_parallel_size: int = key(1,
         'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
     entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
-        no_effect_yet='the critic computes values, no entropy (as in verl)')
+        no_effect_yet=CRITIC_NO_ENTROPY)
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
-        no_effect_yet="a copy read by verl's new engine workers; this trainer reads the legacy-worker key")
+        no_effect_yet="verl 0.9.1's FSDP engine (verl/workers/engine/fsdp/transformer_impl.py) compiles only "
+                      "entropy_from_logits with it, which the critic's value forward never calls; the critic here "
+                      "compiles nothing either")
     entropy_checkpointing: bool = key(False, 'new-engine copy of entropy_checkpointing',
-        no_effect_yet='the critic computes values, no entropy (as in verl)')
-    forward_only: bool = key(False, 'new engine: build the critic for forward passes only',
-        no_effect_yet="set by verl's new engine itself; the reference never builds an optimizer here")
+        no_effect_yet=CRITIC_NO_ENTROPY)
+    forward_only: bool = key(False, 'new engine: build the critic for forward passes only (False only: it is trained)',
+        only=(False,), why=FORWARD_ONLY)
     strategy: str = key('fsdp', 'new-engine copy of the backend: fsdp | fsdp2', only=('fsdp', 'fsdp2'),
         why='only FSDP backends; Megatron is a backend this project does not have')
     cpu_threads: Optional[int] = key(None,

@@ -209,11 +209,12 @@ class TrainerConfig:
     use_legacy_worker_impl: str = key('auto',
         'worker implementation: auto | enable (legacy workers) | disable (new engine)',
         choices=('auto', 'enable', 'disable'),
-        no_effect_yet="verl picks between two worker implementations of the same PPO computation; this project has "
-                      "one (FSDP2 workers reading the legacy-worker keys), used for every value")
+        no_effect_yet="verl 0.9.1 reads it nowhere (its legacy workers are gone: the key is only in its YAML); "
+                      "this project has one worker implementation (its FSDP2 workers), used for every value")
     # verl 0.9: trainer
     use_v1: bool = key(True, "verl 0.9's v1 trainer loop (its trainer.v1 section configures it)",
-        no_effect_yet="verl picks its v1 loop or the classic RayPPOTrainer, which run the same PPO step; this "
+        no_effect_yet="verl 0.9.1 (verl/trainer/main_ppo.py) picks its v1 loop or the deprecated main_ppo_v0, "
+                      "which run the same PPO step; this "
                       "project's one driver runs for either value (trainer.v1.* is refused away from its defaults)")
     v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,

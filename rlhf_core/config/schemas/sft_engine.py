@@ -25,6 +25,9 @@ _MSPROBE = 'the msprobe precision debugger (Ascend tooling), which this project 
 _NPU = 'Ascend NPU profiling, a backend we do not have'
 
 
+SFT_NO_ENTROPY = ("SFT computes no entropy, as verl 0.9.1's SFT trainer, whose loss (sft_loss, "
+                  "verl/workers/utils/losses.py) takes log-probs only")
+
 @dataclass
 class EngineQatConfig:
     """``engine.qat``."""
@@ -94,12 +97,14 @@ class EngineConfig:
         'warn_only), cuDNN deterministic, the cuBLAS/flash-attention/NCCL deterministic environment and RNGs seeded '
         "with engine.seed (verl 0.9's enable_full_determinism)")
     entropy_from_logits_with_chunking: bool = key(False, 'compute entropy in chunks',
-        no_effect_yet='SFT computes no entropy')
+        no_effect_yet=SFT_NO_ENTROPY)
     entropy_from_logits_chunk_size: int = key(2048, 'chunk size of the chunked entropy',
-        no_effect_yet='SFT computes no entropy')
-    use_torch_compile: bool = key(True, 'torch.compile the entropy/log-prob helpers',
-        no_effect_yet='nothing is torch.compiled')
-    entropy_checkpointing: bool = key(False, 'recompute entropy in backward', no_effect_yet='SFT computes no entropy')
+        no_effect_yet=SFT_NO_ENTROPY)
+    use_torch_compile: bool = key(True, 'torch.compile the entropy helper',
+        no_effect_yet="verl 0.9.1's FSDP engine (verl/workers/engine/fsdp/transformer_impl.py) compiles only "
+                      "entropy_from_logits with it, which SFT never calls (" + SFT_NO_ENTROPY + "); nothing is "
+                      "compiled here either")
+    entropy_checkpointing: bool = key(False, 'recompute entropy in backward', no_effect_yet=SFT_NO_ENTROPY)
     use_no_sync_for_gradient_accumulation: bool = key(False, "defer FSDP2's gradient reduce-scatter to a step's "
         'last micro-batch (set_requires_gradient_sync, as verl 0.9; the same update, one reduction per step)')
     pad_to_length: bool = key(False, 'round every packed micro-batch up to a multiple of pad_to_length_bucket tokens '
@@ -110,7 +115,7 @@ class EngineConfig:
         why='SFT always trains')
     dtype: str = key('bfloat16', 'mixed-precision parameter dtype: bfloat16 | float16 (checked, as verl does)',
         choices=('bfloat16', 'float16'),
-        no_effect_yet="verl 0.9's FSDP engine checks it and reads it nowhere; SFT here has no mixed-precision "
+        no_effect_yet="verl 0.9.1 checks it (verl/workers/config/engine.py) and reads it nowhere; SFT here has no mixed-precision "
                       'policy: it trains in model.fsdp_config.model_dtype (engine.model_dtype)')
     qat: EngineQatConfig = section(EngineQatConfig)
     turbo_config: TurboConfig = section(TurboConfig)

@@ -65,8 +65,8 @@ class DataConfig:
     truncation: str = key('error', 'what to do with an over-long sample: error | left | right',
         choices=('error', 'left', 'right'))
     balance_dp_token: bool = key(False, 'balance tokens across data-parallel ranks',
-        no_effect_yet="verl 0.9 declares it without code (its YAML: 'to be implement'); trainer.balance_batch "
-                      'balances the tokens of the ranks')
+        no_effect_yet="verl 0.9.1 declares it without code (sft_trainer_engine.yaml: 'to be implement'; no "
+                      'python file reads it); trainer.balance_batch balances the tokens of the ranks')
     chat_template: Optional[str] = key(None, "chat template (Jinja text) to use; null = the tokenizer's",
         aliases=('model.custom_chat_template',))
     custom_cls: DataCustomClsConfig = section(DataCustomClsConfig)
@@ -171,7 +171,9 @@ class OptimConfig:
     optimizer_impl: str = key('torch.optim', 'module of the optimizer class', only=('torch.optim',),
         why='other optimizer modules (torch.optim only)')
     total_training_steps: int = key(-1, 'total optimizer steps; -1 = set by the trainer',
-        no_effect_yet='the trainer sets it from trainer.total_training_steps (or epochs), as verl does')
+        no_effect_yet="the LR schedule spans trainer.total_training_steps (or batches x total_epochs), as in verl "
+                      "0.9.1, whose SFT trainer (verl/trainer/sft_trainer.py) overwrites this key with that number; "
+                      'set trainer.total_training_steps')
     lr_warmup_steps: int = key(-1, 'warmup steps; negative = warmup_steps_ratio x total steps')
     num_cycles: float = key(0.5, 'cosine: number of cosine cycles (0.5 = one fall from lr to min_lr_ratio x lr)')
     zero_indexed_step: bool = key(True, 'the cosine schedule counts updates from 0; False: from 1 (its multiplier '

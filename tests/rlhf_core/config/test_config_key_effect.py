@@ -76,6 +76,21 @@ def test_gpu_kernel_keys_are_refused_by_name(name, override):
         load_config(name, [override])
 
 
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.fsdp_config.forward_only", "critic.fsdp.forward_only",
+                                 "critic.model.fsdp_config.forward_only"])
+def test_forward_only_of_a_trained_role_is_refused(key):
+    """verl 0.9.1's engine builds no optimizer with forward_only=True and its train_batch asserts: the actor and the
+    critic are trained, so True is refused by name (the verl 0.6 spelling of the critic's key too); the reference's
+    forward_only stays accepted (its False only costs verl an unused optimizer)."""
+    from rlhf_core.config import load_config
+    from rlhf_core.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"fsdp(_config)?.forward_only=True is not supported yet \(verl 0.9.1's FSDP "
+                                          r"engine then builds no optimizer"):
+        load_config("ppo_trainer", [f"{key}=True"])
+    assert status_of("ppo_trainer", "actor_rollout_ref.ref.fsdp_config.forward_only").startswith(NO_EFFECT_YET)
+
+
 def test_profiler_tool_torch_memory_is_refused_as_cuda_only():
     from rlhf_core.config import load_config
     from rlhf_core.config.errors import ConfigError
@@ -87,7 +102,9 @@ def test_profiler_tool_torch_memory_is_refused_as_cuda_only():
 
 
 @pytest.mark.parametrize("path", ["actor_rollout_ref.model.enable_activation_offload",
-                                  "actor_rollout_ref.actor.use_torch_compile"])
+                                  "actor_rollout_ref.actor.use_torch_compile",
+                                  "actor_rollout_ref.actor.fsdp_config.use_torch_compile",
+                                  "actor_rollout_ref.ref.fsdp_config.use_torch_compile"])
 def test_gpu_only_keys_say_so(path):
     assert status_of("ppo_trainer", path).startswith(NO_EFFECT_ON_CPU)
     assert status_of("sft_trainer", "model.enable_activation_offload").startswith(NO_EFFECT_ON_CPU)

@@ -69,6 +69,23 @@ def test_actor_reads_use_torch_compile_and_activation_offload(monkeypatch):
     assert seen == [True] and a.activation_offload
 
 
+@pytest.mark.parametrize("role", ["actor", "ref"])
+def test_fsdp_config_use_torch_compile_false_turns_compile_off(monkeypatch, role):
+    """verl 0.9.1's engine reads fsdp_config.use_torch_compile, verl 0.6's worker the role's key: either False is
+    eager (hot_functions gets False), both True compile (on CUDA)."""
+    seen = []
+    monkeypatch.setattr(actor_mod, "hot_functions", lambda flag: seen.append(flag) or (None, None))
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    for role_key, engine_key in ((True, False), (False, True), (True, True)):
+        cfg = section("ppo_trainer", f"actor_rollout_ref.{role}", use_torch_compile=role_key)
+        cfg.fsdp_config.use_torch_compile = engine_key
+        actor_mod.DataParallelPPOActor(cfg, model)
+    assert seen == [False, False, True]
+
+
 def test_ray_wait_timeout_reaches_worker_groups_and_is_named_on_timeout(monkeypatch):
     from rlhf_core.trainer import main_ppo
 
