@@ -265,7 +265,8 @@ class ActorConfig:
     rollout_is_mode: str = key('truncate', 'IS bound mode: truncate | mask', choices=('truncate', 'mask'))
     rollout_is_veto_threshold: float = key(0.0001, 'veto a sequence whose token ratio falls below this')
     use_torch_compile: bool = key(True, "use torch.compile for the actor's hot functions",
-        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: '
+        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d (with fsdp_config.use_torch_compile also '
+                         'True); on CPU they run eagerly, logged once: '
                          'compiling costs more than it saves on a few cores',
 )
     kl_loss_coef: float = key(0.001, 'coefficient of the KL loss')
@@ -381,7 +382,8 @@ class RefConfig:
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
     use_torch_compile: bool = key('${actor_rollout_ref.actor.use_torch_compile}',
         "use torch.compile for the reference's hot functions",
-        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d; on CPU they run eagerly, logged once: '
+        no_effect_on_cpu='on CUDA the log-prob/entropy functions are torch.compile-d (with fsdp_config.use_torch_compile also '
+                         'True); on CPU they run eagerly, logged once: '
                          'compiling costs more than it saves on a few cores',
 )
     log_prob_micro_batch_size: Optional[int] = key(None,
