@@ -97,7 +97,7 @@ class FunctionTool(BaseTool):
 def _schema_of(fn: Callable, name: str, given: Any, where: str) -> OpenAIFunctionToolSchema:
     if isinstance(given, OpenAIFunctionToolSchema):
         return given
-    # imported here: the agent registry imports this module at config check, where transformers is not needed
+    # imported here: the agent registry and the dataset import this module; transformers is needed only now
     from transformers.utils import get_json_schema
     from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
