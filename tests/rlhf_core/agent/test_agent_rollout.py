@@ -113,3 +113,16 @@ def test_unknown_format_fails_at_start(tmp_path, tok, model):
     cfg = _rollout_cfg(tmp_path, mode="async", **{"multi_turn.format": "gpt-oss"})
     with pytest.raises(ValueError, match=r"multi_turn.format='gpt-oss': supported \['hermes'\]"):
         AgentRollout(HFRollout(model, tok, cfg), tok, cfg)
+
+
+def test_function_tool_path_adds_tools_at_start_and_at_dataset_build(tmp_path, tok, model):
+    from rlhf_core.agent.registry import check_datasets
+
+    py = tmp_path / "fn_tools.py"
+    py.write_text('from rlhf_core.tools import function_tool\n\n\n@function_tool\ndef double(x: int) -> int:\n'
+                  '    """Double a number.\n\n    Args:\n        x: the number\n    """\n    return 2 * x\n')
+    cfg = _rollout_cfg(tmp_path, mode="async", **{"multi_turn.function_tool_path": str(py)})
+    assert sorted(AgentRollout(HFRollout(model, tok, cfg), tok, cfg).tools) == ["calc_gsm8k_reward", "double"]
+    cfg.multi_turn.function_tool_path = str(tmp_path / "gone.py")
+    with pytest.raises(ToolConfigError, match=r"function_tool_path .*gone.py: no such file"):
+        check_datasets(cfg, [])  # the driver fails before any worker starts
