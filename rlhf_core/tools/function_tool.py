@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from rlhf_core.tools.base import BaseTool
 from rlhf_core.tools.config import ToolConfigError
 from rlhf_core.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from rlhf_core.user_code import exec_user_file
 
 _MARK = "__function_tool__"  # attribute set by the decorator: (tool name or None, schema or None)
 
@@ -152,14 +153,10 @@ def load_function_tools(path: str | Path) -> dict[str, FunctionTool]:
     if not path.is_file():
         raise ToolConfigError(f"{where}: no such file")
     module_name = "_rlhf_function_tools_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # the file may import its siblings through sys.modules, as in verl
     try:
-        with _verl_spelling():
-            spec.loader.exec_module(module)
+        with _verl_spelling():  # the file may import its siblings through sys.modules, as in verl
+            module = exec_user_file(str(path), "function_tool_path", module_name)  # logs its path and sha256
     except Exception as exc:  # noqa: BLE001 - a user's file fails in any way; the message names it
-        sys.modules.pop(module_name, None)
         raise ToolConfigError(f"{where}: cannot be imported: {type(exc).__name__}: {exc}") from exc
     tools: dict[str, FunctionTool] = {}
     for fn in vars(module).values():

@@ -74,6 +74,17 @@ def test_decorated_functions_become_tools_with_inferred_schemas(tools_py):
     assert asyncio.run(tools["lookup"].execute("i", {"key": "x"})) == (ToolResponse(text='{"key": "x"}'), 0.5, {})
 
 
+def test_loading_logs_the_file_and_its_sha256(tools_py, caplog):
+    """The tool file is user code: loaded as rlhf_core.user_code loads reward functions, path and sha256 logged."""
+    import hashlib
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="rlhf_core.user_code"):
+        load_function_tools(tools_py)
+    digest = hashlib.sha256(open(tools_py, "rb").read()).hexdigest()
+    assert f"function_tool_path: loading {tools_py.resolve()} (sha256 {digest})" in caplog.text
+
+
 def test_return_values_normalised_as_verl():
     assert normalize_return(ToolResponse(text="t")) == (ToolResponse(text="t"), 0.0, {})
     assert normalize_return(7) == (ToolResponse(text="7"), 0.0, {})
