@@ -25,8 +25,10 @@ The finish hook (``finish_hook_cmd``) is :func:`run_finish_hook`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -165,26 +167,61 @@ def mini_batch_done() -> None:
         _SCHEDULED.step()
 
 
-def run_finish_hook(cmd: str, save_path: str, tool: str, rank: int, role: str, traces: list[str]) -> None:
+FINISH_HOOK_TIMEOUT_S = 900.0  # seconds a finish hook may run (verl has no key for it; docs/SEMANTICS.md)
+
+
+def run_finish_hook(cmd: str, save_path: str, tool: str, rank: int, role: str, traces: list[str],
+                    timeout_s: float | None = None) -> bool:
     """Run ``cmd`` in ``/bin/sh`` once, after the last profiled step (verl's ``finish_hook_cmd``), with verl's
     environment: ``VERL_PROFILE_SAVE_PATH``, ``VERL_PROFILE_TOOL``, ``VERL_PROFILE_RANK``, ``VERL_PROFILE_PID``,
     ``VERL_PROFILE_ROLE``; and ours, ``VERL_PROFILE_TRACES``: this worker's trace files, one per line. Traces are
     never touched here.
 
-    Raises:
-        RuntimeError: the command exits with a non-zero status (naming the command, the status and its output's
-            tail) or cannot be started.
+    A profiler hook never stops or hangs the run: as in verl, a command that cannot be started or exits with a
+    non-zero status is a WARNING (naming the command, the rank, the status and its output's tail) and training
+    goes on. Ours: the command runs in a session (process group) of its own and is bounded by ``timeout_s``
+    seconds (None: :data:`FINISH_HOOK_TIMEOUT_S`, 900 s; verl waits without bound and has no key for it); past
+    it the whole group (the shell and whatever it started) is killed with SIGKILL, a WARNING says so, and
+    training goes on.
+
+    Returns:
+        True when the command exited with status 0 in time, else False.
     """
+    limit = FINISH_HOOK_TIMEOUT_S if timeout_s is None else float(timeout_s)
     env = {**os.environ, "VERL_PROFILE_SAVE_PATH": str(save_path), "VERL_PROFILE_TOOL": str(tool),
            "VERL_PROFILE_RANK": str(rank), "VERL_PROFILE_PID": str(os.getpid()), "VERL_PROFILE_ROLE": role,
            "VERL_PROFILE_TRACES": "\n".join(traces)}
     try:
-        done = subprocess.run(["/bin/sh", "-c", cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, check=False)
+        proc = subprocess.Popen(["/bin/sh", "-c", cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
     except OSError as exc:
-        raise RuntimeError(f"profiler finish_hook_cmd={cmd!r} could not be started on rank {rank}: {exc}") from exc
-    if done.stdout:
-        logger.info("profiler finish hook (rank %d): %s", rank, done.stdout.rstrip())
-    if done.returncode != 0:
-        raise RuntimeError(f"profiler finish_hook_cmd={cmd!r} exited with status {done.returncode} on rank {rank} "
-                           f"(the traces are kept under {save_path}); its output ends: {done.stdout[-2000:]!r}")
+        logger.warning("profiler finish_hook_cmd=%r could not be started on rank %d: %s", cmd, rank, exc)
+        return False
+    try:
+        out, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        out = _kill_group(proc)
+        logger.warning("profiler finish_hook_cmd=%r still ran after %g s on rank %d: killed its process group "
+                       "(the traces are kept under %s; training goes on); its output ends: %r", cmd, limit, rank,
+                       save_path, out[-2000:])
+        return False
+    if out:
+        logger.info("profiler finish hook (rank %d): %s", rank, out.rstrip())
+    if proc.returncode != 0:
+        logger.warning("profiler finish_hook_cmd=%r exited with status %d on rank %d (the traces are kept under %s; "
+                       "training goes on); its output ends: %r", cmd, proc.returncode, rank, save_path, out[-2000:])
+        return False
+    return True
+
+
+def _kill_group(proc: subprocess.Popen) -> str:
+    """SIGKILL the process group of ``proc`` (its own session), reap it; the output read so far (best effort)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:  # the group is gone, so the pipe closes; a descendant that left the group could hold it open
+        out, _ = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        out = ""
+    return out or ""

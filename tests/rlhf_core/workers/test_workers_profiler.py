@@ -3,8 +3,10 @@ record (contents, schedule, step range, discrete stages), relocation and the fin
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -190,7 +192,7 @@ def test_relocate_moves_the_traces_and_the_finish_hook_sees_them(tmp_path):
     assert out.read_text() == f"0 {tmp_path}/step_1_critic_rank_0.json {tmp_path}/step_3_critic_rank_0.json\n"
 
 
-def test_finish_hook_ranks_and_a_failing_hook(tmp_path):
+def test_finish_hook_ranks_and_a_failing_hook(tmp_path, caplog):
     block = _block(tmp_path, contents="[cpu]")
     block.finish_hook_cmd = f"touch {tmp_path}/ran_$VERL_PROFILE_RANK"
     block.finish_hook_ranks = [1]
@@ -204,10 +206,40 @@ def test_finish_hook_ranks_and_a_failing_hook(tmp_path):
     block.finish_hook_cmd, block.finish_hook_ranks = "echo upload failed; exit 3", []
     prof = WorkerProfiler(block, 0, "actor")
     prof.start(1)
-    with pytest.raises(RuntimeError, match=r"finish_hook_cmd='echo upload failed; exit 3' exited with status 3 on "
-                                           r"rank 0 .*upload failed"):
-        prof.stop(run_hook=True)
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.workers.torch_trace"):
+        assert prof.stop(run_hook=True) == [str(tmp_path / "step_1" / "actor_rank_0.json")]  # no error: as verl
+    assert re.search(r"finish_hook_cmd='echo upload failed; exit 3' exited with status 3 on rank 0 .*training goes "
+                     r"on.*upload failed", caplog.text)
     assert os.path.isfile(tmp_path / "step_1" / "actor_rank_0.json")  # the trace is kept
+
+
+def _state(pid: int) -> str:
+    """The state letter of process ``pid`` (``Z`` zombie), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_a_hanging_finish_hook_is_killed_with_its_children_and_training_goes_on(tmp_path, caplog):
+    """A hook past its bound: the shell and the sleep it started (same process group) are SIGKILLed, a WARNING
+    names the command and the bound, the call returns False, well before the sleep's 60 s."""
+    pid_file = tmp_path / "child.pid"
+    cmd = f"echo started; sleep 60 & echo $! > {pid_file}; wait"
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.workers.torch_trace"):
+        t0 = time.monotonic()
+        assert torch_trace.run_finish_hook(cmd, str(tmp_path), "torch", 0, "actor", [], timeout_s=1.0) is False
+        took = time.monotonic() - t0
+    assert 1.0 <= took < 10.0  # the 1 s bound, then the kill and reaping; never the 60 s of the sleep
+    assert f"finish_hook_cmd={cmd!r} still ran after 1 s on rank 0: killed its process group" in caplog.text
+    assert "started" in caplog.text  # the output read before the kill is in the warning
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _state(child) not in ("gone", "Z") and time.monotonic() < deadline:  # SIGKILL lands asynchronously
+        time.sleep(0.05)
+    assert _state(child) in ("gone", "Z")  # the grandchild sleep was killed too, not left running
+    assert torch_trace.run_finish_hook("exit 0", str(tmp_path), "torch", 0, "actor", []) is True  # default bound
 
 
 class _Group:
