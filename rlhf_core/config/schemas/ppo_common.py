@@ -180,7 +180,7 @@ class ProfilerConfig:
         'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
     finish_hook_cmd: Optional[str] = key('${global_profiler.finish_hook_cmd}',
         'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
-        'VERL_PROFILE_TRACES...); null = none')
+        'VERL_PROFILE_TRACES...); killed after 900 s; a failure is a warning; null = none')
     finish_hook_all_ranks: bool = key('${global_profiler.finish_hook_all_ranks}',
         'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
     finish_hook_ranks: List[Any] = key('${global_profiler.finish_hook_ranks}',
@@ -304,7 +304,7 @@ class FollowerProfilerConfig:
         'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
     finish_hook_cmd: Optional[str] = key('${actor_rollout_ref.actor.profiler.finish_hook_cmd}',
         'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
-        'VERL_PROFILE_TRACES...); null = none')
+        'VERL_PROFILE_TRACES...); killed after 900 s; a failure is a warning; null = none')
     finish_hook_all_ranks: bool = key('${actor_rollout_ref.actor.profiler.finish_hook_all_ranks}',
         'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
     finish_hook_ranks: List[Any] = key('${actor_rollout_ref.actor.profiler.finish_hook_ranks}',

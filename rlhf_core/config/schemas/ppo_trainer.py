@@ -348,7 +348,7 @@ class GlobalProfilerConfig:
     relocate_results: bool = key(False,
         'move each trace out of save_path/step_<n>/ into save_path as step_<n>_<file> when its step ends')
     finish_hook_cmd: Optional[str] = key(None, 'shell command run once after the last profiled step (env VERL_PROFILE_SAVE_PATH, '
-        'VERL_PROFILE_TRACES...); null = none')
+        'VERL_PROFILE_TRACES...); killed after 900 s; a failure is a warning; null = none')
     finish_hook_all_ranks: bool = key(False, 'run finish_hook_cmd on every rank (False = finish_hook_ranks)')
     finish_hook_ranks: List[Any] = key([],
         'ranks that run finish_hook_cmd; [] (and finish_hook_all_ranks False) = the profiled ranks')
