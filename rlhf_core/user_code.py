@@ -1,5 +1,6 @@
 """Running a user's Python file named in the config (``custom_reward_function.path``, ``data.custom_cls.path``,
-``data.sampler.class_path``, ``data.datagen.path``): from that explicit file only, and logged.
+``data.sampler.class_path``, ``data.datagen.path``, ``trainer.checkpoint_callback_class``): from that explicit
+file only, and logged.
 
 - The path is a file path, never a module name: nothing is looked up on ``sys.path``, so a bare ``json`` or
   ``my_reward`` cannot resolve to an installed module or to a file elsewhere. A relative path is resolved
@@ -70,6 +71,26 @@ def exec_user_file(path: str, key: str, module_name: str) -> ModuleType:
     return module
 
 
+def file_and_name_errors(value: str, key: str) -> list[str]:
+    """What is wrong with ``value`` as ``<file>.py:<Name>`` (a Python file and a name defined in it), one line
+    each naming ``key`` and the value; empty when the form is right (the file is not looked at here). A dotted
+    module path (``pkg.mod.Name``, the form verl's ``load_class_from_fqn`` imports) gets the file form to write
+    instead, since module names are not looked up."""
+    where = f"{key}={value!r}"
+    path, sep, name = str(value).rpartition(":")
+    if not sep:
+        module, _, last = str(value).rpartition(".")
+        hint = f", e.g. {module.replace('.', '/')}.py:{last}" if module and last.isidentifier() else ""
+        return [f"{where}: expected <file>.py:<ClassName>{hint} (user code is loaded from a file named by its path, "
+                f"its sha256 logged; module names are not looked up on sys.path)"]
+    errors = []
+    if not path.endswith(".py"):
+        errors.append(f"{where}: {path!r} is not a Python source file (.py) (expected <file>.py:<ClassName>)")
+    if not name.isidentifier():
+        errors.append(f"{where}: {name!r} after the ':' is not a Python name (expected <file>.py:<ClassName>)")
+    return errors
+
+
 _extensions: dict[str, ModuleType] = {}  # absolute path -> module, per process
 
 
@@ -95,4 +116,4 @@ def import_extensions(paths, key: str = "trainer.extensions") -> list[ModuleType
     return modules
 
 
-__all__ = ["exec_user_file", "file_sha256", "import_extensions", "resolve_user_file"]
+__all__ = ["exec_user_file", "file_and_name_errors", "file_sha256", "import_extensions", "resolve_user_file"]

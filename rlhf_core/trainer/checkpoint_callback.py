@@ -1,16 +1,25 @@
-"""``trainer.checkpoint_callback_class``: user code run on the driver after each PPO checkpoint save (verl 0.9's
+"""``trainer.checkpoint_callback_class``: user code run on the driver after each PPO checkpoint save (verl 0.9.1's
 ``verl.trainer.ppo.checkpoint_callback``; e.g. copy the checkpoint to object storage or register it).
 
-The key names a class by its dotted path (``my_pkg.callbacks.Upload``), importable on the driver. It is built
-once, with the whole config (``cls(config=config)``), when the trainer is built, so a wrong path fails before any
-training. After each save completes, ``on_save(trainer=, global_step=, checkpoint_dir=, async_save=)`` is called;
-with ``actor.checkpoint.async_save`` the files may still be being written then. An exception in the hook stops the
-run (wrap its body for best effort), as in verl.
+The key names a class in a Python file, ``path/to/file.py:ClassName``. verl 0.9.1 takes a dotted module path
+(``my_pkg.callbacks.Upload``, imported with ``importlib``); here, as for every user file
+(:mod:`rlhf_core.user_code`), the file is named by its path (relative: against the cwd), executed from there
+only, and the load is logged with its absolute path and sha256; a dotted module path is refused at config load
+with the file form to write instead. :func:`check_checkpoint_callback` (``run_ppo``, before Ray starts) loads the
+class; the trainer builds it once, with the whole config (``cls(config=config)``), when it is built. After each
+save completes, ``on_save(trainer=, global_step=, checkpoint_dir=, async_save=)`` is called; with
+``actor.checkpoint.async_save`` the files may still be being written then. An exception in the hook stops the run
+(wrap its body for best effort), as in verl.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from rlhf_core.config.errors import ConfigError
+from rlhf_core.user_code import exec_user_file, file_and_name_errors, file_sha256, resolve_user_file
+
+KEY = "trainer.checkpoint_callback_class"
+_loaded: dict[tuple[str, str], Any] = {}  # (absolute path, sha256 of its bytes) -> module, per process
 
 
 class CheckpointCallback:
@@ -26,25 +35,54 @@ class CheckpointCallback:
         """Called after the checkpoint ``checkpoint_dir`` (``.../global_step_<global_step>``) was saved."""
 
 
-def build_checkpoint_callback(config: Any) -> Any | None:
-    """The callback ``trainer.checkpoint_callback_class`` names, built with ``config``; None when null.
+def load_checkpoint_callback_class(config: Any) -> type | None:
+    """The class ``trainer.checkpoint_callback_class`` (``<file>.py:<ClassName>``) names; None when null.
+
+    The file is executed once per process and content (a file whose bytes changed is executed again), logging
+    ``trainer.checkpoint_callback_class: loading <absolute path> (sha256 <hex>)`` at INFO.
 
     Raises:
-        ValueError: the path is not ``module.Class``, the module does not import, it has no such class, or the
-            class has no ``on_save`` (naming the key and the value)."""
-    path = config.trainer.checkpoint_callback_class
-    if path is None:
+        ConfigError: naming the key and the value: not ``<file>.py:<ClassName>``, no such file, the file raises
+            while executing (the error chained), it defines no such class, or the class has no ``on_save``.
+    """
+    value = config.trainer.checkpoint_callback_class
+    if value is None:
         return None
-    module_name, _, name = str(path).rpartition(".")
-    where = f"trainer.checkpoint_callback_class={path!r}"
-    if not module_name:
-        raise ValueError(f"{where}: expected a dotted path module.Class")
+    where = f"{KEY}={value!r}"
+    errors = file_and_name_errors(str(value), KEY)
+    if errors:
+        raise ConfigError(errors[0])
+    path, _, name = str(value).rpartition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except ImportError as exc:
-        raise ValueError(f"{where}: module {module_name!r} does not import: {exc}") from exc
-    except AttributeError as exc:
-        raise ValueError(f"{where}: module {module_name!r} has no {name!r}") from exc
+        path = resolve_user_file(path, KEY)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    cache_key = (path, file_sha256(path))
+    if cache_key not in _loaded:
+        try:
+            _loaded[cache_key] = exec_user_file(path, KEY, f"rlhf_checkpoint_callback_{cache_key[1][:16]}")
+        except Exception as exc:
+            raise ConfigError(f"{where}: {path} failed to import: {exc!r}") from exc
+    module = _loaded[cache_key]
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        classes = sorted(k for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_"))
+        raise ConfigError(f"{where}: {path} defines no class {name!r}; classes found there: {classes}")
     if not callable(getattr(cls, "on_save", None)):
-        raise ValueError(f"{where}: {name} has no on_save(trainer, global_step, checkpoint_dir, async_save) method")
-    return cls(config=config)
+        raise ConfigError(f"{where}: {name} has no on_save(trainer, global_step, checkpoint_dir, async_save) method")
+    return cls
+
+
+def check_checkpoint_callback(config: Any) -> None:
+    """Load the class of ``trainer.checkpoint_callback_class`` (when set) so a bad file or class fails before Ray
+    starts. Raises: ConfigError, as :func:`load_checkpoint_callback_class`."""
+    load_checkpoint_callback_class(config)
+
+
+def build_checkpoint_callback(config: Any) -> Any | None:
+    """The callback ``trainer.checkpoint_callback_class`` names, built with ``cls(config=config)``; None when null.
+
+    Raises:
+        ConfigError: as :func:`load_checkpoint_callback_class`."""
+    cls = load_checkpoint_callback_class(config)
+    return None if cls is None else cls(config=config)

@@ -37,6 +37,7 @@ from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.distributed.threads import threads_per_rank
+from rlhf_core.trainer.checkpoint_callback import check_checkpoint_callback
 from rlhf_core.trainer.commands import ppo_main
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -270,6 +271,8 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
             tokenizer without a chat template (:func:`check_chat_template`), or a rollout KV cache that cannot fit
             (:func:`~rlhf_core.models.kv_cache.check_rollout_kv_cache`).
         DataError: before Ray, a bad data file or fewer training rows than one batch (:func:`build_datasets`).
+        ConfigError: before Ray, a ``trainer.checkpoint_callback_class`` file that is missing or fails to import,
+            or that has no such class (:func:`~rlhf_core.trainer.checkpoint_callback.check_checkpoint_callback`).
     """
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
@@ -283,6 +286,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     check_rollout_kv_cache(config, None if val_ds is None else len(val_ds))
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    check_checkpoint_callback(config)  # trainer.checkpoint_callback_class: the file and its class, before Ray
     init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable,
              ray_extra(config))
     trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)

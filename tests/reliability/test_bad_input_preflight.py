@@ -369,3 +369,15 @@ def test_a_bad_sft_validation_row_is_refused_before_ray(tiny_model_dir, tmp_path
     one = write_jsonl(tmp_path / "one.jsonl", [json.dumps(rows[0])])
     msg = _sft_error(_sft_overrides(tiny_model_dir, train, f"data.val_files={one}"), DataError)
     assert msg.startswith(f"data.val_files=['{one}'] has 1 rows, fewer than the 2 ranks"), msg
+
+
+# --- 7. a checkpoint callback whose file or class is wrong -----------------------------------------------------------
+
+def test_a_checkpoint_callback_without_its_class_is_refused_before_ray(tiny_model_dir, tmp_path):
+    hook = tmp_path / "hooks.py"
+    hook.write_text("class Upload:\n    def on_save(self, **kwargs):\n        pass\n")
+    data = write_parquet(tmp_path / "train.parquet", good_rows(4))
+    msg = ppo_error(ppo_overrides(tiny_model_dir, data, f"trainer.checkpoint_callback_class={hook}:Uplaod"),
+                    ConfigError)  # a typo in the class name: found only by loading the file, still before Ray
+    assert msg == (f"trainer.checkpoint_callback_class='{hook}:Uplaod': {hook} defines no class 'Uplaod'; "
+                   "classes found there: ['Upload']")

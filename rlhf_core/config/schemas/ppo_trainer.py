@@ -18,6 +18,7 @@ from rlhf_core.config.schemas.ppo_data import DataConfig
 from rlhf_core.config.schemas.ppo_reward import RewardConfig
 from rlhf_core.config.schemas.sections09_engines import TrainerV1Config
 from rlhf_core.config.schemas.ppo_rollout import RolloutConfig
+from rlhf_core.user_code import file_and_name_errors
 
 # The comment lines at the top of the generated YAML file.
 YAML_HEADER = (
@@ -218,8 +219,9 @@ class TrainerConfig:
                       "project's one driver runs for either value (trainer.v1.* is refused away from its defaults)")
     v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,
-        'dotted path of a class built with the config whose on_save(trainer, global_step, checkpoint_dir, '
-        'async_save) runs on the driver after each checkpoint save; null = none')
+        'path/to/file.py:ClassName (verl: a dotted module path; here a file, its sha256 logged) of a class built '
+        'with the config whose on_save(trainer, global_step, checkpoint_dir, async_save) runs on the driver after '
+        'each checkpoint save; null = none')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True,
         verl_default='cuda', differs='ours: auto = cuda when available, else cpu')
@@ -233,7 +235,9 @@ class TrainerConfig:
         'register_policy_loss and reward-manager register calls make new names valid choices', ours=True)
 
     def __post_init__(self) -> None:
-        check_section(trainer_errors(self))
+        callback = self.checkpoint_callback_class
+        check_section(trainer_errors(self) + (file_and_name_errors(callback, "{section}.checkpoint_callback_class")
+                                              if isinstance(callback, str) and "${" not in callback else []))
 
 
 @dataclass
