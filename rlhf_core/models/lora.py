@@ -65,7 +65,7 @@ def merge_lora(model):
 def check_lora_adapter(model_cfg) -> dict | None:
     """The ``adapter_config.json`` of ``model_cfg.lora_adapter_path`` (verl 0.9 ``model.lora_adapter_path``: a saved
     PEFT LoRA adapter to start from), checked against the section's LoRA keys before any model is loaded; None
-    when the section has no adapter path. Cheap (one JSON file).
+    when it is null. ``model_cfg``: a model section with LoRA keys (actor, critic, SFT). Cheap (one JSON file).
 
     Raises:
         FileNotFoundError: naming the key and path when the folder or its ``adapter_config.json`` is missing.
@@ -73,7 +73,7 @@ def check_lora_adapter(model_cfg) -> dict | None:
             ``lora_alpha`` not ``lora_alpha``, or ``target_modules`` is a list naming other modules than the
             adapter's (``all-linear`` takes the adapter's modules).
     """
-    path = model_cfg.lora_adapter_path if "lora_adapter_path" in model_cfg else None
+    path = model_cfg.lora_adapter_path
     if path is None:
         return None
     from rlhf_core.config.structured import full_key
@@ -116,7 +116,7 @@ def lora_from_config(model, model_cfg, task_type: str = "CAUSAL_LM", seed: int =
     adapter = check_lora_adapter(model_cfg)
     if adapter is None:
         return apply_lora(model, int(model_cfg.lora_rank), model_cfg.lora_alpha, model_cfg.target_modules, task_type,
-                          seed, exclude_modules=model_cfg.exclude_modules if "exclude_modules" in model_cfg else None)
+                          seed, exclude_modules=model_cfg.exclude_modules)
     from peft import PeftModel
 
     if hasattr(model, "enable_input_require_grads"):

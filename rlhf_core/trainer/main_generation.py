@@ -138,7 +138,12 @@ def _engine(config: DictConfig, tokenizer: Any, device: torch.device):
                             trust_remote_code=bool(config.model.trust_remote_code),
                             external_lib=config.model.external_lib).to(device).eval()
     module.requires_grad_(False)
-    return HFRollout(module, tokenizer, rollout, seed=int(rollout.seed))
+    # generation.yaml's rollout section has no logprobs_mode (nor verl's): ppo_trainer's default, from its schema,
+    # as the vLLM engine gets it (engine_config)
+    from rlhf_core.config.schema import specs
+
+    mode = specs("ppo_trainer")["actor_rollout_ref.rollout.logprobs_mode"].default
+    return HFRollout(module, tokenizer, rollout, seed=int(rollout.seed), logprobs_mode=mode)
 
 
 def engine_config(config: DictConfig) -> tuple[DictConfig, DictConfig]:

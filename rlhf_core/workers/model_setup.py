@@ -20,11 +20,12 @@ logger = logging.getLogger(__name__)
 
 
 def note_unsupported(model_cfg: Mapping[str, Any], use_torch_compile: bool, role: str) -> None:
-    """Log, once per model, the settings this build accepts but runs differently (never silently).
+    """Log, once per model, the settings this build accepts but runs differently (never silently): an actor's or
+    critic's ``model`` section (the reward model's has no ``enable_activation_offload`` in verl's YAML: it has
+    nothing to note).
 
     ``use_torch_compile`` is kept for callers; the actor logs its own CPU note (``actor.hot_functions``)."""
-    # the reward model's section has no enable_activation_offload (verl's YAML): nothing to note there
-    if "enable_activation_offload" in model_cfg and model_cfg.enable_activation_offload and not torch.cuda.is_available():
+    if model_cfg.enable_activation_offload and not torch.cuda.is_available():
         logger.info("%s: enable_activation_offload=True is a no-op on CPU (activations already live in host memory)",
                     role)
 
@@ -47,12 +48,16 @@ def prepare_role_model(model: nn.Module, role: str, fsdp_cfg: Mapping[str, Any] 
 
 
 def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role: str,
-                value_head: bool = False, default_dtype: str = "float32") -> nn.Module:
+                value_head: bool = False) -> nn.Module:
     """Load the HF model (causal LM, or value model when ``value_head``), add LoRA (actor and critic: fresh, or the
     saved ``lora_adapter_path``, :func:`~rlhf_core.models.lora.lora_from_config`), gradient checkpointing, the
     tiled MLP (``model.tiled_mlp``, :mod:`rlhf_core.models.tiled_mlp`), then :func:`prepare_role_model` (the
     kernels, ``model_cfg.use_remove_padding`` checked; FSDP2 sharding). ``fsdp_cfg.model_dtype`` picks the parameter
-    dtype (``default_dtype`` for a section without that key).
+    dtype.
+
+    Args:
+        model_cfg: ``actor_rollout_ref.model`` (roles ``actor``, ``ref``) or ``critic.model`` (``critic``).
+        fsdp_cfg: the role's FSDP section (``actor.fsdp_config``, ``ref.fsdp_config``, ``critic.fsdp``).
 
     Raises:
         FileNotFoundError / OSError: naming the role and ``<section>.path`` when the model cannot be loaded, or
@@ -62,13 +67,13 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
             (:func:`prepare_role_model`)."""
     if role in ("actor", "critic"):
         check_lora_adapter(model_cfg)  # a missing or contradicting adapter fails before the model loads
-    dtype = to_torch_dtype(fsdp_cfg.model_dtype if "model_dtype" in fsdp_cfg else default_dtype)
+    dtype = to_torch_dtype(fsdp_cfg.model_dtype)
     loader = load_value_model if value_head else load_causal_lm
     try:
         model = loader(model_cfg.path, dtype=dtype, override_config=model_cfg.override_config,
                        trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib,
-                       # verl 0.9 model.hf_config_path (the actor's section only): config.json from another folder
-                       config_path=model_cfg.hf_config_path if "hf_config_path" in model_cfg else None)
+                       # verl 0.9 model.hf_config_path: config.json from another folder (null: model.path)
+                       config_path=model_cfg.hf_config_path)
     except OSError as exc:  # FileNotFoundError included: a missing or unreadable model directory
         raise type(exc)(f"{role_name(role)}: {full_key(model_cfg, 'path')}={model_cfg.path!r}: {exc}") from exc
     if role in ("actor", "critic"):
@@ -77,8 +82,7 @@ def build_model(model_cfg: Mapping[str, Any], fsdp_cfg: Mapping[str, Any], role:
         enable_activation_checkpointing(model)
     if role == "ref":
         model.requires_grad_(False)
-    if "tiled_mlp" in model_cfg:  # the reward model's section has none (verl's YAML)
-        tile_from_config(model, model_cfg)
+    tile_from_config(model, model_cfg)  # model.tiled_mlp
     packed_key = full_key(model_cfg, "use_remove_padding") if model_cfg.use_remove_padding else None
     return prepare_role_model(model, role, fsdp_cfg, packed_key)
 

@@ -47,19 +47,6 @@ logger = logging.getLogger(__name__)
 _OPEN: list["WorkerProfiler"] = []  # the profiler whose trace is open in this process (torch allows one)
 
 
-_SCHEDULE_KEYS = ("skip_first", "wait", "warmup", "active", "repeat")
-
-
-def _torch_block(torch_cfg: Any) -> dict[str, Any]:
-    """A plain copy of a ``tool_config.torch`` block, read key by key (interpolations resolved in their config);
-    ``schedule`` and ``step_start``/``step_end`` only where the block has them (see ``trace_options``)."""
-    out: dict[str, Any] = {"contents": [str(c) for c in torch_cfg.contents], "discrete": bool(torch_cfg.discrete)}
-    if "schedule" in torch_cfg:
-        out["schedule"] = {k: int(torch_cfg.schedule[k]) for k in _SCHEDULE_KEYS}
-        out.update(step_start=int(torch_cfg.step_start), step_end=torch_cfg.step_end)
-    return out
-
-
 def union_profiler_configs(blocks: list[Any]) -> Any:
     """One block for a worker holding several roles (verl ``ProfilerConfig.union``): enabled when any is, all
     ranks when any says so, the union of ``ranks`` and ``finish_hook_ranks``, ``relocate_results`` and
@@ -77,7 +64,7 @@ def union_profiler_configs(blocks: list[Any]) -> Any:
                              "relocate_results": any(bool(b.relocate_results) for b in blocks),
                              "finish_hook_cmd": cmd, "finish_hook_ranks": hook_ranks,
                              "finish_hook_all_ranks": any(bool(b.finish_hook_all_ranks) for b in blocks),
-                             "tool_config": {"torch": _torch_block(blocks[0].tool_config.torch)}})
+                             "tool_config": {"torch": torch_trace.torch_block(blocks[0].tool_config.torch)}})
 
 
 def profiles_this_rank(profiler_cfg: Any, rank: int) -> bool:

@@ -39,7 +39,7 @@ from rlhf_core.models.loading import import_external_libs, load_tokenizer, local
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.fsdp_utils import device
-from rlhf_core.workers.model_setup import micro_per_rank, note_unsupported, prepare_role_model
+from rlhf_core.workers.model_setup import micro_per_rank, prepare_role_model
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,6 @@ class RewardModelWorker(ProfiledWorker):
             self.switch_chat_template = not same_tokenizer(self.input_tokenizer, self.tokenizer)
         self.dynamic = bool(cfg.use_dynamic_bsz)
         self.micro_batch_size = micro_per_rank(cfg, "micro_batch_size_per_gpu", "micro_batch_size", self.dynamic)
-        note_unsupported(mcfg, False, "reward_model")
         fsdp = mcfg.fsdp_config  # verl's RM section has no model_dtype: the RM loads in float32
         model = load_reward_model(mcfg, self.tokenizer.pad_token_id, "float32")
         head = getattr(model, "score", None)

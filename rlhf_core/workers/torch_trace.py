@@ -40,6 +40,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SCHEDULED: "TorchTrace | None" = None  # the scheduled trace of this process that mini-batches advance
+_SCHEDULE_KEYS = ("skip_first", "wait", "warmup", "active", "repeat")  # a schedule block's keys
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ def schedule_kwargs(schedule_cfg: Any, step_start: int = 0, step_end: int | None
     Raises:
         ValueError: ``step_end <= step_start`` or a negative ``step_start``.
     """
-    if schedule_cfg is not None and int(schedule_cfg.active) > 0:
-        return {k: int(schedule_cfg[k]) for k in ("skip_first", "wait", "warmup", "active", "repeat")}
+    if schedule_cfg is not None and int(schedule_cfg["active"]) > 0:
+        return {k: int(schedule_cfg[k]) for k in _SCHEDULE_KEYS}
     if step_start == 0 and step_end is None:
         return None
     if step_start < 0 or (step_end is not None and step_end <= step_start):
@@ -76,15 +77,52 @@ def schedule_kwargs(schedule_cfg: Any, step_start: int = 0, step_end: int | None
     return {"skip_first": step_start, "wait": 0, "warmup": 0, "active": active, "repeat": 1}
 
 
+def torch_block(torch_cfg: Any) -> dict[str, Any]:
+    """A ``tool_config.torch`` block as a plain dict of one shape for every role: ``contents`` (list of str),
+    ``discrete`` (bool), ``schedule`` (its five ints, or None), ``step_start`` (int) and ``step_end`` (int or None).
+
+    Which keys a block has is its schema class's (``OmegaConf.get_type``): the actor's, reference's and critic's
+    (``TorchToolConfig``) have a ``schedule`` and verl 0.6's ``step_start``/``step_end``; SFT's
+    (``SftTorchToolConfig``) a ``schedule``; the rollout's and the reward model's (``FollowerTorchToolConfig``; no
+    update mini-batches) neither: ``schedule`` None and the whole range. A plain mapping is taken as a block this
+    function made (``union_profiler_configs`` stores one) and copied.
+
+    Raises:
+        TypeError: a block of another schema class.
+    """
+    from omegaconf import OmegaConf
+
+    from rlhf_core.config.schemas.ppo_common import FollowerTorchToolConfig, TorchToolConfig
+    from rlhf_core.config.schemas.sft_engine import SftTorchToolConfig
+
+    kind = OmegaConf.get_type(torch_cfg)
+    if kind is dict:  # made here
+        schedule = torch_cfg["schedule"]
+        return {"contents": [str(c) for c in torch_cfg["contents"]], "discrete": bool(torch_cfg["discrete"]),
+                "schedule": None if schedule is None else {k: int(schedule[k]) for k in _SCHEDULE_KEYS},
+                "step_start": int(torch_cfg["step_start"]), "step_end": torch_cfg["step_end"]}
+    if kind not in (TorchToolConfig, SftTorchToolConfig, FollowerTorchToolConfig):
+        raise TypeError(f"profiler tool_config.torch: a block of schema {kind!r} is not a torch profiler block")
+    out: dict[str, Any] = {"contents": [str(c) for c in torch_cfg.contents], "discrete": bool(torch_cfg.discrete),
+                           "schedule": None, "step_start": 0, "step_end": None}
+    if kind in (TorchToolConfig, SftTorchToolConfig):
+        out["schedule"] = {k: int(torch_cfg.schedule[k]) for k in _SCHEDULE_KEYS}
+    if kind is TorchToolConfig:
+        end = torch_cfg.step_end
+        out.update(step_start=int(torch_cfg.step_start), step_end=None if end is None else int(end))
+    return out
+
+
 def trace_options(torch_cfg: Any) -> TraceOptions:
-    """:class:`TraceOptions` of a ``tool_config.torch`` block. Only blocks of roles with update mini-batches have
-    a ``schedule`` (actor, ref, critic, SFT) and verl 0.6's ``step_start``/``step_end`` (the PPO ones of these);
-    the rollout's and the reward model's blocks have neither."""
-    schedule = torch_cfg.schedule if "schedule" in torch_cfg else None
-    ranged = schedule is not None and "step_start" in torch_cfg
-    start, end = (int(torch_cfg.step_start), torch_cfg.step_end) if ranged else (0, None)
-    return TraceOptions(contents=tuple(str(c) for c in torch_cfg.contents), discrete=bool(torch_cfg.discrete),
-                        schedule=schedule_kwargs(schedule, start, None if end is None else int(end)))
+    """:class:`TraceOptions` of a ``tool_config.torch`` block (any role's; :func:`torch_block` says which keys
+    it has: only roles with update mini-batches have a ``schedule`` and a ``step_start``/``step_end`` range).
+
+    Raises:
+        ValueError: as :func:`schedule_kwargs`. TypeError: as :func:`torch_block`.
+    """
+    block = torch_block(torch_cfg)
+    return TraceOptions(contents=tuple(block["contents"]), discrete=block["discrete"],
+                        schedule=schedule_kwargs(block["schedule"], block["step_start"], block["step_end"]))
 
 
 def profile_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:

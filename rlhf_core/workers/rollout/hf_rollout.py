@@ -54,13 +54,17 @@ class HFRollout:
         config: ``actor_rollout_ref.rollout`` (``temperature``, ``top_k``, ``top_p``, ``do_sample``, ``ignore_eos``,
             ``response_length``, ``val_kwargs``, ``calculate_log_probs``, ``logprobs_mode``).
         seed: base seed; rank: this worker's rank (different ranks sample differently).
+        logprobs_mode: what ``rollout_log_probs`` hold (see ``rollout.logprobs_mode``); None: the config's
+            ``logprobs_mode``. For a config without that key (``generation.yaml``'s rollout section).
     """
 
-    def __init__(self, module: nn.Module, tokenizer, config: Mapping[str, Any], seed: int = 0, rank: int = 0) -> None:
+    def __init__(self, module: nn.Module, tokenizer, config: Mapping[str, Any], seed: int = 0, rank: int = 0,
+                 logprobs_mode: str | None = None) -> None:
         kernels.install()  # the grouped decode attention and the packed prefill's per-sequence attention
         self.module = module
         self.tokenizer = tokenizer
         self.config = config
+        self.logprobs_mode = logprobs_mode
         self.seed = int(seed)
         self.rank = int(rank)
         self.calls = 0
@@ -146,9 +150,8 @@ class HFRollout:
             raw_logits = torch.stack(out.logits, dim=1) if calc_lp else None
         log_probs = None
         if calc_lp:
-            # rollout.logprobs_mode: raw or warped logits, as log-probs or logits
-            # generation.yaml's rollout section has no logprobs_mode (its calculate_log_probs has no effect there)
-            mode = str(self.config.logprobs_mode) if "logprobs_mode" in self.config else "processed_logprobs"
+            # rollout.logprobs_mode: raw or warped logits, as log-probs or logits (rlhf generate passes its own)
+            mode = str(self.config.logprobs_mode) if self.logprobs_mode is None else self.logprobs_mode
             log_probs = token_log_probs(raw_logits, gen, mode, params["do_sample"], params["temperature"],
                                         params["top_k"], params["top_p"])
         return gen, log_probs

@@ -275,3 +275,20 @@ def test_the_driver_asks_for_the_finish_hook_once_after_the_last_profiled_step(s
 def test_bad_profiler_values_are_refused_when_the_config_loads(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("ppo_trainer", [override])
+
+
+def test_a_torch_block_has_the_keys_of_its_schema_class(tmp_path):
+    """The schedule and the mini-batch range are read only from the blocks whose schema declares them (actor, ref,
+    critic; not the rollout's or the reward model's, which have no update mini-batches)."""
+    t = "profiler.tool_config.torch"
+    cfg = _cfg(tmp_path, f"{A}actor.{t}.schedule.active=2", f"{A}actor.{t}.step_start=1", f"{A}actor.{t}.step_end=3")
+    actor = torch_trace.torch_block(OmegaConf.select(cfg, f"{A}actor.{t}"))
+    assert actor == {"contents": [], "discrete": False, "step_start": 1, "step_end": 3,
+                     "schedule": {"skip_first": 0, "wait": 0, "warmup": 0, "active": 2, "repeat": 0}}
+    rollout_cfg = OmegaConf.select(cfg, f"{A}rollout.{t}")
+    assert rollout_cfg.step_start == 1  # the rollout's block follows the actor's step_start (no effect there) ...
+    rollout = torch_trace.torch_block(rollout_cfg)  # ... and has no schedule: neither is taken
+    assert rollout == {"contents": [], "discrete": False, "schedule": None, "step_start": 0, "step_end": None}
+    assert torch_trace.torch_block(OmegaConf.create(actor)) == actor  # a block made here is copied
+    with pytest.raises(TypeError, match="is not a torch profiler block"):
+        torch_trace.torch_block(OmegaConf.select(cfg, f"{A}actor.profiler"))
