@@ -71,7 +71,8 @@ class HFModelConfig(Model09):
     use_shm: bool = key(False, 'load the model through shared memory (/dev/shm)', why='shared-memory model loading')
     exclude_modules: Any = key(None, 'module names that never get LoRA adapters (a regex string or a list of '
         'names / name suffixes); null = none', types=(str, list))
-    use_liger: bool = key(False, 'apply Liger kernels to the model', only=(False,),
+    use_liger: bool = key(False, 'verl: apply Liger kernels (GPU) to the model; not shipped here: only False',
+        only=(False,),
         why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     custom_chat_template: Optional[str] = key(None,
         "chat template to use instead of the tokenizer's; null = the tokenizer's")

@@ -119,7 +119,8 @@ class CriticModelConfig(Model09):
     custom_chat_template: Optional[str] = key(None, "chat template of the critic's tokenizer (saved with its "
         "checkpoints; the critic scores the rollout's token ids); null = the tokenizer's")
     exclude_modules: Optional[str] = key(None, 'module names that never get LoRA adapters (a regex string); null = none')
-    use_liger: bool = key(False, 'apply Liger kernels to the critic', only=(False,),
+    use_liger: bool = key(False, 'verl: apply Liger kernels (GPU) to the critic; not shipped here: only False',
+        only=(False,),
         why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     use_fused_kernels: bool = key(False, 'fused log-prob kernels (an actor option; the critic has a value head)',
         only=(False,), why='fused kernels')

@@ -129,7 +129,7 @@ class ModelConfig:
     lora_rank: int = key(0, 'LoRA rank; 0 = full fine-tuning')
     lora_alpha: int = key(16, 'LoRA scaling alpha')
     target_modules: Any = key('all-linear', 'modules that get LoRA adapters', types=(str, list,))
-    use_liger: bool = key(False, 'apply Liger kernels (GPU)', only=(False,),
+    use_liger: bool = key(False, 'verl: apply Liger kernels (GPU); not shipped here: only False', only=(False,),
         why='Liger kernels: GPU-only Triton kernels that this project does not ship')
     # verl 0.9: engine SFT
     hf_config_path: Optional[str] = key(None, 'folder holding the HF config.json; null = model.path')
