@@ -40,7 +40,8 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str
     --only adamw``; BENCHMARKS.md, "Kernels"), the same update up to float rounding
     (tests/rlhf_core/workers/test_workers_optim.py).
 
-    sft_trainer.yaml's ``optim`` has no ``eps`` (verl's SFT trainer leaves AdamW's default): 1e-8 there.
+    verl's SFT trainer has no ``eps`` key (it leaves AdamW's default): sft_trainer.yaml declares ``optim.eps`` (ours)
+    at that default, 1e-8.
 
     Raises:
         ValueError: naming ``optim.override_optimizer_config`` for a keyword the optimizer class does not take
@@ -62,7 +63,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg: Mapping[str
     kwargs: dict[str, Any] = {"lr": float(optim_cfg.lr), "weight_decay": float(optim_cfg.weight_decay)}
     if "adam" in cls.__name__.lower():
         kwargs["betas"] = tuple(optim_cfg.betas)
-        kwargs["eps"] = float(optim_cfg.eps if "eps" in optim_cfg else 1e-8)
+        kwargs["eps"] = float(optim_cfg.eps)
     if "fused" in accepted and cls in (torch.optim.Adam, torch.optim.AdamW):
         fused = bool(trainable) and all(p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in trainable)
         kwargs["fused"] = fused or None

@@ -156,6 +156,7 @@ class OptimConfig:
 
     lr: float = key(1e-05, 'peak learning rate')
     betas: List[float] = key([0.9, 0.95], 'AdamW betas')
+    eps: float = key(1e-08, "AdamW epsilon (torch's default; the actor's optim.eps)", ours=True)
     weight_decay: float = key(0.01, 'AdamW weight decay')
     warmup_steps_ratio: float = key(0.1, 'warmup steps as a fraction of total steps',
         aliases=('optim.lr_warmup_steps_ratio',))

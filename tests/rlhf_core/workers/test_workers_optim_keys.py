@@ -109,3 +109,14 @@ def test_sft_zero_indexed_step_false_shifts_its_cosine_schedule():
     expect = [0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(5)]
     assert lrs() == pytest.approx(expect[:4], abs=1e-9)
     assert lrs("optim.zero_indexed_step=False") == pytest.approx(expect[1:], abs=1e-9)
+
+
+@pytest.mark.parametrize("section, prefix", [("ppo_trainer", A), ("ppo_trainer", "critic.optim."),
+                                             ("sft_trainer", "optim.")])
+def test_eps_is_read_from_every_optim_section(section, prefix):
+    node = load_config(section, [])
+    for part in prefix.rstrip(".").split("."):
+        node = node[part]
+    assert build_optimizer(_params(), node).param_groups[0]["eps"] == 1e-8  # the declared default, torch's
+    node.eps = 0.25
+    assert build_optimizer(_params(), node).param_groups[0]["eps"] == 0.25
