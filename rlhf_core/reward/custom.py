@@ -74,18 +74,29 @@ def load_custom_reward_function(
 
 
 def reward_function_from_config(config: Any) -> Callable[..., Any]:
-    """``custom_reward_function`` of a ppo_trainer/evaluation config → a scorer; the default scorer when no path.
+    """``custom_reward_function`` of a ppo_trainer config → a scorer; the default scorer when no path.
 
-    Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and, when present,
-    ``.reward_kwargs`` (extra keyword arguments passed on every call, as newer verl does); without a path, the
-    Sandbox Fusion service of code data sources (:func:`sandbox_from_config`) when one is configured.
+    Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and ``.reward_kwargs`` (extra
+    keyword arguments passed on every call, as newer verl does); without a path, the Sandbox Fusion service of
+    code data sources (:func:`sandbox_from_config`) when one is configured (verl 0.9: for the default scorer only).
+
+    Raises: as :func:`load_custom_reward_function`; ValueError: as :func:`sandbox_from_config`.
     """
     section = config.custom_reward_function
-    # evaluation.yaml has no reward_kwargs (verl's main_eval passes none)
-    kwargs = dict(section.reward_kwargs) if "reward_kwargs" in section else {}
+    return _scorer(section, dict(section.reward_kwargs), None if section.path else sandbox_from_config(config))
+
+
+def eval_reward_function(config: Any) -> Callable[..., Any]:
+    """``custom_reward_function`` of an evaluation config → a scorer (``path``, ``name``); the default scorer when
+    no path. evaluation.yaml has neither ``reward_kwargs`` nor a sandbox (verl's ``main_eval`` passes none).
+
+    Raises: as :func:`load_custom_reward_function`.
+    """
+    return _scorer(config.custom_reward_function, {}, None)
+
+
+def _scorer(section: Any, kwargs: dict, sandbox: Any) -> Callable[..., Any]:
     if not section.path:
-        # verl 0.9: the sandbox serves the default scorer only (evaluation.yaml has no reward_model section)
-        sandbox = sandbox_from_config(config) if "reward_model" in config else None
         if sandbox is not None:
             kwargs["sandbox_fusion"] = sandbox
         return functools.partial(default_compute_score, **kwargs) if kwargs else default_compute_score

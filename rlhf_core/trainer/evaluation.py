@@ -44,7 +44,7 @@ from rlhf_core.data import DataError
 from rlhf_core.metrics.samples import CORE_COLUMNS, render_prompt, write_samples_parquet
 from rlhf_core.metrics.validation import pass_k_values, pass_at_k
 from rlhf_core.progress import progress
-from rlhf_core.reward.custom import FileRewardFunction, reward_function_from_config
+from rlhf_core.reward.custom import FileRewardFunction, eval_reward_function
 from rlhf_core.reward.managers import ScoreFailure, score_value
 from rlhf_core.reward.scorers import UnknownDataSourceError
 
@@ -137,7 +137,7 @@ def score_rows(records: list[dict], config: Any, scorer: Callable[..., Any], sta
 
 
 def _score_chunk(records: list[dict], config: Any, start: int) -> list[dict]:
-    return score_rows(records, config, reward_function_from_config(config), start)
+    return score_rows(records, config, eval_reward_function(config), start)
 
 
 def score_rows_parallel(records: list[dict], config: Any) -> list[dict]:
@@ -235,7 +235,7 @@ def run_evaluation(config: Any) -> dict[str, float]:
         ``custom_reward_function``. ValueError: an unknown data source with the default scorer (wrapped in
         RuntimeError naming the row).
     """
-    reward_function_from_config(config)  # a bad custom_reward_function fails here, before Ray starts
+    eval_reward_function(config)  # a bad custom_reward_function fails here, before Ray starts
     rows = score_rows_parallel(load_eval_rows(config), config)
     report_short_prompts(rows)
     samples_dir = config.output.samples_dir

@@ -137,8 +137,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
             self.total_training_steps = cap
             with open_dict(self.config):
                 self.config.actor_rollout_ref.actor.optim.total_training_steps = cap
-                if "critic" in self.config:
-                    self.config.critic.optim.total_training_steps = cap
+                self.config.critic.optim.total_training_steps = cap
 
     def init_workers(self) -> None:
         super().init_workers()

@@ -121,8 +121,7 @@ class RayPPOTrainer:
         self.total_training_steps = compute_total_training_steps(self.config, len(self.train_dataloader))
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
-            if "critic" in self.config:
-                self.config.critic.optim.total_training_steps = self.total_training_steps
+            self.config.critic.optim.total_training_steps = self.total_training_steps
 
     def init_workers(self) -> None:
         """Build the worker groups (critic, ref, reward model, then actor — verl's order) and call ``init_model``.

@@ -61,7 +61,7 @@ def sandbox_from_config(config: Any) -> SandboxFusion | None:
 
     Raises:
         ValueError: ``max_concurrent`` or ``memory_limit_mb`` below 1 (naming the key)."""
-    top = config.sandbox_fusion if "sandbox_fusion" in config else None
+    top = config.sandbox_fusion  # verl 0.9.1's top-level section (ppo_trainer.yaml declares it)
     section, name = config.reward_model.sandbox_fusion, "reward_model.sandbox_fusion"
     if top is not None and any(top[k] is not None for k in ("url", "max_concurrent", "memory_limit_mb")):
         section, name = top, "sandbox_fusion"
