@@ -91,6 +91,36 @@ def file_and_name_errors(value: str, key: str) -> list[str]:
     return errors
 
 
+def is_dotted_class_path(value: str) -> bool:
+    """True when ``value`` is a dotted ``pkg.module.Name`` (two or more Python names, no ``:``, ``/`` or ``.py``
+    suffix): the form verl's ``load_class_from_fqn`` imports."""
+    value = str(value)
+    parts = value.split(".")
+    return (":" not in value and "/" not in value and not value.endswith(".py") and len(parts) >= 2
+            and all(part.isidentifier() for part in parts))
+
+
+def import_dotted_class_module(value: str, key: str) -> tuple[ModuleType, str]:
+    """``(module, name)`` of the dotted class path ``value`` (``pkg.mod.Name``): ``pkg.mod`` imported with
+    ``importlib`` from ``sys.path`` as verl's ``load_class_from_fqn`` does, its file and that file's sha256 logged
+    (``"<key>: loading module pkg.mod from <file> (sha256 <hex>)"`` at INFO) as for a file named by path.
+
+    Raises:
+        ImportError: the module is not importable (the message names ``key`` and the value, and that the file
+            form ``path/to/file.py:Name`` needs no package on ``sys.path``); or whatever the module raises.
+    """
+    module_name, _, name = str(value).rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ImportError(f"{key}={value!r}: no module {module_name!r} on sys.path ({exc}); install the package or "
+                          f"name the file: {module_name.replace('.', '/')}.py:{name}") from exc
+    origin = getattr(module, "__file__", None)
+    digest = file_sha256(origin) if origin and os.path.isfile(origin) else "unknown: no source file"
+    logger.info("%s: loading module %s from %s (sha256 %s)", key, module_name, origin, digest)
+    return module, name
+
+
 _extensions: dict[str, ModuleType] = {}  # absolute path -> module, per process
 
 

@@ -18,7 +18,7 @@ from rlhf_core.config.schemas.ppo_data import DataConfig
 from rlhf_core.config.schemas.ppo_reward import RewardConfig
 from rlhf_core.config.schemas.sections09_engines import TrainerV1Config
 from rlhf_core.config.schemas.ppo_rollout import RolloutConfig
-from rlhf_core.user_code import file_and_name_errors
+from rlhf_core.user_code import file_and_name_errors, is_dotted_class_path
 
 # The comment lines at the top of the generated YAML file.
 YAML_HEADER = (
@@ -219,7 +219,7 @@ class TrainerConfig:
                       "project's one driver runs for either value (trainer.v1.* is refused away from its defaults)")
     v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
     checkpoint_callback_class: Optional[str] = key(None,
-        'path/to/file.py:ClassName (verl: a dotted module path; here a file, its sha256 logged) of a class built '
+        'path/to/file.py:ClassName, or verl\'s dotted pkg.module.ClassName (imported from sys.path), of a class built '
         'with the config whose on_save(trainer, global_step, checkpoint_dir, async_save) runs on the driver after '
         'each checkpoint save; null = none')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
@@ -237,7 +237,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         callback = self.checkpoint_callback_class
         check_section(trainer_errors(self) + (file_and_name_errors(callback, "{section}.checkpoint_callback_class")
-                                              if isinstance(callback, str) and "${" not in callback else []))
+                                              if isinstance(callback, str) and "${" not in callback
+                                              and not is_dotted_class_path(callback) else []))
 
 
 @dataclass

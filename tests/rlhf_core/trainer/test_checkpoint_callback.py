@@ -1,5 +1,5 @@
 """trainer.checkpoint_callback_class (verl 0.9.1): ``<file>.py:<ClassName>``, loaded from that file only (sha256
-logged, as the reward function's), built with the config; its on_save runs on the driver after each checkpoint
+logged, as the reward function's), or verl's dotted ``pkg.module.Class`` (its module's file and sha256 logged), built with the config; its on_save runs on the driver after each checkpoint
 save completes (the fake-worker PPO loop of test_trainer_ppo.py)."""
 from __future__ import annotations
 
@@ -58,10 +58,31 @@ def test_a_relative_path_resolves_against_the_cwd(tmp_path, monkeypatch):
     assert cls.__name__ == "Up" and cls.__module__.startswith("rlhf_checkpoint_callback_")
 
 
+def test_verls_dotted_form_imports_the_module_and_logs_its_file(tmp_path, monkeypatch, caplog):
+    """verl 0.9.1's form (load_class_from_fqn): pkg.module.Class imported from sys.path; its file and sha256 logged."""
+    source = "class Up:\n    def on_save(self, **kw):\n        pass\n"
+    (tmp_path / "cbpkg_rlhf_test").mkdir()
+    (tmp_path / "cbpkg_rlhf_test" / "__init__.py").write_text("")
+    (tmp_path / "cbpkg_rlhf_test" / "hooks.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    value = "cbpkg_rlhf_test.hooks.Up"
+    load_config("ppo_trainer", [f"{KEY}={value}"])  # the form is accepted at config load
+    with caplog.at_level(logging.INFO, logger="rlhf_core.user_code"):
+        cls = load_checkpoint_callback_class(OmegaConf.create({"trainer": {"checkpoint_callback_class": value}}))
+    assert cls.__name__ == "Up" and cls.__module__ == "cbpkg_rlhf_test.hooks"
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    assert _load_lines(caplog) == [f"{KEY}: loading module cbpkg_rlhf_test.hooks from "
+                                   f"{tmp_path / 'cbpkg_rlhf_test' / 'hooks.py'} (sha256 {digest})"]
+    # a module that is not there: named, with the file form that needs no package
+    with pytest.raises(ConfigError) as info:
+        load_checkpoint_callback_class(OmegaConf.create({"trainer": {"checkpoint_callback_class":
+                                                                         "no_such_pkg_rlhf.cb.Upload"}}))
+    assert str(info.value).startswith(f"{KEY}='no_such_pkg_rlhf.cb.Upload': no module 'no_such_pkg_rlhf.cb'")
+    assert "no_such_pkg_rlhf/cb.py:Upload" in str(info.value)
+
+
 @pytest.mark.parametrize("value, message", [
-    # verl's form, a dotted module path: refused with the file form to write
-    ("my_pkg.callbacks.Upload", "expected <file>.py:<ClassName>, e.g. my_pkg/callbacks.py:Upload (user code is "
-                                "loaded from a file"),
+    ("cb:Upload", "'cb' is not a Python source file (.py)"),
     ("cb.txt:Upload", "'cb.txt' is not a Python source file (.py)"),
     ("cb.py:1st", "'1st' after the ':' is not a Python name")])
 def test_the_form_is_refused_at_config_load_naming_key_and_value(value, message):
