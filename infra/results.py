@@ -5,19 +5,11 @@ Writers never hold a database lock: they append parquet files under ``<home>/res
 file and a dying writer loses nothing already registered). The DuckDB file
 ``<home>/results.duckdb`` holds only VIEWS over those files:
 
-- ``samples``: ``run_id, stage, step, data_source, uid, sample_idx, prompt, response,
-  ground_truth, score, prompt_id, question, checkpoint`` plus any extra columns the core wrote
-  (``acc``, ``pred``, ...; ``num_turns``, ``tool_calls``, ``tool_failures`` for multi-turn tool rollouts,
-  ``rlhf_core.metrics.samples.trajectory_columns``). ``prompt_id`` (:func:`prompt_id`) is a hash of the rendered prompt
-  and ``data_source``, the same for the same prompt in every run;
+- ``samples``: one row per generated response, with its ``score``, ``prompt_id``, ``question`` and ``checkpoint``;
 - ``metrics``: ``run_id, stage, step, key, value``;
-- ``runs``: ``run_id, flow_run_id, stage, status, started_at, ended_at, params_json, name, kind``:
-  one row per run id (``kind`` ``flow`` for a flow run, whose ``run_id`` is the Prefect flow-run
-  id; ``stage`` for a stage run, whose ``run_id`` is its MLflow run id).
+- ``runs``: one row per run id (a flow run or a stage run),
 
-Derived views (:data:`DERIVED_VIEWS`): ``prompt_scores`` (one row per run, stage, step and
-prompt: mean score over its samples) and ``compare_pairs`` (evaluation prompt scores of two
-runs side by side, paired by ``prompt_id``; filter on ``run_a``/``run_b`` or ``flow_a``/``flow_b``).
+and views derived from them (``prompt_scores``, ``compare_pairs``): every column in :mod:`infra.results_schema`.
 
 Views are (re)created with a brief write connection when the store is opened and when a
 table gets its first file; queries use a read-only connection that runs only read statements and reads no file
@@ -35,74 +27,32 @@ only views.
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import logging
-
 import duckdb
 import filelock
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.results_schema import (DERIVED_VIEWS, TABLES, label_suite, metrics_table, prompt_id, view_sql,
+                                  with_sample_ids)
+from infra.results_sql import confined_connection, refuse_writes
 from rlhf_core.atomic import atomic_write
 from rlhf_core.redact import redact_json
 from rlhf_core.storage import is_storage_error, storage_error
 
-TABLES: dict[str, dict[str, str]] = {
-    "samples": {
-        "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "data_source": "VARCHAR",
-        "uid": "VARCHAR", "sample_idx": "BIGINT", "prompt": "VARCHAR", "response": "VARCHAR",
-        "ground_truth": "VARCHAR", "score": "DOUBLE", "prompt_id": "VARCHAR", "question": "VARCHAR",
-        "checkpoint": "VARCHAR",
-    },
-    "metrics": {
-        "run_id": "VARCHAR", "stage": "VARCHAR", "step": "BIGINT", "key": "VARCHAR", "value": "DOUBLE",
-    },
-    "runs": {
-        "run_id": "VARCHAR", "flow_run_id": "VARCHAR", "stage": "VARCHAR", "status": "VARCHAR",
-        "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "params_json": "VARCHAR",
-        "name": "VARCHAR", "kind": "VARCHAR",
-    },
-}
-# Views over the three tables. ``runs`` may hold several rows for one run id in a store written
-# before runs were keyed by run id alone, hence the GROUP BY in ``_run_index``.
-DERIVED_VIEWS: dict[str, str] = {
-    "prompt_scores": """
-        WITH run_index AS (
-            SELECT run_id, any_value(flow_run_id) AS flow_run_id, min(started_at) AS started_at
-            FROM runs GROUP BY run_id)
-        SELECT s.run_id, any_value(r.flow_run_id) AS flow_run_id, s.stage, s.step, s.data_source,
-               coalesce(s.prompt_id, s.uid) AS prompt_id, any_value(s.question) AS question,
-               any_value(s.prompt) AS prompt, any_value(s.checkpoint) AS checkpoint,
-               avg(s.score) AS score, count(*) AS n_samples, any_value(r.started_at) AS started_at
-        FROM samples s LEFT JOIN run_index r ON r.run_id = s.run_id
-        GROUP BY s.run_id, s.stage, s.step, s.data_source, coalesce(s.prompt_id, s.uid)""",
-    "compare_pairs": """
-        SELECT a.run_id AS run_a, b.run_id AS run_b, a.flow_run_id AS flow_a, b.flow_run_id AS flow_b,
-               a.data_source, a.prompt_id, coalesce(b.question, a.question) AS question,
-               a.score AS score_a, b.score AS score_b, b.score - a.score AS diff
-        FROM prompt_scores a JOIN prompt_scores b
-          ON a.data_source = b.data_source AND a.prompt_id = b.prompt_id AND a.run_id <> b.run_id
-        WHERE a.stage = 'evaluate' AND b.stage = 'evaluate'""",
-}
+# re-exported: tests import prompt_id from here (tests/infra, tests/tasks, tests/reliability); code uses results_schema
+__all__ = ["ResultsStore", "prompt_id"]
+
 logger = logging.getLogger(__name__)
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # the longest wait for another connection of this store (a long query of the results CLI)
 _LOCK_TIMEOUT_S = 60.0
-
-
-def prompt_id(prompt: str | None, data_source: str | None) -> str:
-    """Stable id of a prompt across runs: the first 16 hex digits of sha256(data_source, NUL, prompt).
-
-    ``prompt`` is the prompt as rendered (the text the model saw); ``None`` counts as ``""``.
-    """
-    blob = f"{data_source or ''}\0{prompt or ''}".encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -157,14 +107,6 @@ class ResultsStore:
     def _has_files(self, table: str) -> bool:
         return any(self.root.joinpath(table).rglob("*.parquet"))
 
-    def _view_sql(self, table: str, globbed: bool) -> str:
-        if globbed:
-            src = (f"read_parquet('{self._glob(table)}', union_by_name=true, "
-                   f"hive_partitioning=false)")
-            return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {src}"
-        cols = ", ".join(f"CAST(NULL AS {typ}) AS {name}" for name, typ in TABLES[table].items())
-        return f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false"
-
     def refresh_views(self, strict: bool = True) -> bool:
         """(Re)create the three views in the database file with a brief write connection.
 
@@ -186,7 +128,7 @@ class ResultsStore:
                 con = self._connect_rebuilding_corrupt()
                 try:
                     for table, globbed in state.items():
-                        con.execute(self._view_sql(table, globbed))
+                        con.execute(view_sql(table, self._glob(table) if globbed else None))
                     for name, body in DERIVED_VIEWS.items():
                         try:
                             con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
@@ -269,13 +211,9 @@ class ResultsStore:
         dest_dir = self.root / "samples" / f"run_id={run_id}" / f"stage={stage}"
         total = 0
         for path in parquet_paths:
-            table = _with_sample_ids(pq.read_table(path), checkpoint, questions or {})
+            table = with_sample_ids(pq.read_table(path), checkpoint, questions or {})
             if suite is not None:
-                sources = [f"{suite}/{d}" for d in table.column("data_source").to_pylist()]
-                table = table.set_column(table.column_names.index("data_source"), "data_source",
-                                         pa.array(sources, pa.string()))
-                table = table.drop_columns([c for c in ("suite",) if c in table.column_names])
-                table = table.append_column("suite", pa.array([suite] * table.num_rows, pa.string()))
+                table = label_suite(table, suite)
             for col in ("run_id", "stage"):
                 if col in table.column_names:
                     table = table.drop_columns([col])
@@ -312,32 +250,11 @@ class ResultsStore:
         _check_name("run_id", run_id)
         _check_name("stage", stage)
         _check_name("name", name)
-        steps, keys, values = [], [], []
-        for row in rows:
-            if "step" not in row:
-                raise ValueError(f"metrics row without 'step': {dict(row)!r:.200}")
-            step = int(row["step"])
-            long_key = "key" if "key" in row else "name" if "name" in row else None
-            items = [(row[long_key], row.get("value"))] if long_key else [
-                (k, v) for k, v in row.items() if k != "step"]
-            for key, value in items:
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                steps.append(step)
-                keys.append(str(key))
-                values.append(float(value))
-        n = len(steps)
-        table = pa.table({
-            "run_id": pa.array([run_id] * n, pa.string()),
-            "stage": pa.array([stage] * n, pa.string()),
-            "step": pa.array(steps, pa.int64()),
-            "key": pa.array(keys, pa.string()),
-            "value": pa.array(values, pa.float64()),
-        })
+        table = metrics_table(rows, run_id, stage)
         _atomic_write(table, self.root / "metrics" / f"run_id={run_id}" / f"stage={stage}" / f"{name}.parquet",
                       self.root)
         self._after_write("metrics")
-        return n
+        return table.num_rows
 
     def index_run(
         self, run_id: str, flow_run_id: str | None, stage: str, status: str,
@@ -389,9 +306,9 @@ class ResultsStore:
     def sql(self, query: str) -> tuple[list[str], list[tuple]]:
         """Run ``query`` on a short-lived, read-only and confined connection (:meth:`_confined_connection`).
 
-        Only read statements run (:data:`READ_STATEMENTS`: ``SELECT``, ``WITH``, ``FROM``, ``SHOW``, ``DESCRIBE``,
-        ``SUMMARIZE``, ``VALUES``, and ``EXPLAIN`` of those); the query reads no file outside ``<home>/results/``
-        and writes none.
+        Only read statements run (:data:`infra.results_sql.READ_STATEMENTS`: ``SELECT``, ``WITH``, ``FROM``,
+        ``SHOW``, ``DESCRIBE``, ``SUMMARIZE``, ``VALUES``, and ``EXPLAIN`` of those); the query reads no file outside
+        ``<home>/results/`` and writes none.
 
         Returns:
             ``(column_names, rows)``.
@@ -408,7 +325,7 @@ class ResultsStore:
         with self._db_lock():
             con = self._confined_connection()
             try:
-                _refuse_writes(con, query)
+                refuse_writes(con, query)
                 rel = con.execute(query)
                 names = [d[0] for d in rel.description] if rel.description else []
                 return names, rel.fetchall()
@@ -416,82 +333,12 @@ class ResultsStore:
                 con.close()
 
     def _confined_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-only connection to ``db_path`` that can read files only under ``<home>/results/`` (the views'
-        parquet files) and cannot change that: DuckDB's ``allowed_directories`` = that folder,
-        ``enable_external_access=false`` (no other file, URL, ``ATTACH``, extension install or load) and
-        ``lock_configuration=true`` (no later ``SET``/``RESET`` undoes them). ``allowed_directories`` grants writes
-        too, so :meth:`sql` also refuses every statement that is not a read (:func:`_refuse_writes`).
-        DuckDB refuses ``allowed_directories`` in ``connect(config=...)`` ("before the database is started"),
-        hence the ``SET`` statements, in this order, before anything else runs."""
-        con = duckdb.connect(str(self.db_path), read_only=True)
-        try:
-            con.execute("SET allowed_directories = [?]", [f"{self.root}/"])
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
-        except BaseException:
-            con.close()
-            raise
-        return con
+        """A read-only connection to ``db_path`` that reads files only under ``<home>/results/`` and cannot be
+        re-configured (:func:`infra.results_sql.confined_connection`)."""
+        return confined_connection(self.db_path, self.root)
 
     def sql_arrow(self, query: str) -> pa.Table:
         """Like :meth:`sql` but returns a ``pyarrow.Table``."""
         names, rows = self.sql(query)
         return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
 
-
-READ_STATEMENTS = frozenset({"SELECT"})
-"""DuckDB statement types :meth:`ResultsStore.sql` runs (``SHOW``, ``DESCRIBE``, ``SUMMARIZE``, ``VALUES`` and
-``FROM x`` parse as ``SELECT``); ``EXPLAIN [ANALYZE]`` runs when what it explains is one of these
-(``EXPLAIN ANALYZE COPY ... TO`` writes the file)."""
-_EXPLAIN = re.compile(r"^\s*EXPLAIN(\s+ANALYZE)?(\s*\([^)]*\))?\s*", re.IGNORECASE)
-
-
-def _refuse_writes(con: duckdb.DuckDBPyConnection, query: str) -> None:
-    """Raise ``duckdb.PermissionException`` naming the first statement of ``query`` whose type is not in
-    :data:`READ_STATEMENTS` (an ``EXPLAIN`` counts as what it explains), before any statement runs
-    (``SELECT 1; COPY ...`` runs neither).
-
-    Raises:
-        duckdb.ParserException: ``query`` does not parse.
-    """
-    statements = con.extract_statements(query)
-    for i, statement in enumerate(statements, 1):
-        kind = statement.type.name
-        if kind == "EXPLAIN":
-            inner = con.extract_statements(_EXPLAIN.sub("", statement.query, count=1))
-            kind = "EXPLAIN " + (inner[0].type.name if len(inner) == 1 else "MULTI")
-            if kind == "EXPLAIN SELECT":
-                continue
-        if kind not in READ_STATEMENTS:
-            where = f"statement {i} of {len(statements)}" if len(statements) > 1 else "the query"
-            raise duckdb.PermissionException(
-                f"the results store is read-only: {where} is of type {kind}; only queries run here "
-                f"(SELECT, WITH, FROM, SHOW, DESCRIBE, SUMMARIZE, and EXPLAIN of those)")
-
-
-def _with_sample_ids(table: pa.Table, checkpoint: str | Mapping[int, str] | None,
-                     questions: Mapping[str, str]) -> pa.Table:
-    """``table`` with ``prompt_id`` (computed from ``prompt`` and ``data_source``), ``question`` and
-    ``checkpoint`` columns (see :meth:`ResultsStore.register_samples`)."""
-    cols = table.column_names
-    n = table.num_rows
-    prompts = table.column("prompt").to_pylist() if "prompt" in cols else [None] * n
-    sources = table.column("data_source").to_pylist() if "data_source" in cols else [None] * n
-    ids = [prompt_id(p, d) for p, d in zip(prompts, sources)]
-    own_q = table.column("question").to_pylist() if "question" in cols else [None] * n
-    own_c = table.column("checkpoint").to_pylist() if "checkpoint" in cols else [None] * n
-    steps = table.column("step").to_pylist() if "step" in cols else [None] * n
-    if isinstance(checkpoint, Mapping):
-        ckpts = [checkpoint.get(int(s)) if s is not None else None for s in steps]
-    else:
-        ckpts = [checkpoint] * n
-    new = {
-        "prompt_id": pa.array(ids, pa.string()),
-        "question": pa.array([questions.get(i, q) for i, q in zip(ids, own_q)], pa.string()),
-        "checkpoint": pa.array([c if c is not None else o for c, o in zip(ckpts, own_c)], pa.string()),
-    }
-    for name, arr in new.items():
-        if name in table.column_names:
-            table = table.drop_columns([name])
-        table = table.append_column(name, arr)
-    return table
