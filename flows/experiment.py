@@ -147,7 +147,7 @@ class RegressionGate:
 @dataclass(frozen=True)
 class TaskOptions:
     """Prefect options of one stage (input errors and a full or read-only disk are never retried:
-    tasks.plan.is_retriable)."""
+    tasks.retry.is_retriable)."""
 
     retries: int = _f(1, "attempts after the first")
     retry_delay_seconds: float = _f(30, "seconds between attempts")

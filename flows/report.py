@@ -91,7 +91,7 @@ def gate(store: ResultsStore, baseline: ResolvedRun, eval_run_id: str, max_regre
     failed = regressions(cmp, max_regression)
     message = regression_message(cmp, failed, max_regression) if failed else None
     if parent_run_id:
-        from tasks.stages import lineage_name
+        from tasks.common import lineage_name
 
         values = {}
         for s in sources:

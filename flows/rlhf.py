@@ -14,7 +14,7 @@ that map to keys, its ``overrides``), then the pipeline's own choices, then the 
 win). Every stage's override list, the first rows of every data file, the model and the reward function are
 checked when the flow starts (``flows.preflight``), so a bad input fails in seconds; an input error in a stage
 (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError, a full or read-only disk:
-``tasks.plan.is_retriable``) is not retried. When the ppo overrides set ``custom_reward_function.path``, the
+``tasks.retry.is_retriable``) is not retried. When the ppo overrides set ``custom_reward_function.path``, the
 experiment's reward_kwargs are dropped.
 """
 
@@ -54,13 +54,13 @@ from rlhf_core.cli import run_command  # noqa: E402
 from rlhf_core.config import ConfigError, load_config  # noqa: E402
 from rlhf_core.data.fs import copy_to_local, is_local  # noqa: E402
 from tasks import plan  # noqa: E402
-from tasks.common import make_context, stage  # noqa: E402
+from tasks.common import lineage_name, make_context, stage  # noqa: E402
 from tasks.deadline import split_task_options  # noqa: E402
 from tasks.progress import create_ppo_progress  # noqa: E402
 from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
 from tasks.register import gate_verdict, register_model  # noqa: E402
-from tasks.stages import (build_model, evaluate, filter_prompts, lineage_name, ppo_segment, prepare_data,  # noqa: E402
-                          sft, validate)
+from tasks.stages import (build_model, evaluate, filter_prompts, ppo_segment, prepare_data, sft,  # noqa: E402
+                          validate)
 
 
 @flow(name="rlhf", log_prints=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 from infra import lineage
 from infra.results import ResultsStore
 from infra.run_folders import read_jsonl
-from rlhf_core.trainer.tracking import mlflow_params
+from rlhf_core.trainer.tracking import mlflow_params, sanitize_mlflow_name
 
 
 def make_context(home: str, experiment: str, parent_run_id: str | None, flow_run_id: str | None,
@@ -83,3 +83,9 @@ def keep_steps_through(path: str | Path, last_step: int | None) -> int:
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(kept)
+
+
+def lineage_name(key: str) -> str:
+    """A metric name MLflow accepts (``@`` → ``_at_``: the core's MLflow sink's
+    :func:`rlhf_core.trainer.tracking.sanitize_mlflow_name`)."""
+    return sanitize_mlflow_name(key)

@@ -1,7 +1,8 @@
 """Decision logic of the pipeline as plain functions (no Prefect, no Ray, no MLflow).
 
-Segment boundaries, override lists and digests are computed here so they can be tested
-directly; the Prefect tasks only call them.
+Segment boundaries, override lists, evaluation suites and cache-key digests are computed here so they can be tested
+directly; the Prefect tasks only call them. Which failures are retried is :mod:`tasks.retry`; the validation sample
+files are :mod:`tasks.samples`; the learning summary is :mod:`tasks.learning`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import pandas as pd
-
-from infra.results import prompt_id
-from rlhf_core.atomic import atomic_write
 from rlhf_core.config import ConfigError, parse_value
+# Re-exported for the paths tests and docs use (``plan.is_retriable``: tests/tasks, tests/reliability,
+# rlhf_core/data/__init__.py; ``plan.validation_before_after``/``learning_line``: tests/reliability/
+# test_learning_summary.py; the sample-file functions: tests/tasks/test_infra_tasks_plan.py); code imports them
+# from their own modules.
+from tasks.learning import learning_line, validation_before_after  # noqa: F401
+from tasks.retry import is_retriable  # noqa: F401
+from tasks.samples import (latest_validation_samples, questions_by_prompt_id,  # noqa: F401
+                           responses_from_samples, take_rows)
 
 
 def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:
@@ -263,66 +268,6 @@ def suite_metric_names(metrics: dict[str, float], suite: str, data_sources: Iter
     return out
 
 
-def non_retriable_types() -> tuple[type[BaseException], ...]:
-    """Errors that fail the same way on every try: the ``rlhf`` commands' input errors
-    (:data:`rlhf_core.cli.INPUT_ERRORS`: a bad config, bad data, a missing file, an unreachable hub or remote URL)
-    and a full or read-only store (:class:`rlhf_core.storage.StorageError`)."""
-    from rlhf_core.cli import INPUT_ERRORS
-    from rlhf_core.storage import StorageError
-
-    return (*INPUT_ERRORS, StorageError)
-
-
-def _ray_task_error() -> type[BaseException] | None:
-    try:
-        from ray.exceptions import RayTaskError
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return None
-    return RayTaskError
-
-
-def _causes(exc: BaseException, depth: int = 0) -> Iterable[BaseException]:
-    """``exc`` and, for a RayTaskError (possibly nested: a driver on Ray calling workers), its causes."""
-    yield exc
-    ray_error = _ray_task_error()
-    if depth >= 5 or ray_error is None or not isinstance(exc, ray_error):
-        return
-    inner: list[BaseException] = []
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        inner.append(cause)
-    try:
-        as_cause = exc.as_instanceof_cause()  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - some causes cannot be re-typed
-        as_cause = None
-    if isinstance(as_cause, BaseException) and as_cause is not exc:
-        inner.append(as_cause)
-    for item in inner:
-        yield from _causes(item, depth + 1)
-
-
-def is_retriable(exc: BaseException | None) -> bool:
-    """Whether a failed stage is worth retrying: False for an input error or a full/read-only store.
-
-    The errors of :func:`non_retriable_types` — ``ConfigError`` (an override typo, impossible batch
-    sizes), ``DataError`` (bad rows, an unreadable dataset), ``FileNotFoundError`` (a missing data
-    folder or model), ``RemoteUnavailableError`` (the hub or a remote URL could not be read: no
-    network, a wrong id; the message says how to use local files) — and any ``OSError`` whose errno
-    is ``ENOSPC``/``EDQUOT``/``EROFS`` (:func:`rlhf_core.storage.is_storage_error`) fail the same way
-    on every try, so they are not retried: the flow run fails at once with their message. Everything
-    else (a killed or lost Ray worker, a timeout, OOM, a plain ``ConnectionError``) is retried.
-    Errors raised on Ray arrive as ``ray.exceptions.RayTaskError``: its ``.cause`` /
-    ``as_instanceof_cause()`` are checked too (nested, for a driver on Ray whose worker failed).
-    ``None`` (no exception known) is retriable.
-    """
-    from rlhf_core.storage import is_storage_error
-
-    if exc is None:
-        return True
-    bad = non_retriable_types()
-    return not any(isinstance(e, bad) or is_storage_error(e) for e in _causes(exc))
-
-
 def files_digest(paths: Iterable[str | Path]) -> str:
     """sha256 over the bytes of files (a folder: all files below it, by relative name)."""
     h = hashlib.sha256()
@@ -341,143 +286,3 @@ def inputs_key(name: str, files: Iterable[str | Path], **params: Any) -> str:
     """Cache key of a stage: its name, the digest of its input files and its parameters (JSON)."""
     blob = json.dumps(params, sort_keys=True, default=str)
     return hashlib.sha256(f"{name}|{files_digest(files)}|{blob}".encode()).hexdigest()
-
-
-def latest_validation_samples(paths: Iterable[str]) -> pd.DataFrame:
-    """Concatenate validation sample parquet files and keep only the rows of the highest step.
-
-    Raises:
-        ValueError: no file or no row.
-    """
-    frames = [pd.read_parquet(p) for p in paths]
-    if not frames:
-        raise ValueError("no validation sample files to evaluate")
-    df = pd.concat(frames, ignore_index=True)
-    if df.empty:
-        raise ValueError("validation sample files hold no rows")
-    return df[df["step"] == df["step"].max()].reset_index(drop=True)
-
-
-def responses_from_samples(samples: pd.DataFrame) -> pd.DataFrame:
-    """Group per-sample rows (one response each) into evaluation.yaml's responses table.
-
-    Input columns: ``uid, sample_idx, prompt, response, data_source, ground_truth``.
-    Output: one row per ``uid`` with ``prompt``, ``responses`` (list of N strings ordered by
-    ``sample_idx``), ``data_source`` and ``reward_model = {"style": "rule", "ground_truth": str}``.
-
-    Raises:
-        KeyError: a required column is missing.
-    """
-    needed = ["uid", "sample_idx", "prompt", "response", "data_source", "ground_truth"]
-    missing = [c for c in needed if c not in samples.columns]
-    if missing:
-        raise KeyError(f"validation samples lack columns {missing}")
-    rows = []
-    for uid, group in samples.sort_values(["uid", "sample_idx"]).groupby("uid", sort=True):
-        first = group.iloc[0]
-        rows.append({
-            "uid": str(uid),
-            "prompt": first["prompt"],
-            "responses": [str(r) for r in group["response"]],
-            "data_source": first["data_source"],
-            "reward_model": {"style": "rule", "ground_truth": str(first["ground_truth"])},
-        })
-    return pd.DataFrame(rows)
-
-
-def take_rows(src: str, dest: str, n: int | None) -> str:
-    """Write the first ``n`` rows of parquet ``src`` to ``dest`` (all rows when n is None or <=0)."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(src)
-    if n and n > 0:
-        table = table.slice(0, min(n, table.num_rows))
-    with atomic_write(dest) as fh:
-        pq.write_table(table, fh)
-    return dest
-
-
-def _squash(text: Any) -> str:
-    return "".join(str(text or "").split())
-
-
-def questions_by_prompt_id(sample_paths: Iterable[str], val_file: str | None) -> dict[str, str]:
-    """``{prompt_id: raw question}`` for validation samples, from the validation parquet.
-
-    Validation walks the dataset in order (no shuffle) and repeats each prompt ``n`` times, so in
-    each sample file the k-th distinct ``uid`` is row k of ``val_file``. A pairing is kept only when
-    the row's ``extra_info.question`` (whitespace removed) occurs in the decoded prompt (whitespace
-    removed), so a filtered or reordered dataset yields no wrong question, only a missing one.
-    """
-    if not val_file or not Path(val_file).exists():
-        return {}
-    val = pd.read_parquet(val_file)
-    if "extra_info" not in val.columns:
-        return {}
-    questions = [e.get("question") if isinstance(e, dict) else None for e in val["extra_info"]]
-    out: dict[str, str] = {}
-    for path in sample_paths:
-        df = pd.read_parquet(path, columns=["uid", "prompt", "data_source"])
-        firsts = df.drop_duplicates("uid", keep="first").reset_index(drop=True)
-        for k, row in firsts.iterrows():
-            q = questions[k] if k < len(questions) else None
-            if q and _squash(q) in _squash(row["prompt"]):
-                out[prompt_id(row["prompt"], row["data_source"])] = str(q)
-    return out
-
-
-def validation_before_after(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    """The core validation metric before training (the step-0 validation) and at the last step it was logged, from
-    ``file``-sink rows (``{"step", "name", "value"}``, all segments together).
-
-    The metric is ``val-core/<data_source>/acc/mean@N`` when a scorer reports ``acc`` (greedy accuracy with
-    ``val_kwargs.do_sample=False, n=1``), else ``val-core/<data_source>/reward/mean@N``; the first such name in
-    sorted order when there are several data sources. The baseline is the validation of step 0 only
-    (``trainer.val_before_train``): a later first validation is not "before" (it comes after training steps),
-    so without a step-0 row ``before``/``gain`` are None rather than a step compared with itself.
-
-    Returns:
-        ``{"name", "before_step", "before", "after_step", "after", "gain", "first_step", "first"}``: ``before_step``
-        is 0 or None; ``after_step`` is the last step with a value after step 0 (None when only step 0 was
-        validated); ``gain = after - before`` when both exist, else None; ``first_step``/``first``: the earliest
-        validation. None when no core validation metric was logged.
-    """
-    series: dict[str, dict[int, float]] = {}
-    for row in rows:
-        name = str(row.get("name", ""))
-        if name.startswith("val-core/") and ("/acc/mean@" in name or "/reward/mean@" in name):
-            series.setdefault(name, {})[int(row["step"])] = float(row["value"])
-    if not series:
-        return None
-    acc = sorted(n for n in series if "/acc/mean@" in n)
-    name = acc[0] if acc else sorted(series)[0]
-    points = series[name]
-    first, last = min(points), max(points)
-    before_step = 0 if 0 in points else None
-    after_step = last if last > 0 else None
-    before = None if before_step is None else points[0]
-    after = None if after_step is None else points[after_step]
-    gain = None if before is None or after is None else after - before
-    return {"name": name, "before_step": before_step, "before": before, "after_step": after_step, "after": after,
-            "gain": gain, "first_step": first, "first": points[first]}
-
-
-def learning_line(summary: dict[str, Any] | None, val_prompts: int) -> str:
-    """The flow's one-line learning summary of :func:`validation_before_after`'s result.
-
-    ``<name> on <val_prompts> held-out prompts: step 0: 0.010 -> step 20: 0.350 (gain +0.340)``; without a step-0
-    validation it gives the last value and says that there is nothing before training to compare with (and that
-    ``trainer.val_before_train=True`` adds it); with only step 0 it says that nothing was validated after training.
-    """
-    if summary is None:
-        return "no validation metric was logged (trainer.val_before_train / test_freq)"
-    head = f"{summary['name']} on {val_prompts} held-out prompts: "
-    if summary["gain"] is not None:
-        return (f"{head}step 0: {summary['before']:.3f} -> step {summary['after_step']}: {summary['after']:.3f} "
-                f"(gain {summary['gain']:+.3f})")
-    if summary["after"] is None:
-        return f"{head}step 0: {summary['before']:.3f}; no validation after training (trainer.test_freq)"
-    earlier = ("" if summary["first_step"] == summary["after_step"]
-               else f"; first validated at step {summary['first_step']}: {summary['first']:.3f}")
-    return (f"{head}step {summary['after_step']}: {summary['after']:.3f} (no step-0 validation to compare with; "
-            f"trainer.val_before_train=True adds one{earlier})")

@@ -16,7 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from infra import lineage, model_registry
 from tasks.deadline import StageDeadline
 from tasks.runlog import log_line
-from tasks.stages import merged_policy, retry_unless_bad_input
+from tasks.eval_stage import merged_policy
+from tasks.retry import retry_unless_bad_input
 
 
 def gate_verdict(gate_on: bool, baseline_found: bool, failure: str | None) -> str:
@@ -60,7 +61,7 @@ def register_model(ppo_run_id: str, checkpoint_dir: str | None, model_name: str,
                    ctx: dict[str, Any], evaluation: dict[str, float], verdict: str, detail: str | None = None,
                    baseline_run_id: str | None = None) -> dict[str, Any]:
     """Merge the actor of ``checkpoint_dir`` into a Hugging Face folder (``<run_dir>/hf_policy``, on Ray, unless the
-    evaluate task already did: ``tasks.stages.merged_policy``) and
+    evaluate task already did: ``tasks.eval_stage.merged_policy``) and
     :func:`publish_version` it. Runs after evaluation and the regression gate (``verdict``: see
     :func:`gate_verdict`).
 

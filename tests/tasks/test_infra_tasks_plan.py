@@ -397,7 +397,7 @@ def test_validation_before_after_prefers_acc_and_spans_segments():
 
 
 def test_prepare_data_cache_key_follows_the_generator_arguments_and_the_input_bytes(tmp_path):
-    from tasks.stages import _prepare_key
+    from tasks.data_stages import _prepare_key
 
     def key(data: dict, home: str = "/h") -> str | None:
         return _prepare_key(None, {"data": data, "ctx": {"home": home}})
