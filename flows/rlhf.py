@@ -23,12 +23,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
-
-import filelock
 
 from infra.home import configure_environment
 from rlhf_core.redact import install_log_redaction
@@ -38,29 +35,23 @@ install_log_redaction()  # every record of this process, Prefect's run logs incl
 
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
-from prefect.settings import get_current_settings  # noqa: E402
 
 from flows import artifacts, interrupt, report  # noqa: E402
 from flows.interrupt import result_of  # noqa: E402
+from flows.local_run import check_parameters, mlflow_ui_lines, rlhf_command, start_ephemeral_prefect  # noqa: E402
+from flows.pipeline_steps import (Recorder, configured_tasks, log_summary, print_learning, register,  # noqa: E402
+                                  run_ppo)
 from flows.preflight import config_notes, run_checks  # noqa: E402
 from flows.settings import PipelineSettings, resolve_settings  # noqa: E402
 from infra import lineage  # noqa: E402
 from infra.home import rlhf_home  # noqa: E402
-from infra import model_registry  # noqa: E402
-from infra.compare import RunNotFoundError  # noqa: E402
 from infra.ray_cluster import check_shared_paths, connect_ray  # noqa: E402
 from infra.results import ResultsStore  # noqa: E402
 from rlhf_core.cli import run_command  # noqa: E402
-from rlhf_core.config import ConfigError, load_config  # noqa: E402
-from rlhf_core.data.fs import copy_to_local, is_local  # noqa: E402
-from tasks import plan  # noqa: E402
-from tasks.common import lineage_name, make_context, stage  # noqa: E402
+from tasks.common import make_context  # noqa: E402
 from tasks.deadline import split_task_options  # noqa: E402
-from tasks.progress import create_ppo_progress  # noqa: E402
-from tasks.runlog import log_line, ppo_segment_run_name  # noqa: E402
-from tasks.register import gate_verdict, register_model  # noqa: E402
-from tasks.stages import (build_model, evaluate, filter_prompts, ppo_segment, prepare_data, sft,  # noqa: E402
-                          validate)
+from tasks.register import gate_verdict  # noqa: E402
+from tasks.runlog import log_line  # noqa: E402
 
 
 @flow(name="rlhf", log_prints=True)
@@ -147,8 +138,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
         ctx = make_context(str(home), s.experiment, parent_run_id, fr_id, str(run_dir), s.ray_address,
                            flow_run_name=fr_name, timeouts=split_task_options(s.task_options)[1])
         (prepare_data, build_model, sft, ppo_segment, validate, evaluate, register_model,
-         filter_prompts) = _configured_tasks(s)
-        rec = _Recorder(parent_run_id, store, fr_id, fr_name)
+         filter_prompts) = configured_tasks(s)
+        rec = Recorder(parent_run_id, store, fr_id, fr_name)
         upstream: Any = prepare_data.submit(s.data_spec(), ctx)
         data = rec("prepare_data", result_of(upstream))
         for split, context in (("train", "training"), ("val", "validation")):  # the parent's own dataset inputs
@@ -165,7 +156,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             upstream = sft.submit(base_model, data["sft_train"], data["sft_val"], s.sft_list(), ctx,
                                   wait_for=[upstream])
             model = rec("sft", result_of(upstream))["hf_dir"]
-        ppo_result, upstream = _run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream, validate)
+        ppo_result, upstream = run_ppo(s, model, data, str(run_dir), ctx, ppo_segment, upstream, validate)
         rec.log("ppo")
         evaluation: dict[str, Any] = {}
         if s.evaluate_enabled:
@@ -175,8 +166,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
                 ppo_overrides=ppo_result["overrides"], model_path=model, wait_for=[upstream])
             evaluation = result_of(upstream)
             rec.log("evaluate")
-        _log_summary(parent_run_id, ppo_result, evaluation)
-        _print_learning(run_dir, s.val_prompts)
+        log_summary(parent_run_id, ppo_result, evaluation)
+        print_learning(run_dir, s.val_prompts)
         failure = gate_text = None
         if baseline_run is not None:
             cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),
@@ -188,9 +179,9 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             log_line(f"regression gate: {gate_text}")
         elif s.baseline:
             log_line(f"regression gate: no earlier successful run to compare with ({s.baseline})")
-        registered = _register(s, ppo_result, model, data, ctx, evaluation, register_model,
-                               gate_verdict(s.baseline is not None, baseline_run is not None, failure), gate_text,
-                               baseline_run.run_id if baseline_run is not None else None, upstream)
+        registered = register(s, ppo_result, model, data, ctx, evaluation, register_model,
+                              gate_verdict(s.baseline is not None, baseline_run is not None, failure), gate_text,
+                              baseline_run.run_id if baseline_run is not None else None, upstream)
         summary = artifacts.publish(store, fr_id, parent_run_id, rec.cached, ppo_result, evaluation, gate_text,
                                     registered=registered.get("line"))
         lineage.log_text_artifact(parent_run_id, summary, "summary.md")
@@ -203,135 +194,6 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             "sft_model": model, "ppo": ppo_result, "evaluation": evaluation, "home": str(home),
             "lineage_degraded": lineage.degraded()}
 
-
-class _Recorder:
-    """Tags the parent run with each stage's run and logs one line per stage (flows.artifacts)."""
-
-    def __init__(self, parent_run_id: str, store: ResultsStore, flow_run_id: str, flow_run_name: str | None = None):
-        self.parent_run_id, self.store, self.flow_run_id = parent_run_id, store, flow_run_id
-        self.flow_run_name = flow_run_name
-        self.cached: dict[str, str] = {}  # stage -> run id of an earlier flow run (Prefect cache hit)
-
-    def __call__(self, stage_name: str, output: dict[str, Any]) -> dict[str, Any]:
-        """Tag the parent run with the stage run that produced ``output`` (on a cache hit: an earlier run's, and
-        a child run of this flow run that points at it: ``lineage.cached_stage_run``)."""
-        run_id = output["run_id"]
-        lineage.set_tags(self.parent_run_id, {f"stage.{stage_name}.run_id": run_id})
-        _, rows = self.store.sql(f"SELECT flow_run_id FROM runs WHERE run_id = '{run_id}'")
-        cached = bool(rows) and rows[0][0] != self.flow_run_id
-        if cached:
-            self.cached[stage_name] = run_id
-            lineage.cached_stage_run(stage_name, run_id, self.parent_run_id, self.flow_run_id, self.flow_run_name)
-        artifacts.log_stage(self.store, stage_name, run_id, cached=cached)
-        return output
-
-    def log(self, stage_name: str) -> None:
-        """The line of a stage whose run is found in this flow run's rows."""
-        _, rows = self.store.sql(f"SELECT run_id FROM runs WHERE flow_run_id = '{self.flow_run_id}' "
-                                 f"AND stage = '{stage_name}' AND kind = 'stage' ORDER BY started_at DESC LIMIT 1")
-        if rows:
-            artifacts.log_stage(self.store, stage_name, rows[0][0])
-
-
-def _log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dict[str, Any]) -> None:
-    """Final validation (``val-*``) and evaluation metrics on the parent run, at the last global step."""
-    final = {k: v for k, v in (ppo_result.get("metrics") or {}).items() if k.startswith("val-")}
-    final.update(evaluation or {})
-    lineage.log_metrics(parent_run_id, {lineage_name(k): v for k, v in final.items()},
-                        step=int(ppo_result.get("global_step") or 0))
-
-
-def _print_learning(run_dir: Path, val_prompts: int) -> None:
-    """Log the core validation metric before and after PPO (greedy accuracy under experiments/countdown.yaml) on the
-    flow run's logger (``tasks.runlog.log_line``)."""
-    from infra.run_folders import read_jsonl
-
-    folder = run_dir / "metrics"  # in-segment validations (test_freq) and the validate tasks' files
-    files = [f for pattern in ("segment_*.jsonl", "validate_step_*.jsonl") for f in sorted(folder.glob(pattern))]
-    rows = [r for f in files for r in read_jsonl(f)]
-    log_line(plan.learning_line(plan.validation_before_after(rows), val_prompts))  # baseline: the step-0 validation
-
-
-def _configured_tasks(s: PipelineSettings) -> tuple:
-    """The eight tasks with the retries of the experiment's ``tasks:`` applied. Their ``timeout_seconds`` go into the
-    flow context instead (``ctx["timeouts"]``), enforced by each task where its work runs (``tasks.deadline``):
-    Prefect's own timeout cannot interrupt a sync task's blocking call and warns on every task run."""
-    tasks = {"prepare_data": prepare_data, "build_model": build_model, "sft": sft,
-             "ppo_segment": ppo_segment, "validate": validate, "evaluate": evaluate, "register_model": register_model,
-             "filter_prompts": filter_prompts}
-    options = split_task_options(s.task_options)[0]
-    return tuple(t.with_options(**options.get(name, {})) for name, t in tasks.items())
-
-
-def _run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
-             ctx: dict[str, Any], ppo_task: Any = ppo_segment, upstream: Any = None,
-             validate_task: Any = validate) -> tuple[dict[str, Any], Any]:
-    """One ``ppo`` MLflow run (and ``runs`` row, whose params are the last segment's whole
-    resolved config); one ppo_segment task per checkpoint boundary, each followed by a ``validate`` task of its
-    checkpoint (``validate · step 10``), each waiting for the last. ``trainer.val_before_train`` (the experiment's or
-    the run's) becomes a ``validate`` task of the starting model at step 0 before the first segment; the segments
-    themselves run without it (``plan.segment_overrides``) and, unless ``trainer.test_freq`` was set, without
-    validation (``plan.ppo_overrides``).
-
-    Returns:
-        ``(final segment result with ``run_id`` = the ppo MLflow run, its last validation's ``val-*`` metrics
-        in ``metrics`` and ``overrides`` = the last segment's list, the future of the last task)``.
-    """
-    result: dict[str, Any] = {}
-    bounds = plan.segment_boundaries(s.ppo_steps, s.segment_steps)
-    lists = [s.ppo_list(model_path=model, train_file=data["train"], val_file=data["val"],
-                        run_dir=run_dir, stop_after_step=stop) for stop in bounds]
-    with stage("ppo", load_config("ppo_trainer", lists[-1]), ctx) as ppo_run_id:
-        lineage.log_dataset(ppo_run_id, data["train"], f"{s.data_label}_train", "training")
-        lineage.log_dataset(ppo_run_id, data["val"], f"{s.data_label}_val", "validation")
-
-        def check(overrides: list[str], checkpoint: str | None, step: int, after: Any) -> Any:
-            return validate_task.submit(overrides, checkpoint, step, ppo_run_id, ctx,
-                                        wait_for=[after] if after is not None else None)
-
-        if load_config("ppo_trainer", lists[0]).trainer.val_before_train:
-            upstream = check(lists[0], None, 0, upstream)
-            result_of(upstream)
-        first = 1
-        progress_id = create_ppo_progress(s.ppo_steps)
-        for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
-            name = ppo_segment_run_name(i, len(bounds), first, stop)
-            upstream = ppo_task.with_options(task_run_name=name).submit(
-                plan.segment_overrides(overrides), i, ppo_run_id, ctx, progress_id,
-                wait_for=[upstream] if upstream is not None else None)
-            result = result_of(upstream)
-            if result.get("checkpoint_dir"):  # none: the segment trained nothing (a run resumed past its end)
-                upstream = check(overrides, result["checkpoint_dir"], int(result["global_step"]), upstream)
-                result = {**result, "metrics": {**(result.get("metrics") or {}), **result_of(upstream)["metrics"]}}
-            first = stop + 1
-        _reward_chart(ppo_run_id, ctx)
-    return {**result, "run_id": ppo_run_id, "overrides": lists[-1]}, upstream
-
-
-def _reward_chart(ppo_run_id: str, ctx: dict[str, Any]) -> None:
-    """The reward-over-steps PNG in the run folder and as artifact ``charts/`` of the ppo run."""
-    store = ResultsStore(ctx["home"])
-    _, rows = store.sql(f"SELECT step, key, value FROM metrics WHERE run_id = '{ppo_run_id}' "
-                        "AND (key = 'critic/score/mean' OR key LIKE 'val-core/%')")
-    if rows:
-        png = model_registry.reward_chart(rows, Path(ctx["run_dir"]) / "reward_over_steps.png")
-        if lineage.degraded() is None:  # the chart stays in run_dir either way
-            lineage.client().log_artifact(ppo_run_id, png, "charts")
-
-
-def _register(s: PipelineSettings, ppo_result: dict[str, Any], sft_model: str, data: dict[str, str],
-              ctx: dict[str, Any], evaluation: dict[str, Any], task: Any, verdict: str, gate_text: str | None,
-              baseline_run_id: str | None, upstream: Any) -> dict[str, Any]:
-    """The ``register_model`` task, after evaluation and the gate: the final actor checkpoint merged into a
-    Hugging Face folder, logged as ``hf_model`` of the ppo run and registered as a new version of the model
-    named after the experiment, with its lineage (datasets, SFT parent model, PPO checkpoint), the evaluation
-    and the gate's ``verdict`` (``tasks.register``). Returns the task's result."""
-    ckpt = ppo_result.get("checkpoint_dir")
-    tags = {"sft_model": sft_model, "ppo_checkpoint": ckpt, "flow_run_id": ctx["flow_run_id"],
-            f"dataset.{s.data_label}_train.path": data["train"], f"dataset.{s.data_label}_val.path": data["val"]}
-    tags.update({f"dataset.{s.data_label}_{k.split('_')[0]}.sha256": v for k, v in data.items() if k.endswith("_sha256")})
-    return result_of(task.submit(ppo_result["run_id"], ckpt, s.experiment, tags, ctx, dict(evaluation), verdict,
-                                 gate_text, baseline_run_id, wait_for=[upstream]))
 
 
 # the flow parameters that are command-line options: (type or "flag" or "list", help); an option left out is None =
@@ -444,86 +306,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_command("rlhf pipeline", command, sys.argv[1:] if argv is None else argv)
-
-
-def mlflow_ui_lines(parent_run_id: str) -> list[str]:
-    """How to see the parent run in the MLflow UI (model-training view): for a SQLite store, the loopback command
-    that serves the UI on it (``infra.servers.mlflow_server_command``) and the link; for a tracking server, the
-    link. ``[]`` when lineage is degraded (nothing is in MLflow)."""
-    import shlex
-
-    from infra.servers import mlflow_server_command
-
-    if lineage.degraded() is not None:
-        return []
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    lines = [] if uri.startswith(("http://", "https://")) else [f"UI:   {shlex.join(mlflow_server_command(uri))}"]
-    return lines + [f"open: {lineage.run_url(parent_run_id)}"]
-
-
-def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
-    """Without a Prefect server (no ``PREFECT_API_URL``): start this process's ephemeral API server under
-    a file lock on ``$PREFECT_HOME`` (``prefect.db.lock``), so flow runs starting at once on a fresh home
-    do not run Prefect's SQLite schema migrations at the same time (the loser fails "database is locked"
-    or "table already exists"). The flow run then uses this server (one per process, Prefect's own).
-
-    Raises:
-        filelock.Timeout: another process kept the lock ``timeout_s`` seconds.
-        RuntimeError: the server did not start (Prefect's message).
-    """
-    if get_current_settings().api.url:
-        return
-    with filelock.FileLock(str(Path(os.environ["PREFECT_HOME"]).expanduser() / "prefect.db.lock"), timeout=timeout_s):
-        interrupt.start_server()  # in its own session: a Ctrl-C in the terminal does not kill it
-
-
-def _local(path: str) -> Path | None:
-    """``path`` as a local ``Path`` (a plain path or ``file://`` URL, ``~`` expanded); None for a remote URL."""
-    return Path(copy_to_local(path)) if is_local(path) else None  # local: returned as is, nothing copied
-
-
-def check_parameters(params: dict[str, Any]) -> str | None:
-    """What is wrong with the flow parameters and their experiment (None when they are usable): the check's whole
-    message, whose first line names the parameter (or the experiment file and field) and whose next lines, if
-    any, each bad key and why.
-
-    Runs the flow's own checks (the experiment, every stage's override list, the first rows of every data file,
-    the model, the reward function: ``flows.preflight``; the baseline run id) plus a ``model_path`` or ``gsm8k_dir``
-    parameter's existence (local paths and ``file://`` URLs), without starting any service.
-    """
-    from rlhf_core.data.generators import GENERATORS
-
-    try:
-        s = resolve_settings(params)
-        value = params.get("model_path")
-        local = _local(value) if value else None
-        if local is not None and not local.exists():
-            return f"model_path: {value} does not exist"
-        gen = GENERATORS.get(s.generator or "")
-        wrong = gen.missing_source(s.generator_args) if gen is not None else None
-        if wrong:  # what the generator would read (e.g. GSM8K's jsonl files)
-            return f"gsm8k_dir: {wrong}" if params.get("gsm8k_dir") else (
-                f"{s.experiment_file}: data.generator_args.source_dir: {wrong}")
-        run_checks(s)
-        if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
-            report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
-    except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:
-        return str(exc)
-    return None
-
-
-def rlhf_command() -> str:
-    """How to call the ``rlhf`` CLI here: ``rlhf`` when it is on PATH, else the venv's script
-    (``.venv/bin/rlhf``, relative to the current folder when below it)."""
-    if shutil.which("rlhf"):
-        return "rlhf"
-    script = Path(sys.executable).parent / "rlhf"
-    if not script.exists():
-        return ".venv/bin/rlhf"
-    try:
-        return str(script.relative_to(Path.cwd()))
-    except ValueError:
-        return str(script)
 
 
 if __name__ == "__main__":

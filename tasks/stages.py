@@ -8,7 +8,7 @@ hit points at an existing output. Each task enforces its ``tasks.<stage>.timeout
 its work runs (``tasks.deadline``, not Prefect's thread timeout) and names its run after what it
 does (``tasks.runlog``: ``sft · 64 rows, 1 epoch``). The decorators set no retries: the one place for a stage's
 retries is the experiment's ``tasks.<stage>`` (defaults in ``flows/experiment.py``), applied by the flow
-(``flows.rlhf._configured_tasks``).
+(``flows.pipeline_steps.configured_tasks``).
 
 The tasks live by kind: :mod:`tasks.data_stages` (prepare_data, filter_prompts, build_model),
 :mod:`tasks.train_stages` (sft, ppo_segment, validate) and :mod:`tasks.eval_stage` (evaluate); this module is the

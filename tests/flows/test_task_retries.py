@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from flows.experiment import TasksSpec
-from flows.rlhf import _configured_tasks
+from flows.pipeline_steps import configured_tasks
 from flows.settings import resolve_settings
 from tasks import register, stages
 
@@ -35,7 +35,7 @@ def test_the_flow_applies_the_experiments_retries(tmp_path):
     # the schema's defaults, read from TasksSpec itself (not written out: that is test_prefect_run_logs' job)
     spec = TasksSpec()
     s = resolve_settings({})
-    got = {t.name: (t.retries, t.retry_delay_seconds) for t in _configured_tasks(s)}
+    got = {t.name: (t.retries, t.retry_delay_seconds) for t in configured_tasks(s)}
     assert got == {f.name: (getattr(spec, f.name).retries, getattr(spec, f.name).retry_delay_seconds)
                    for f in dataclasses.fields(spec)}
     assert set(got) == set(STAGES) and got["ppo_segment"] == (2, 30)  # a failed segment is retried twice
@@ -43,6 +43,6 @@ def test_the_flow_applies_the_experiments_retries(tmp_path):
     mine = tmp_path / "mine.yaml"
     mine.write_text("name: mine\ndata: {generator: countdown}\n"
                     "tasks:\n  ppo_segment: {retries: 0}\n  validate: {retries: 5, retry_delay_seconds: 1}\n")
-    got = {t.name: (t.retries, t.retry_delay_seconds) for t in _configured_tasks(resolve_settings(
+    got = {t.name: (t.retries, t.retry_delay_seconds) for t in configured_tasks(resolve_settings(
         {"experiment_file": str(mine)}))}
     assert got["ppo_segment"] == (0, 30) and got["validate"] == (5, 1) and got["sft"] == (1, 30)

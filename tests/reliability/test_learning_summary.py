@@ -19,7 +19,7 @@ ACC = "val-core/openai/gsm8k/acc/mean@1"
 
 def _segments(run_dir: Path, *segments: list[tuple[int, float]]) -> list[dict]:
     """Write ``metrics/segment_<k>.jsonl`` files (one validation row per (step, value), plus a training metric per
-    step) and read them back as :func:`flows.rlhf._print_learning` does."""
+    step) and read them back as :func:`flows.pipeline_steps.print_learning` does."""
     (run_dir / "metrics").mkdir(parents=True)
     for k, points in enumerate(segments, start=1):
         rows = [row for step, value in points for row in (
@@ -66,7 +66,7 @@ def test_later_first_validation_is_not_a_baseline_and_only_step_0_is_not_an_afte
 def test_the_flow_reads_the_validate_tasks_files(tmp_path, capsys):
     """Issue 33: validation is the validate task's (``metrics/validate_step_<N>.jsonl``; segments write none): the
     flow's summary compares its step-0 file with its last one."""
-    from flows.rlhf import _print_learning
+    from flows.pipeline_steps import print_learning
 
     (tmp_path / "metrics").mkdir()
     for step, value in ((0, 0.05), (10, 0.20), (20, 0.35)):
@@ -74,6 +74,6 @@ def test_the_flow_reads_the_validate_tasks_files(tmp_path, capsys):
             json.dumps({"step": step, "name": ACC, "value": value}) + "\n")
     (tmp_path / "metrics" / "segment_1.jsonl").write_text(
         json.dumps({"step": 10, "name": "critic/score/mean", "value": 0.9}) + "\n")
-    _print_learning(tmp_path, 64)
+    print_learning(tmp_path, 64)
     assert capsys.readouterr().out.strip() == (
         f"{ACC} on 64 held-out prompts: step 0: 0.050 -> step 20: 0.350 (gain +0.300)")

@@ -88,12 +88,12 @@ def test_the_pipeline_tasks_carry_no_prefect_timeout_and_the_flow_context_carrie
     """Prefect warns on every sync task run that has a ``timeout_seconds`` (it runs in a worker thread): none of the
     configured tasks has one; the experiment's ``tasks:`` limits (defaults in flows/experiment.py, or the file's)
     reach the tasks through the context, its retries the Prefect options."""
-    from flows.rlhf import _configured_tasks
+    from flows.pipeline_steps import configured_tasks
     from flows.settings import resolve_settings
     from tasks.common import make_context
 
     s = resolve_settings({})
-    tasks = {t.name: t for t in _configured_tasks(s)}
+    tasks = {t.name: t for t in configured_tasks(s)}
     assert set(tasks) == {"prepare_data", "build_model", "filter_prompts", "sft", "ppo_segment", "validate",
                           "evaluate", "register_model"}
     assert {name: t.timeout_seconds for name, t in tasks.items()} == dict.fromkeys(tasks)  # all None
@@ -110,7 +110,7 @@ def test_the_pipeline_tasks_carry_no_prefect_timeout_and_the_flow_context_carrie
     mine.write_text("name: mine\ndata: {generator: countdown}\n"
                     "tasks:\n  sft: {retries: 4, timeout_seconds: 60}\n  evaluate: {timeout_seconds: null}\n")
     s = resolve_settings({"experiment_file": str(mine)})
-    tasks = {t.name: t for t in _configured_tasks(s)}
+    tasks = {t.name: t for t in configured_tasks(s)}
     assert (tasks["sft"].retries, tasks["sft"].retry_delay_seconds, tasks["ppo_segment"].retries) == (4, 30, 2)
     timeouts = split_task_options(s.task_options)[1]
     assert timeouts["sft"] == 60.0 and "evaluate" not in timeouts and timeouts["validate"] == 7200.0

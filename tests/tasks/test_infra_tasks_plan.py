@@ -228,6 +228,7 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     for key, value in embedded_defaults(tmp_path).items():  # importing the flow sets these; keep them private
         monkeypatch.setenv(key, value)
     import flows.rlhf as flow_mod
+    from flows import local_run
 
     seen = {}
 
@@ -239,14 +240,14 @@ def test_cli_has_skip_flags_and_names_the_rlhf_command(monkeypatch, capsys, tmp_
     monkeypatch.setenv("GSM8K_DIR", str(gsm8k_dir))  # the default experiment's data: the hub is checked when unset
     started = []  # the ephemeral Prefect server the real flow would use
     monkeypatch.setattr(flow_mod, "start_ephemeral_prefect", lambda: started.append(True))
-    monkeypatch.setattr(flow_mod.shutil, "which", lambda name: None)
+    monkeypatch.setattr(local_run.shutil, "which", lambda name: None)
     assert flow_mod.main(["--skip-sft", "--skip-evaluate", "--ppo-steps", "2"]) == 0
     assert seen == {"skip_sft": True, "skip_evaluate": True, "ppo_steps": 2} and started == [True]
     out = capsys.readouterr().out
     assert "Try:    rlhf results" not in out and "bin/rlhf results sql" in out
     assert "flow_run_id = 'f-1'" in out  # the example query is about the run that just finished
     seen.clear()
-    monkeypatch.setattr(flow_mod.shutil, "which", lambda name: "/usr/bin/rlhf")
+    monkeypatch.setattr(local_run.shutil, "which", lambda name: "/usr/bin/rlhf")
     assert flow_mod.main([]) == 0
     assert seen == {} and "Try:    rlhf results sql" in capsys.readouterr().out
     assert flow_mod.main(["--help"]) == 0  # every rlhf subcommand's main returns its exit code
