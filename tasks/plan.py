@@ -15,12 +15,11 @@ from typing import Any, Iterable, Sequence
 from rlhf_core.config import ConfigError, parse_value
 # Re-exported for the paths tests and docs use (``plan.is_retriable``: tests/tasks, tests/reliability,
 # rlhf_core/data/__init__.py; ``plan.validation_before_after``/``learning_line``: tests/reliability/
-# test_learning_summary.py; the sample-file functions: tests/tasks/test_infra_tasks_plan.py); code imports them
+# test_learning_summary.py; questions_by_prompt_id: tests/tasks/test_infra_tasks_plan.py); code imports them
 # from their own modules.
 from tasks.learning import learning_line, validation_before_after  # noqa: F401
 from tasks.retry import is_retriable  # noqa: F401
-from tasks.samples import (latest_validation_samples, questions_by_prompt_id,  # noqa: F401
-                           responses_from_samples, take_rows)
+from tasks.samples import questions_by_prompt_id  # noqa: F401
 
 
 def segment_boundaries(total_steps: int, segment_steps: int) -> list[int]:

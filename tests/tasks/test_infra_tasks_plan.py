@@ -77,35 +77,6 @@ def test_files_digest_and_inputs_key(tmp_path):
     assert plan.inputs_key("s", [f], n=1) != plan.inputs_key("s", [f], n=2)
 
 
-def test_responses_from_samples_groups_by_uid():
-    samples = pd.DataFrame({
-        "step": [4] * 4, "uid": ["b", "a", "a", "b"], "sample_idx": [1, 1, 0, 0],
-        "prompt": ["pb", "pa", "pa", "pb"], "response": ["b1", "a1", "a0", "b0"],
-        "data_source": ["openai/gsm8k"] * 4, "ground_truth": ["2", "1", "1", "2"], "score": [0.0] * 4})
-    out = plan.responses_from_samples(samples)
-    assert list(out["uid"]) == ["a", "b"]
-    assert [list(r) for r in out["responses"]] == [["a0", "a1"], ["b0", "b1"]]
-    assert out.iloc[1]["reward_model"] == {"style": "rule", "ground_truth": "2"}
-    with pytest.raises(KeyError, match="response"):
-        plan.responses_from_samples(samples.drop(columns=["response"]))
-
-
-def test_latest_validation_samples_keeps_last_step(tmp_path):
-    for step in (2, 4):
-        pd.DataFrame({"step": [step] * 2, "uid": ["a", "b"]}).to_parquet(tmp_path / f"s{step}.parquet")
-    df = plan.latest_validation_samples([tmp_path / "s2.parquet", tmp_path / "s4.parquet"])
-    assert list(df["step"]) == [4, 4]
-    with pytest.raises(ValueError):
-        plan.latest_validation_samples([])
-
-
-def test_take_rows(tmp_path):
-    src = tmp_path / "src.parquet"
-    pd.DataFrame({"i": range(10)}).to_parquet(src)
-    assert list(pd.read_parquet(plan.take_rows(str(src), str(tmp_path / "o.parquet"), 3))["i"]) == [0, 1, 2]
-    assert len(pd.read_parquet(plan.take_rows(str(src), str(tmp_path / "all.parquet"), 0))) == 10
-
-
 def test_resolve_settings_defaults_and_params(monkeypatch):
     monkeypatch.setenv("GSM8K_DIR", "/data/gsm8k")
     s = resolve_settings({})
