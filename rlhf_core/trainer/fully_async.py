@@ -26,13 +26,17 @@ A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_q
 version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the
 on-policy trainer's. ``versions`` lists ``(step, generating version, trained-at version)``.
 
-Metrics, besides the on-policy trainer's: verl's ``fully_async/count/current_param_version``,
-``fully_async/count/stale_trajectory_processed`` (responses trained at a newer version than generated them, so
-far), the queue's ``fully_async/count/*``, ``fully_async/static/*``, ``fully_async/monitor/queue/mq_queue_size``,
-``fully_async/total_wait_time`` (seconds the step waited for samples), ``fully_async/trainer/idle_ratio`` (that
-wait ÷ (wait + ``timing_s/step``): verl's ``timing_s/gen / timing_s/step``, its step including the wait),
-``timing_s/sync_rollout_weights``, with ``partial_rollout`` verl's ``fully_async/partial/total_partial_num``,
-``partial_ratio``, ``max_partial_span`` (of the step's responses, span = version of the last token − of the first);
+Each response carries the versions of its first and last token (``min_global_steps`` / ``max_global_steps``,
+:mod:`rlhf_core.trainer.response_versions`: different only when a partial rollout spanned a sync). Metrics, besides
+the on-policy trainer's: verl's ``fully_async/count/current_param_version``,
+``fully_async/count/stale_trajectory_processed`` (responses whose last token's version is older than the one that
+trains them, so far: verl's ``current - max_global_steps >= 1``), the queue's ``fully_async/count/*``,
+``fully_async/static/*``, ``fully_async/monitor/queue/mq_queue_size``, ``fully_async/total_wait_time`` (seconds the
+step waited for samples), ``fully_async/trainer/idle_ratio`` (that wait ÷ (wait + ``timing_s/step``): verl's
+``timing_s/gen / timing_s/step``, its step including the wait), ``timing_s/sync_rollout_weights``, ``timing_s/overlap_gen_update`` (ours: seconds of the update during which the
+rollouter generated, :mod:`rlhf_core.trainer.overlap_clock`), verl's
+``fully_async/partial/total_partial_num``, ``partial_ratio``, ``max_partial_span`` and
+``training/off_policy/trajectory_{spans,staleness,staleness_worst}/{mean,max,min}`` from the per-response versions;
 ours: ``fully_async/generation_param_version`` and ``fully_async/staleness`` (of the chunk's first tokens).
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
 verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two chunks, with
@@ -59,9 +63,11 @@ from rlhf_core.config.off_policy import fully_async_config_errors
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
+from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.trainer.ppo_validation import Validator
+from rlhf_core.trainer.response_versions import MIN_KEY, segment_versions, tag_versions, version_metrics
 
 
 def check_fully_async_config(config: DictConfig) -> None:
@@ -70,14 +76,6 @@ def check_fully_async_config(config: DictConfig) -> None:
     errors = fully_async_config_errors(config)
     if errors:
         raise ConfigError("async_training.mode=fully_async:\n  - " + "\n  - ".join(errors))
-
-
-def _partial_metrics(span: torch.Tensor) -> dict[str, float]:
-    """verl's ``fully_async/partial/*`` of a chunk from each response's version span ``(N,)`` int64."""
-    partial = int((span > 0).sum())
-    return {"fully_async/partial/total_partial_num": partial,
-            "fully_async/partial/partial_ratio": partial / max(len(span), 1),
-            "fully_async/partial/max_partial_span": int(span.max()) if len(span) else 0}
 
 
 class _LockedValidator:
@@ -108,6 +106,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         RayPPOTrainer.__init__(self, config, *args, **kwargs)
         self.queue = RolloutQueue(self.required_samples, float(at.staleness_threshold), self.trigger)
         self.gen_lock = threading.Lock()  # held by one generation, a weight push or a validation at a time
+        self.gen_clock = OverlapClock()  # the rollouter's chunks, for timing_s/overlap_gen_update
         self.param_version = 0  # verl's current_param_version: parameter syncs so far
         self.rollout_version = -1
         self.local_trigger_step = 0  # actor updates since the last sync
@@ -122,7 +121,6 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self.partial = bool(at.partial_rollout)  # interrupt the chunk in flight at a sync, resume it after
         self._sync_idle = threading.Event()  # cleared while a sync waits: the rollouter starts no segment
         self._sync_idle.set()
-        self._chunk_partial: dict[str, float] = {}  # fully_async/partial/* of the chunk being trained
         # agent loops: the sync loads between two decoding steps of the chunk in flight (rlhf_core/agent/pause.py);
         # entry g = the parameter version of the rollout ranks' g-th weight load (0: their initial weights)
         self.partial_agent = self.partial and uses_agent_loop(config.actor_rollout_ref.rollout)
@@ -185,21 +183,21 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 if not self.queue.acquire(len(prompts)):
                     return
                 batch = add_uids(prompts).repeat_interleave(n)
-                start = time.perf_counter()
+                start, span = time.perf_counter(), self.gen_clock.start()
                 if self.partial_agent:
                     with self.gen_lock:  # a sync loads inside the generation (no lock), validation waits
                         batch = self._agent_partial_generate(batch, step=first_step + i + 1)
-                    version, partial = self._partial_versions
                 elif self.partial:  # _partial_generate takes the generation lock per segment
                     batch = self.generate(batch, step=first_step + i + 1)
-                    version, partial = self._partial_versions
                 else:
                     with self.gen_lock:
                         version = self.rollout_version
-                        batch = self.generate(batch, step=first_step + i + 1)
-                    partial = {}
+                        batch = tag_versions(self.generate(batch, step=first_step + i + 1), version)
+                # the queue's version: of the chunk's earliest tokens
+                version = int(batch[MIN_KEY].min()) if len(batch) else self.rollout_version
+                self.gen_clock.stop(span)
                 seconds = time.perf_counter() - start
-                self.queue.put(len(prompts), version, (epoch, batch, seconds, position, partial))
+                self.queue.put(len(prompts), version, (epoch, batch, seconds, position))
         finally:
             self.queue.close()
 
@@ -210,25 +208,21 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     def _agent_partial_generate(self, batch: Batch, step: int) -> Batch:
         """``partial_rollout`` with agent loops: one generation call; a sync in its course loads between two decoding
-        steps and the trajectories go on (:mod:`rlhf_core.agent.pause`). Sets ``_partial_versions`` = (the chunk's
-        earliest token version, verl's ``fully_async/partial/*``; per trajectory span = version of its last token
-        − of its first: verl's ``max_global_steps - min_global_steps``)."""
+        steps and the trajectories go on (:mod:`rlhf_core.agent.pause`). Each trajectory's ``min_global_steps`` /
+        ``max_global_steps``: the versions of its first and last token (:mod:`rlhf_core.trainer.response_versions`)."""
         batch.meta["report_weight_versions"] = True
         out = self.generate(batch, step=step)
         out.meta.pop("report_weight_versions", None)
         versions = torch.tensor(self._load_versions)
-        first = versions[out.tensors.pop("rollout_min_version")]
-        span = versions[out.tensors.pop("rollout_max_version")] - first
-        self._partial_versions = (int(first.min()) if len(first) else self.rollout_version, _partial_metrics(span))
-        return out
+        return tag_versions(out, versions[out.tensors.pop("rollout_min_version")],
+                            versions[out.tensors.pop("rollout_max_version")])
 
     def _partial_generate(self, batch: Batch) -> Batch:
         """``partial_rollout``: the chunk in segments, each under the generation lock with the version the rollout
         group holds; a sync interrupts a segment at a token (:meth:`sync_rollout`), the next segment resumes the
-        open responses with the new weights (``rlhf_core/workers/rollout/hf_partial.py``). Sets
-        ``_partial_versions`` = (the first segment's version, verl's ``fully_async/partial/*`` of the chunk), per
-        response ``span`` = version of its last token − version of its first (verl's ``max_global_steps -
-        min_global_steps``)."""
+        open responses with the new weights (``rlhf_core/workers/rollout/hf_partial.py``). Each response's
+        ``min_global_steps`` = the first segment's version, ``max_global_steps`` = its last token's segment's
+        (:func:`~rlhf_core.trainer.response_versions.segment_versions`)."""
         versions: list[int] = []
         done = False
         while not done:
@@ -240,9 +234,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 else:
                     done = all(self.rollout_wg.execute_all("resume_partial_generation"))
         out = Batch.concat(self.rollout_wg.execute_all("finish_partial_generation"))
-        span = torch.tensor(versions)[out.tensors.pop("rollout_last_segment")] - versions[0]
-        self._partial_versions = (versions[0], _partial_metrics(span))
-        return out
+        return tag_versions(out, *segment_versions(versions, out.tensors.pop("rollout_last_segment")))
 
     # ---- the trainer -------------------------------------------------------------------------------
     def train_batches(self, n_epochs: int, stop_at: int) -> Iterator[tuple[int, Batch]]:
@@ -261,7 +253,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 if error is not None:
                     raise RuntimeError("the fully async rollouter failed") from error
                 return
-            self._gen_version, (epoch, batch, seconds, self._trained_state, self._chunk_partial) = item
+            self._gen_version, (epoch, batch, seconds, self._trained_state) = item
             self._timing["generate_async"] = seconds
             yield epoch, batch
 
@@ -274,9 +266,9 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     def train_step(self, batch: Batch, epoch: int, more: Iterator[Batch] = iter(())) -> dict[str, float]:
         current, gen = self.param_version, self._gen_version
+        version_stats, stale = version_metrics(batch, current, partial=True)  # the chunk, generated already
         metrics = RayPPOTrainer.train_step(self, batch, epoch, more)
-        if current > gen:
-            self.stale_trajectory_processed += len(batch)
+        self.stale_trajectory_processed += stale  # verl's rule: current - max_global_steps >= 1
         step_s = metrics.get("timing_s/step", 0.0)
         metrics.update(self.queue.stats())
         metrics.update({"fully_async/count/current_param_version": current,
@@ -285,14 +277,16 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                         "fully_async/staleness": current - gen,
                         "fully_async/total_wait_time": self._wait_s,
                         "fully_async/trainer/idle_ratio": self._wait_s / max(self._wait_s + step_s, 1e-9)})
-        metrics.update(self._chunk_partial)
+        metrics.update(version_stats)
         metrics.update({f"timing_s/{k}": v for k, v in self._timing.items()})
         self._timing = {}
         return metrics
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         self.versions.append((self.global_steps, self._gen_version, self.param_version))
+        start = time.perf_counter()
         metrics = RayPPOTrainer.update_actor(self, batch)
+        metrics["timing_s/overlap_gen_update"] = self.gen_clock.overlap(start, time.perf_counter())
         self.local_trigger_step += 1
         if self.local_trigger_step == self.trigger:  # verl's _fit_update_local_step + _fit_update_weights
             self.local_trigger_step = 0

@@ -245,10 +245,36 @@ def test_partial_rollout_resumes_the_chunk_a_sync_interrupted(tiny_model_dir, tm
         return start(self, batch)
 
     monkeypatch.setattr(HFRollout, "start_partial", start_once_interrupted)
+    from rlhf_core.trainer.fully_async import FullyAsyncTrainer
+    trained = {}  # step -> the batch its update used
+    update = FullyAsyncTrainer.update_actor
+
+    def record(self, batch):
+        trained[self.global_steps] = batch
+        return update(self, batch)
+
+    monkeypatch.setattr(FullyAsyncTrainer, "update_actor", record)
     torch.manual_seed(0)
     cfg = _config(tmp_path, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
                   "async_training.trigger_parameter_sync_step=1", "actor_rollout_ref.rollout.calculate_log_probs=True")
     steps, _, trainer = _run(cfg, tiny_model_dir, True)
+    # per response: chunk k (k = 2, 3) starts under version k-2, its first segment stops after one token (the sync
+    # after step k-1 set the interrupt before it began) and the rest runs under k-1. So min_global_steps = k-2 for
+    # every response; max_global_steps = k-1 for a response longer than one token, k-2 for one that ended at its
+    # first token (EOS). Chunk 1 ran unbroken under version 0.
+    for k in (1, 2, 3):
+        b = trained[k]
+        longer = (b["response_mask"].sum(-1) > 1).long()
+        assert b["min_global_steps"].tolist() == [max(k - 2, 0)] * 4, k
+        assert b["max_global_steps"].tolist() == ([0] * 4 if k == 1 else (k - 2 + longer).tolist()), k
+        span, lag = b["max_global_steps"] - b["min_global_steps"], (k - 1) - b["max_global_steps"]
+        assert steps[k]["fully_async/partial/total_partial_num"] == int((span > 0).sum())
+        assert steps[k]["training/off_policy/trajectory_spans/mean"] == pytest.approx(1 + span.double().mean().item())
+        assert steps[k]["training/off_policy/trajectory_staleness/mean"] == pytest.approx(lag.double().mean().item())
+        assert steps[k]["training/off_policy/trajectory_staleness_worst/min"] == (1 if k > 1 else 0)
+    # verl's count: responses whose last token's version is older than the trained one (those that ended at once)
+    assert steps[3]["fully_async/count/stale_trajectory_processed"] == sum(
+        int((trained[k]["max_global_steps"] < k - 1).sum()) for k in (1, 2, 3))
     # (step, version of the chunk's first tokens, trained-at version): chunks 2, 3 began under the version before
     assert trainer.versions == [(1, 0, 0), (2, 0, 1), (3, 1, 2)]
     partial = [steps[s]["fully_async/partial/total_partial_num"] for s in (1, 2, 3)]

@@ -175,6 +175,12 @@ def test_partial_rollout_loads_the_sync_inside_the_agent_loop_chunk(tiny_model_d
     assert [steps[s]["fully_async/partial/total_partial_num"] for s in (1, 2)] == [0, 4]  # 2 prompts × 2
     assert [steps[s]["fully_async/partial/partial_ratio"] for s in (1, 2)] == [0.0, 1.0]
     assert [steps[s]["fully_async/partial/max_partial_span"] for s in (1, 2)] == [0, 1]
+    # per trajectory min_global_steps = 0, max_global_steps = 0 (chunk 1) / 1 (chunk 2); trained at 0 / 1: spans
+    # 1 / 2, staleness (current - max) 0 / 0, worst (current - min) 0 / 1; none stale by verl's rule
+    assert [steps[s]["training/off_policy/trajectory_spans/min"] for s in (1, 2)] == [1, 2]
+    assert [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2)] == [0, 0]
+    assert [steps[s]["training/off_policy/trajectory_staleness_worst/min"] for s in (1, 2)] == [0, 1]
+    assert steps[2]["fully_async/count/stale_trajectory_processed"] == 0
     # the rollout rank's one gate counted 3 loads: v0 before step 1, v1 and v2 after each update
     assert [engine.gate.version for engine in engines] == [3, 3]
     for s in (1, 2):  # the tool turns went on after the load
