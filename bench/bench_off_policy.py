@@ -1,14 +1,15 @@
-"""Where the off-policy drivers' overlap pays on one machine: on-policy vs one-step off-policy vs fully async (issue 35).
+"""Where the off-policy drivers' overlap pays on one machine: on-policy, one-step off-policy, fully async (issue 35).
 
     python bench/bench_off_policy.py --workdir W [--rounds 3] [--steps 12] [--warmup 2] [--prompts 8] [--n 4]
         [--lengths 4,64] [--cpus 2] [--modes on_policy,one_step,fully_async] [--set KEY=VALUE ...] [--json out.json]
 
-Workload: GRPO on Countdown prompts (``rlhf_core.data.countdown``, the data of ``experiments/countdown.yaml``,
-28-33 prompt tokens) with the experiment's tiny Qwen2 (0.83 M parameters) *as built, not warmed up*: it almost
+Workload: GRPO on Countdown prompts (``rlhf_core.data.countdown`` with ``experiments/countdown.yaml``'s generator
+arguments, 2000 train problems, seed 0; 28-33 prompt tokens) with the experiment's tiny Qwen2 (0.83 M parameters) *as built, not warmed up*: it almost
 never samples EOS (vocabulary 400), so every response runs to ``data.max_response_length`` and that length is an
-exact knob of the generation's cost. One optimizer step and one micro-batch per batch (``ppo_mini_batch_size = data.train_batch_size
-= --prompts``, ``ppo_micro_batch_size_per_gpu = --prompts × --n``, ``rollout.n = --n``), no KL, no checkpoints, no validation. Each run is the real ``rlhf ppo`` path
-(Ray worker groups, driver, file logger) in its own process with ``ray_init.num_cpus=--cpus`` in every mode:
+exact knob of the generation's cost. One optimizer step and one micro-batch per batch (``ppo_mini_batch_size =
+data.train_batch_size = --prompts``, ``ppo_micro_batch_size_per_gpu = --prompts × --n``, ``rollout.n = --n``), no KL,
+no checkpoints, no validation. Each run is the real ``rlhf ppo`` path (Ray worker groups, driver, file logger) in
+its own process with ``ray_init.num_cpus=--cpus`` in every mode:
 
 * ``on_policy``: one actor group with the colocated HF rollout (one rank: ``--cpus`` intra-op threads);
 * ``one_step``: ``async_training.mode=one_step_off_policy`` with a rollout group of one rank apart from the actor

@@ -33,9 +33,10 @@ the on-policy trainer's: verl's ``fully_async/count/current_param_version``,
 trains them, so far: verl's ``current - max_global_steps >= 1``), the queue's ``fully_async/count/*``,
 ``fully_async/static/*``, ``fully_async/monitor/queue/mq_queue_size``, ``fully_async/total_wait_time`` (seconds the
 step waited for samples), ``fully_async/trainer/idle_ratio`` (that wait ÷ (wait + ``timing_s/step``): verl's
-``timing_s/gen / timing_s/step``, its step including the wait), ``timing_s/sync_rollout_weights``, ``timing_s/overlap_gen_update`` (ours: seconds of the update during which the
-rollouter generated, :mod:`rlhf_core.trainer.overlap_clock`), verl's
-``fully_async/partial/total_partial_num``, ``partial_ratio``, ``max_partial_span`` and
+``timing_s/gen / timing_s/step``, its step including the wait), ``timing_s/sync_rollout_weights``,
+``timing_s/overlap_gen_update`` (ours: seconds of the update during which the rollouter generated,
+:mod:`rlhf_core.trainer.overlap_clock`), verl's ``fully_async/partial/total_partial_num``, ``partial_ratio``,
+``max_partial_span`` and
 ``training/off_policy/trajectory_{spans,staleness,staleness_worst}/{mean,max,min}`` from the per-response versions;
 ours: ``fully_async/generation_param_version`` and ``fully_async/staleness`` (of the chunk's first tokens).
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
@@ -67,7 +68,8 @@ from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.trainer.ppo_validation import Validator
-from rlhf_core.trainer.response_versions import MIN_KEY, segment_versions, tag_versions, version_metrics
+from rlhf_core.trainer.response_versions import (MIN_KEY, segment_versions, tag_versions,
+                                                  version_metrics)
 
 
 def check_fully_async_config(config: DictConfig) -> None:

@@ -20,9 +20,10 @@ Metrics, besides the on-policy trainer's: ``fully_async/count/current_param_vers
 step updates), ``fully_async/generation_param_version`` and ``fully_async/staleness`` (ours: their difference),
 ``timing_s/sync_rollout_weights`` and ``timing_s/generate_async`` (verl's names; the generation's own seconds, which
 overlap the step's other stages), ``timing_s/overlap_gen_update`` (ours: seconds of the update during which the
-look-ahead generation ran, :mod:`rlhf_core.trainer.overlap_clock`), and verl's ``training/off_policy/trajectory_{spans,staleness,staleness_worst}/*``
-from each response's ``min_global_steps`` / ``max_global_steps`` (both the version that generated it:
-:mod:`rlhf_core.trainer.response_versions`). Validation waits for the running generation and syncs the current weights first.
+look-ahead generation ran, :mod:`rlhf_core.trainer.overlap_clock`), and verl's
+``training/off_policy/trajectory_{spans,staleness,staleness_worst}/*`` from each response's ``min_global_steps`` /
+``max_global_steps`` (both the version that generated it: :mod:`rlhf_core.trainer.response_versions`). Validation
+waits for the running generation and syncs the current weights first.
 
 Agent loops (``rollout.mode=async`` / ``multi_turn.enable``): the rollout group's workers build the agent-loop
 rollout as the on-policy actor's do, so the batches carry ``num_turns`` / ``tool_calls`` and the step logs the same

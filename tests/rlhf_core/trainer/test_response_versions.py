@@ -46,7 +46,8 @@ def test_one_version_per_batch_and_three_segments():
     # two syncs in one rollout (segments under 0, 1, 2): last segments [2, 0, 1] → max [2, 0, 1]; trained at 2
     lo, hi = segment_versions([0, 1, 2], torch.tensor([2, 0, 1]))
     metrics, stale = version_metrics(tag_versions(_batch(3), lo, hi), current=2, partial=True)
-    assert metrics["fully_async/partial/max_partial_span"] == 2 and metrics["fully_async/partial/total_partial_num"] == 2
+    assert metrics["fully_async/partial/max_partial_span"] == 2
+    assert metrics["fully_async/partial/total_partial_num"] == 2
     assert metrics["training/off_policy/trajectory_staleness/max"] == 2.0  # row 1: 2 - 0
     assert metrics["training/off_policy/trajectory_staleness/min"] == 0.0  # row 0: 2 - 2
     assert stale == 2  # rows 1 and 2
