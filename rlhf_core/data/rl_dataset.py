@@ -65,6 +65,28 @@ def validate_messages(messages: Any, where: str, field: str = "prompt", allow_li
                             f"got {type(msg['content']).__name__}")
 
 
+def check_same_fields(rows: list[dict[str, Any]], sources: list[Any]) -> None:
+    """Every row must have the fields of the first one (jsonl rows may differ; parquet rows never do).
+
+    A row without ``data_source`` or ``extra_info`` would otherwise load and fail only when a batch holding it is
+    collated, mid-training, naming its place in the batch instead of its line (verl reads jsonl through
+    ``datasets``, which fills the gap with null and fails later in the reward or the index lookup).
+
+    Raises:
+        DataError: naming the file and row/line, the field it lacks or adds, and the row it was compared with.
+    """
+    if not rows:
+        return
+    first = set(rows[0])
+    for row, src in zip(rows, sources):
+        if set(row) == first:
+            continue
+        missing, extra = sorted(first - set(row)), sorted(set(row) - first)
+        what = f"has no field {missing[0]!r}" if missing else f"has a field {extra[0]!r}"
+        raise DataError(f"{src}: the row {what}, unlike {sources[0]} (fields {sorted(first)}): every row "
+                        "needs the same fields")
+
+
 class RLHFDataset(Dataset):
     """Prompts for RL rollouts, one item per row.
 
@@ -100,8 +122,9 @@ class RLHFDataset(Dataset):
 
     Raises:
         DataError: missing prompt column, wrongly typed column, empty or corrupt file, bad message list,
-            non-UTF-8 jsonl line — naming the file, row and field; on ``__getitem__`` with
-            ``truncation="error"``, a prompt longer than ``max_prompt_length`` (naming the row).
+            non-UTF-8 jsonl line, a row whose fields differ from the first row's — naming the file, row and field;
+            on ``__getitem__`` with ``truncation="error"``, a prompt longer than ``max_prompt_length`` (naming the
+            row).
         ValueError: unknown ``truncation``.
     """
 
@@ -128,6 +151,7 @@ class RLHFDataset(Dataset):
         rows, sources = read_rows(self.data_files)
         for row, src in zip(rows, sources):
             self._validate_row(row, src)
+        check_same_fields(rows, sources)
         positions = np.arange(len(rows))
         if max_samples is not None and 0 < max_samples < len(rows):
             positions = self._subsample(len(rows), int(max_samples))

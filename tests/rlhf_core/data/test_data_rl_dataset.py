@@ -187,6 +187,21 @@ def test_bad_rows_fail_at_construction(tiny_tokenizer, tmp_path, bad, needle):
         RLHFDataset(str(path), tiny_tokenizer, ppo_data_cfg())
 
 
+def test_a_row_with_other_fields_is_refused_by_line(tiny_tokenizer, tmp_path):
+    # line 3 lacks data_source, which line 1 has: without the check the dataset loads and collate_fn fails on the
+    # first batch holding it, naming its place in the batch ("item k"), not the file and line
+    rows = [verl_row("a"), verl_row("b"), verl_row("c")]
+    del rows[2]["data_source"]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    with pytest.raises(DataError, match=r"mixed.jsonl line 3: the row has no field 'data_source', unlike "
+                                        r"\S*mixed.jsonl line 1"):
+        RLHFDataset(path, tiny_tokenizer, ppo_data_cfg())
+    rows = [verl_row("a"), {**verl_row("b"), "answer": "4"}]
+    path = write_jsonl(tmp_path / "extra.jsonl", rows)
+    with pytest.raises(DataError, match=r"extra.jsonl line 2: the row has a field 'answer', unlike"):
+        RLHFDataset(path, tiny_tokenizer, ppo_data_cfg())
+
+
 def test_bad_files(tiny_tokenizer, tmp_path):
     cfg = ppo_data_cfg()
     (tmp_path / "utf.jsonl").write_bytes(GOOD.encode() + b"\n" + b'{"prompt": "\xff\xfe"}\n')
