@@ -10,7 +10,8 @@
   path and what was kept; either also when raised in a Ray worker (:func:`user_error` unwraps Ray's error, whose
   text is the remote traceback in colour); every such line is scrubbed of secrets
   (:func:`rlhf_core.redact.redact_text`); any other exception
-  (``KeyError``, ``AttributeError``...: a bug, or a failing user function) propagates with its traceback.
+  (``KeyError``, ``AttributeError``...: a bug, or a failing user function) propagates with its traceback;
+  output into a pipe whose reader went away (``rlhf results sql ... | head``) ends quietly with 141.
 
 Import-light on purpose (``rlhf config`` must start fast): no torch here.
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -44,6 +47,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 INTERRUPTED = 130
 """Exit code after Ctrl-C (SIGINT), as shells report a process killed by it (128 + 2)."""
 
+BROKEN_PIPE = 141
+"""Exit code when stdout's reader went away (``rlhf results sql ... | head``), as shells report SIGPIPE (128 + 13)."""
+
 last_user_error: list[BaseException] = []
 """The input or storage error that :func:`run_command`'s last call in this process showed as one line and
 returned 1 for (empty when it returned otherwise): lets ``rlhf_cli.tracked`` tell a run refused for its input
@@ -62,6 +68,10 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
         return int(command(list(argv)) or 0)
     except SystemExit as exc:  # argparse: --help (0), a usage error (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        return BROKEN_PIPE
     except KeyboardInterrupt:  # Ctrl-C before a command says more (config_command names the checkpoint)
         print(f"{prog}: interrupted", file=sys.stderr)
         return INTERRUPTED
@@ -73,6 +83,23 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
         print(f"{prog}: error: {redact_text(text)}", file=sys.stderr)
         last_user_error.append(cause)
         return 1
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (``poll`` reports ``POLLERR`` on it); if so, stdout is
+    pointed at /dev/null so that the interpreter's own flush at exit does not print a second traceback."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout (a test's capture), or no poll here
+        return False
+    if gone:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    return gone
 
 
 def user_error(exc: BaseException) -> BaseException | None:

@@ -128,6 +128,28 @@ def test_internal_errors_show_the_traceback(tmp_path):
     assert f'File "{fn}"' in r.stderr  # down to the user's line
 
 
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    # `rlhf results sql ... | head -1`: head exits while the table is printed; the writer gets EPIPE. A shell tool
+    # stops with 141 (128 + SIGPIPE) and no traceback; before, Python printed BrokenPipeError's traceback
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already gone
+    env = {k: v for k, v in os.environ.items() if k != "RLHF_HOME"} | {"PYTHONPATH": str(REPO),
+                                                                       "RLHF_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-c", "import sys, rlhf_cli; sys.exit(rlhf_cli.main())", "results", "sql",
+                        "select range from range(200000)"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                       env=env, timeout=120)
+    os.close(write_end)
+    assert r.returncode == 141 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    # a BrokenPipeError that is not stdout's (a socket, a child's pipe) is a failure: it keeps its traceback
+    from rlhf_core.cli import run_command
+
+    def broken(argv):
+        raise BrokenPipeError(32, "Broken pipe (a socket)")
+
+    with pytest.raises(BrokenPipeError):
+        run_command("rlhf x", broken, [])
+
+
 def test_unknown_command_names_the_nearest():
     r = rlhf("evl")
     assert r.returncode == 2 and "did you mean 'eval'?" in r.stderr
