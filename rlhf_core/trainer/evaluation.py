@@ -11,7 +11,8 @@ called as ``fn(data_source, solution_str, ground_truth[, extra_info=...])`` — 
 ``main_eval`` so verl custom functions with three parameters keep working; ``extra_info`` is passed only when
 the function accepts it. A response whose scorer raises, or returns ``None``/NaN/±inf/a non-number, scores 0: one
 warning names the rows, the ``reward_error`` column marks it (0/1) and ``reward/num_errors/<ds>`` counts them; an
-unknown data source with the default scorer stops the evaluation, naming the row.
+unknown data source with the default scorer is refused before Ray starts, naming the row
+(:func:`check_data_sources`).
 
 Metrics (per data source ``ds``):
 
@@ -46,7 +47,7 @@ from rlhf_core.metrics.validation import pass_k_values, pass_at_k
 from rlhf_core.progress import progress
 from rlhf_core.reward.custom import FileRewardFunction, eval_reward_function
 from rlhf_core.reward.managers import ScoreFailure, score_value
-from rlhf_core.reward.scorers import UnknownDataSourceError
+from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
 
 SAMPLES_FILE = "eval_samples"
 
@@ -227,16 +228,38 @@ def report_short_prompts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def check_data_sources(records: list[dict], config: Any) -> None:
+    """With the default scorer, refuse a row whose ``data.data_source_key`` it has no scorer for
+    (:func:`~rlhf_core.reward.scorers.check_default_data_source`) before Ray starts and any response is scored.
+
+    Raises:
+        DataError: naming ``data.path``, the row and the data source.
+    """
+    key, seen = config.data.data_source_key, set()
+    for i, rec in enumerate(records):
+        source = str(rec[key])
+        if source in seen:
+            continue
+        try:
+            check_default_data_source(source, has_sandbox=False)  # eval_reward_function: no sandbox (verl's main_eval)
+        except UnknownDataSourceError as exc:
+            raise DataError(f"{config.data.path} row {i}: {exc}") from None
+        seen.add(source)
+
+
 def run_evaluation(config: Any) -> dict[str, float]:
     """Score a responses parquet as ``evaluation.yaml`` describes; returns the metrics (see module docstring).
 
     Raises:
-        DataError: a configured column is missing or the file is empty. FileNotFoundError / AttributeError: a bad
-        ``custom_reward_function``. ValueError: an unknown data source with the default scorer (wrapped in
-        RuntimeError naming the row).
+        DataError: a configured column is missing or the file is empty, or (with the default scorer) a row's data
+        source has no scorer, naming the row, before Ray starts. FileNotFoundError / AttributeError: a bad
+        ``custom_reward_function``.
     """
     eval_reward_function(config)  # a bad custom_reward_function fails here, before Ray starts
-    rows = score_rows_parallel(load_eval_rows(config), config)
+    records = load_eval_rows(config)
+    if not config.custom_reward_function.path:
+        check_data_sources(records, config)
+    rows = score_rows_parallel(records, config)
     report_short_prompts(rows)
     samples_dir = config.output.samples_dir
     if samples_dir and rows:

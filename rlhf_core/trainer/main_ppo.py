@@ -36,6 +36,8 @@ from rlhf_core.models.loading import check_local_path, load_tokenizer, local_pat
 from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
+from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
+from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.trainer.checkpoint_callback import check_checkpoint_callback
 from rlhf_core.trainer.commands import ppo_main
@@ -121,7 +123,8 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
 
     Raises:
         DataError: a bad file or row (see :class:`~rlhf_core.data.rl_dataset.RLHFDataset`), fewer training rows
-            than ``data.train_batch_size``, or a row without the ground truth the default scorer needs.
+            than ``data.train_batch_size``, or a row without the ground truth the default scorer needs or with a
+            data source it has no scorer for.
     """
     data = config.data
     train = create_rl_dataset(list(_as_list(data.train_files)), tokenizer, data,
@@ -135,29 +138,43 @@ def build_datasets(config: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
         val = create_rl_dataset(list(_as_list(data.val_files)), tokenizer, data,
                                 max_samples=int(data.val_max_samples), is_train=False)
     if not config.reward_model.enable and not config.custom_reward_function.path:
+        has_sandbox = sandbox_from_config(config) is not None
         for ds in (train, val):
-            check_rule_reward_inputs(ds)
+            check_rule_reward_inputs(ds, str(data.reward_fn_key), has_sandbox)
     check_datasets(config.actor_rollout_ref.rollout, (train, val))  # agent_name / tools_kwargs name known loops/tools
     return train, val
 
 
-def check_rule_reward_inputs(dataset: Any) -> None:
-    """The default (rule) scorer needs ``reward_model.ground_truth`` on every row: check it before Ray starts.
+def check_rule_reward_inputs(dataset: Any, reward_fn_key: str = "data_source", has_sandbox: bool = False) -> None:
+    """The default (rule) scorer needs ``reward_model.ground_truth`` on every row and a ``reward_fn_key``
+    (``data.reward_fn_key``, default ``data_source``) it has a scorer for
+    (:func:`~rlhf_core.reward.scorers.check_default_data_source`; ``has_sandbox``: a Sandbox Fusion url is set,
+    which code sources need): check both before Ray starts, instead of at the first reward of a step.
 
     Datasets without ``rows``/``sources`` (a ``custom_cls``) are left to the reward manager.
 
     Raises:
-        DataError: naming the file and row of the first row without a ground truth.
+        DataError: naming the file and row of the first row without a ground truth or with a data source the
+            default scorer does not know.
     """
     rows, sources = getattr(dataset, "rows", None), getattr(dataset, "sources", None)
     if rows is None or sources is None:
         return
+    checked: set = set()
     for row, src in zip(rows, sources):
         rm = row.get("reward_model")
         if not isinstance(rm, dict) or rm.get("ground_truth") is None:
             raise DataError(f"{src}: the default reward function needs reward_model.ground_truth, the row has "
                             f"reward_model={rm!r} (set custom_reward_function.path or reward_model.enable to score "
                             "without it)")
+        source = row.get(reward_fn_key)
+        if source in checked:
+            continue
+        try:
+            check_default_data_source(source, has_sandbox)
+        except UnknownDataSourceError as exc:
+            raise DataError(f"{src}: {exc}") from None
+        checked.add(source)
 
 
 def driver_tokenizer_path(config: DictConfig) -> str:

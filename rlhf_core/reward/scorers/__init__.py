@@ -50,12 +50,24 @@ def default_compute_score(
         return math_boxed.compute_score(solution_str, str(ground_truth))
     if data_source in COUNTDOWN_SOURCES:
         return countdown.compute_score(solution_str, ground_truth, **scorer_kwargs)
+    check_default_data_source(data_source, sandbox_fusion is not None)  # a code source with its sandbox passes
+    return sandbox.compute_score(sandbox_fusion, solution_str, ground_truth)
+
+
+def check_default_data_source(data_source: Any, has_sandbox: bool = False) -> None:
+    """Refuse a ``data_source`` that :func:`default_compute_score` cannot score, with the message it would raise:
+    one outside :data:`KNOWN_DATA_SOURCES` and the code sources, or a code source when no Sandbox Fusion service
+    is configured (``has_sandbox``). Lets ``rlhf ppo`` and ``rlhf eval`` check every row before any model loads.
+
+    Raises:
+        UnknownDataSourceError: naming the data source and the known ones (or the sandbox key to set).
+    """
+    if data_source in KNOWN_DATA_SOURCES or (has_sandbox and data_source in sandbox.CODE_SOURCES):
+        return
     if data_source in sandbox.CODE_SOURCES:
-        if sandbox_fusion is None:
-            raise UnknownDataSourceError(
-                f"data_source={data_source!r} is scored by running the code in a Sandbox Fusion service: set "
-                "reward_model.sandbox_fusion.url (verl 0.9: reward.sandbox_fusion.url) to its run_code endpoint")
-        return sandbox.compute_score(sandbox_fusion, solution_str, ground_truth)
+        raise UnknownDataSourceError(
+            f"data_source={data_source!r} is scored by running the code in a Sandbox Fusion service: set "
+            "reward_model.sandbox_fusion.url (verl 0.9: reward.sandbox_fusion.url) to its run_code endpoint")
     raise UnknownDataSourceError(
         f"no default reward function for data_source={data_source!r}; known data sources: "
         f"{list(KNOWN_DATA_SOURCES)}. Set custom_reward_function.path to score other data."

@@ -117,6 +117,18 @@ def test_extra_info_passed_when_accepted_and_errors(tmp_path):
         run_evaluation(_config(str(empty)))
 
 
+def test_unknown_data_source_is_refused_by_row_before_ray(tmp_path):
+    import ray
+
+    df = pd.read_parquet(_write_parquet(tmp_path / "resp.parquet"))
+    df.loc[2, "data_source"] = "my_add"  # no default scorer: before, Ray started and a scoring task failed
+    df.to_parquet(tmp_path / "mine.parquet")
+    cfg = typed_config("evaluation", f"data.path={tmp_path / 'mine.parquet'}", "ray_init.num_cpus=2")
+    with pytest.raises(DataError, match=r"mine.parquet row 2: no default reward function for data_source='my_add'"):
+        run_evaluation(cfg)
+    assert not ray.is_initialized()  # refused before the scoring tasks
+
+
 def test_main_eval_prints_json(tmp_path, capsys):
     from rlhf_core.trainer.main_eval import main
 
