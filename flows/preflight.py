@@ -33,17 +33,19 @@ def _head(url: str, rows: int = HEAD_ROWS) -> Any:
     """The first ``rows`` rows of the parquet file ``url`` (any fsspec URL or path), as a pyarrow Table.
 
     Raises:
-        FileNotFoundError: no such file. DataError: not parquet, or no rows.
+        FileNotFoundError: no such file. DataError: jsonl (with the conversion), not parquet, or no rows.
     """
     import fsspec
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rlhf_core.data import DataError
+    from rlhf_core.data.prepare import refuse_jsonl
 
     fs, path = fsspec.core.url_to_fs(url)
     if not fs.exists(path):
         raise FileNotFoundError(f"{url} does not exist{_unexpanded(url)}")
+    refuse_jsonl(url)
     try:
         with fs.open(path, "rb") as fh:
             reader = pq.ParquetFile(fh)

@@ -29,12 +29,27 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def refuse_jsonl(name: str) -> None:
+    """The pipeline's data stages read parquet only (``rlhf ppo`` reads jsonl too, as verl 0.9): a ``.jsonl`` /
+    ``.json`` file is refused with the one-line conversion instead of "not a readable parquet file".
+
+    Raises:
+        DataError: naming the file and the command that converts it.
+    """
+    if str(name).lower().endswith((".jsonl", ".json", ".jsonl.gz")):
+        stem = str(name).rsplit(".json", 1)[0]
+        raise DataError(f"{name}: the pipeline reads parquet files only (rlhf ppo also reads jsonl); convert it: "
+                        f"python -c \"import pandas as pd; pd.read_json('{name}', lines=True)"
+                        f".to_parquet('{stem}.parquet')\" and list the .parquet file")
+
+
 def read_table(name: str, local: str, limit: int | None = None) -> pa.Table:
     """The parquet file ``local`` (shown as ``name`` in errors), its first ``limit`` rows when given.
 
     Raises:
-        DataError: not a readable parquet file, or no rows (names the file).
+        DataError: a jsonl file (:func:`refuse_jsonl`), not a readable parquet file, or no rows (names the file).
     """
+    refuse_jsonl(name)
     try:
         if limit is None:
             table = pq.read_table(local)
