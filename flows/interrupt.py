@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -33,15 +32,35 @@ POLL_S = 0.5
 _flow_run: dict[str, str] = {}  # the flow run of this process (its id and name), for the message
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send it SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a
+    ``kill -9`` of ``rlhf pipeline`` does not leave its Prefect server running. Best effort: a no-op elsewhere."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def session_popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` in a new session; from the main thread of a Linux process, the child also gets SIGTERM
+    when this process dies, SIGKILL included (:func:`_die_with_parent`; the death signal follows the thread that
+    started the child, hence the main thread only, which lives as long as the process)."""
+    import threading
+
+    if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+    return subprocess.Popen(*args, start_new_session=True, **kwargs)
+
+
 class _SessionSubprocess:
-    """``subprocess`` as Prefect's server module sees it while its server starts: ``Popen`` starts the child in a
-    new session; every other name is the real module's. Only that module's global is swapped (other threads'
-    ``subprocess.Popen`` is untouched)."""
+    """``subprocess`` as Prefect's server module sees it while its server starts: ``Popen`` is
+    :func:`session_popen`; every other name is the real module's. Only that module's global is swapped (other
+    threads' ``subprocess.Popen`` is untouched)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
 
-    Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    Popen = staticmethod(session_popen)
 
 
 def start_server() -> Any:
@@ -70,7 +89,7 @@ def interrupt_on_termination() -> None:
     """SIGTERM (``kill``, a scheduler's stop) and SIGHUP (the terminal closed) raise KeyboardInterrupt in the main
     thread, as Ctrl-C does, so the flow records its outcome and :func:`stop` stops the server started in its own
     session (which those signals no longer reach). A no-op outside the main thread. SIGKILL cannot be caught:
-    after ``kill -9`` the server stays until its port's owner is killed."""
+    after ``kill -9`` the server gets SIGTERM from the kernel instead (:func:`session_popen`)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():

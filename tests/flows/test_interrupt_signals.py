@@ -25,6 +25,38 @@ def test_the_shim_starts_the_server_process_in_its_own_session_and_leaves_subpro
     assert subprocess.Popen is not interrupt._SessionSubprocess.Popen  # the real module is untouched
 
 
+def test_the_server_process_ends_when_its_parent_is_killed_with_sigkill(tmp_path):
+    # `kill -9` of `rlhf pipeline`: before, its Prefect server (own session, out of reach of the group's signals)
+    # ran on, listening, until killed by hand. A parent starts a child through the shim, then gets SIGKILL.
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from flows import interrupt; "
+        "p = interrupt._SessionSubprocess().Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        try:  # reaped by init soon after it ends: a zombie counts as gone
+            with open(f"/proc/{child}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its SIGKILLed parent by 30 s")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_raise_keyboard_interrupt_in_the_main_thread(sig):
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
