@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import socket
 from typing import Any
 
 import ray
 
 from rlhf_core.bind_host import bind_host
+from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.ray_kwargs import RAY_INIT_SECTION, ray_init_key_error  # noqa: F401  (re-exported)
 from rlhf_core.data import RemoteUnavailableError
 from rlhf_core.distributed.ray_loopback import LOOPBACK, loopback_ray_start, node_ip_address, ray_temp_dir
@@ -163,6 +166,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, py_executa
     Raises:
         RemoteUnavailableError / ValueError: from :func:`check_ray_address`, before ``ray.init`` is called.
         PermissionError: the private temp folder is someone else's (:func:`local_ray_init_kwargs`).
+        ConfigError: an embedded instance's ``py_executable`` whose program is not here (:func:`check_py_executable`).
     """
     if ray.is_initialized():
         return
@@ -174,11 +178,32 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, py_executa
     if address is None:  # ray_init.address unset: a `ray job submit` driver's cluster, else an embedded one
         address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
+        check_py_executable((runtime_env or {}).get("py_executable"))
         start_embedded_ray(num_cpus, **{"log_to_driver": True, **kwargs, "runtime_env": runtime_env})
     else:
         kwargs.pop("address", None)
         check_ray_address(str(address))
         ray.init(address=address, runtime_env=runtime_env, **kwargs)
+
+
+def check_py_executable(py_executable: str | None) -> None:
+    """Refuse, before an embedded Ray starts, a ``runtime_env.py_executable`` whose program is not on ``PATH``:
+    Ray would start no worker and retry for ever (``exec: uv: not found`` in the raylet's log), the run hanging.
+    verl 0.9's example scripts pass ``uv -v run --frozen ...`` (unless ``VERL_USE_UV=0``); ``rlhf experiment
+    from-verl`` keeps it. None (this Python) passes.
+
+    Raises:
+        ConfigError: naming the key, its value and the missing program.
+    """
+    if py_executable is None:
+        return
+    words = shlex.split(str(py_executable))
+    program = words[0] if words else ""
+    if not program or shutil.which(program) is None:
+        raise ConfigError(
+            f"ray_kwargs.ray_init.runtime_env.py_executable={py_executable!r}: {program!r} is not found on PATH, so "
+            "Ray could start no worker process; set it to null (this Python; verl's scripts: VERL_USE_UV=0) or "
+            f"install {program!r}")
 
 
 def _merge_runtime_env(ours: dict | None, theirs: dict | None) -> dict | None:

@@ -255,6 +255,7 @@ def test_py_executable_reaches_rays_runtime_env(monkeypatch):
     seen = {}
     monkeypatch.setattr(ray_init.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_init, "start_embedded_ray", lambda num_cpus, **kw: seen.update(kw))
+    monkeypatch.setattr(ray_init.shutil, "which", lambda program: f"/usr/bin/{program}")  # as if uv were installed
     monkeypatch.delenv("RLHF_CONFIG_READS", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray_init.init_ray(None, 1, cfg.ray_kwargs.ray_init.runtime_env.py_executable)
