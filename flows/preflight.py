@@ -138,8 +138,39 @@ def checks(s: PipelineSettings) -> list[tuple[str, Callable[[], str]]]:
     out.append(("model.path", lambda: _model(s.model_path, s.model_sizes)))
     if s.reward_path is not None:
         out.append(("reward.path", lambda: _reward(str(s.reward_path), s.reward_name)))
+    elif s.train_files or s.val_files:
+        out.append(("reward", lambda: _default_reward(s)))
     out.append(("ppo rollout engine", lambda: _engine(s)))
     return out
+
+
+def _default_reward(s: PipelineSettings) -> str:
+    """Without ``reward`` (nor a custom function or reward model in the PPO overrides), the default rule scorer
+    must know the ``data.reward_fn_key`` of the first rows of every train/val file, as ``rlhf ppo`` checks at its
+    start (which in the flow comes after the data, model and SFT stages).
+
+    Raises:
+        DataError: naming the file, the row and the data source (with the known ones).
+    """
+    from rlhf_core.data import DataError
+    from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
+    from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
+
+    cfg = ppo_config(s)
+    if cfg.reward_model.enable or cfg.custom_reward_function.path:
+        return "scored by the reward model or custom function of the ppo overrides"
+    has_sandbox, key, seen = sandbox_from_config(cfg) is not None, str(cfg.data.reward_fn_key), set()
+    for url in [*s.train_files, *s.val_files]:
+        table = _head(url)
+        for i, source in enumerate(table.column(key).to_pylist() if key in table.column_names else []):
+            if source in seen:
+                continue
+            try:
+                check_default_data_source(source, has_sandbox)
+            except UnknownDataSourceError as exc:
+                raise DataError(f"{url} row {i}: {exc} (or set the experiment's reward: {{path, name}})") from None
+            seen.add(source)
+    return f"the default reward function scores {sorted(seen)}"
 
 
 def _engine(s: PipelineSettings) -> str:

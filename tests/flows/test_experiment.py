@@ -245,6 +245,21 @@ def test_dry_run_refuses_each_bad_input_in_one_line_naming_file_and_field(tmp_pa
     assert err.startswith(f"rlhf pipeline: error: {f}: {field}"), err
 
 
+def test_dry_run_without_a_reward_checks_the_data_sources_against_the_default_scorer(tmp_path, capsys, monkeypatch):
+    # before, this passed the dry run and the flow ran data, model and SFT before the PPO stage refused 'toy'
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    f = _experiment(tmp_path)
+    f.write_text(f.read_text().replace("reward: {path: reward.py}\n", ""))
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 1 and err.startswith(f"rlhf pipeline: error: {f}: reward: memory://exp/train.parquet row 0: no "
+                                      "default reward function for data_source='toy'"), err
+    # the same function given as a ppo override instead of the experiment's reward field: read as the reward
+    f.write_text(f.read_text().replace("trainer.device=cpu,", f"trainer.device=cpu, custom_reward_function.path="
+                                       f"{tmp_path / 'reward.py'},"))
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 0 and any(line.startswith("ok   reward.path: ") for line in lines), err
+
+
 def test_dry_run_prints_each_config_notice_once_as_a_note_line(tmp_path, capsys, monkeypatch):
     # issue 35's trial: a key that changes nothing here (a vLLM-only key with rollout.name=hf) came out as raw Python
     # warnings, once per load of the ppo config (the checks load it several times); now one "note" line
