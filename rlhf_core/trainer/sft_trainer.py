@@ -28,7 +28,7 @@ from rlhf_core.distributed.ray_init import init_ray
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from rlhf_core.models.hub import check_hub_model
-from rlhf_core.models.loading import load_tokenizer
+from rlhf_core.models.loading import check_local_path, load_tokenizer
 from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
@@ -203,12 +203,17 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
         ConfigError: before any model is loaded, a broken batch-size rule, a ``model.partial_pretrain`` folder with
             missing or truncated weights, a hub id that cannot be loaded here (offline and not cached, or the hub
             unreachable), or a tokenizer without a chat template.
+        FileNotFoundError: a ``model.partial_pretrain`` folder that does not exist (naming the key).
         FileNotFoundError / ValueError: before any model is loaded, a ``model.lora_adapter_path`` that holds no
             adapter or contradicts ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``.
         DataError: before any model is loaded, a bad data file or fewer training rows than one batch.
     """
     validate_sft_config(config)  # before any model is loaded
     model = config.model
+    try:
+        check_local_path(str(model.partial_pretrain))
+    except FileNotFoundError as exc:  # a missing folder: name the key, as rlhf ppo does for its model paths
+        raise FileNotFoundError(f"model.partial_pretrain={str(model.partial_pretrain)!r}: {exc}") from None
     check_model_files("model.partial_pretrain", str(model.partial_pretrain))
     check_hub_model("model.partial_pretrain", str(model.partial_pretrain))  # offline hub id: one line, in seconds
     if model.lora_adapter_path is not None and "://" not in str(model.lora_adapter_path):

@@ -110,6 +110,10 @@ def test_sft_model_without_weights_is_refused_before_ray(tiny_model_dir, tmp_pat
     (model / "model.safetensors").unlink()
     msg = _sft_error(_sft_overrides(str(model), _sft_rows(tmp_path, 8)), ConfigError)
     assert msg.startswith(f"model.partial_pretrain={str(model)!r}: no model weights in {model}")
+    # a folder that is not there names its key too (it was "model path '...' does not exist" alone)
+    missing = tmp_path / "nope"
+    msg = _sft_error(_sft_overrides(str(missing), _sft_rows(tmp_path, 8)), FileNotFoundError)
+    assert msg == f"model.partial_pretrain={str(missing)!r}: model path {str(missing)!r} does not exist"
 
 
 # --- 2. a tokenizer without a chat template -------------------------------------------------------------------------
