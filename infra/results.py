@@ -176,7 +176,7 @@ class ResultsStore:
     def register_samples(
         self, parquet_paths: Iterable[str], run_id: str, stage: str,
         checkpoint: str | Mapping[int, str] | None = None,
-        questions: Mapping[str, str] | None = None, suite: str | None = None,
+        questions: Mapping[str, str] | None = None, suite: str | None = None, step: int | None = None,
     ) -> int:
         """Copy sample parquet files into the store, adding ``run_id``, ``stage``, ``prompt_id``,
         ``question`` and ``checkpoint`` columns.
@@ -196,6 +196,8 @@ class ResultsStore:
             suite: an evaluation suite: each row's ``data_source`` becomes ``<suite>/<data_source>`` (so
                 comparisons and the regression gate, which group by ``data_source``, work per suite) and a ``suite``
                 column is added; ``prompt_id`` stays that of the original data source (a prompt keeps its id).
+            step: the training step every row belongs to, replacing the file's ``step`` column (the evaluation of
+                a final checkpoint: ``rlhf eval`` writes step 0, knowing no training step); None keeps the file's.
 
         Returns:
             Number of rows registered.
@@ -214,10 +216,15 @@ class ResultsStore:
             table = with_sample_ids(pq.read_table(path), checkpoint, questions or {})
             if suite is not None:
                 table = label_suite(table, suite)
+            n = table.num_rows
+            if step is not None:
+                column = pa.array([int(step)] * n, pa.int64())
+                index = table.column_names.index("step") if "step" in table.column_names else None
+                table = (table.set_column(index, "step", column) if index is not None
+                         else table.append_column("step", column))
             for col in ("run_id", "stage"):
                 if col in table.column_names:
                     table = table.drop_columns([col])
-            n = table.num_rows
             table = table.add_column(0, "stage", pa.array([stage] * n, pa.string()))
             table = table.add_column(0, "run_id", pa.array([run_id] * n, pa.string()))
             _atomic_write(table, dest_dir / Path(path).name, self.root)

@@ -119,7 +119,7 @@ def evaluate(overrides: list[str], ctx: dict[str, Any], checkpoint: str | None =
             for src, dst in zip(sample_files, kept):  # one DuckDB file per suite (they are named by file)
                 Path(src).replace(dst)
             store.register_samples(kept, run_id, "evaluate", checkpoint=checkpoint, suite=label,
-                                   questions=questions_by_prompt_id(kept, str(prompts)))
+                                   questions=questions_by_prompt_id(kept, str(prompts)), step=int(global_step))
             for f in kept:
                 lineage.client().log_artifact(run_id, f, "samples")
             log_line(f"evaluate · {suite['name']}: " + ", ".join(

@@ -60,6 +60,15 @@ def test_register_samples_adds_run_and_stage_and_unions_columns(results_store, t
         ("run1", 8), ("run2", 4)]
 
 
+def test_register_samples_step_replaces_the_files_step(results_store, tmp_path):
+    """The pipeline's evaluation scores the final checkpoint of step 19; rlhf eval wrote step 0 (it knows no step):
+    the rows are stored under step 19, next to that step's metrics."""
+    a = _samples(tmp_path / "suite.parquet", 0)
+    results_store.register_samples([a], "run1", "evaluate", step=19)
+    assert results_store.sql("SELECT step, count(*) FROM samples GROUP BY 1")[1] == [(19, 4)]
+    assert pq.read_table(a).column("step").to_pylist() == [0] * 4  # the user's file is not changed
+
+
 def test_unsafe_names_are_refused(results_store, tmp_path):
     a = _samples(tmp_path / "x.parquet", 1)
     with pytest.raises(ValueError, match="run_id"):

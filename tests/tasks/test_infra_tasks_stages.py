@@ -68,8 +68,9 @@ def test_evaluate_generates_with_the_model_and_scores_the_default_suite(ctx, ray
                           model_path=str(tiny_model_dir))
     assert metrics["pass@2/num_prompts/openai/gsm8k"] == 2.0 and 0.0 <= metrics["test_score/openai/gsm8k"] <= 1.0
     store = ResultsStore(ctx["home"])
-    assert store.sql("SELECT count(*), count(DISTINCT prompt_id), count(question), max(length(response)) > 0 "
-                     "FROM samples WHERE stage = 'evaluate'")[1] == [(4, 2, 4, True)]
+    # the samples are stored under the step of the model evaluated (3), as its metrics
+    assert store.sql("SELECT count(*), count(DISTINCT prompt_id), count(question), max(length(response)) > 0, "
+                     "min(step), max(step) FROM samples WHERE stage = 'evaluate'")[1] == [(4, 2, 4, True, 3, 3)]
     assert ("test_score/openai/gsm8k", 3, metrics["test_score/openai/gsm8k"]) in store.sql(
         "SELECT key, step, value FROM metrics WHERE stage = 'evaluate'")[1]
     run = _children(mlflow_client, ctx)["evaluate"]
