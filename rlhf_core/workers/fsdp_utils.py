@@ -5,6 +5,12 @@ verl's ``apply_fsdp2``: every decoder layer (the classes in ``model._no_split_mo
 sharded on its own, then the root. ``fsdp_size`` ``-1`` (or ``>= world``) shards over all ranks;
 a smaller value builds a 2-D (replicate, shard) mesh (HSDP). ``param_offload``/``optimizer_offload``
 become ``CPUOffloadPolicy`` on CUDA; on CPU they are no-ops (the weights already live in host memory).
+
+One rank (world size 1) runs the plain module, unless a mixed-precision policy or a CUDA offload policy needs
+FSDP2's parameter handling (:func:`needs_fsdp2`): with nothing to shard or reduce, ``fully_shard`` only adds its
+hooks' copies (about a tenth of a tiny model's update: BENCHMARKS.md, "Short prompts and small steps"). The
+update is the same (tests/rlhf_core/workers/test_workers_plain_ws1.py), and its checkpoints are DCP checkpoints
+that load at any world size (plain tensors are saved as one full chunk, which DCP reshards on load).
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
 from rlhf_core.config.structured import full_key, role_name
 
@@ -94,8 +100,24 @@ def _present(cfg: Mapping[str, Any], key: str, absent: Any) -> Any:
     return cfg[key] if key in cfg else absent
 
 
-def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, role: str = "actor") -> nn.Module:
-    """Shard ``model`` in place with FSDP2 and return it (moved to :func:`device`).
+def needs_fsdp2(kwargs: Mapping[str, Any], single_rank: bool = False) -> bool:
+    """Whether :func:`apply_fsdp2` shards with ``fully_shard(**kwargs)``: always on several ranks, and on one rank
+    only for a ``mp_policy`` (FSDP2 casts the unsharded parameters and reduces gradients in its dtypes) or an
+    ``offload_policy`` (parameters in host memory between uses), or when ``single_rank`` asks for it (tests of
+    FSDP2's own behaviour in one process)."""
+    return world_size() > 1 or single_rank or "mp_policy" in kwargs or "offload_policy" in kwargs
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True for an FSDP2 module (:func:`apply_fsdp2` sharded it), False for the plain one-rank module, whose
+    state dict holds the live parameters themselves."""
+    return isinstance(model, FSDPModule)
+
+
+def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, role: str = "actor",
+                single_rank: bool = False) -> nn.Module:
+    """Shard ``model`` in place with FSDP2 and return it (moved to :func:`device`); on one rank return the plain
+    module instead (moved to :func:`device`) unless :func:`needs_fsdp2` (``single_rank=True``: shard anyway).
 
     Honoured ``fsdp_config`` keys: ``wrap_policy.min_num_params``, ``fsdp_size``, ``param_offload``,
     ``optimizer_offload``, ``offload_policy`` (all → ``CPUOffloadPolicy`` on CUDA; a logged no-op on CPU),
@@ -122,6 +144,8 @@ def apply_fsdp2(model: nn.Module, fsdp_config: Mapping[str, Any] | None = None, 
     cast_buffers(model, mp_cfg)
     if not torch.cuda.is_available() or not offload:
         model.to(device())
+    if not needs_fsdp2(kwargs, single_rank):
+        return model
     broadcast_from_rank0(model)
     wrapped = _modules_to_wrap(model, int(_present(wrap, "min_num_params", 0)))
     for module in wrapped:
@@ -155,7 +179,9 @@ def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, tor
     """The unsharded weights (HF key names) gathered from all ranks.
 
     With ``rank0_only=False`` every rank gets the full dict (on CPU for CPU runs, on the device on CUDA);
-    with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES)."""
+    with ``rank0_only=True`` rank 0 gets it on CPU and the other ranks an empty dict (see FIELD-NOTES). For the plain
+    one-rank module (:func:`is_sharded` False) the values are the live parameters (detached, no copy): a caller
+    that keeps them past the next update copies them."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return get_model_state_dict(model, options=opts)
 

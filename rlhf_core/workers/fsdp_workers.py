@@ -21,7 +21,7 @@ from rlhf_core.workers.actor import DataParallelPPOActor
 from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, seed_all
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.determinism import apply_engine_determinism
-from rlhf_core.workers.fsdp_utils import full_state_dict, rank
+from rlhf_core.workers.fsdp_utils import full_state_dict, is_sharded, rank
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage, union_profiler_configs
 from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dtype
@@ -156,8 +156,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     def actor_weights(self) -> dict:
         """The actor's full state dict (HF key names, on CPU; collective on the actor ranks): what a standalone
-        rollout group loads with :meth:`load_rollout_weights` (one-step off-policy trainer)."""
-        return {k: v.detach().cpu() for k, v in full_state_dict(self.actor_module).items()}
+        rollout group loads with :meth:`load_rollout_weights` (one-step off-policy trainer). A copy: on one rank the
+        plain module's state dict holds the live parameters, which the next update changes."""
+        state = full_state_dict(self.actor_module)
+        if is_sharded(self.actor_module):  # gathered: already fresh tensors
+            return {k: v.detach().cpu() for k, v in state.items()}
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
 
     def load_rollout_weights(self, state_dict: dict) -> None:
         """Load ``state_dict`` (from :meth:`actor_weights`) into this worker's rollout engine (clears an

@@ -177,7 +177,7 @@ cfg = Qwen2Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidd
                   num_key_value_heads=1, tie_word_embeddings=True)
 model = AutoModelForCausalLM.from_config(cfg)
 changed = use_onednn_linears(model)
-apply_fsdp2(model, {})
+apply_fsdp2(model, {}, single_rank=True)
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     model(input_ids=torch.randint(0, 100, (2, 8))).logits.sum().backward()

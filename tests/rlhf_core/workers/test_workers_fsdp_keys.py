@@ -1,5 +1,6 @@
 """FSDP2 settings of verl 0.9's FSDP engine that exist on FSDP2: ``fsdp_config.forward_prefetch`` (actor, reference,
-``critic.fsdp``, the reward model, SFT's ``engine``) in one process (a single-rank gloo group)."""
+``critic.fsdp``, the reward model, SFT's ``engine``) in one process (a single-rank gloo group, sharded with
+``single_rank=True``: one rank otherwise runs the plain module)."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def _sharded(**fsdp_cfg) -> torch.nn.Module:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                                          num_attention_heads=2, num_key_value_heads=1))
-    return apply_fsdp2(model, fsdp_cfg, "actor")
+    return apply_fsdp2(model, fsdp_cfg, "actor", single_rank=True)
 
 
 def _prefetched(model) -> list[list]:
@@ -53,7 +54,7 @@ def _fsdp_update(monkeypatch, *overrides: str):
                                                   real(self, flag, **kw))[1])
     LocalWorkerGroup(_Rank, {})
     torch.manual_seed(0)
-    model = apply_fsdp2(Qwen2ForCausalLM(tiny_config()), {}, "actor")
+    model = apply_fsdp2(Qwen2ForCausalLM(tiny_config()), {}, "actor", single_rank=True)
     cfg = load_config("ppo_trainer", ["actor_rollout_ref.actor.entropy_coeff=0.01", *overrides])
     actor = DataParallelPPOActor(cfg.actor_rollout_ref.actor, model, torch.optim.AdamW(model.parameters(), lr=1e-2),
                                  mini_batch_size=8, micro_batch_size=2)

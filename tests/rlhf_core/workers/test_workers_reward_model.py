@@ -156,11 +156,16 @@ def test_re_templating_needs_the_raw_chat(tiny_model_dir, tiny_tokenizer, rm_dir
         wg.execute_dp("compute_rm_score", batch)
 
 
-def test_fsdp_config_keys_shape_the_sharding(tiny_model_dir, rm_dirs):
+def test_fsdp_config_keys_shape_the_sharding(tiny_model_dir, rm_dirs, monkeypatch):
     """reward_model.model.fsdp_config: wrap_policy.min_num_params=1 (verl 0.6's spelling) wraps every smallest
     module holding a parameter, not just the decoder layers; reshard_after_forward=False keeps the gathered
-    parameters after forward (no post-forward mesh); fsdp_size=0 is refused (it must divide the world size)."""
+    parameters after forward (no post-forward mesh); fsdp_size=0 is refused (it must divide the world size).
+    One rank runs the plain module (fsdp_utils.needs_fsdp2), so the sharding is forced here as on several ranks."""
     from torch.distributed.fsdp import FSDPModule
+
+    from rlhf_core.workers import fsdp_utils
+
+    monkeypatch.setattr(fsdp_utils, "needs_fsdp2", lambda kwargs, single_rank=False: True)
 
     def wrapped(wg):
         return [m for m in wg.worker.module.modules() if isinstance(m, FSDPModule)]
