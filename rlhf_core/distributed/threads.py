@@ -74,3 +74,37 @@ def omp_env(threads: int) -> dict[str, str]:
     if int(threads) < 1:
         raise ValueError(f"intra-op threads must be >= 1, got {threads}")
     return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY}
+
+
+# glibc malloc settings of every rank (issue 38): allocations below 32 MiB come from the heap (glibc's largest
+# dynamic mmap threshold on 64-bit), and up to 1 GiB of freed memory at the heap's top stays for reuse
+MALLOC_MMAP_THRESHOLD = 32 << 20
+MALLOC_TRIM_THRESHOLD = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (glibc's malloc.h)
+
+
+def keep_freed_heap() -> bool:
+    """Make this process's glibc ``malloc`` keep freed memory for reuse instead of handing it back to the kernel
+    (``mallopt(M_MMAP_THRESHOLD, 32 MiB)``, ``mallopt(M_TRIM_THRESHOLD, 1 GiB)``); returns True when both took
+    effect, False where the C library has no ``mallopt`` (not glibc: a no-op).
+
+    Why: torch's CPU tensors come from ``malloc``. A step of a small model allocates and frees the same
+    activation-sized blocks (hundreds of KiB to a few MiB) every micro-batch; with glibc's defaults (mmap
+    threshold 128 KiB, raised as blocks are freed; trim threshold twice it) the freed top of the heap is returned
+    to the kernel and the next micro-batch faults every page in again: 19,134 minor page faults per actor update
+    of the Countdown model (128 rows × 44 tokens, one thread), 1 with these settings, and about a tenth less CPU
+    time per update (BENCHMARKS.md, "Short prompts and small steps"). PyTorch's CPU performance guide gives the
+    same cause and recommends another allocator (jemalloc, tcmalloc) for it; these two settings get the effect
+    without a preloaded library. Cost: the process keeps its peak heap (up to 1 GiB more than it uses at a
+    given moment); blocks of 32 MiB and more are still mapped and unmapped one by one."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # no C library by that name, or one without mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD,
+                                                                                     MALLOC_TRIM_THRESHOLD))

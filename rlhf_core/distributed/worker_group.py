@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf_core.distributed.ray_init import init_ray
-from rlhf_core.distributed.threads import omp_env
+from rlhf_core.distributed.threads import keep_freed_heap, omp_env
 from rlhf_core.protocol import Batch
 from rlhf_core.redact import install_log_redaction
 
@@ -55,13 +55,15 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
                         collective_timeout_s: float | None = None) -> str:
     """Export the torch.distributed environment and join the process group.
 
-    Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
+    First makes ``malloc`` keep freed memory for reuse (:func:`~rlhf_core.distributed.threads.keep_freed_heap`:
+    a rank's steps allocate the same blocks again and again). Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
     ``OMP_NUM_THREADS`` + ``torch.set_num_threads`` when ``omp_threads`` is given), then
     ``init_process_group`` with ``nccl`` when CUDA is visible, else ``gloo``, over :func:`rendezvous_store`
     (rank 0's store listens on ``master_addr`` only). Blocks until all ``world_size`` ranks have joined.
     ``collective_timeout_s``: the group's timeout for a collective (verl's ``actor_rollout_ref.nccl_timeout``,
     for gloo too); None = torch's default. Returns the backend name.
     """
+    keep_freed_heap()
     env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": local_rank,
            "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
     if omp_threads:

@@ -3,6 +3,8 @@ ranks (or the role's ``fsdp_config.cpu_threads``), independent of the fractional
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -106,3 +108,46 @@ def test_embedded_ray_workers_run_at_the_drivers_priority(ray_2cpu):
         assert wg.execute_all("niceness") == [os.nice(0)]
     finally:
         wg.shutdown()
+
+
+_HEAP_CYCLES = r"""
+import ctypes, importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("threads", sys.argv[1])
+threads = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(threads)  # the module alone: no torch in this process, only malloc
+kept = threads.keep_freed_heap() if sys.argv[2] == "1" else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+def cycle():  # a micro-batch's activations: four 8 MiB blocks written, then freed
+    blocks = [libc.malloc(8 << 20) for _ in range(4)]
+    for b in blocks:
+        libc.memset(b, 1, 8 << 20)
+    for b in blocks:
+        libc.free(b)
+
+cycle()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    cycle()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_keep_freed_heap_stops_the_page_faults_of_reallocating_the_same_blocks():
+    """Four 8 MiB blocks written and freed ten times: with glibc's defaults the first free raises the mmap
+    threshold to 8 MiB and the trim threshold to 16 MiB, so the 32 MiB freed at the heap's top go back to the
+    kernel each time and every cycle faults its 8,192 pages (4 KiB) in again: about 80,000 minor faults. With
+    :func:`keep_freed_heap` the heap keeps them (trim threshold 1 GiB): almost none."""
+    from rlhf_core.distributed import threads
+
+    def faults(keep: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _HEAP_CYCLES, threads.__file__, keep], capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    default, kept = faults("0"), faults("1")
+    assert default[0] == "None" and default[1] > 10 * 8192 * 0.9  # the pages of every cycle, again and again
+    assert kept == ("True", kept[1]) and kept[1] < 8192 // 4  # not even one cycle's pages
