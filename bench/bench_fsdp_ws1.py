@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python bench/bench_fsdp_ws1.py MODEL_DIR [--variants plain,fsdp,fsdp_keep] [--micro 64]
                                                               [--steps 15] [--rows 128] [--seq 44]
+                                                              [--keep-freed-heap]
 
 The update of ``bench/bench_short_prompts.py``'s workload without the trainer around it: ``--rows`` sequences of
 ``--seq`` random tokens (Countdown: 28-33 prompt + up to 12 response tokens), micro-batches of ``--micro`` rows,
@@ -9,12 +10,15 @@ the log-prob of the last 12 tokens as the loss, backward, gradient clip 1.0, fus
 HF model as loaded), ``fsdp`` (``fully_shard`` on each decoder layer and the root, one gloo rank, as
 ``workers/fsdp_utils.apply_fsdp2`` wraps it), ``fsdp_keep`` (the same with ``reshard_after_forward=False``). Each
 variant runs in this process in turn after 3 warm-up steps; prints the median wall and **CPU** time (process
-time: the figure that holds on a machine other jobs load) of ``--steps`` steps.
+time: the figure that holds on a machine other jobs load) of ``--steps`` steps, and the minor page faults per step.
+``--keep-freed-heap`` first applies the ranks' malloc settings (``rlhf_core.distributed.threads.keep_freed_heap``)
+to this process, as ``rlhf ppo``'s ranks do; without it, glibc's defaults.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 
@@ -27,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--rows", type=int, default=128)
     p.add_argument("--seq", type=int, default=44)
+    p.add_argument("--keep-freed-heap", action="store_true")
     args = p.parse_args(argv)
+    if args.keep_freed_heap:
+        from rlhf_core.distributed.threads import keep_freed_heap
+
+        print("keep_freed_heap:", keep_freed_heap())
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -57,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             step()
         wall, cpu = [], []
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(args.steps):
             t, c = time.perf_counter(), time.process_time()
             step()
             wall.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         print(f"{variant:10s} micro {args.micro}: wall median {statistics.median(wall) * 1e3:8.1f} ms, "
-              f"CPU median {statistics.median(cpu) * 1e3:7.1f} ms (min {min(cpu) * 1e3:.1f})", flush=True)
+              f"CPU median {statistics.median(cpu) * 1e3:7.1f} ms (min {min(cpu) * 1e3:.1f}), minor faults per step "
+              f"{(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps:.0f}", flush=True)
     dist.destroy_process_group()
     return 0
 
