@@ -56,7 +56,8 @@ def setup_process_group(rank: int, world_size: int, master_addr: str, master_por
     """Export the torch.distributed environment and join the process group.
 
     First makes ``malloc`` keep freed memory for reuse (:func:`~rlhf_core.distributed.threads.keep_freed_heap`:
-    a rank's steps allocate the same blocks again and again). Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
+    a rank's steps allocate the same blocks again and again). Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` (and
     ``OMP_NUM_THREADS`` + ``torch.set_num_threads`` when ``omp_threads`` is given), then
     ``init_process_group`` with ``nccl`` when CUDA is visible, else ``gloo``, over :func:`rendezvous_store`
     (rank 0's store listens on ``master_addr`` only). Blocks until all ``world_size`` ranks have joined.
