@@ -54,6 +54,9 @@ _FULLY_ASYNC = "tests/rlhf_core/trainer/test_fully_async.py::"
 _DEPRECATED = "tests/rlhf_core/config/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
+_WRAP = "tests/rlhf_core/workers/test_workers_batching.py::test_wrap_policy_decoder_layers_or_min_num_params"
+_PREFETCH = ("tests/rlhf_core/workers/test_workers_fsdp_keys.py::"
+             "test_forward_prefetch_prefetches_the_next_layer_with_the_same_outputs")
 EFFECT_TESTS: dict[str, dict[str, str]] = {
     "ppo_trainer": {
         # verl 0.9: off-policy trainers (read only with async_training.mode=one_step_off_policy)
@@ -197,8 +200,14 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         **{f"reward_model.model.fsdp_config.{k}":
            "tests/rlhf_core/workers/test_workers_reward_model.py::test_fsdp_config_keys_shape_the_sharding"
            for k in ("fsdp_size", "reshard_after_forward", "wrap_policy.min_num_params")},
+        # FSDP2 wrapping, read from two ranks on (one rank runs the plain module: fsdp_utils.needs_fsdp2)
+        _A + "actor.fsdp_config.wrap_policy.min_num_params":
+            "tests/rlhf_core/distributed/test_distributed_ray.py::test_hsdp_mesh_and_size_based_wrap_match_one_rank",
+        **{k: _WRAP for k in (_A + "ref.fsdp_config.wrap_policy.min_num_params", "critic.fsdp.wrap_policy.min_num_params")},
+        **{k: _PREFETCH for k in (_A + "actor.fsdp_config.forward_prefetch", _A + "ref.fsdp_config.forward_prefetch",
+                                  "critic.fsdp.forward_prefetch")},
     },
-    "sft_trainer": {"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
+    "sft_trainer": {"model.fsdp_config.wrap_policy.min_num_params": _WRAP,"data.micro_batch_size": _DEPRECATED, "ray_init.address": _SFT_RAY, "ray_init.num_cpus": _SFT_RAY,
                     "trainer.device": _SFT_RAY,
                     "model.tiled_mlp.num_shards": "tests/rlhf_core/trainer/test_sft_model_keys.py::test_tiled_mlp_step_"
                                                   "gives_the_pinned_numbers_and_offload_wraps_each_micro_batch",
