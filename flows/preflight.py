@@ -153,7 +153,7 @@ def _default_reward(s: PipelineSettings) -> str:
         DataError: naming the file, the row and the data source (with the known ones).
     """
     from rlhf_core.data import DataError
-    from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
+    from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_sources
     from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
 
     cfg = ppo_config(s)
@@ -162,14 +162,11 @@ def _default_reward(s: PipelineSettings) -> str:
     has_sandbox, key, seen = sandbox_from_config(cfg) is not None, str(cfg.data.reward_fn_key), set()
     for url in [*s.train_files, *s.val_files]:
         table = _head(url)
-        for i, source in enumerate(table.column(key).to_pylist() if key in table.column_names else []):
-            if source in seen:
-                continue
-            try:
-                check_default_data_source(source, has_sandbox)
-            except UnknownDataSourceError as exc:
-                raise DataError(f"{url} row {i}: {exc} (or set the experiment's reward: {{path, name}})") from None
-            seen.add(source)
+        try:
+            seen.update(check_default_data_sources(
+                table.column(key).to_pylist() if key in table.column_names else [], has_sandbox))
+        except UnknownDataSourceError as exc:
+            raise DataError(f"{url} {exc} (or set the experiment's reward: {{path, name}})") from None
     return f"the default reward function scores {sorted(seen)}"
 
 

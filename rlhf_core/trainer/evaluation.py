@@ -47,7 +47,7 @@ from rlhf_core.metrics.validation import pass_k_values, pass_at_k
 from rlhf_core.progress import progress
 from rlhf_core.reward.custom import FileRewardFunction, eval_reward_function
 from rlhf_core.reward.managers import ScoreFailure, score_value
-from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
+from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_sources
 
 SAMPLES_FILE = "eval_samples"
 
@@ -235,16 +235,10 @@ def check_data_sources(records: list[dict], config: Any) -> None:
     Raises:
         DataError: naming ``data.path``, the row and the data source.
     """
-    key, seen = config.data.data_source_key, set()
-    for i, rec in enumerate(records):
-        source = str(rec[key])
-        if source in seen:
-            continue
-        try:
-            check_default_data_source(source, has_sandbox=False)  # eval_reward_function: no sandbox (verl's main_eval)
-        except UnknownDataSourceError as exc:
-            raise DataError(f"{config.data.path} row {i}: {exc}") from None
-        seen.add(source)
+    try:  # eval_reward_function: no sandbox (verl's main_eval)
+        check_default_data_sources((str(rec[config.data.data_source_key]) for rec in records), has_sandbox=False)
+    except UnknownDataSourceError as exc:
+        raise DataError(f"{config.data.path} {exc}") from None
 
 
 def run_evaluation(config: Any) -> dict[str, float]:

@@ -4,7 +4,7 @@ Import-light on purpose (no torch): reward worker processes import this package.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from rlhf_core.reward.scorers import countdown, gsm8k, math_boxed, sandbox_fusion as sandbox
 
@@ -52,6 +52,26 @@ def default_compute_score(
         return countdown.compute_score(solution_str, ground_truth, **scorer_kwargs)
     check_default_data_source(data_source, sandbox_fusion is not None)  # a code source with its sandbox passes
     return sandbox.compute_score(sandbox_fusion, solution_str, ground_truth)
+
+
+def check_default_data_sources(sources: Iterable[Any], has_sandbox: bool = False) -> list[Any]:
+    """:func:`check_default_data_source` for each distinct value of ``sources`` (a column, row by row); returns the
+    distinct values in first-seen order.
+
+    Raises:
+        UnknownDataSourceError: for the first row the default function cannot score, its message prefixed with
+            ``row <index>: ``.
+    """
+    seen: list[Any] = []
+    for i, source in enumerate(sources):
+        if source in seen:
+            continue
+        try:
+            check_default_data_source(source, has_sandbox)
+        except UnknownDataSourceError as exc:
+            raise UnknownDataSourceError(f"row {i}: {exc}") from None
+        seen.append(source)
+    return seen
 
 
 def check_default_data_source(data_source: Any, has_sandbox: bool = False) -> None:
