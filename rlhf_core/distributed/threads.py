@@ -8,6 +8,14 @@ role's ``fsdp_config.cpu_threads`` (ours) sets it, for a user who wants to split
 """
 from __future__ import annotations
 
+import logging
+import math
+import os
+import threading
+
+logger = logging.getLogger(__name__)
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
 
 def threads_per_rank(cluster_cpus: float, nnodes: int, ranks_per_node: int, override: int | None = None) -> int:
     """Intra-op threads for one rank: ``override`` when given, else ``max(1, ⌊cluster_cpus ÷ nnodes ÷ ranks_per_node⌋)``.
@@ -52,28 +60,162 @@ def use_driver_threads() -> int:
     return before
 
 
-# libgomp's wait policy for every rank (issue 38): an idle OpenMP thread sleeps at once instead of spinning
+# libgomp's wait policy of a rank whose thread count is fixed (issue 38): an idle OpenMP thread sleeps at once
 OMP_WAIT_POLICY = "PASSIVE"
+# libgomp's spin of a rank whose threads follow the free cores (:class:`FreeCoreThreads`): an idle OpenMP thread
+# spins this many iterations before it sleeps, enough to bridge the gap between two ops of a small model's step
+GOMP_SPINCOUNT = 30000
 
 
-def omp_env(threads: int) -> dict[str, str]:
-    """The OpenMP environment of a worker process with ``threads`` intra-op threads: ``OMP_NUM_THREADS`` and
-    ``OMP_WAIT_POLICY=PASSIVE``. Both are read once, when libgomp initialises (the first ``import torch`` of the
-    process), so they belong in the environment the process starts with (a Ray actor's ``runtime_env``).
+def omp_env(threads: int, adaptive: bool = False) -> dict[str, str]:
+    """The OpenMP environment of a worker process with (at most) ``threads`` intra-op threads: ``OMP_NUM_THREADS``
+    and the wait policy. Both are read once, when libgomp initialises (the first ``import torch`` of the process),
+    so they belong in the environment the process starts with (a Ray actor's ``runtime_env``).
 
-    Why PASSIVE: with libgomp's default policy a thread that finishes its share of a parallel region spins (up to
-    ``GOMP_SPINCOUNT`` iterations: 300 000 by default, fewer when there are more threads than CPUs) before it
-    sleeps. A PPO step of a small
-    model is thousands of short parallel regions, so on a machine whose cores other processes also want the
-    spinning threads burn the cores the competing work (and the rank's own other threads) need
-    (``bench/bench_contention.py``; BENCHMARKS.md, "Limits of the machine").
+    Fixed thread count (``adaptive=False``): ``OMP_WAIT_POLICY=PASSIVE``. With libgomp's default policy a thread
+    that finishes its share of a parallel region spins (up to ``GOMP_SPINCOUNT`` iterations: 300 000 by default,
+    fewer when there are more threads than CPUs) before it sleeps. A PPO step of a small model is thousands of short
+    parallel regions, so on a machine whose cores other processes also want the spinning threads burn the cores
+    the competing work (and the rank's own other threads) need (``bench/bench_contention.py``; BENCHMARKS.md,
+    "Limits of the machine").
+
+    Threads that follow the free cores (``adaptive=True``: ``trainer.adaptive_cpu_threads``,
+    :class:`FreeCoreThreads`): ``GOMP_SPINCOUNT=30000`` (no ``OMP_WAIT_POLICY``). With PASSIVE every parallel
+    region of a small model first wakes its sleeping partner thread (a futex round trip), which costs more than the
+    op: alone on the machine, the Countdown step ran 2.4 steps/s at two passive threads against 3.3 at one and 4.8
+    at two threads spinning 30 000 iterations, but 0.6 with a busy loop beside it (BENCHMARKS.md, "Short prompts
+    and small steps"). The spin is only safe because the thread count drops to what other processes leave free.
 
     Raises:
         ValueError: ``threads`` < 1.
     """
     if int(threads) < 1:
         raise ValueError(f"intra-op threads must be >= 1, got {threads}")
+    if adaptive:
+        return {"OMP_NUM_THREADS": str(int(threads)), "GOMP_SPINCOUNT": str(GOMP_SPINCOUNT)}
     return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY}
+
+
+def threads_for_free_cores(others_cores: float, cpus: int, max_threads: int) -> int:
+    """Intra-op threads for the cores other processes leave free: ``free = cpus - others_cores`` rounded to the
+    nearest core (``⌊free + 0.5⌋``), at least 1 and at most ``max_threads``.
+
+    Args:
+        others_cores: cores (CPU-seconds per second) the *other* processes of the machine used while this one
+            computed, e.g. 1.0 for one busy loop.
+        cpus: the CPUs this process may run on (its affinity).
+        max_threads: the rank's thread count on a free machine (:func:`threads_per_rank`).
+
+    Example (2 CPUs, 2 threads at most): others 0.1 → 2; others 0.6 (more than half a core taken) → 1; others 1.0
+    (a busy loop) → 1; others 3.0 → 1.
+    """
+    free = float(cpus) - max(0.0, float(others_cores))
+    return max(1, min(int(max_threads), math.floor(free + 0.5)))
+
+
+def _proc_stat_busy(cpus: frozenset[int]) -> int | None:
+    """Busy clock ticks (user, nice, system, irq, softirq, steal) of the CPUs ``cpus`` since boot, from
+    ``/proc/stat``; None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    busy = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            v = [int(x) for x in rest.split()]
+            busy += v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+    return busy
+
+
+def _own_ticks() -> int | None:
+    """Clock ticks (user + system) all threads of this process ran since it started (``/proc/self/stat``)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+
+
+class FreeCoreThreads:
+    """A rank's intra-op thread count that follows the cores other processes leave free (issue 38).
+
+    Around each call of the rank (:meth:`begin` before, :meth:`end` after) it reads the machine's busy CPU ticks
+    (``/proc/stat``, the CPUs of this process's affinity) and its own (``/proc/self/stat``); the difference is the
+    other processes' load *while this rank computed* (the driver waits in ``ray.get`` then, so it is not counted).
+    Once ``window_s`` seconds of calls have been seen, the next calls run with
+    :func:`threads_for_free_cores` threads (``torch.set_num_threads`` in the calling thread, where OpenMP keeps it),
+    so a rank that alone uses both cores of a 2-core machine drops to one thread while another process keeps a core
+    busy, and takes the second back when it leaves: its threads never wait for a core another process holds
+    (the spinning partner of a descheduled thread made a step 10-20× slower, issue 38).
+
+    The thread count changes the order of floating-point sums (the tiny test model's weights after 4 GRPO steps
+    differ by up to 5e-5 between one and two threads), so results are bit-for-bit reproducible only at a fixed
+    count: this class is used only when ``trainer.adaptive_cpu_threads`` asks for it. Ticks are 10 ms
+    (``USER_HZ`` 100): a window of 0.25 s reads the others' load to ±0.1 core.
+
+    Args:
+        max_threads: the thread count on a free machine (:func:`threads_per_rank`).
+        window_s: seconds of calls between two decisions.
+        read_busy, read_own, clock: the tick and time sources (``/proc/stat``, ``/proc/self/stat``,
+            ``time.monotonic``); tests pass scripted ones.
+
+    Attributes:
+        threads: the count the next call runs with.
+        others_cores: the other processes' load (cores) of the last window; None before the first decision.
+    """
+
+    def __init__(self, max_threads: int, window_s: float = 0.25, read_busy=None, read_own=None, clock=None) -> None:
+        import time
+
+        self._read_busy = read_busy or (lambda: _proc_stat_busy(self.cpus))
+        self._read_own = read_own or _own_ticks
+        self._clock = clock or time.monotonic
+        self.others_cores: float | None = None
+        self.max_threads = int(max_threads)
+        self.threads = self.max_threads
+        self.window_s = float(window_s)
+        self.cpus = frozenset(os.sched_getaffinity(0))
+        self._lock = threading.Lock()
+        self._depth = 0  # calls in progress (a threaded actor runs two at once)
+        self._start: tuple[float, int, int] | None = None
+        self._wall = 0.0
+        self._others = 0  # ticks
+        self.enabled = self._read_busy() is not None and self._read_own() is not None
+
+    def begin(self) -> None:
+        """Before a call: run it with the current thread count; start timing the window (outermost call only)."""
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        with self._lock:
+            self._depth += 1
+            if self.enabled and self._depth == 1:
+                self._start = (self._clock(), self._read_busy(), self._read_own())
+
+    def end(self) -> None:
+        """After a call: add its window; after ``window_s`` seconds of calls, choose the next calls' count."""
+        with self._lock:
+            self._depth -= 1
+            if not self.enabled or self._depth or self._start is None:
+                return
+            t0, busy0, own0 = self._start
+            self._start = None
+        self._wall += self._clock() - t0
+        self._others += (self._read_busy() - busy0) - (self._read_own() - own0)
+        if self._wall < self.window_s:
+            return
+        others_cores = self.others_cores = self._others / _TICKS_PER_S / self._wall
+        threads = threads_for_free_cores(others_cores, len(self.cpus), self.max_threads)
+        if threads != self.threads:
+            logger.info("intra-op threads %d -> %d: other processes used %.2f of %d cores", self.threads, threads,
+                        others_cores, len(self.cpus))
+            self.threads = threads
+        self._wall, self._others = 0.0, 0
 
 
 # glibc malloc settings of every rank (issue 38): allocations below 32 MiB come from the heap (glibc's largest
