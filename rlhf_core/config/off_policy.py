@@ -68,7 +68,7 @@ def fully_async_config_errors(config: Any) -> list[str]:
     errors = one_step_config_errors(config, "fully_async")
     if at.staleness_threshold < 0:
         errors.append(f"async_training.staleness_threshold={at.staleness_threshold} must be >= 0 (verl asserts it)")
-    for name in ("trigger_parameter_sync_step", "require_batches"):
+    for name in ("trigger_parameter_sync_step", "require_batches", "concurrent_samples_per_replica"):
         if at[name] < 1:
             errors.append(f"async_training.{name}={at[name]} must be >= 1")
     for section in ("sampler", "datagen"):
@@ -83,7 +83,7 @@ def fully_async_config_errors(config: Any) -> list[str]:
                       f"trainer step takes (ppo_mini_batch_size × require_batches = {required}): nothing would train")
     if int(config.data.train_batch_size) != required:
         errors.append(f"data.train_batch_size={config.data.train_batch_size}: with async_training.mode=fully_async "
-                      f"the rollouter generates one loader batch at a time and the trainer takes "
+                      f"a trainer step is one loader batch: the trainer takes "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size × async_training.require_batches = "
                       f"{actor.ppo_mini_batch_size} × {at.require_batches} = {required} prompts per step; set "
                       f"data.train_batch_size={required}")

@@ -7,20 +7,26 @@ actor group; the weight push ``actor_weights`` → ``load_rollout_weights``).
 Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter version v = parameter syncs so far
 (verl's ``current_param_version``):
 
-* the *rollouter*, a driver thread over the rollout group, draws the prompts one loader batch (a chunk of
-  ``data.train_batch_size`` samples) at a time, generates ``rollout.n`` responses each with the version the
-  rollout group holds, and puts the chunk, tagged with that version, into the bounded
-  :class:`~rlhf_core.trainer.fully_async_queue.RolloutQueue`; it pauses while the samples generated since the last
-  sync would pass ``max_required_samples`` (verl's rule, ``staleness_threshold``);
-* the *trainer* takes ``require_batches × ppo_mini_batch_size`` samples per step (one chunk: the config check
-  requires ``data.train_batch_size`` to equal it), computes rewards, log-probs (the actor's: no bypass),
+* the *rollouter*, a driver thread over the rollout group, draws the prompts one loader batch
+  (``data.train_batch_size`` samples) at a time and streams them prompt by prompt
+  (:mod:`rlhf_core.trainer.fully_async_stream`): it cuts each loader batch into sub-batches of ``k =
+  min(rollout ranks × concurrent_samples_per_replica, required_samples)`` prompts (verl's
+  ``max_concurrent_samples``), generates ``rollout.n`` responses each with the version the rollout group holds,
+  and puts each prompt's group, tagged with its earliest token's version, into the bounded
+  :class:`~rlhf_core.trainer.fully_async_queue.RolloutQueue` as soon as its sub-batch is done; before a sub-batch
+  it pauses while the samples generated since the last sync would pass ``max_required_samples`` (verl's rule,
+  ``staleness_threshold``);
+* the *trainer* takes ``require_batches × ppo_mini_batch_size`` groups per step (one loader batch: the config check
+  requires ``data.train_batch_size`` to equal it, and the queue is first in, first out; a sync between two
+  sub-batches gives the step groups of two versions), computes rewards, log-probs (the actor's: no bypass),
   advantages, rollout correction as configured, and updates the actor; every ``trigger_parameter_sync_step`` steps
   it pushes the weights (version v → v+1) and resets the queue's staleness count. With ``partial_rollout`` (verl's
-  default) the push first interrupts the chunk being generated at its next token; the rollouter then resumes the
-  open responses under v+1 from prompt + prefix (:meth:`FullyAsyncTrainer._partial_generate`,
-  ``rlhf_core/workers/rollout/hf_partial.py``); without it the push waits for the chunk. Agent loops (as in the
-  one-step driver) with ``partial_rollout``: the push loads between two decoding steps of the chunk in flight, whose
-  trajectories go on with v+1 (:meth:`FullyAsyncTrainer._agent_partial_generate`, ``rlhf_core/agent/pause.py``).
+  default) the push first interrupts the sub-batch being generated at its next token; the rollouter then resumes
+  the open responses under v+1 from prompt + prefix (:meth:`FullyAsyncTrainer._partial_generate`,
+  ``rlhf_core/workers/rollout/hf_partial.py``); without it the push waits for the sub-batch. Agent loops (as in the
+  one-step driver) with ``partial_rollout``: the push loads between two decoding steps of the sub-batch in flight,
+  whose trajectories go on with v+1 (:meth:`FullyAsyncTrainer._agent_partial_generate`,
+  ``rlhf_core/agent/pause.py``).
 
 A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_queue.max_staleness` above the
 version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the
@@ -38,13 +44,14 @@ step waited for samples), ``fully_async/trainer/idle_ratio`` (that wait ÷ (wait
 :mod:`rlhf_core.trainer.overlap_clock`), verl's ``fully_async/partial/total_partial_num``, ``partial_ratio``,
 ``max_partial_span`` and
 ``training/off_policy/trajectory_{spans,staleness,staleness_worst}/{mean,max,min}`` from the per-response versions;
-ours: ``fully_async/generation_param_version`` and ``fully_async/staleness`` (of the chunk's first tokens).
+verl's ``fully_async/static/max_concurrent_samples`` (``k``); ours: ``fully_async/generation_param_version`` and
+``fully_async/staleness`` (of the step's oldest group's first tokens).
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
-verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two chunks, with
+verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two sub-batches, with
 the weights it holds: the last pushed version, up to ``trigger_parameter_sync_step - 1`` updates behind the actor
-(verl's rollouter validates with its own weights too). A checkpoint records the loader's position after the chunk
-its step trained (read by the rollouter thread as it drew that chunk): a resumed run regenerates the chunks that
-were queued but not trained. Not built: dynamic resource scheduling, a curriculum
+(verl's rollouter validates with its own weights too). A checkpoint records the loader's position after the loader
+batch its step trained (read by the rollouter thread as it drew that batch): a resumed run regenerates the groups
+that were queued but not trained. Not built: dynamic resource scheduling, a curriculum
 sampler or ``data.datagen`` (refused: the trainer's per-step update would race the rollouter's draws), resuming
 the rollouter's queue itself.
 """
@@ -64,6 +71,7 @@ from rlhf_core.config.off_policy import fully_async_config_errors
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
+from rlhf_core.trainer.fully_async_stream import Group, assemble_step, split_groups, sub_batch_bounds, sub_batch_size
 from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
@@ -107,6 +115,9 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self.required_samples = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(at.require_batches)
         RayPPOTrainer.__init__(self, config, *args, **kwargs)
         self.queue = RolloutQueue(self.required_samples, float(at.staleness_threshold), self.trigger)
+        rollout_ranks = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
+        # k: prompts generated at once (verl's max_concurrent_samples, within one loader batch)
+        self.sub_batch = sub_batch_size(rollout_ranks, int(at.concurrent_samples_per_replica), self.required_samples)
         self.gen_lock = threading.Lock()  # held by one generation, a weight push or a validation at a time
         self.gen_clock = OverlapClock()  # the rollouter's chunks, for timing_s/overlap_gen_update
         self.param_version = 0  # verl's current_param_version: parameter syncs so far
@@ -175,33 +186,43 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     # ---- the rollouter -----------------------------------------------------------------------------
     def _rollout_loop(self, stream: Iterator[tuple[int, Batch]], first_step: int) -> None:
-        """The rollouter thread: each loader batch → ``rollout.n`` responses per prompt, queued with its version."""
+        """The rollouter thread: each loader batch cut into sub-batches of ``k`` prompts
+        (:mod:`rlhf_core.trainer.fully_async_stream`), each generated with ``rollout.n`` responses per prompt under
+        the version the rollout group holds; every prompt's group is queued as soon as its sub-batch is done."""
         n = int(self.config.actor_rollout_ref.rollout.n)
         try:
             for i, (epoch, prompts) in enumerate(stream):
-                # the loader's position right after this chunk was drawn, read on the thread that draws (a
-                # checkpoint of the step training this chunk resumes after it, not after the chunks queued since)
+                # the loader's position right after this batch was drawn, read on the thread that draws (a
+                # checkpoint of the step training this batch resumes after it, not after the batches queued since)
                 position = self.train_dataloader.state_dict()
-                if not self.queue.acquire(len(prompts)):
-                    return
-                batch = add_uids(prompts).repeat_interleave(n)
-                start, span = time.perf_counter(), self.gen_clock.start()
-                if self.partial_agent:
-                    with self.gen_lock:  # a sync loads inside the generation (no lock), validation waits
-                        batch = self._agent_partial_generate(batch, step=first_step + i + 1)
-                elif self.partial:  # _partial_generate takes the generation lock per segment
-                    batch = self.generate(batch, step=first_step + i + 1)
-                else:
-                    with self.gen_lock:
-                        version = self.rollout_version
-                        batch = tag_versions(self.generate(batch, step=first_step + i + 1), version)
-                # the queue's version: of the chunk's earliest tokens
-                version = int(batch[MIN_KEY].min()) if len(batch) else self.rollout_version
-                self.gen_clock.stop(span)
-                seconds = time.perf_counter() - start
-                self.queue.put(len(prompts), version, (epoch, batch, seconds, position))
+                prompts = add_uids(prompts)
+                for lo, hi in sub_batch_bounds(len(prompts), self.sub_batch):
+                    if not self.queue.acquire(hi - lo):
+                        return
+                    groups, seconds = self._generate_sub_batch(prompts.index(slice(lo, hi)), n, first_step + i + 1)
+                    for g, group in enumerate(groups):
+                        version = int(group[MIN_KEY].min())  # the group's earliest token's version
+                        last = g == len(groups) - 1
+                        self.queue.put(1, version, Group(group, epoch, i, seconds if last else 0.0, position))
         finally:
             self.queue.close()
+
+    def _generate_sub_batch(self, prompts: Batch, n: int, step: int) -> tuple[list[Batch], float]:
+        """``prompts`` (with uids) → their groups of ``n`` responses, each response tagged with its versions; and
+        the generation's seconds."""
+        batch = prompts.repeat_interleave(n)
+        start, span = time.perf_counter(), self.gen_clock.start()
+        if self.partial_agent:
+            with self.gen_lock:  # a sync loads inside the generation (no lock), validation waits
+                batch = self._agent_partial_generate(batch, step=step)
+        elif self.partial:  # _partial_generate takes the generation lock per segment
+            batch = self.generate(batch, step=step)
+        else:
+            with self.gen_lock:
+                version = self.rollout_version
+                batch = tag_versions(self.generate(batch, step=step), version)
+        self.gen_clock.stop(span)
+        return split_groups(batch, n), time.perf_counter() - start
 
     def rollout_generate(self, batch: Batch) -> Batch:
         if self.partial and not self.partial_agent:
@@ -240,22 +261,31 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     # ---- the trainer -------------------------------------------------------------------------------
     def train_batches(self, n_epochs: int, stop_at: int) -> Iterator[tuple[int, Batch]]:
-        """Starts the rollouter over the base order (one loader batch per step up to ``stop_at``) and yields the
-        generated chunks as they come out of the queue (the wait is ``fully_async/total_wait_time``)."""
+        """Starts the rollouter over the base order (one loader batch per step up to ``stop_at``) and yields each
+        step's ``required_samples`` groups as they come out of the queue, concatenated
+        (:func:`~rlhf_core.trainer.fully_async_stream.assemble_step`; the wait is ``fully_async/total_wait_time``)."""
         stream = RayPPOTrainer.train_batches(self, n_epochs, stop_at)
         left = stop_at - self.global_steps
         limited = (item for _, item in zip(range(left), stream))
         self._rollouter = self._executor.submit(self._rollout_loop, limited, self.global_steps)
         while True:
-            start = time.perf_counter()
-            item = self.queue.get()
-            self._wait_s = time.perf_counter() - start
-            if item is None:  # closed by the rollouter's end (only _stop closes it otherwise, never during this loop)
+            groups, versions, waited = [], [], 0.0
+            while len(groups) < self.required_samples:
+                start = time.perf_counter()
+                item = self.queue.get()
+                waited += time.perf_counter() - start
+                if item is None:  # closed by the rollouter's end (only _stop closes it otherwise, never here)
+                    break
+                versions.append(item[0])
+                groups.append(item[1])
+            if len(groups) < self.required_samples:
                 error = self._rollouter.exception()  # waits for the thread to finish
                 if error is not None:
                     raise RuntimeError("the fully async rollouter failed") from error
-                return
-            self._gen_version, (epoch, batch, seconds, self._trained_state) = item
+                if not groups:
+                    return
+            batch, epoch, self._trained_state, seconds = assemble_step(groups, self.required_samples)
+            self._wait_s, self._gen_version = waited, min(versions)
             self._timing["generate_async"] = seconds
             yield epoch, batch
 
@@ -274,6 +304,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         step_s = metrics.get("timing_s/step", 0.0)
         metrics.update(self.queue.stats())
         metrics.update({"fully_async/count/current_param_version": current,
+                        "fully_async/static/max_concurrent_samples": self.sub_batch,
                         "fully_async/count/stale_trajectory_processed": self.stale_trajectory_processed,
                         "fully_async/generation_param_version": gen,
                         "fully_async/staleness": current - gen,

@@ -73,6 +73,7 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                          "loads",
         "rollout.total_rollout_steps": _FULLY_ASYNC + "test_total_rollout_steps_caps_the_training_steps",
         "async_training.partial_rollout": _FULLY_ASYNC + "test_partial_rollout_resumes_the_chunk_a_sync_interrupted",
+        "async_training.concurrent_samples_per_replica": _FULLY_ASYNC + "test_streaming_mixes_versions_in_a_step",
         # read when old_log_probs are computed (not on the on-policy path the short runs take)
         _A + "actor.use_rollout_log_probs":
             "tests/rlhf_core/config/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",

@@ -4,8 +4,9 @@
 verl picks these trainers by entry module (``python -m verl.experimental.one_step_off_policy.main_ppo``); ours
 picks them with ``async_training.mode`` (ours) on ``rlhf ppo``. The one-step off-policy trainer is
 ``rlhf_core.trainer.one_step_off_policy``; the fully asynchronous trainer (a minimal version, docs/OFF_POLICY.md) is
-``rlhf_core.trainer.fully_async``: ``staleness_threshold``, ``trigger_parameter_sync_step``, ``require_batches``
-and ``partial_rollout`` are read; its other keys are accepted at verl's defaults only.
+``rlhf_core.trainer.fully_async``: ``staleness_threshold``, ``trigger_parameter_sync_step``, ``require_batches``,
+``partial_rollout`` and ``concurrent_samples_per_replica`` are read; its other keys are accepted at verl's defaults
+only.
 """
 
 from dataclasses import dataclass
@@ -67,6 +68,12 @@ class AsyncTrainingConfig:
                                                    'replicas', only=None, why=FULLY_ASYNC_WHY)
     dynamic_schedule_enable_rebalance: bool = key(True, 'fully async: rebalance in-flight requests onto activated '
                                                   'replicas', only=None, why=FULLY_ASYNC_WHY)
-    concurrent_samples_per_replica: int = key(16, 'fully async: concurrent generation requests per replica',
-                                              only=None, why=FULLY_ASYNC_WHY)
+    concurrent_samples_per_replica: int = key(16, 'fully async: prompts (each with its rollout.n responses) a rollout '
+                                              'rank generates at once: the rollouter cuts each loader batch into '
+                                              'sub-batches of min(rollout.nnodes × rollout.n_gpus_per_node × this, '
+                                              'ppo_mini_batch_size × require_batches) prompts and queues each '
+                                              'prompt\'s group as soon as its sub-batch is done, so a parameter sync '
+                                              'between two sub-batches gives one step groups of two versions (verl\'s '
+                                              'max_concurrent_samples = replicas × this, capped at '
+                                              'max_required_samples)')
 
