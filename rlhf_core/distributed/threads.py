@@ -60,57 +60,51 @@ def use_driver_threads() -> int:
     return before
 
 
-# libgomp's wait policy of a rank whose thread count is fixed (issue 38): an idle OpenMP thread sleeps at once
+# libgomp's wait policy of a rank with one thread, or on a GPU: an idle OpenMP thread sleeps at once
 OMP_WAIT_POLICY = "PASSIVE"
-# libgomp's spin of a rank whose threads follow the free cores (:class:`FreeCoreThreads`): an idle OpenMP thread
-# spins this many iterations before it sleeps, enough to bridge the gap between two ops of a small model's step
+# libgomp's spin of a CPU rank with several threads (:class:`SpinSwitch`): an idle OpenMP thread spins this many
+# iterations (about 0.7 ms here) before it sleeps, which bridges the gap between two ops of a small model's step
 GOMP_SPINCOUNT = 30000
 
 
-def omp_env(threads: int, adaptive: bool = False) -> dict[str, str]:
-    """The OpenMP environment of a worker process with (at most) ``threads`` intra-op threads: ``OMP_NUM_THREADS``
-    and the wait policy. Both are read once, when libgomp initialises (the first ``import torch`` of the process),
-    so they belong in the environment the process starts with (a Ray actor's ``runtime_env``).
+def omp_env(threads: int, spin_switch: bool = False) -> dict[str, str]:
+    """The OpenMP environment of a worker process with ``threads`` intra-op threads: ``OMP_NUM_THREADS`` and the
+    wait policy. Both are read once, when libgomp initialises (the first ``import torch`` of the process), so they
+    belong in the environment the process starts with (a Ray actor's ``runtime_env``).
 
-    Fixed thread count (``adaptive=False``): ``OMP_WAIT_POLICY=PASSIVE``. With libgomp's default policy a thread
-    that finishes its share of a parallel region spins (up to ``GOMP_SPINCOUNT`` iterations: 300 000 by default,
-    fewer when there are more threads than CPUs) before it sleeps. A PPO step of a small model is thousands of short
-    parallel regions, so on a machine whose cores other processes also want the spinning threads burn the cores
-    the competing work (and the rank's own other threads) need (``bench/bench_contention.py``; BENCHMARKS.md,
-    "Limits of the machine").
+    ``spin_switch=False``: ``OMP_WAIT_POLICY=PASSIVE``, idle threads sleep at once. With libgomp's default policy a
+    thread that finishes its share of a parallel region spins (up to ``GOMP_SPINCOUNT`` iterations: 300 000 by
+    default) before it sleeps, and on a machine whose cores other processes also want the spinning threads burn the
+    cores the competing work (and the rank's own other threads) need: TRL's step ran 23× slower beside one busy
+    loop (BENCHMARKS.md, "Limits of the machine").
 
-    Threads that follow the free cores (``adaptive=True``: ``trainer.adaptive_cpu_threads``,
-    :class:`FreeCoreThreads`): ``GOMP_SPINCOUNT=30000`` (no ``OMP_WAIT_POLICY``). With PASSIVE every parallel
-    region of a small model first wakes its sleeping partner thread (a futex round trip), which costs more than the
-    op: alone on the machine, the Countdown step ran 2.4 steps/s at two passive threads against 3.3 at one and 4.8
-    at two threads spinning 30 000 iterations, but 0.6 with a busy loop beside it (BENCHMARKS.md, "Short prompts
-    and small steps"). The spin is only safe because the thread count drops to what other processes leave free.
+    ``spin_switch=True`` (a CPU rank of several threads, :class:`SpinSwitch`): ``GOMP_SPINCOUNT=30000`` and no
+    ``OMP_WAIT_POLICY``. With PASSIVE every parallel region of a small model first wakes its sleeping partner thread
+    (a futex round trip), which costs more than the op: alone on the machine, the Countdown step ran 2.4 steps/s at
+    two passive threads against 4.8 at two threads spinning 30 000 iterations, but 0.6 with a busy loop beside it
+    (BENCHMARKS.md, "Short prompts and small steps"). The spin is safe because :class:`SpinSwitch` cuts it to
+    libgomp's throttled 100 iterations while other processes want the cores.
 
     Raises:
         ValueError: ``threads`` < 1.
     """
     if int(threads) < 1:
         raise ValueError(f"intra-op threads must be >= 1, got {threads}")
-    if adaptive:
+    if spin_switch and int(threads) > 1:
         return {"OMP_NUM_THREADS": str(int(threads)), "GOMP_SPINCOUNT": str(GOMP_SPINCOUNT)}
     return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY}
 
 
-def threads_for_free_cores(others_cores: float, cpus: int, max_threads: int) -> int:
-    """Intra-op threads for the cores other processes leave free: ``free = cpus - others_cores`` rounded to the
-    nearest core (``⌊free + 0.5⌋``), at least 1 and at most ``max_threads``.
+def spin_is_safe(others_cores: float, cpus: int, threads: int) -> bool:
+    """Whether each of a rank's ``threads`` threads has a core of its own while other processes use
+    ``others_cores`` cores (CPU-seconds per second) of its ``cpus`` CPUs: ``cpus - others_cores``, rounded to the
+    nearest core (``⌊free + 0.5⌋``), is at least ``threads``.
 
-    Args:
-        others_cores: cores (CPU-seconds per second) the *other* processes of the machine used while this one
-            computed, e.g. 1.0 for one busy loop.
-        cpus: the CPUs this process may run on (its affinity).
-        max_threads: the rank's thread count on a free machine (:func:`threads_per_rank`).
-
-    Example (2 CPUs, 2 threads at most): others 0.1 → 2; others 0.6 (more than half a core taken) → 1; others 1.0
-    (a busy loop) → 1; others 3.0 → 1.
+    Example (2 CPUs, 2 threads): others 0.1 → True; 0.5 → True (the tie rounds up); 0.6 → False (more than half a
+    core taken); 1.0 (a busy loop) → False. Tick rounding can make ``others_cores`` slightly negative: read as 0.
     """
     free = float(cpus) - max(0.0, float(others_cores))
-    return max(1, min(int(max_threads), math.floor(free + 0.5)))
+    return math.floor(free + 0.5) >= int(threads)
 
 
 def _proc_stat_busy(cpus: frozenset[int]) -> int | None:
@@ -140,45 +134,51 @@ def _own_ticks() -> int | None:
     return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
 
 
-class FreeCoreThreads:
-    """A rank's intra-op thread count that follows the cores other processes leave free (issue 38).
+class SpinSwitch:
+    """A CPU rank's OpenMP threads spin while they have the cores to themselves and sleep at once while other
+    processes want them (issue 38: fast alone, graceful under contention), at a fixed thread count.
 
-    Around each call of the rank (:meth:`begin` before, :meth:`end` after) it reads the machine's busy CPU ticks
-    (``/proc/stat``, the CPUs of this process's affinity) and its own (``/proc/self/stat``); the difference is the
-    other processes' load *while this rank computed* (the driver waits in ``ray.get`` then, so it is not counted).
-    Once ``window_s`` seconds of calls have been seen, the next calls run with
-    :func:`threads_for_free_cores` threads (``torch.set_num_threads`` in the calling thread, where OpenMP keeps it),
-    so a rank that alone uses both cores of a 2-core machine drops to one thread while another process keeps a core
-    busy, and takes the second back when it leaves: its threads never wait for a core another process holds
-    (the spinning partner of a descheduled thread made a step 10-20× slower, issue 38).
+    Measuring: around each call of the rank (:meth:`begin` before, :meth:`end` after) it reads the machine's busy
+    CPU ticks (``/proc/stat``, the CPUs of this process's affinity) and its own (``/proc/self/stat``); the difference
+    is the other processes' load *while this rank computed* (the driver waits in ``ray.get`` then, so it is not
+    counted). Every ``window_s`` seconds of calls it decides with :func:`spin_is_safe`. Ticks are 10 ms
+    (``USER_HZ`` 100): a window of 0.25 s reads the others' load to about ±0.1 core.
 
-    The thread count changes the order of floating-point sums (the tiny test model's weights after 4 GRPO steps
-    differ by up to 5e-5 between one and two threads), so results are bit-for-bit reproducible only at a fixed
-    count: this class is used only when ``trainer.adaptive_cpu_threads`` asks for it. Ticks are 10 ms
-    (``USER_HZ`` 100): a window of 0.25 s reads the others' load to ±0.1 core.
+    Switching: the process starts with ``GOMP_SPINCOUNT=30000`` (:func:`omp_env`). libgomp spins only its
+    *throttled* count (100 iterations when no ``OMP_WAIT_POLICY`` is set) while it manages more threads than the
+    process has CPUs (``gomp_managed_threads > gomp_available_cpus``, libgomp's ``do_spin``). To throttle, a parked
+    Python thread runs one parallel op (its own OpenMP team: one more managed thread) and waits; to spin again it
+    returns, and libgomp frees its team at the thread's exit. Seen from outside (``/tmp`` probe, 500 parallel ops
+    2 ms apart, 2 threads): 0.45 s of CPU spinning, 0.12 s throttled, as with ``OMP_WAIT_POLICY=PASSIVE``.
+    The thread count never changes, so results are bit-for-bit the same at any load (a count that followed the load
+    changed the tiny model's weights by up to 5e-5 after 4 steps, and one thread under heavy load gets half the
+    CPU share of two: 0.97 against 2.65 steps/s at load 14). With another OpenMP runtime the parked thread is
+    harmless and the spin is that runtime's.
 
     Args:
-        max_threads: the thread count on a free machine (:func:`threads_per_rank`).
+        threads: the rank's intra-op threads (``OMP_NUM_THREADS``).
         window_s: seconds of calls between two decisions.
         read_busy, read_own, clock: the tick and time sources (``/proc/stat``, ``/proc/self/stat``,
             ``time.monotonic``); tests pass scripted ones.
 
     Attributes:
-        threads: the count the next call runs with.
+        spinning: False while throttled.
         others_cores: the other processes' load (cores) of the last window; None before the first decision.
     """
 
-    def __init__(self, max_threads: int, window_s: float = 0.25, read_busy=None, read_own=None, clock=None) -> None:
+    def __init__(self, threads: int, window_s: float = 0.25, read_busy=None, read_own=None, clock=None) -> None:
         import time
 
+        self.threads = int(threads)
+        self.window_s = float(window_s)
+        self.cpus = frozenset(os.sched_getaffinity(0))
         self._read_busy = read_busy or (lambda: _proc_stat_busy(self.cpus))
         self._read_own = read_own or _own_ticks
         self._clock = clock or time.monotonic
         self.others_cores: float | None = None
-        self.max_threads = int(max_threads)
-        self.threads = self.max_threads
-        self.window_s = float(window_s)
-        self.cpus = frozenset(os.sched_getaffinity(0))
+        self.spinning = True
+        self._parked: threading.Thread | None = None
+        self._release = threading.Event()
         self._lock = threading.Lock()
         self._depth = 0  # calls in progress (a threaded actor runs two at once)
         self._start: tuple[float, int, int] | None = None
@@ -187,35 +187,59 @@ class FreeCoreThreads:
         self.enabled = self._read_busy() is not None and self._read_own() is not None
 
     def begin(self) -> None:
-        """Before a call: run it with the current thread count; start timing the window (outermost call only)."""
-        import torch
-
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+        """Before a call: start timing the window (the outermost call only)."""
         with self._lock:
             self._depth += 1
             if self.enabled and self._depth == 1:
                 self._start = (self._clock(), self._read_busy(), self._read_own())
 
     def end(self) -> None:
-        """After a call: add its window; after ``window_s`` seconds of calls, choose the next calls' count."""
+        """After a call: add its window; after ``window_s`` seconds of calls, spin or throttle from now on."""
         with self._lock:
             self._depth -= 1
             if not self.enabled or self._depth or self._start is None:
                 return
             t0, busy0, own0 = self._start
             self._start = None
-        self._wall += self._clock() - t0
-        self._others += (self._read_busy() - busy0) - (self._read_own() - own0)
-        if self._wall < self.window_s:
+            self._wall += self._clock() - t0
+            self._others += (self._read_busy() - busy0) - (self._read_own() - own0)
+            if self._wall < self.window_s:
+                return
+            others = self.others_cores = self._others / _TICKS_PER_S / self._wall
+            self._wall, self._others = 0.0, 0
+            spin = spin_is_safe(others, len(self.cpus), self.threads)
+            if spin != self.spinning:
+                logger.info("OpenMP threads %s: other processes used %.2f of %d cores",
+                            "spin again" if spin else "sleep at once", others, len(self.cpus))
+                self.unthrottle() if spin else self.throttle()
+
+    def throttle(self) -> None:
+        """libgomp's threads spin only its throttled count from now on (a parked thread's team; idempotent)."""
+        if self._parked is not None:
             return
-        others_cores = self.others_cores = self._others / _TICKS_PER_S / self._wall
-        threads = threads_for_free_cores(others_cores, len(self.cpus), self.max_threads)
-        if threads != self.threads:
-            logger.info("intra-op threads %d -> %d: other processes used %.2f of %d cores", self.threads, threads,
-                        others_cores, len(self.cpus))
-            self.threads = threads
-        self._wall, self._others = 0.0, 0
+        ready, self._release = threading.Event(), threading.Event()
+
+        def park() -> None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+            torch.ones(1 << 20).mul_(2.0)  # above torch's grain size: a parallel region, this thread's own team
+            ready.set()
+            self._release.wait()
+
+        self._parked = threading.Thread(target=park, name="omp-throttle", daemon=True)
+        self._parked.start()
+        ready.wait(timeout=10.0)
+        self.spinning = False
+
+    def unthrottle(self) -> None:
+        """libgomp's threads spin ``GOMP_SPINCOUNT`` again (the parked thread returns; idempotent)."""
+        if self._parked is None:
+            return
+        self._release.set()
+        self._parked.join(timeout=10.0)
+        self._parked = None
+        self.spinning = True
 
 
 # glibc malloc settings of every rank (issue 38): allocations below 32 MiB come from the heap (glibc's largest

@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf_core.distributed.ray_init import init_ray
-from rlhf_core.distributed.threads import FreeCoreThreads, keep_freed_heap, omp_env
+from rlhf_core.distributed.threads import SpinSwitch, keep_freed_heap, omp_env
 from rlhf_core.protocol import Batch
 from rlhf_core.redact import install_log_redaction
 
@@ -122,7 +122,7 @@ class _WorkerHost:
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         install_log_redaction()  # a worker's log lines reach the driver's output: no secrets in them
         self.worker: Any = None
-        self.threads: FreeCoreThreads | None = None  # the thread count that follows the free cores, when adaptive
+        self.spin: SpinSwitch | None = None  # a CPU rank of several threads: spin alone, sleep under contention
 
     def node_ip_and_port(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
@@ -132,25 +132,29 @@ class _WorkerHost:
 
     def setup(self, worker_cls: type, init_kwargs: dict, rank: int, world_size: int,
               master_addr: str, master_port: int, omp_threads: int | None,
-              collective_timeout_s: float | None = None, adaptive_threads: bool = False) -> str:
+              collective_timeout_s: float | None = None, spin_switch: bool = False) -> str:
         backend = setup_process_group(rank, world_size, master_addr, master_port, 0, omp_threads,
                                       collective_timeout_s)
-        if adaptive_threads and omp_threads and int(omp_threads) > 1:
-            self.threads = FreeCoreThreads(int(omp_threads))
+        if spin_switch:
+            self.spin = SpinSwitch(int(omp_threads))
         self.worker = worker_cls(**init_kwargs)
         return backend
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``worker.method(*args, **kwargs)``, on the thread count :class:`FreeCoreThreads` gives when the group's
-        threads are adaptive; a returned :class:`Batch` leaves in :meth:`Batch.own_storage` form."""
-        if self.threads is not None:
-            self.threads.begin()
+        """``worker.method(*args, **kwargs)``, timed by the rank's :class:`SpinSwitch` when it has one; a returned
+        :class:`Batch` leaves in :meth:`Batch.own_storage` form."""
+        if self.spin is not None:
+            self.spin.begin()
         try:
             out = getattr(self.worker, method)(*args, **kwargs)
         finally:
-            if self.threads is not None:
-                self.threads.end()
+            if self.spin is not None:
+                self.spin.end()
         return out.own_storage() if isinstance(out, Batch) else out
+
+    def omp_spinning(self) -> bool | None:
+        """Whether this rank's OpenMP threads spin now (:class:`SpinSwitch`); None without a switch."""
+        return None if self.spin is None else self.spin.spinning
 
 
 def _gather_results(results: list) -> Batch | list:
@@ -170,10 +174,9 @@ class RayWorkerGroup:
         num_threads: intra-op threads per actor (``OMP_NUM_THREADS`` and ``torch.set_num_threads``), decoupled
             from the reservation (see :mod:`rlhf_core.distributed.threads`); ``None`` →
             ``max(1, int(num_cpus_per_worker))``.
-        adaptive_threads: ``num_threads`` is the most an actor uses: each runs on what other processes leave free
-            (:class:`~rlhf_core.distributed.threads.FreeCoreThreads`, with libgomp spinning briefly instead of
-            sleeping at once; ``trainer.adaptive_cpu_threads``). False (the default), or a GPU group: exactly
-            ``num_threads``, idle threads sleeping at once.
+            On CPU with more than one thread, a rank's idle threads spin while the machine leaves it the cores and
+            sleep at once while other processes want them (:class:`~rlhf_core.distributed.threads.SpinSwitch`);
+            otherwise they sleep at once (``OMP_WAIT_POLICY=PASSIVE``).
         num_gpus_per_worker: Ray GPUs per actor (``> 0`` → nccl; Ray sets ``CUDA_VISIBLE_DEVICES``).
         name_prefix: prefix of the actor and placement-group names, after :func:`owner_prefix` (a random suffix
             keeps groups distinct).
@@ -199,8 +202,7 @@ class RayWorkerGroup:
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  name_prefix: str = "wg", env: dict | None = None, pg_timeout_s: float = 60.0,
                  ready_timeout_s: float | None = None, num_threads: int | None = None, nnodes: int = 1,
-                 collective_timeout_s: float | None = None, max_concurrency: int = 1,
-                 adaptive_threads: bool = False) -> None:
+                 collective_timeout_s: float | None = None, max_concurrency: int = 1) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if nnodes < 1 or world_size % nnodes:
@@ -220,10 +222,10 @@ class RayWorkerGroup:
             self._pgs = _node_placement_groups(nnodes, [dict(bundle) for _ in range(per_node)], pg_timeout_s,
                                                self.name_prefix)
         omp = int(num_threads) if num_threads else max(1, int(num_cpus_per_worker))
-        adaptive = bool(adaptive_threads) and not num_gpus_per_worker and omp > 1
+        spin = not num_gpus_per_worker and omp > 1
         # OpenMP reads its environment once, when torch loads it: unpickling _WorkerHost imports torch before its
         # __init__ runs, so the variables go in the actor's runtime_env (set when Ray starts the process)
-        actor_env = {**omp_env(omp, adaptive), **{k: str(v) for k, v in (env or {}).items()}}
+        actor_env = {**omp_env(omp, spin), **{k: str(v) for k, v in (env or {}).items()}}
         remote_cls = ray.remote(_WorkerHost)
         self._actors = [
             remote_cls.options(
@@ -238,7 +240,7 @@ class RayWorkerGroup:
             addr, port = ray.get(self._actors[0].node_ip_and_port.remote(), timeout=ready_timeout_s)
             backends = ray.get([
                 a.setup.remote(worker_cls, init_kwargs, rank, world_size, addr, port, omp, collective_timeout_s,
-                               adaptive)
+                               spin)
                 for rank, a in enumerate(self._actors)
             ], timeout=ready_timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
@@ -259,6 +261,10 @@ class RayWorkerGroup:
             logger.warning("placement group %s not ready after %.0f s; trying the next strategy", strategy, timeout_s)
         raise TimeoutError(f"cannot place {len(bundles)} workers of {bundles[0]} on the Ray cluster within "
                            f"{timeout_s:.0f} s per strategy (available: {ray.available_resources()})")
+
+    def omp_spinning(self) -> list[bool | None]:
+        """Per rank, whether its OpenMP threads spin now (None: a rank without a :class:`SpinSwitch`)."""
+        return ray.get([a.omp_spinning.remote() for a in self._actors])
 
     def node_ids(self) -> list[str]:
         """The Ray node id of every rank, in rank order."""
@@ -327,16 +333,13 @@ def _node_placement_groups(nnodes: int, bundles: list[dict], timeout_s: float, n
 
 class LocalWorkerGroup:
     """One in-process rank with the :class:`RayWorkerGroup` interface (a single-rank gloo/nccl group).
-    ``adaptive_threads``: as :class:`RayWorkerGroup`'s, with this process's thread count as the most.
 
     If this process already belongs to a process group (e.g. a second local group) it is reused.
     """
 
     in_process = True  # the rank computes in this process, on its threads
 
-    def __init__(self, worker_cls: type, init_kwargs: dict, collective_timeout_s: float | None = None,
-                 adaptive_threads: bool = False) -> None:
-        import torch
+    def __init__(self, worker_cls: type, init_kwargs: dict, collective_timeout_s: float | None = None) -> None:
         import torch.distributed as dist
 
         self.world_size = 1
@@ -345,25 +348,13 @@ class LocalWorkerGroup:
         elif dist.get_world_size() != 1:
             raise RuntimeError("LocalWorkerGroup needs a world of 1; this process is in a larger group")
         self.backend = dist.get_backend()
-        # adaptive: this process's thread count is the most a call uses (its OpenMP wait policy is already set)
-        n = torch.get_num_threads()
-        self.threads = FreeCoreThreads(n) if adaptive_threads and n > 1 and not torch.cuda.is_available() else None
         self.worker = worker_cls(**init_kwargs)
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self.threads is not None:
-            self.threads.begin()
-        try:
-            return getattr(self.worker, method)(*args, **kwargs)
-        finally:
-            if self.threads is not None:
-                self.threads.end()
-
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
-        return [self._call(method, *args, **kwargs)]
+        return [getattr(self.worker, method)(*args, **kwargs)]
 
     def execute_dp(self, method: str, batch: Batch, **kwargs: Any) -> Batch | list:
-        return _gather_results([self._call(method, batch, **kwargs)])
+        return _gather_results([getattr(self.worker, method)(batch, **kwargs)])
 
     def shutdown(self) -> None:
         self.worker = None

@@ -109,8 +109,7 @@ def build_worker_groups(config: DictConfig) -> dict[str, Any]:
             wgs[key] = RayWorkerGroup(cls, world, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                                       name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
                                       num_threads=worker_threads(config, cpu_threads), nnodes=int(config.trainer.nnodes),
-                                      collective_timeout_s=collective_timeout.get(key),
-                                      adaptive_threads=bool(config.trainer.adaptive_cpu_threads))
+                                      collective_timeout_s=collective_timeout.get(key))
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()

@@ -248,8 +248,7 @@ def build_one_step_worker_groups(config: DictConfig) -> dict[str, Any]:
             wgs[key] = RayWorkerGroup(cls, ranks, kwargs, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                                       name_prefix=prefix, pg_timeout_s=timeout, ready_timeout_s=timeout,
                                       num_threads=threads_per_rank(node_cpus, nnodes, per_node, cpu_threads),
-                                      nnodes=nnodes, max_concurrency=2 if partial and key == "rollout" else 1,
-                                      adaptive_threads=bool(config.trainer.adaptive_cpu_threads))
+                                      nnodes=nnodes, max_concurrency=2 if partial and key == "rollout" else 1)
         except TimeoutError as exc:
             for wg in wgs.values():
                 wg.shutdown()

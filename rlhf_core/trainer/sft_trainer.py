@@ -79,8 +79,7 @@ class SFTTrainer:
     def init_workers(self) -> None:
         kwargs = {"config": self.config, "total_steps": self.total_steps}
         if self.world_size == 1:
-            self.wg = LocalWorkerGroup(SFTWorker, kwargs,
-                                       adaptive_threads=bool(self.config.trainer.adaptive_cpu_threads))
+            self.wg = LocalWorkerGroup(SFTWorker, kwargs)
         else:
             init_ray(self.config.ray_init.address, self.config.ray_init.num_cpus)
             gpus = 1.0 if str(self.config.trainer.device) != "cpu" and _cluster_has_gpu() else 0.0
@@ -88,8 +87,7 @@ class SFTTrainer:
             threads = threads_per_rank(ray.cluster_resources().get("CPU", 1), int(t.nnodes), int(t.n_gpus_per_node),
                                        self.config.model.fsdp_config.cpu_threads)
             self.wg = RayWorkerGroup(SFTWorker, self.world_size, kwargs, num_cpus_per_worker=1,
-                                     num_gpus_per_worker=gpus, name_prefix="sft", num_threads=threads,
-                                     adaptive_threads=bool(self.config.trainer.adaptive_cpu_threads))
+                                     num_gpus_per_worker=gpus, name_prefix="sft", num_threads=threads)
         self.wg.execute_all("init_model")
 
     def fit(self) -> dict[str, Any]:

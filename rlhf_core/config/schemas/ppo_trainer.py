@@ -225,11 +225,6 @@ class TrainerConfig:
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True,
         verl_default='cuda', differs='ours: auto = cuda when available, else cpu')
-    adaptive_cpu_threads: bool = key(False,
-        "CPU: each rank's intra-op threads follow the cores other processes leave free (at most its cpu_threads or "
-        "the node's CPUs ÷ its ranks; idle threads spin briefly instead of sleeping at once): faster on a shared "
-        "machine, but the thread count then changes float sums in the last bits, so runs and resumes are no longer "
-        "bit-for-bit reproducible; false = a fixed count", ours=True)
     stop_after_step: Optional[int] = key(None,
         'stop after this global step, saving a checkpoint; null = run to the end', ours=True)
     total_training_seconds: Optional[float] = key(None,

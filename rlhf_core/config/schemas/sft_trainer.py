@@ -226,11 +226,6 @@ class TrainerConfig:
     checkpoint: TrainerCheckpointConfig = section(TrainerCheckpointConfig)
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
-    adaptive_cpu_threads: bool = key(False,
-        "CPU: each rank's intra-op threads follow the cores other processes leave free (at most its cpu_threads or "
-        "the node's CPUs ÷ its ranks; idle threads spin briefly instead of sleeping at once): faster on a shared "
-        "machine, but the thread count then changes float sums in the last bits, so runs and resumes are no longer "
-        "bit-for-bit reproducible; false = a fixed count", ours=True)
     # verl 0.9: engine SFT
     balance_batch: bool = key(True, "reorder each global batch's rows so ranks get similar token counts")
     profile_interval: List[int] = key([-1, -1], 'first and last step profiled (one trace, with profiler.enable); '

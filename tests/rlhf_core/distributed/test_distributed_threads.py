@@ -89,17 +89,45 @@ def test_ray_ranks_start_with_the_openmp_environment(ray_2cpu):
 
     assert "OMP_WAIT_POLICY" not in os.environ  # only the runtime_env can give the worker PASSIVE (ray_2cpu)
     envs = {}
-    for adaptive in (False, True):
-        wg = RayWorkerGroup(StartEnv, 1, {}, num_cpus_per_worker=1, name_prefix="ompenv", num_threads=2,
-                            adaptive_threads=adaptive)
+    for threads in (1, 2):
+        wg = RayWorkerGroup(StartEnv, 1, {}, num_cpus_per_worker=1, name_prefix="ompenv", num_threads=threads)
         try:
-            (envs[adaptive],) = wg.execute_all("start_env")
+            (envs[threads],) = wg.execute_all("start_env")
+            spinning = wg.omp_spinning()
         finally:
             wg.shutdown()
-    # a fixed count (a role's cpu_threads set): idle threads sleep at once
-    assert envs[False] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}, envs
-    # threads that follow the free cores: a short spin instead (threads.GOMP_SPINCOUNT), no wait policy
-    assert envs[True] == {"GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "2"}, envs
+        # one thread: nothing to spin for, idle threads sleep at once and the rank has no switch
+        # two threads on CPU: a short spin (threads.GOMP_SPINCOUNT) that the rank's SpinSwitch throttles
+        assert spinning == ([None] if threads == 1 else [True]), (threads, spinning)
+    assert envs[1] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, envs
+    assert envs[2] == {"GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "2"}, envs
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="a busy loop must take one of two CPUs")
+def test_a_ray_rank_stops_spinning_while_a_busy_loop_runs(ray_2cpu):
+    """A rank of 2 threads on 2 CPUs whose calls run while a busy loop holds a core measures the loop's load and
+    throttles its OpenMP spin (threads.SpinSwitch); its thread count stays 2."""
+    class Compute:  # defined here so Ray pickles it by value
+        def work(self, seconds: float) -> int:
+            import time
+
+            import torch
+
+            a, t0 = torch.randn(256, 256), time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                a @ a
+            return torch.get_num_threads()
+
+    wg = RayWorkerGroup(Compute, 1, {}, num_cpus_per_worker=1, name_prefix="spin", num_threads=2)
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        # three calls of 0.1 s fill the first 0.25 s window, decided at the third call's end
+        ran = [wg.execute_all("work", 0.1)[0] for _ in range(3)]
+        assert wg.omp_spinning() == [False] and ran == [2, 2, 2], ran
+    finally:
+        loop.kill()
+        loop.wait()
+        wg.shutdown()
 
 
 def test_embedded_ray_workers_run_at_the_drivers_priority(ray_2cpu):
@@ -157,37 +185,3 @@ def test_keep_freed_heap_stops_the_page_faults_of_reallocating_the_same_blocks()
     default, kept = faults("0"), faults("1")
     assert default[0] == "None" and default[1] > 10 * 8192 * 0.9  # the pages of every cycle, again and again
     assert kept == ("True", kept[1]) and kept[1] < 8192 // 4  # not even one cycle's pages
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="a busy loop must take one of two CPUs")
-def test_adaptive_ray_rank_drops_a_thread_while_a_busy_loop_runs(ray_2cpu):
-    """trainer.adaptive_cpu_threads: a rank of 2 threads on 2 CPUs whose calls run while a busy loop holds a core
-    measures the loop's load (>= 0.8 core: more on a loaded machine) and runs its next calls on one thread; a
-    fixed group keeps 2 whatever the load."""
-    class Compute:  # defined here so Ray pickles it by value
-        def work(self, seconds: float) -> int:
-            import time
-
-            import torch
-
-            a, n, t0 = torch.randn(256, 256), torch.get_num_threads(), time.monotonic()
-            while time.monotonic() - t0 < seconds:
-                a @ a
-            return n
-
-    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        ran = {}
-        for adaptive in (True, False):
-            wg = RayWorkerGroup(Compute, 1, {}, num_cpus_per_worker=1, name_prefix="adapt", num_threads=2,
-                                adaptive_threads=adaptive)
-            try:
-                ran[adaptive] = [wg.execute_all("work", 0.1)[0] for _ in range(6)]
-            finally:
-                wg.shutdown()
-    finally:
-        loop.kill()
-        loop.wait()
-    # the first 0.25 s window (three calls of 0.1 s) runs on 2 threads; the decision then gives 1
-    assert ran[True][:3] == [2, 2, 2] and ran[True][3:] == [1, 1, 1], ran
-    assert ran[False] == [2] * 6, ran
