@@ -7,8 +7,9 @@ Each setting runs the same step in a fresh interpreter whose OpenMP environment 
 * ``default``: torch's defaults, as a peer that sets nothing runs (TRL's ``GRPOTrainer`` process sets no OpenMP
   variable on one CPU process): ``OMP_NUM_THREADS`` unset → one thread per core, libgomp's default wait policy
   (an idle thread spins for a while before it sleeps).
-* ``ours``: what our workers get (``rlhf_core.distributed.threads.omp_env``): the same thread count,
-  ``OMP_WAIT_POLICY=PASSIVE`` (an idle thread sleeps at once, leaving its core to whoever else runs).
+* ``ours``: the same thread count, ``OMP_WAIT_POLICY=PASSIVE`` (an idle thread sleeps at once, leaving its core to
+  whoever else runs): what our ranks got before 20fe255, and what a rank of several CPU threads falls back to while
+  other processes want its cores (``rlhf_core.distributed.threads.SpinSwitch``, which this script does not run).
 * ``1thread``: one intra-op thread (``OMP_NUM_THREADS=1``), for reference.
 
 The step: a random Qwen2 of the ``--size`` of ``bench_ppo_step.py`` (1 M: hidden 128, 4 layers, vocab 2000);

@@ -14,7 +14,8 @@ it; this script does too when it is missing). A peer's rate is ``bench_short_pro
 Threads, as a user runs each peer on this machine: ``--threads`` (default: the CPUs this process may use) intra-op
 threads each, ``OMP_NUM_THREADS`` set to it. No OpenMP wait policy is passed on (``bench_short_prompts.start``
 drops ``OMP_WAIT_POLICY``/``GOMP_SPINCOUNT``): TRL runs with libgomp's default (threads spin before they sleep),
-ours with what ``rlhf`` sets for its ranks (``rlhf_core.distributed.threads.omp_env``: ``PASSIVE``).
+ours with what ``rlhf`` sets for its ranks (``rlhf_core.distributed.threads.omp_env``: a 30 000-iteration spin that
+the rank's ``SpinSwitch`` throttles while other processes want the cores; ``PASSIVE`` before 20fe255).
 
 One run at a time, so that a burner takes its core from the peer alone. A round runs each peer alone and then
 with ``--burners`` processes spinning (``while True: pass``, started 1 s before the peer and killed after it);
