@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 from rlhf_core.config.validate import use_critic
 from rlhf_core.trainer.checkpoint_manager import parse_global_step
+from rlhf_core.trainer.metrics_file import prepare_metrics_file
 from rlhf_core.workers.checkpoint import rng_state, seed_all, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,9 @@ def resume_components(config: Any) -> tuple[str, ...]:
 
 def prepare_resume(trainer: Any) -> str | None:
     """Lock ``trainer.default_local_dir`` for this run and return the complete checkpoint to resume from (or
-    None): called before any worker starts.
+    None): called before any worker starts. When the trainer's tracker is not built yet, its metrics file is made
+    ready for this start (:func:`rlhf_core.trainer.metrics_file.prepare_metrics_file`: resumed at step N, the lines of
+    steps after N go; from scratch, an earlier run's file is moved aside).
 
     Raises:
         CheckpointError: another live run holds the folder (naming its PID and host), or the checkpoint to resume
@@ -110,7 +113,10 @@ def prepare_resume(trainer: Any) -> str | None:
     """
     trainer.checkpoints.lock.acquire()
     t = trainer.config.trainer
-    return trainer.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path, resume_components(trainer.config))
+    path = trainer.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path, resume_components(trainer.config))
+    if getattr(trainer, "tracker", None) is None:  # a tracker given to the trainer has its file open already
+        prepare_metrics_file(trainer.config, None if path is None else parse_global_step(path), bool(t.val_only))
+    return path
 
 
 def load_ppo_checkpoint(trainer: Any, path: str | None) -> None:

@@ -36,6 +36,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.commands import sft_main
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import balance_batch, mean_rank_metrics
+from rlhf_core.trainer.metrics_file import prepare_metrics_file
 from rlhf_core.trainer.sft_worker import SFTWorker, sft_tokenizer_path
 from rlhf_core.trainer.tracking import Tracking
 
@@ -98,7 +99,8 @@ class SFTTrainer:
         resume_from = self.checkpoints.resolve_resume(t.resume_mode, t.resume_from_path, ("actor",))
         if self.wg is None:
             self.init_workers()
-        if self.tracker is None:
+        if self.tracker is None:  # its metrics file without the steps this run logs again (metrics_file)
+            prepare_metrics_file(self.config, None if resume_from is None else parse_global_step(resume_from))
             self.tracker = Tracking(t.project_name, t.experiment_name, t.logger, config=self.config)
         last_ckpt = self._resume(resume_from)
         steps_per_epoch = len(self.train_loader)

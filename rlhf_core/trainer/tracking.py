@@ -41,6 +41,7 @@ from typing import Any
 
 from rlhf_core.flat import flatten_tree
 from rlhf_core.redact import install_log_redaction, redact
+from rlhf_core.trainer.metrics_file import default_metrics_file, names_at_last_step
 from rlhf_core.storage import (
     StorageError, is_storage_error, read_only_reason, sqlite_store_path, storage_error)
 
@@ -111,7 +112,8 @@ class ConsoleSink:
 
 class FileSink:
     """Appends one JSON line per metric to ``path``, each call's lines in one unbuffered write, so a crash loses
-    nothing logged.
+    nothing logged. A metric the file already holds at its last step (a resumed run validating again at its
+    checkpoint's step) is not written twice (:mod:`rlhf_core.trainer.metrics_file`).
 
     Raises:
         StorageError: the file cannot be opened (read-only file system) or a write fails for a full disk; the
@@ -123,6 +125,7 @@ class FileSink:
         self._last_step: int | None = None
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._held_step, self._held = names_at_last_step(path)  # what the file holds at its last step
             self._fh = open(path, "ab", buffering=0)
         except OSError as exc:
             if is_storage_error(exc):
@@ -131,8 +134,9 @@ class FileSink:
 
     def log(self, data: dict[str, Any], step: int) -> None:
         now = time.time()
+        held = self._held if int(step) == self._held_step else set()
         blob = "".join(json.dumps({"step": int(step), "name": name, "value": value, "timestamp": now}) + "\n"
-                       for name, value in scalar_metrics(data).items()).encode("utf-8")
+                       for name, value in scalar_metrics(data).items() if name not in held).encode("utf-8")
         start = self._fh.seek(0, os.SEEK_END)
         try:
             view = memoryview(blob)
@@ -239,16 +243,6 @@ class _ModuleSink:
 
     def finish(self) -> None:
         self.module.finish()
-
-
-def default_metrics_file(config: Any) -> str:
-    """Env ``RLHF_METRICS_FILE``, else ``<trainer.default_local_dir>/metrics.jsonl``, else ``./metrics.jsonl``."""
-    if os.environ.get("RLHF_METRICS_FILE"):
-        return os.environ["RLHF_METRICS_FILE"]
-    try:
-        return os.path.join(str(config.trainer.default_local_dir), "metrics.jsonl")
-    except Exception:
-        return "metrics.jsonl"
 
 
 class Tracking:
