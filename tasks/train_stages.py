@@ -88,7 +88,8 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
     progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id,
                             config.trainer.total_training_seconds)
-    result = deadline.run_on_ray(remote.ppo_remote, list(overrides), env=env, on_poll=progress.poll)
+    result = deadline.run_on_ray(remote.ppo_remote, list(overrides), env=env, on_poll=progress.poll,
+                                 runtime_env=ppo_runtime_env(config, ctx))
     progress.finish()
     store = ResultsStore(ctx["home"])
     store.register_metrics(last_per_step_and_key(read_jsonl(metrics_file)), ppo_run_id, "ppo",
@@ -130,7 +131,7 @@ def validate(overrides: list[str], checkpoint: str | None, global_step: int, ppo
     metrics_file = Path(config.trainer.default_local_dir).parent / "metrics" / f"validate_step_{int(global_step)}.jsonl"
     metrics_file.unlink(missing_ok=True)  # a retry validates again from the start
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
-    result = deadline.run_on_ray(remote.ppo_remote, full, env=env)
+    result = deadline.run_on_ray(remote.ppo_remote, full, env=env, runtime_env=ppo_runtime_env(config, ctx))
     if int(result["global_step"]) != int(global_step):
         raise ValueError(f"validate: {checkpoint} validated at step {result['global_step']}, expected {global_step}")
     store = ResultsStore(ctx["home"])
@@ -142,6 +143,18 @@ def validate(overrides: list[str], checkpoint: str | None, global_step: int, ppo
     log_line(f"validate · step {int(global_step)}: " + (", ".join(f"{k} {metrics[k]:.3f}" for k in core[:4])
                                                        or "no validation data"))
     return {"metrics": metrics, "global_step": int(global_step), "checkpoint_dir": checkpoint}
+
+
+def ppo_runtime_env(config: Any, ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """The PPO driver task's Ray ``runtime_env``: ``ray_kwargs.ray_init.runtime_env`` (``py_executable``,
+    ``env_vars``) as ``rlhf ppo`` hands it to ``ray.init`` (:func:`rlhf_core.distributed.ray_init.ppo_stage_runtime_env`;
+    its workers inherit it). Raises ConfigError for a ``py_executable`` whose program is not here, on an embedded
+    Ray (no ``ray_address`` nor ``$RAY_ADDRESS``)."""
+    import os
+
+    from rlhf_core.distributed.ray_init import ppo_stage_runtime_env
+
+    return ppo_stage_runtime_env(config, embedded=not (ctx["ray_address"] or os.environ.get("RAY_ADDRESS")))
 
 
 def resume_step(config: Any) -> int | None:

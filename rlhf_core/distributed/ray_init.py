@@ -216,6 +216,37 @@ def _merge_runtime_env(ours: dict | None, theirs: dict | None) -> dict | None:
     return merged
 
 
+def ppo_ray_extra(config: Any) -> dict:
+    """``ray.init`` arguments of a PPO config beyond the declared ones: ``ray_kwargs.ray_init``
+    (:func:`ray_init_extra`), with the environment of ``rollout.full_determinism`` (:func:`full_determinism_env`,
+    seeded by ``rollout.seed``, null: ``data.seed``) in every worker's ``runtime_env`` (verl sets it in the driver's
+    environment before ``ray.init``). ``rlhf ppo`` passes it to :func:`init_ray`; the pipeline's stages use it
+    through :func:`ppo_stage_runtime_env`."""
+    rollout = config.actor_rollout_ref.rollout
+    seed = config.data.seed if rollout.seed is None else rollout.seed
+    return with_env_vars(ray_init_extra(config.ray_kwargs.ray_init),
+                         full_determinism_env(bool(rollout.full_determinism), seed))
+
+
+def ppo_stage_runtime_env(config: Any, embedded: bool) -> dict | None:
+    """The Ray ``runtime_env`` of a pipeline stage's task that runs the PPO driver (``ppo_segment``, ``validate``):
+    what :func:`init_ray` gives ``ray.init`` for ``config`` under ``rlhf ppo`` (``ray_kwargs.ray_init.runtime_env``:
+    its ``py_executable`` and ``env_vars``, plus :func:`ppo_ray_extra`'s), for the one task. In the pipeline Ray is
+    started once by the flow, so the driver's own ``init_ray`` is a no-op; the task's runtime_env reaches the
+    worker actors it starts, which inherit their parent's (Ray merges an actor's own ``env_vars`` over it).
+    None when there is nothing to set.
+
+    Raises:
+        ConfigError: ``embedded`` (a local Ray instance) and a ``py_executable`` whose program is not on ``PATH``
+            (:func:`check_py_executable`), before any task starts.
+    """
+    env = _merge_runtime_env(ray_runtime_env(None, config.ray_kwargs.ray_init.runtime_env.py_executable),
+                             ppo_ray_extra(config).get("runtime_env"))
+    if embedded:
+        check_py_executable((env or {}).get("py_executable"))
+    return env
+
+
 def write_ray_timeline(path: str | None) -> None:
     """Write Ray's task timeline (a chrome://tracing / Perfetto JSON list of events) to ``path``
     (``ray_init.timeline_json_file`` / verl 0.6's ``ray_kwargs.timeline_json_file``, as verl's ``run_ppo`` does

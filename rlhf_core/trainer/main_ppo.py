@@ -27,8 +27,7 @@ from rlhf_core.agent.registry import check_datasets
 from rlhf_core.config.validate import use_critic as critic_in_use
 from rlhf_core.data import DataError
 from rlhf_core.data.factory import create_rl_dataset
-from rlhf_core.distributed.ray_init import (full_determinism_env, init_ray, ray_init_extra, with_env_vars,
-                                           write_ray_timeline)
+from rlhf_core.distributed.ray_init import init_ray, ppo_ray_extra, write_ray_timeline
 from rlhf_core.distributed.worker_group import RayWorkerGroup
 from rlhf_core.models.kv_cache import check_rollout_kv_cache
 from rlhf_core.models.hub import check_hub_models, ppo_model_keys
@@ -267,12 +266,9 @@ def make_trainer(config: DictConfig, *args: Any) -> RayPPOTrainer:
 
 def ray_extra(config: DictConfig) -> dict:
     """``ray.init`` arguments beyond the declared ones: ``ray_kwargs.ray_init``, with the environment of
-    ``rollout.full_determinism`` (:func:`full_determinism_env`, seeded by ``rollout.seed``, null: ``data.seed``) in
-    every worker's ``runtime_env`` (verl sets it in the driver's environment before ``ray.init``)."""
-    rollout = config.actor_rollout_ref.rollout
-    seed = config.data.seed if rollout.seed is None else rollout.seed
-    return with_env_vars(ray_init_extra(config.ray_kwargs.ray_init),
-                         full_determinism_env(bool(rollout.full_determinism), seed))
+    ``rollout.full_determinism`` in every worker's ``runtime_env``
+    (:func:`rlhf_core.distributed.ray_init.ppo_ray_extra`, which the pipeline's stages use too)."""
+    return ppo_ray_extra(config)
 
 
 def run_ppo(config: DictConfig) -> dict[str, Any]:
