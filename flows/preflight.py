@@ -141,7 +141,30 @@ def checks(s: PipelineSettings) -> list[tuple[str, Callable[[], str]]]:
     elif s.train_files or s.val_files:
         out.append(("reward", lambda: _default_reward(s)))
     out.append(("ppo rollout engine", lambda: _engine(s)))
+    if _py_executable_of(s) is not None:
+        out.append(("ppo ray_kwargs.ray_init.runtime_env.py_executable", lambda: _py_executable(s)))
     return out
+
+
+def _py_executable_of(s: PipelineSettings) -> str | None:
+    from rlhf_core.config import ConfigError
+
+    try:
+        return ppo_config(s).ray_kwargs.ray_init.runtime_env.py_executable
+    except ConfigError:  # the "stage configs" check names the bad key
+        return None
+
+
+def _py_executable(s: PipelineSettings) -> str:
+    """The PPO stages' ``py_executable`` (``tasks.train_stages.ppo_runtime_env``) names a program on ``PATH`` here,
+    for an embedded Ray (on a cluster, its nodes' business), as ``rlhf ppo`` checks before Ray starts."""
+    from rlhf_core.distributed.ray_init import check_py_executable
+
+    value = _py_executable_of(s)
+    if s.ray_address not in (None, "", "local") or os.environ.get("RAY_ADDRESS"):
+        return f"{value} (not checked: the workers run on the Ray cluster)"
+    check_py_executable(value)
+    return f"{value} (found on PATH; the ppo stages' Ray workers start with it)"
 
 
 def _default_reward(s: PipelineSettings) -> str:

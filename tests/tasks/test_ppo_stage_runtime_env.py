@@ -92,3 +92,18 @@ def test_a_missing_program_is_refused_by_name_and_the_stages_pass_the_runtime_en
         train_stages.validate.fn(overrides, None, 0, "run", ctx)
     assert seen == [("ppo_segment", {"py_executable": f"{sys.executable} -u"}),
                     ("validate", {"py_executable": f"{sys.executable} -u"})]
+
+
+def test_the_pipeline_checks_name_a_missing_py_executable_before_any_stage(monkeypatch):
+    from flows.preflight import checks
+    from flows.settings import resolve_settings
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    key = "ray_kwargs.ray_init.runtime_env.py_executable"
+    field = f"ppo {key}"  # run_checks prefixes a failure with the experiment file and this field
+    missing = dict(checks(resolve_settings({"preset": "countdown", "ppo_overrides": [f"{key}=no-such-uv-here run"]})))
+    with pytest.raises(ConfigError, match=rf"{key}='no-such-uv-here run': 'no-such-uv-here' is not found on PATH"):
+        missing[field]()
+    here = dict(checks(resolve_settings({"preset": "countdown", "ppo_overrides": [f"{key}={sys.executable}"]})))
+    assert here[field]() == f"{sys.executable} (found on PATH; the ppo stages' Ray workers start with it)"
+    assert field not in dict(checks(resolve_settings({"preset": "countdown"})))  # unset: no such check
