@@ -14,6 +14,7 @@ trains on the same prompts as the uninterrupted run's step), and that the contin
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -48,9 +49,14 @@ def runs(tiny_model_dir, files, tmp_path_factory):
     try:
         full, chain = root / "full", root / "chain"
         assert run_ppo(resume_config(tiny_model_dir, files, full, "trainer.save_freq=100"))["global_step"] == STEPS
-        parts = [run_ppo(resume_config(tiny_model_dir, files, chain, "trainer.save_freq=100",
-                                       *([f"trainer.stop_after_step={k}"] if k else [])))["global_step"]
-                 for k in (*INTERRUPTIONS, None)]
+        parts = []
+        for k in (*INTERRUPTIONS, None):
+            if k == 3:  # as a part killed during step 3 leaves the file: step 3's first metric and a torn line
+                (root / "through_step_2.jsonl").write_bytes((chain / "metrics.jsonl").read_bytes())
+                with open(chain / "metrics.jsonl", "ab") as fh:
+                    fh.write(b'{"step": 3, "name": "critic/score/mean", "value": 99.0, "timestamp": 0}\n{"step": 3')
+            parts.append(run_ppo(resume_config(tiny_model_dir, files, chain, "trainer.save_freq=100",
+                                               *([f"trainer.stop_after_step={k}"] if k else [])))["global_step"])
     finally:
         if old is not None:
             os.environ["RLHF_METRICS_FILE"] = old
@@ -66,6 +72,12 @@ def test_resume_at_step_1_epoch_boundary_and_mid_epoch_is_bit_identical(runs):
         assert (data["epoch"], data["batches_done"]) == divmod(step, 2), step
     a, b = run_metrics(full), run_metrics(chain)
     assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4]
+    # the metrics file holds each (step, metric) once: the part resumed at step 2 dropped the killed attempt's lines
+    # of step 3 (rlhf_core/trainer/metrics_file.py) and kept those of steps <= 2 byte for byte
+    text = (chain / "metrics.jsonl").read_bytes()
+    assert text.startswith((chain.parent / "through_step_2.jsonl").read_bytes())
+    keys = [(r["step"], r["name"]) for r in map(json.loads, text.splitlines())]
+    assert len(keys) == len(set(keys)) and b"99.0" not in text
     for step in range(STEPS + 1):
         assert a[step], step
         assert {k: b[step].get(k) for k in a[step]} == a[step], step  # exact float equality, every metric
