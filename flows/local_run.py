@@ -17,6 +17,7 @@ from prefect.settings import get_current_settings
 
 from flows import interrupt, report
 from flows.preflight import run_checks
+from flows.resume import find_run
 from flows.settings import resolve_settings
 from infra import lineage
 from infra.compare import RunNotFoundError
@@ -68,7 +69,8 @@ def check_parameters(params: dict[str, Any]) -> str | None:
     any, each bad key and why.
 
     Runs the flow's own checks (the experiment, every stage's override list, the first rows of every data file,
-    the model, the reward function: ``flows.preflight``; the baseline run id) plus a ``model_path`` or ``gsm8k_dir``
+    the model, the reward function: ``flows.preflight``; the baseline run id; the ``resume`` run:
+    ``flows.resume.find_run``) plus a ``model_path`` or ``gsm8k_dir``
     parameter's existence (local paths and ``file://`` URLs), without starting any service.
     """
     from rlhf_core.data.generators import GENERATORS
@@ -85,6 +87,8 @@ def check_parameters(params: dict[str, Any]) -> str | None:
             return f"gsm8k_dir: {wrong}" if params.get("gsm8k_dir") else (
                 f"{s.experiment_file}: data.generator_args.source_dir: {wrong}")
         run_checks(s)
+        if params.get("resume"):  # a run that finished, is running or had other settings: named before Prefect starts
+            find_run(rlhf_home(), params["resume"], s.as_params())
         if s.baseline not in (None, report.PREVIOUS_SUCCESSFUL):
             report.resolve_baseline(ResultsStore(rlhf_home()), s.baseline, None)
     except (ValueError, FileNotFoundError, ConfigError, RunNotFoundError) as exc:

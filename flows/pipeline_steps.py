@@ -115,6 +115,13 @@ def run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
         first = 1
         progress_id = create_ppo_progress(s.ppo_steps)
         for i, (stop, overrides) in enumerate(zip(bounds, lists), start=1):
+            done = trained_segment(overrides, i, stop, ppo_run_id, ctx)  # a resumed run: trained before
+            if done is not None:
+                if done.get("checkpoint_dir") and not done["metrics"]:  # its validation did not finish: again
+                    upstream = check(overrides, done["checkpoint_dir"], stop, upstream)
+                    done = {**done, "metrics": result_of(upstream)["metrics"]}
+                result, first = done, stop + 1
+                continue
             name = ppo_segment_run_name(i, len(bounds), first, stop)
             upstream = ppo_task.with_options(task_run_name=name).submit(
                 plan.segment_overrides(overrides), i, ppo_run_id, ctx, progress_id,
@@ -126,6 +133,46 @@ def run_ppo(s: PipelineSettings, model: str, data: dict[str, str], run_dir: str,
             first = stop + 1
         reward_chart(ppo_run_id, ctx)
     return {**result, "run_id": ppo_run_id, "overrides": lists[-1]}, upstream
+
+
+def trained_segment(overrides: list[str], segment: int, stop: int, ppo_run_id: str,
+                    ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """A segment a resumed run (``flows.resume``) need not start: the latest complete checkpoint of the run folder
+    (the one ``trainer.resume_mode=auto`` would load) is at or past its last step ``stop``. Its metrics files
+    (``segment_<i>.jsonl``, ``validate_step_<stop>.jsonl``) and validation samples are registered under this run's
+    ppo run ``ppo_run_id``, as its tasks would have done. None: the segment is to be run (no such checkpoint, or one
+    the trainer itself must judge: an incomplete tracked step).
+
+    Returns:
+        ``{"global_step": stop, "checkpoint_dir": global_step_<stop> folder (None when retention removed it),
+        "metrics": its validation's val-* metrics ({} when its validate task did not finish), "worker_nodes": []}``.
+    """
+    from infra.run_folders import last_per_step_and_key, read_jsonl
+    from rlhf_core.safe_load import CheckpointError
+    from tasks.train_stages import register_validation_samples, resume_step
+
+    config = load_config("ppo_trainer", overrides)
+    try:
+        step = resume_step(config)
+    except (CheckpointError, ValueError):
+        return None
+    if step is None or step < stop:
+        return None
+    root = Path(str(config.trainer.default_local_dir))
+    folder, store = root.parent / "metrics", ResultsStore(ctx["home"])
+    seg_rows = last_per_step_and_key(read_jsonl(folder / f"segment_{segment}.jsonl"))
+    if seg_rows:
+        store.register_metrics(seg_rows, ppo_run_id, "ppo", name=f"segment_{segment}")
+    val_rows = [r for r in last_per_step_and_key(read_jsonl(folder / f"validate_step_{stop}.jsonl"))
+                if str(r.get("name", "")).startswith("val-")]
+    if val_rows:
+        store.register_metrics(val_rows, ppo_run_id, "ppo", name=f"validate_step_{stop}")
+    register_validation_samples(store, config, ppo_run_id)
+    ckpt = root / f"global_step_{stop}"
+    log_line(f"ppo_segment {segment}: steps up to {stop} were trained by the resumed run (its checkpoint at step "
+             f"{step}); not run again")
+    return {"global_step": stop, "checkpoint_dir": str(ckpt) if ckpt.is_dir() else None,
+            "metrics": {r["name"]: r["value"] for r in val_rows}, "worker_nodes": []}
 
 
 def reward_chart(ppo_run_id: str, ctx: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
 from flows import artifacts, interrupt, report  # noqa: E402
+from flows import resume as resume_run  # noqa: E402
 from flows.interrupt import result_of  # noqa: E402
 from flows.local_run import check_parameters, mlflow_ui_lines, rlhf_command, start_ephemeral_prefect  # noqa: E402
 from flows.pipeline_steps import (Recorder, configured_tasks, log_summary, print_learning, register,  # noqa: E402
@@ -78,6 +79,7 @@ def rlhf(
     skip_evaluate: bool | None = None,
     baseline: str | None = None,
     max_regression: float | None = None,
+    resume: str | None = None,
 ) -> dict[str, Any]:
     """Post-train a model with SFT then PPO-family RL, and evaluate it: the experiment ``experiment_content`` (its
     YAML text, which wins; a deployment carries it) or ``experiment_file`` (default ``experiments/gsm8k_tiny.yaml``;
@@ -91,6 +93,10 @@ def rlhf(
     ``-max_regression`` fails the flow run (RegressionError), after everything was recorded.
     An explicit baseline that does not exist fails before any training.
 
+    ``resume`` (a flow-run id or name, or ``last``) continues a run that did not finish in its own run folder
+    (``flows.resume``): stages that finished come from Prefect's cache, PPO resumes from its latest complete
+    checkpoint. ResumeError (before any stage) for a run that finished, is still running or had other settings.
+
     Returns:
         ``{"parent_run_id", "flow_run_id", "model_path", "sft_model", "ppo": final PPO result,
         "evaluation": metrics, "home": str}``.
@@ -102,27 +108,44 @@ def rlhf(
     interrupt.note_flow_run(fr_id, flow_run.get_name())
     store = ResultsStore(home)
     baseline_run = report.resolve_baseline(store, s.baseline, fr_id)  # a wrong id fails here
-    started, status = report.now(), "FAILED"
-    report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), "RUNNING", started)
+    resumed = resume_run.find_run(home, resume, s.as_params()) if resume else None  # before this run's row
+    lock = resume_run.lock_run_dir(resume_run.run_dir(home, resumed or fr_id))  # held until the flow ends
     try:
+        if resumed is not None:
+            resume_run.mark_interrupted(store, resumed)
+            step = resume_run.checkpoint_step(resume_run.run_dir(home, resumed))
+            log_line(f"resuming flow run {resumed}: finished stages come from the cache; PPO continues from "
+                     + (f"its checkpoint at step {step}" if step is not None else "step 0 (it has no checkpoint)"))
+        elif resume:
+            log_line(f"--resume {resume}: no unfinished run of this experiment with the same settings; a new run")
+        else:
+            note = resume_run.unfinished_note(home, s.as_params(), fr_id)
+            if note:
+                log_line(note, logging.WARNING)
+        started, status = report.now(), "FAILED"
+        report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), "RUNNING", started)
         try:
-            out = _pipeline(s, home, fr_id, store, baseline_run)
-            status = "FINISHED"
-        finally:
-            report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
-    except KeyboardInterrupt:  # Ctrl-C: recorded above; Prefect would wait for the running stage (flows.interrupt)
-        interrupt.stop()
+            try:
+                out = _pipeline(s, home, fr_id, store, baseline_run, resumed)
+                status = "FINISHED"
+            finally:
+                report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
+        except KeyboardInterrupt:  # Ctrl-C: recorded above; Prefect would wait for the running stage (flows.interrupt)
+            interrupt.stop()
+    finally:
+        lock.release()
     return out
 
 
 def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
-              baseline_run: Any) -> dict[str, Any]:
-    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`).
+              baseline_run: Any, resumed: str | None = None) -> dict[str, Any]:
+    """The stages of one flow run inside its parent MLflow run (see :func:`rlhf`), in the run folder
+    ``<home>/runs/<fr_id>``, or that of the flow run ``resumed`` (``flows.resume``).
 
     Each task gets the future of the one before it (``wait_for``), so the Prefect run graph
     shows the chain prepare_data → build_model → sft → ppo_segment × K → evaluate.
     """
-    run_dir = home / "runs" / fr_id
+    run_dir = resume_run.run_dir(home, resumed or fr_id)
     connect_ray(s.ray_address)
     if s.ray_address or os.environ.get("RAY_ADDRESS"):  # an existing cluster: every node must see the home
         check_shared_paths([str(home)])
@@ -131,7 +154,8 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
     source = {lineage.SOURCE_NAME_TAG: f"{Path(__file__).resolve()} (Prefect flow rlhf)",
               lineage.SOURCE_TYPE_TAG: "LOCAL"}
     with lineage.pipeline_run(s.experiment, fr_id, s.as_params(), run_name=fr_name or "rlhf",
-                              tags={**source, **({lineage.FLOW_RUN_URL_TAG: url} if url else {})}) as parent_run_id:
+                              tags={**source, **({lineage.FLOW_RUN_URL_TAG: url} if url else {}),
+                                    **({resume_run.RESUMED_TAG: resumed} if resumed else {})}) as parent_run_id:
         artifacts.link_parent_run(parent_run_id)
         lineage.log_dict_artifact(parent_run_id, {**s.as_params(), "resolved_overrides": {
             "sft": s.sft_list(), "evaluate": s.eval_list()}}, "config/pipeline.json")
@@ -223,6 +247,9 @@ PIPELINE_OPTIONS: dict[str, tuple[Any, str]] = {
     "baseline": (str, "regression gate: a run id, flow run id or 'previous-successful' to compare the evaluation with "
                       "(regression_gate.baseline)"),
     "max_regression": (float, "regression gate: the largest allowed drop of the mean score (regression_gate.max_regression)"),
+    "resume": (str, "continue a run that did not finish (killed, crashed): RUN = its flow run id or name; no RUN = the "
+                    "newest unfinished run of the same experiment and settings (none: a new run). Finished stages "
+                    "come from the cache, PPO resumes from its latest complete checkpoint (flows/resume.py)"),
 }
 
 
@@ -243,6 +270,8 @@ def pipeline_parser() -> argparse.ArgumentParser:
                                      "--experiment-file); anything else: the MLflow experiment's name (as "
                                      "--experiment-name)")
             parser.add_argument("--experiment-name", dest=name, metavar="NAME", help=help_)
+        elif name == "resume":  # --resume alone: the newest unfinished run (flows.resume.LAST)
+            parser.add_argument(flag, nargs="?", const=resume_run.LAST, metavar="RUN", help=help_)
         elif kind == "flag":
             parser.add_argument(flag, action="store_true", default=None, help=help_)
         elif kind == "list":

@@ -48,7 +48,7 @@ def test_pipeline_help_documents_every_flow_parameter(capsys):
 
     params = list(inspect.signature(flow.fn).parameters)
     deployment_only = ["experiment_content", "experiment_sha256", "experiment_base_dir"]  # rlhf deploy sets them
-    assert len(params) == 22 and list(PIPELINE_OPTIONS) == [p for p in params if p not in deployment_only]
+    assert len(params) == 23 and list(PIPELINE_OPTIONS) == [p for p in params if p not in deployment_only]
     assert rlhf_cli.main(["pipeline", "--help"]) == 0
     out = capsys.readouterr().out
     assert "python -m flows.rlhf" not in out.splitlines()[0]
