@@ -7,6 +7,7 @@ Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
     python -m flows.rlhf                      # what `make demo` calls; the same as `rlhf pipeline`
     rlhf pipeline --experiment experiments/countdown.yaml [--dry-run]
     rlhf pipeline --ppo-steps 2 --train-prompts 64   # `rlhf pipeline --help` lists every option
+    rlhf pipeline --experiment experiments/countdown.yaml --resume   # continue a killed run (flows/resume.py)
 
 or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from the experiment file
 (default ``experiments/gsm8k_tiny.yaml``); a stage's overrides are the experiment's (its config file, the fields
