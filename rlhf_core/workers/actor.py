@@ -20,14 +20,11 @@ import torch
 from torch import nn
 
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
-from rlhf_core.algos.loss_agg import agg_loss
-from rlhf_core.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
-from rlhf_core.algos.rollout_correction import compute_policy_loss_bypass_mode
-from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
+from rlhf_core.workers.actor_loss import actor_micro_loss
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.kernels import support
 from rlhf_core.kernels.packing import packed_logits
@@ -361,73 +358,12 @@ class DataParallelPPOActor:
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
         return torch.cat(out)
 
-    # ---- update (the loop is rlhf_core.workers.update_loop; the actor supplies the micro-batch loss) -----------
-    def _is_weights(self, mb: Batch) -> torch.Tensor | None:
-        if "rollout_is_weights" in mb:
-            return mb["rollout_is_weights"]
-        if not self.config.rollout_is or "rollout_log_probs" not in mb:
-            return None
-        weights, _ = compute_rollout_importance_weights(
-            mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"],
-            level=self.config.rollout_is_level, mode=self.config.rollout_is_mode,
-            threshold=self.config.rollout_is_threshold, threshold_lower=self.config.rollout_is_threshold_lower,
-            veto_threshold=self.config.rollout_is_veto_threshold)
-        return weights
-
+    # ---- update (the loop is rlhf_core.workers.update_loop; the loss is rlhf_core.workers.actor_loss) ---------
     def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float,
                     bypass: Any = None) -> tuple[torch.Tensor, dict]:
-        """This micro-batch's contribution to the mini-batch loss, and its metric contributions (the
-        :data:`~rlhf_core.workers.update_loop.MicroLoss` of the actor). ``bypass``: the
-        ``algorithm.rollout_correction`` settings in bypass mode (the loss is then
-        :func:`~rlhf_core.algos.rollout_correction.compute_policy_loss_bypass_mode`), else None."""
-        cfg = self.config
-        mode = cfg.loss_agg_mode
-        # verl 0.9: the divisor of seq-mean-token-sum-norm for every term (policy, entropy, KL); None: T
-        scale = None if cfg.loss_scale_factor is None else float(cfg.loss_scale_factor)
-        entropy_coeff = float(cfg.entropy_coeff)
-        dev = device()
-        mask = mb["response_mask"].to(dev)
-        use_kl_loss = bool(cfg.use_kl_loss)
-        full_kl = use_kl_loss and cfg.kl_loss_type == "full"
-        # the entropy enters the loss only with entropy_coeff (verl computes it only then, too); the logged
-        # actor/entropy is the rollout batch's pre-update entropy, from compute_log_prob (the trainer's old_log_prob)
-        # on-policy shortcut (workers/on_policy.py): without old_log_probs the first forward provides them, and
-        # the pre-update actor/entropy the skipped old_log_prob stage would have logged
-        on_policy = "old_log_probs" not in mb
-        entropy_metric = bool(entropy_coeff) or bool(cfg.calculate_entropy)  # verl 0.9: actor/entropy_loss
-        log_prob, entropy, *rest = self._log_prob_entropy(mb, temperature, with_entropy=entropy_metric or on_policy,
-                                                          return_logits=full_kl, entropy_grad=bool(entropy_coeff))
-        old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
-        is_w = self._is_weights(mb)
-        inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
-                                  rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok,
-                                  global_seqs=n_seq, loss_scale_factor=scale)
-        if bypass is not None:
-            pg_loss, pg_metrics = compute_policy_loss_bypass_mode(inputs, PolicyLossConfig.from_actor_config(cfg),
-                                                                  bypass)
-        else:
-            loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
-            pg_loss, pg_metrics = loss_fn(inputs, PolicyLossConfig.from_actor_config(cfg))
-        loss = pg_loss
-        metrics = {"actor/pg_loss": float(pg_loss.detach())}
-        if entropy_metric:
-            entropy_loss = agg_loss(entropy, mask, mode, global_tokens=n_tok, global_seqs=n_seq,
-                                    loss_scale_factor=scale)
-            if entropy_coeff:
-                loss = loss - entropy_coeff * entropy_loss
-            metrics["actor/entropy_loss"] = float(entropy_loss.detach())  # a share: summed, the mini-batch's value
-        share = float(mask.sum()) / max(n_tok, 1e-8)  # token share: turns micro-batch means into mini-batch means
-        if on_policy:  # a mini-batch-normalised share: summed over micro-batches it is the batch's entropy
-            metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, mode, global_tokens=n_tok,
-                                                      global_seqs=n_seq, loss_scale_factor=scale))
-        metrics.update({k if k.startswith("rollout_corr/") else f"actor/{k}": float(v) * share
-                        for k, v in pg_metrics.items()})
-        if use_kl_loss:
-            kl = self.kl_loss_terms(mb, log_prob, rest[0] if rest else None, temperature)
-            kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq, loss_scale_factor=scale)
-            loss = loss + float(cfg.kl_loss_coef) * kl_loss
-            metrics["actor/kl_loss"] = float(kl_loss.detach())
-        return loss, metrics
+        """This micro-batch's contribution to the mini-batch loss and its metric contributions:
+        :func:`~rlhf_core.workers.actor_loss.actor_micro_loss` (``bypass``: the rollout-correction bypass settings)."""
+        return actor_micro_loss(self, mb, temperature, n_tok, n_seq, bypass)
 
     def update_policy(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over this rank's shard: one optimizer step per mini-batch (:func:`run_update`).
