@@ -1,4 +1,5 @@
-"""The [adv] stage's call of ``algorithm.adv_estimator``: which batch columns each estimator reads.
+"""The [adv] stage: rewards from scores (KL in reward, :func:`rewards_from_scores`) and the call of
+``algorithm.adv_estimator`` (which batch columns each estimator reads).
 
 Every estimator gets ``token_level_rewards``, ``response_mask``, ``index`` (``uid``), ``values`` and
 ``reward_baselines`` when present, and the scalars ``gamma``, ``lam``, ``epsilon``, ``norm_adv_by_std_in_grpo``.
@@ -18,6 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlhf_core.algos.advantages import compute_advantage_without_aborted, get_adv_estimator
+from rlhf_core.algos.kl_controller import apply_kl_penalty
 from rlhf_core.algos.advantages_gdpo import reward_components_from
 from rlhf_core.algos.advantages_token_baseline import SUM_PI_SQUARED_ESTIMATORS
 from rlhf_core.metrics.training import aborted_mask
@@ -50,6 +52,23 @@ def estimator_extra_inputs(algo: DictConfig, batch: Batch, metrics: dict) -> tup
             metrics.update({f"gdpo/{key}/mean": float(v.mean()), f"gdpo/{key}/std": float(v.std(unbiased=False)),
                             f"gdpo/{key}/max": float(v.max()), f"gdpo/{key}/min": float(v.min())})
     return rows, scalars
+
+
+def rewards_from_scores(algo: DictConfig, batch: Batch, kl_ctrl: Any, metrics: dict) -> torch.Tensor:
+    """``token_level_rewards (B, T)``: with ``algorithm.use_kl_in_reward``, ``token_level_scores`` minus the
+    ``kl_ctrl`` coefficient × the ``algorithm.kl_penalty`` estimate of KL(π_old ‖ π_ref) per response token
+    (:func:`~rlhf_core.algos.kl_controller.apply_kl_penalty`, which also updates an adaptive ``kl_ctrl`` and adds its
+    metrics); ``kl_penalty: full`` uses the [ref] stage's exact per-token KL ``ref_kl_full``, penalised as k1 of
+    (kl − 0). Without ``use_kl_in_reward``, the scores themselves."""
+    scores, mask = batch["token_level_scores"], batch["response_mask"]
+    if not algo.use_kl_in_reward:
+        return scores
+    log_prob, ref_log_prob, kind = batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty
+    if kind == "full":
+        log_prob, ref_log_prob, kind = batch["ref_kl_full"], torch.zeros_like(batch["ref_kl_full"]), "kl"
+    rewards, kl_metrics = apply_kl_penalty(scores, log_prob, ref_log_prob, mask, kl_ctrl, kind)
+    metrics.update(kl_metrics)
+    return rewards
 
 
 def run_adv_estimator(algo: DictConfig, batch: Batch, rewards: torch.Tensor,

@@ -20,31 +20,29 @@ from typing import Any, Callable, Iterator
 import torch
 from omegaconf import DictConfig, open_dict
 
-from rlhf_core.agent.layout import multiturn_metrics
-from rlhf_core.algos.kl_controller import apply_kl_penalty, get_kl_controller
+from rlhf_core.algos.kl_controller import get_kl_controller
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn as default_collate
-from rlhf_core.metrics.training import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlhf_core.algos.pf_ppo import pf_ppo_resample_indices
 from rlhf_core.config.validate import use_critic
 from rlhf_core.data.sampler import create_rl_sampler
 from rlhf_core.distributed.threads import use_driver_threads
 from rlhf_core.faults import fault_point
 from rlhf_core.protocol import Batch
-from rlhf_core.trainer.advantage_stage import run_adv_estimator
+from rlhf_core.trainer.advantage_stage import rewards_from_scores, run_adv_estimator
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager
 from rlhf_core.trainer.dynamic_sampling import OutOfData, collect_kept_groups, prompts_per_batch, train_batches
 from rlhf_core.trainer.driver_utils import (add_uids, after_step_hooks, balance_batch, compute_total_training_steps,
                                             dump_rollouts, ensure_response_mask, mean_rank_metrics, resample_rows,
                                             timer)
-from rlhf_core.trainer.mfu import ActorMFU
 from rlhf_core.trainer.ppo_checkpoint import (driver_rng_fork, load_ppo_checkpoint, prepare_resume,
                                               save_ppo_checkpoint)
 from rlhf_core.trainer.ppo_validation import Validator
 from rlhf_core.trainer.profiling import StepProfiler
 from rlhf_core.trainer.rollout_control import RolloutDump, abort_slowest
 from rlhf_core.trainer.rollout_corr_step import rollout_correction_step
+from rlhf_core.trainer.step_metrics import StepMetrics
 from rlhf_core.trainer.reward_stage import add_reward_baselines, finish_reward, start_reward
 from rlhf_core.trainer.checkpoint_callback import build_checkpoint_callback
 from rlhf_core.trainer.esi import capacity_expiring
@@ -92,6 +90,7 @@ class RayPPOTrainer:
             self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.horizon, kc.target_kl)
         self._build_dataloaders(train_dataset, val_dataset, collate_fn)
         self.checkpoints = CheckpointManager.from_config(config.trainer)
+        self.step_metrics = StepMetrics(config, self.use_critic)  # data, timing, throughput, MFU of each step
         self.rollout_dump = RolloutDump.from_config(config)  # skip.rollout.enable
         self.global_steps = 0
         self._train_started: float | None = None  # time.monotonic() when fit's loop started (the budget clock)
@@ -254,20 +253,7 @@ class RayPPOTrainer:
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
         self._max_step_s = max(self._max_step_s, timing["step"])
-        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
-        metrics.update(multiturn_metrics(batch))  # num_turns/*, tool_calls/*; {} for single-turn rollouts
-        metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, self.actor_wg.world_size))
-        if "update_actor" in timing:
-            if not hasattr(self, "_mfu"):
-                self._mfu = ActorMFU(self.config.actor_rollout_ref.model, self.actor_wg,
-                                     self.config.actor_rollout_ref.actor.ppo_epochs)
-            mfu = self._mfu(batch["attention_mask"].sum(-1).tolist(), timing["update_actor"])
-            if mfu is not None:  # unknown peak or model config: left out, never a false 0
-                metrics["perf/mfu/actor"] = mfu
-        metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
-        if self._train_started is not None:
-            metrics["timing_s/training_elapsed"] = time.monotonic() - self._train_started
+        metrics.update(self.step_metrics(batch, timing, self.actor_wg, self.global_steps, epoch, self._train_started))
         return metrics
 
     # ---- stages ----------------------------------------------------------------------------------
@@ -377,15 +363,7 @@ class RayPPOTrainer:
         statistics; ``rlhf_core.trainer.advantage_stage``); then, with ``algorithm.use_pf_ppo`` (gae), the batch is
         resampled by :meth:`pf_ppo_resample`."""
         algo = self.config.algorithm
-        scores, mask = batch["token_level_scores"], batch["response_mask"]
-        if algo.use_kl_in_reward:
-            log_prob, ref_log_prob, kind = batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty
-            if kind == "full":  # the [ref] stage's exact KL(π_old ‖ π_ref) per token, penalised as k1 of (kl − 0)
-                log_prob, ref_log_prob, kind = batch["ref_kl_full"], torch.zeros_like(batch["ref_kl_full"]), "kl"
-            rewards, kl_metrics = apply_kl_penalty(scores, log_prob, ref_log_prob, mask, self.kl_ctrl, kind)
-            metrics.update(kl_metrics)
-        else:
-            rewards = scores
+        rewards = rewards_from_scores(algo, batch, self.kl_ctrl, metrics)
         advantages, returns = run_adv_estimator(algo, batch, rewards, metrics)
         batch = batch.merge(Batch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}))
         return self.pf_ppo_resample(batch) if self.use_pf_ppo else batch
