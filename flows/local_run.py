@@ -68,7 +68,7 @@ def check_parameters(params: dict[str, Any]) -> str | None:
     message, whose first line names the parameter (or the experiment file and field) and whose next lines, if
     any, each bad key and why.
 
-    Runs the flow's own checks (the experiment, every stage's override list, the first rows of every data file,
+    Runs the flow's own checks (the experiment, every stage's override list, every row of every RL data file,
     the model, the reward function: ``flows.preflight``; the baseline run id; the ``resume`` run:
     ``flows.resume.find_run``) plus a ``model_path`` or ``gsm8k_dir``
     parameter's existence (local paths and ``file://`` URLs), without starting any service.

@@ -1,7 +1,10 @@
 """Checks of an experiment before any stage runs (``rlhf pipeline --dry-run``, and the flow's own start).
 
-Every stage config loads; the first rows of every data file are read through fsspec (nothing is copied) and checked
-against verl's schema; the model resolves (a local folder with ``config.json``, or a URL that can be reached); the
+Every stage config loads; every row of every RL data file is read through fsspec (nothing is copied; only the
+schema's columns) and checked against verl's schema with pyarrow compute (``rlhf_core.data.rl_schema``: column types,
+required fields, non-empty prompts, and, with the default reward, every data_source known to the scorer; the first
+failing row is named). The chat template and tokenising are not run here: the data stage renders every prompt when
+it filters the overlong ones. SFT files: their first rows are read. The model resolves (a local folder with ``config.json``, or a URL that can be reached); the
 reward function file imports and has the named function; every evaluation suite has rows. Nothing is trained and
 no Ray is started. A failed check raises one line naming the experiment file and the dotted field.
 """
@@ -18,7 +21,7 @@ from typing import Any, Callable, Iterator
 from flows.experiment import ExperimentError
 from flows.settings import PipelineSettings, ppo_config, validate_overrides
 
-HEAD_ROWS = 5  # rows read from each data file
+HEAD_ROWS = 5  # rows read from each SFT data file (RL data files: every row)
 
 
 def _unexpanded(path: str) -> str:
@@ -29,11 +32,12 @@ def _unexpanded(path: str) -> str:
             f"again with --set {var.group(1)}=VALUE)") if var else ""
 
 
-def _head(url: str, rows: int = HEAD_ROWS) -> Any:
-    """The first ``rows`` rows of the parquet file ``url`` (any fsspec URL or path), as a pyarrow Table.
+def _read(url: str, read: Callable[[Any], Any]) -> Any:
+    """``read(pyarrow.parquet.ParquetFile)`` of the parquet file ``url`` (any fsspec URL or path): a pyarrow Table.
 
     Raises:
-        FileNotFoundError: no such file. DataError: jsonl (with the conversion), not parquet, or no rows.
+        FileNotFoundError: no such file. DataError: jsonl (with the conversion), not parquet, or no rows; what
+        ``read`` raises.
     """
     import fsspec
     import pyarrow as pa
@@ -49,21 +53,39 @@ def _head(url: str, rows: int = HEAD_ROWS) -> Any:
     try:
         with fs.open(path, "rb") as fh:
             reader = pq.ParquetFile(fh)
-            batch = next(reader.iter_batches(batch_size=rows), None)
-            table = pa.Table.from_batches([batch]) if batch is not None else reader.schema_arrow.empty_table()
+            if reader.metadata.num_rows == 0:  # before ``read``: an empty file has no column types to check
+                raise DataError(f"{url}: the file has no rows")
+            return read(reader)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{url}: not a readable parquet file ({exc})") from exc
-    if table.num_rows == 0:
-        raise DataError(f"{url}: the file has no rows")
-    return table
+
+
+def _head(url: str, rows: int = HEAD_ROWS) -> Any:
+    """The first ``rows`` rows of the parquet file ``url``, as a pyarrow Table (errors: :func:`_read`)."""
+    import pyarrow as pa
+
+    def read(reader: Any) -> Any:
+        batch = next(reader.iter_batches(batch_size=rows), None)
+        return pa.Table.from_batches([batch]) if batch is not None else reader.schema_arrow.empty_table()
+    return _read(url, read)
+
+
+def _columns(url: str, names: Callable[[Any], list[str]]) -> Any:
+    """Every row of the columns ``names(schema)`` of the parquet file ``url`` (errors: :func:`_read`)."""
+    return _read(url, lambda reader: reader.read(columns=names(reader.schema_arrow)))
 
 
 def _rl_file(url: str, prompt_key: str) -> str:
-    from rlhf_core.data.prepare import check_rl_table
+    from rlhf_core.data.rl_schema import check_rl_schema, check_rl_table, rl_columns
 
-    table = _head(url)
+    def columns(schema: Any) -> list[str]:
+        check_rl_schema(schema, url, prompt_key)  # before reading: a missing column names the file's columns
+        return rl_columns(prompt_key)
+
+    table = _columns(url, columns)
     check_rl_table(table, url, prompt_key)
-    return f"{url}: first {table.num_rows} rows in verl's RL schema"
+    return (f"{url}: all {table.num_rows} rows in verl's RL schema (chat template and tokenising not run here: the "
+            "data stage runs them)")
 
 
 def _sft_file(url: str) -> str:
@@ -169,13 +191,14 @@ def _py_executable(s: PipelineSettings) -> str:
 
 def _default_reward(s: PipelineSettings) -> str:
     """Without ``reward`` (nor a custom function or reward model in the PPO overrides), the default rule scorer
-    must know the ``data.reward_fn_key`` of the first rows of every train/val file, as ``rlhf ppo`` checks at its
+    must know the ``data.reward_fn_key`` of every row of every train/val file (its distinct values, by pyarrow), as ``rlhf ppo`` checks at its
     start (which in the flow comes after the data, model and SFT stages).
 
     Raises:
         DataError: naming the file, the row and the data source (with the known ones).
     """
     from rlhf_core.data import DataError
+    from rlhf_core.data.rl_schema import distinct_first_rows
     from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_sources
     from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
 
@@ -184,10 +207,10 @@ def _default_reward(s: PipelineSettings) -> str:
         return "scored by the reward model or custom function of the ppo overrides"
     has_sandbox, key, seen = sandbox_from_config(cfg) is not None, str(cfg.data.reward_fn_key), set()
     for url in [*s.train_files, *s.val_files]:
-        table = _head(url)
+        table = _columns(url, lambda schema: [key] if key in schema.names else [])
+        values, rows = distinct_first_rows(table.column(key)) if key in table.column_names else ([], [])
         try:
-            seen.update(check_default_data_sources(
-                table.column(key).to_pylist() if key in table.column_names else [], has_sandbox))
+            seen.update(check_default_data_sources(values, has_sandbox, rows))
         except UnknownDataSourceError as exc:
             raise DataError(f"{url} {exc} (or set the experiment's reward: {{path, name}})") from None
     return f"the default reward function scores {sorted(seen)}"

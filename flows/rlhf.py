@@ -12,7 +12,7 @@ Run locally (embedded Ray, Prefect ephemeral mode, MLflow SQLite, DuckDB under
 or as deployment ``rlhf/full`` (``prefect.yaml``). Parameters left as None come from the experiment file
 (default ``experiments/gsm8k_tiny.yaml``); a stage's overrides are the experiment's (its config file, the fields
 that map to keys, its ``overrides``), then the pipeline's own choices, then the ``*_overrides`` parameters (which
-win). Every stage's override list, the first rows of every data file, the model and the reward function are
+win). Every stage's override list, every row of every RL data file, the model and the reward function are
 checked when the flow starts (``flows.preflight``), so a bad input fails in seconds; an input error in a stage
 (ConfigError, DataError, FileNotFoundError, RemoteUnavailableError, a full or read-only disk:
 ``tasks.retry.is_retriable``) is not retried. When the ppo overrides set ``custom_reward_function.path``, the
@@ -261,7 +261,7 @@ def pipeline_parser() -> argparse.ArgumentParser:
                                      epilog="also: python -m flows.rlhf [options]; an option left out takes its "
                                             "value from the experiment file")
     parser.add_argument("--dry-run", action="store_true", default=None,
-                        help="check the experiment (every stage config, the first rows of every data file, the "
+                        help="check the experiment (every stage config, every row of every RL data file, the "
                              "model, the reward function, the suites), print one line per check; trains nothing")
     for name, (kind, help_) in PIPELINE_OPTIONS.items():
         flag = "--" + name.replace("_", "-")

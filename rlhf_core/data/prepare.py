@@ -1,10 +1,8 @@
 """Data preparation for an experiment: copy (fsspec), check verl's RL schema, cut, filter overlong prompts, digest.
 
 Plain functions (no Prefect, no MLflow): ``tasks.stages.prepare_data`` and ``filter_prompts`` call them, and
-``rlhf pipeline --dry-run`` calls :func:`check_rl_table` on the first rows of every file.
-
-verl's RL schema (``verl/utils/dataset/rl_dataset.py``): ``prompt`` a list of chat messages
-``{"role": str, "content": str}``, ``data_source`` a string, ``reward_model`` a struct with ``ground_truth``.
+``rlhf pipeline --dry-run`` calls :func:`check_rl_table` (:mod:`rlhf_core.data.rl_schema`: verl's RL schema, every
+row, with pyarrow compute) on every file.
 """
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ import pyarrow.parquet as pq
 from rlhf_core.atomic import atomic_write
 from rlhf_core.data import DataError
 from rlhf_core.data.fs import copy_to_local
+from rlhf_core.data.rl_schema import check_rl_table
 
 
 def file_sha256(path: str) -> str:
@@ -62,39 +61,6 @@ def read_table(name: str, local: str, limit: int | None = None) -> pa.Table:
     if table.num_rows == 0:
         raise DataError(f"{name}: the file has no rows")
     return table
-
-
-def check_rl_table(table: pa.Table, name: str, prompt_key: str = "prompt") -> None:
-    """Check a table against verl's RL schema, every row.
-
-    Raises:
-        DataError: one line naming the file, the row and the column: a missing ``prompt_key``, ``data_source`` or
-            ``reward_model.ground_truth`` column; a prompt that is a string where verl has a list of chat messages,
-            or a message without a string role/content; a ``data_source`` that is not a string.
-    """
-    from rlhf_core.data.rl_dataset import validate_messages
-
-    columns = set(table.column_names)
-    for column in (prompt_key, "data_source", "reward_model"):
-        if column not in columns:
-            raise DataError(f"{name}: missing column {column!r} (verl's RL schema: {prompt_key}, data_source, "
-                            f"reward_model.ground_truth); the file has {sorted(columns)}")
-    rm_type = table.schema.field("reward_model").type
-    if not pa.types.is_struct(rm_type) or rm_type.get_field_index("ground_truth") < 0:
-        raise DataError(f"{name}: column 'reward_model' has no field 'ground_truth' (type {rm_type})")
-    prompts = table.column(prompt_key).to_pylist()
-    sources = table.column("data_source").to_pylist()
-    truths = table.column("reward_model").to_pylist()
-    for i, (prompt, source, rm) in enumerate(zip(prompts, sources, truths)):
-        where = f"{name} row {i}"
-        if isinstance(prompt, str):
-            raise DataError(f"{where}: column {prompt_key!r} is a string where verl has a list of chat messages "
-                            f"[{{role, content}}] (got {prompt[:40]!r})")
-        validate_messages(prompt, where, prompt_key)
-        if not isinstance(source, str):
-            raise DataError(f"{where}: column 'data_source' must be a string, got {type(source).__name__}")
-        if not isinstance(rm, dict) or rm.get("ground_truth") is None:
-            raise DataError(f"{where}: column 'reward_model.ground_truth' is empty")
 
 
 def gather(files: Sequence[str], dest: str, max_samples: int, prompt_key: str = "prompt",

@@ -192,7 +192,8 @@ def test_dry_run_checks_every_input_and_trains_nothing(tmp_path, capsys, monkeyp
     assert [line.split(":")[0] for line in lines[:-1]] == [
         "ok   stage configs", "ok   data.train_files[0]", "ok   data.val_files[0]",
         "ok   evaluation.suites[0].files[0]", "ok   model.path", "ok   reward.path", "ok   ppo rollout engine"]
-    assert "memory://exp/train.parquet: first 5 rows in verl's RL schema" in lines[1]
+    assert lines[1] == ("ok   data.train_files[0]: memory://exp/train.parquet: all 8 rows in verl's RL schema (chat "
+                        "template and tokenising not run here: the data stage runs them)")
     assert lines[-2] == "ok   ppo rollout engine: hf (importable here)"
     assert lines[-1].startswith(f"dry run: 7 checks passed for {f}")
     assert not (tmp_path / "home" / "ray").exists() and not (tmp_path / "home" / "data").exists()
@@ -258,6 +259,30 @@ def test_dry_run_without_a_reward_checks_the_data_sources_against_the_default_sc
                                        f"{tmp_path / 'reward.py'},"))
     rc, lines, err = _dry_run(f, capsys)
     assert rc == 0 and any(line.startswith("ok   reward.path: ") for line in lines), err
+
+
+def test_dry_run_checks_every_row_and_names_the_first_failing_one(tmp_path, capsys, monkeypatch):
+    # the dry run read the first 5 rows of each file: a bad row 6 passed it and failed the data stage; now every row
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
+    f = _experiment(tmp_path)
+    rows = _rows(8)
+    rows[6]["reward_model"] = {"style": "rule", "ground_truth": None}
+    rows[7]["prompt"] = []
+    with fsspec.open("memory://exp/train.parquet", "wb") as fh:
+        fh.write(pd.DataFrame(rows).to_parquet())
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 1 and err == (f"rlhf pipeline: error: {f}: data.train_files[0]: memory://exp/train.parquet row 6: "
+                               "column 'reward_model.ground_truth' is empty"), err
+    # without a reward: every row's data_source is known to the default scorer (row 6 is not)
+    rows = [{**r, "data_source": "openai/gsm8k"} for r in _rows(8)]
+    rows[6]["data_source"] = "mystery"
+    with fsspec.open("memory://exp/train.parquet", "wb") as fh:
+        fh.write(pd.DataFrame(rows).to_parquet())
+    pd.DataFrame(rows[:3]).to_parquet(tmp_path / "val.parquet")
+    f.write_text(f.read_text().replace("reward: {path: reward.py}\n", ""))
+    rc, lines, err = _dry_run(f, capsys)
+    assert rc == 1 and err.startswith(f"rlhf pipeline: error: {f}: reward: memory://exp/train.parquet row 6: no "
+                                      "default reward function for data_source='mystery'"), err
 
 
 def test_dry_run_prints_each_config_notice_once_as_a_note_line(tmp_path, capsys, monkeypatch):

@@ -4,7 +4,7 @@ Import-light on purpose (no torch): reward worker processes import this package.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from rlhf_core.reward.scorers import countdown, gsm8k, math_boxed, sandbox_fusion as sandbox
 
@@ -54,9 +54,12 @@ def default_compute_score(
     return sandbox.compute_score(sandbox_fusion, solution_str, ground_truth)
 
 
-def check_default_data_sources(sources: Iterable[Any], has_sandbox: bool = False) -> list[Any]:
+def check_default_data_sources(sources: Iterable[Any], has_sandbox: bool = False,
+                               rows: Sequence[int] | None = None) -> list[Any]:
     """:func:`check_default_data_source` for each distinct value of ``sources`` (a column, row by row); returns the
-    distinct values in first-seen order.
+    distinct values in first-seen order. ``rows``: when ``sources`` are a column's distinct values already
+    (``rlhf_core.data.rl_schema.distinct_first_rows``), the row of each one's first occurrence, named in the error
+    instead of the position in ``sources``.
 
     Raises:
         UnknownDataSourceError: for the first row the default function cannot score, its message prefixed with
@@ -69,7 +72,7 @@ def check_default_data_sources(sources: Iterable[Any], has_sandbox: bool = False
         try:
             check_default_data_source(source, has_sandbox)
         except UnknownDataSourceError as exc:
-            raise UnknownDataSourceError(f"row {i}: {exc}") from None
+            raise UnknownDataSourceError(f"row {i if rows is None else rows[i]}: {exc}") from None
         seen.append(source)
     return seen
 

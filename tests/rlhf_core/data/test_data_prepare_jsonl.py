@@ -24,5 +24,5 @@ def test_jsonl_is_refused_with_a_conversion_that_works(tmp_path):
     exec(command)  # noqa: S102 - the very line the message tells the user to run
     converted = tmp_path / "train.parquet"
     out = gather([str(converted)], str(tmp_path / "out.parquet"), -1)
-    assert out["rows"] == 2 and _rl_file(str(converted), "prompt").endswith("first 2 rows in verl's RL schema")
+    assert out["rows"] == 2 and "all 2 rows in verl's RL schema" in _rl_file(str(converted), "prompt")
     assert pd.read_parquet(converted)["prompt"][0][0]["content"] == "What is 2+2?"
