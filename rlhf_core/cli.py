@@ -18,6 +18,7 @@ Import-light on purpose (``rlhf config`` must start fast): no torch here.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from omegaconf import DictConfig
 
@@ -177,8 +178,9 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
     ``argv`` ``None`` means ``sys.argv[1:]`` (the module run as ``python -m``).
 
     Ctrl-C (SIGINT) during ``run`` prints one line, ``<prog>: interrupted; <interrupted(config)>`` (e.g. the last
-    checkpoint and how to resume), and returns :data:`INTERRUPTED` (130) — also when the interrupt surfaces as
-    another exception (a Ray worker that got the same SIGINT from the terminal and died first). ``run`` should
+    checkpoint and how to resume), stops the embedded Ray instance ``run`` started
+    (:func:`~rlhf_core.distributed.ray_init.stop_started_ray`) and returns :data:`INTERRUPTED` (130) — also when the
+    interrupt surfaces as another exception (a Ray worker that got the same SIGINT from the terminal and died first). ``run`` should
     import what is heavy itself, so that ``--help``, a bad flag or a bad key answer before it is imported.
     ``main.check(argv)`` parses the command line and loads the config only (for a caller that checks them before
     importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as :func:`run_command`
@@ -195,6 +197,7 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
                     raise
                 what = interrupted(config) if interrupted is not None else ""
                 print(f"{prog}: interrupted" + (f"; {what}" if what else ""), file=sys.stderr, flush=True)
+                _stop_started_ray()
                 return INTERRUPTED
         print(report(result))
         return 0
@@ -225,6 +228,29 @@ def load_config_with_notices(config_name: str, overrides: Sequence[str]) -> Dict
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return config
+
+
+def _stop_started_ray() -> None:
+    """After Ctrl-C: stop the embedded Ray that this process's run started, if any (Ray only when already imported)."""
+    if "rlhf_core.distributed.ray_init" in sys.modules:
+        sys.modules["rlhf_core.distributed.ray_init"].stop_started_ray()
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` without the interpreter's finalization, for a command-line entry point after
+    Ctrl-C: what a normal exit does first still happens (non-daemon threads are joined, the at-exit handlers run:
+    Ray's, multiprocessing's, logging's), stdout and stderr are flushed, then ``os._exit``. The finalization skipped
+    (module teardown, the native libraries' destructors) took about 2.3 s after an interrupted ``rlhf ppo`` on 2 busy
+    cores and writes nothing of the run's: its checkpoints and metrics are complete before the interrupt line is
+    printed."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager

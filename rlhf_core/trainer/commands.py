@@ -8,7 +8,8 @@ re-export these ``main`` functions (``python -m rlhf_core.trainer.main_ppo`` wor
 calls ``generate_main``).
 
 Ctrl-C (SIGINT) during ``rlhf ppo`` or ``rlhf sft`` prints one line naming the last complete checkpoint under
-``trainer.default_local_dir`` and how to resume (:func:`resume_hint`), and exits 130.
+``trainer.default_local_dir`` and how to resume (:func:`resume_hint`), stops the Ray instance the run started and
+exits 130 (as the ``rlhf`` program, at once: ``rlhf_cli.main``, :func:`rlhf_core.cli.exit_now`).
 
 A plain ``rlhf ppo`` (no ``RLHF_METRICS_FILE`` set, e.g. without ``RLHF_HOME``) writes its per-step metrics to
 ``<trainer.default_local_dir>/metrics.jsonl`` (the ``file`` sink), so ``rlhf results register
