@@ -4,9 +4,10 @@ Every stage config loads; every row of every RL data file is read through fsspec
 schema's columns) and checked against verl's schema with pyarrow compute (``rlhf_core.data.rl_schema``: column types,
 required fields, non-empty prompts, and, with the default reward, every data_source known to the scorer; the first
 failing row is named). The chat template and tokenising are not run here: the data stage renders every prompt when
-it filters the overlong ones. SFT files: their first rows are read. The model resolves (a local folder with ``config.json``, or a URL that can be reached); the
-reward function file imports and has the named function; every evaluation suite has rows. Nothing is trained and
-no Ray is started. A failed check raises one line naming the experiment file and the dotted field.
+it filters the overlong ones. SFT files: their first rows are read. The model resolves (a local folder with
+``config.json``, or a URL that can be reached); the reward function file imports and has the named function; every
+evaluation suite has rows. Nothing is trained and no Ray is started. A failed check raises one line naming the
+experiment file and the dotted field.
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def _py_executable(s: PipelineSettings) -> str:
 
 def _default_reward(s: PipelineSettings) -> str:
     """Without ``reward`` (nor a custom function or reward model in the PPO overrides), the default rule scorer
-    must know the ``data.reward_fn_key`` of every row of every train/val file (its distinct values, by pyarrow), as ``rlhf ppo`` checks at its
-    start (which in the flow comes after the data, model and SFT stages).
+    must know the ``data.reward_fn_key`` of every row of every train/val file (its distinct values, by pyarrow), as
+    ``rlhf ppo`` checks at its start (which in the flow comes after the data, model and SFT stages).
 
     Raises:
         DataError: naming the file, the row and the data source (with the known ones).

@@ -63,7 +63,8 @@ def check_rl_table(table: pa.Table, name: str, prompt_key: str = "prompt") -> No
     rm = _combined(table.column("reward_model"))
     messages = pc.list_flatten(prompts)  # every message of every row; list_parent_indices maps them to rows
     bad_message = _first_true(pc.or_kleene(pc.is_null(messages), _null_fields(messages)))
-    rows = [_first_true(pc.or_kleene(pc.is_null(prompts), pc.equal(pc.list_value_length(prompts), 0))),  # a null or [] prompt
+    empty = pc.equal(pc.list_value_length(prompts), 0)
+    rows = [_first_true(pc.or_kleene(pc.is_null(prompts), empty)),  # a null or [] prompt
             None if bad_message is None else int(pc.list_parent_indices(prompts)[bad_message].as_py()),
             _first_true(pc.is_null(table.column("data_source"))),
             _first_true(pc.or_kleene(pc.is_null(rm), pc.is_null(pc.struct_field(rm, "ground_truth"))))]
@@ -71,7 +72,8 @@ def check_rl_table(table: pa.Table, name: str, prompt_key: str = "prompt") -> No
     if found:  # the first failing row's message comes from the row-by-row check of that row
         row = min(found)
         _check_rows_in_python(table.slice(row, 1), name, prompt_key, first_row=row)
-        _check_rows_in_python(table.slice(row), name, prompt_key, first_row=row)  # not reached: the row failed
+        # a safety net, never reached while the search above agrees with the row check: the rest, row by row
+        _check_rows_in_python(table.slice(row), name, prompt_key, first_row=row)
 
 
 def distinct_first_rows(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], list[int]]:

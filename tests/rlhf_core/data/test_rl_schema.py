@@ -39,7 +39,8 @@ def _error(table: pa.Table, check=check_rl_table) -> str | None:
 BREAKS = {  # what breaks a row -> the message naming the row, the field (and the message index)
     "null prompt": (lambda r: r.update(prompt=None),
                     "field 'prompt' must be a non-empty list of chat messages, got NoneType"),
-    "empty prompt": (lambda r: r.update(prompt=[]), "field 'prompt' must be a non-empty list of chat messages, got list"),
+    "empty prompt": (lambda r: r.update(prompt=[]),
+                     "field 'prompt' must be a non-empty list of chat messages, got list"),
     "null message": (lambda r: r["prompt"].__setitem__(1, None),
                      "field 'prompt'[1] must be a dict with role and content, got NoneType"),
     "no role": (lambda r: r["prompt"][1].update(role=None), "field 'prompt'[1] has no 'role'"),
