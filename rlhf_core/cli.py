@@ -182,9 +182,9 @@ def config_command(prog: str, config_name: str, description: str, example: str, 
     (:func:`~rlhf_core.distributed.ray_init.stop_started_ray`) and returns :data:`INTERRUPTED` (130) — also when the
     interrupt surfaces as another exception (a Ray worker that got the same SIGINT from the terminal and died first).
     ``run`` should import what is heavy itself, so that ``--help``, a bad flag or a bad key answer before it is
-    imported. ``main.check(argv)`` parses the command line and loads the config only (for a caller that checks them before
-    importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as :func:`run_command`
-    shows them."""
+    imported. ``main.check(argv)`` parses the command line and loads the config only (for a caller that checks them
+    before importing more, e.g. the tracked runner): argparse's ``SystemExit`` or a ConfigError, as
+    :func:`run_command` shows them."""
     def command(args: list[str]) -> int:
         parsed = overrides_parser(prog, config_name, description, example).parse_intermixed_args(args)
         setup_logging()
