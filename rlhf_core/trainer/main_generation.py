@@ -14,11 +14,12 @@ them; they are ours).
 
 Differences from verl, each one deliberate:
 
-* one engine in this process on ``trainer.device`` (vLLM: on the device its build targets, over
-  ``tensor_model_parallel_size`` devices; a 16-bit ``rollout.dtype`` runs as float32 on CPU, as in PPO), no Ray
-  worker group: ``trainer.nnodes``/``n_gpus_per_node``, ``ray_kwargs`` and the ``actor`` section are accepted and
-  change nothing (a notice names each one set, declared in :mod:`rlhf_core.config.schemas.generation`), nor do the
-  vLLM keys under ``rollout.name=hf``. Our default engine is ``hf`` (verl's is vllm, an optional install here).
+* the hf engine runs on ``trainer.nnodes × trainer.n_gpus_per_node`` Ray rollout ranks, each batch split between
+  them as verl does (:mod:`rlhf_core.trainer.generation_ray`: ``ray_init.num_cpus``, ``timeline_json_file``), except
+  that one rank without a timeline runs in this process (no Ray start); vLLM runs one engine in this process on the
+  device its build targets, over ``tensor_model_parallel_size`` devices. A 16-bit ``rollout.dtype`` runs as float32
+  on CPU, as in PPO. The ``actor`` section is accepted and changes nothing, nor do the vLLM keys under
+  ``rollout.name=hf``. Our default engine is ``hf`` (verl's is vllm, an optional install here).
 * a prompt longer than ``rollout.prompt_length`` tokens is refused, naming its row, before the model loads (verl
   cuts it silently at the right, which drops the generation prompt).
 * each prompt is repeated ``n_samples`` times in one engine call (as PPO's ``rollout.n``: one prefill per
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import nullcontext
 from typing import Any
 
 import pyarrow as pa
@@ -55,6 +57,7 @@ from rlhf_core.models.hub import check_hub_model
 from rlhf_core.models.loading import check_local_path, load_causal_lm, load_tokenizer
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
+from rlhf_core.trainer.generation_ray import RayGeneration, use_ray
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
@@ -87,6 +90,7 @@ def run_generation(config: DictConfig) -> str:
         raise ConfigError(engine_errors(config)[0])
     output = _output_path(str(data.output_path))
     device = _device(str(config.trainer.device))
+    on_ray = use_ray(config)  # trainer.nnodes x n_gpus_per_node checked here, before anything loads
     _check_model(str(config.model.path))
     rows = _prompts(str(data.path), str(data.prompt_key))
     tokenizer = load_tokenizer(str(config.model.path), bool(data.trust_remote_code))
@@ -95,28 +99,31 @@ def run_generation(config: DictConfig) -> str:
     template_kwargs = OmegaConf.to_container(data.apply_chat_template_kwargs, resolve=True)
     prompt_ids = [_prompt_ids(tokenizer, messages, template_kwargs, where, int(rollout.prompt_length))
                   for messages, where in rows]
-    engine = _engine(config, tokenizer, device)
     n, size = int(data.n_samples), int(data.batch_size)
     calc_lp = bool(rollout.calculate_log_probs)
     responses: list[list[str]] = []
     log_probs: list[list[list[float]]] = []
     starts = range(0, len(prompt_ids), size)
-    for start in progress(starts, "generate", unit="batch", total=len(starts)):
-        batch = prompt_batch(prompt_ids[start:start + size], pad_token_id(tokenizer)).repeat_interleave(n)
-        out = engine.generate_sequences(batch)
-        texts = decode_responses(out, tokenizer)
-        responses.extend(texts[i:i + n] for i in range(0, len(texts), n))
-        if calc_lp:
-            lps = response_log_probs(out)
-            log_probs.extend(lps[i:i + n] for i in range(0, len(lps), n))
+    # trainer.nnodes x n_gpus_per_node ranks on Ray (generation_ray.py); one rank without a timeline: this process
+    ray_or_here = RayGeneration(config, device, _engine) if on_ray else nullcontext(_engine(config, tokenizer, device))
+    with ray_or_here as engine:
+        for start in progress(starts, "generate", unit="batch", total=len(starts)):
+            batch = prompt_batch(prompt_ids[start:start + size], pad_token_id(tokenizer)).repeat_interleave(n)
+            out = engine.generate_sequences(batch)
+            texts = decode_responses(out, tokenizer)
+            responses.extend(texts[i:i + n] for i in range(0, len(texts), n))
+            if calc_lp:
+                lps = response_log_probs(out)
+                log_probs.extend(lps[i:i + n] for i in range(0, len(lps), n))
     write_responses(str(data.path), responses, output, log_probs if calc_lp else None)
     logger.info("generate: %d prompts x %d responses -> %s", len(responses), n, output)
     return output
 
 
-def _engine(config: DictConfig, tokenizer: Any, device: torch.device):
-    """The rollout engine ``rollout.name`` names: ``HFRollout`` on ``device`` with ``model.path`` loaded in
-    ``rollout.dtype``, or ``VLLMRollout`` (vLLM loads ``model.path`` itself, :func:`engine_config`).
+def _engine(config: DictConfig, tokenizer: Any, device: torch.device, rank: int = 0):
+    """The rollout engine ``rollout.name`` names: ``HFRollout`` of rollout rank ``rank`` (its seeds:
+    ``rollout.seed + 7919·rank + call``) on ``device`` with ``model.path`` loaded in ``rollout.dtype``, or
+    ``VLLMRollout`` (vLLM loads ``model.path`` itself, :func:`engine_config`).
 
     Raises:
         ConfigError: ``rollout.name=vllm`` and ``import vllm`` fails (naming the key and the install), before any
@@ -143,7 +150,7 @@ def _engine(config: DictConfig, tokenizer: Any, device: torch.device):
     from rlhf_core.config.schema import specs
 
     mode = specs("ppo_trainer")["actor_rollout_ref.rollout.logprobs_mode"].default
-    return HFRollout(module, tokenizer, rollout, seed=int(rollout.seed), logprobs_mode=mode)
+    return HFRollout(module, tokenizer, rollout, seed=int(rollout.seed), rank=rank, logprobs_mode=mode)
 
 
 def engine_config(config: DictConfig) -> tuple[DictConfig, DictConfig]:

@@ -227,11 +227,16 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
     "evaluation": {"ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::test_ray_kwargs_and_ray_init_are_one_setting",
                    "custom_reward_function.name":
                    "tests/rlhf_core/trainer/test_evaluation.py::test_custom_function_with_three_parameters_and_acc"},
-    # the default run (hf engine) reads every other supported key of generation.yaml
-    "generation": {f"rollout.{k}": "tests/rlhf_core/workers/test_generation_vllm_cpu.py::"
-                   "test_generate_with_vllm_passes_the_rollout_keys_and_equals_hf"
-                   for k in ("enforce_eager", "load_format", "tensor_model_parallel_size", "max_num_batched_tokens",
-                             "max_model_len", "max_num_seqs", "disable_log_stats")},
+    # the default run (hf engine, one rank in this process) reads every other supported key of generation.yaml
+    "generation": {**{f"rollout.{k}": "tests/rlhf_core/workers/test_generation_vllm_cpu.py::"
+                      "test_generate_with_vllm_passes_the_rollout_keys_and_equals_hf"
+                      for k in ("enforce_eager", "load_format", "tensor_model_parallel_size", "max_num_batched_tokens",
+                                "max_model_len", "max_num_seqs", "disable_log_stats")},
+                   **{k: "tests/rlhf_core/trainer/test_generation_ray.py::"
+                      "test_two_ranks_give_the_one_rank_output_in_order_with_a_timeline"
+                      for k in ("ray_init.num_cpus", "ray_kwargs.timeline_json_file")},
+                   "ray_kwargs.ray_init.num_cpus": "tests/rlhf_core/config/test_config_verl06.py::"
+                                                   "test_ray_kwargs_and_ray_init_are_one_setting"},
 }
 
 

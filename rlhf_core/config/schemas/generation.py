@@ -19,20 +19,15 @@ YAML_HEADER = (
 
 _ENGINE_LOG_PROBS = ("no separate log-prob forward: calculate_log_probs takes the engine's own log-probs at "
                      "sampling time (verl 0.6's rollout-only generation worker does not read it either)")
-_ONE_PROCESS = ("rlhf generate runs one engine in the calling process on trainer.device (vLLM spreads it over "
-                "rollout.tensor_model_parallel_size devices); verl splits each batch over nnodes x n_gpus_per_node Ray "
-                "workers, which changes only which worker samples a prompt")
-_NO_RAY = "rlhf generate starts no Ray: the engine runs in the calling process (see trainer.nnodes)"
-
-
 @dataclass
 class TrainerConfig:
     """``trainer``."""
 
-    nnodes: int = key(1, 'nodes (verl: rollout workers per node × nodes; here generation runs in one process)',
-        no_effect_yet=_ONE_PROCESS)
-    n_gpus_per_node: int = key(8, 'devices per node (verl: one rollout worker each)',
-        no_effect_yet=_ONE_PROCESS)
+    nnodes: int = key(1, 'nodes of the Ray worker group: nnodes x n_gpus_per_node rollout ranks share each batch '
+        '(hf engine; one rank without a timeline runs in this process; vllm: one engine here)')
+    n_gpus_per_node: int = key(1, 'rollout ranks per node (GPUs, or on CPU worker processes of max(1, CPUs / '
+        'ranks) threads; more ranks than CPUs run, with a warning). Ours 1, verl 8: one rank runs in this process, '
+        'as rlhf generate did before the key had effect; 8 would start 8 model copies on a CPU machine')
     device: str = key('auto', 'device: auto (cuda if available else cpu) | cuda | cpu',
         choices=('auto', 'cpu', 'cuda'), ours=True)
 
@@ -151,18 +146,18 @@ class ActorConfig:
 class RayInitConfig:
     """``ray_init``."""
 
-    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all',
-        no_effect_yet=_NO_RAY)
-    timeline_json_file: Optional[str] = key(None, 'write a Ray timeline to this file; null = none',
-        no_effect_yet=_NO_RAY)
+    num_cpus: Optional[int] = key(None, 'CPUs of the embedded Ray instance the rollout ranks run on (each rank: '
+        'CPUs / ranks threads); null = all')
+    timeline_json_file: Optional[str] = key(None, "write Ray's timeline of the rollout ranks to this file (runs "
+        'even one rank on Ray); null = none')
 
 
 @dataclass
 class RayKwargsRayInitConfig:
     """``ray_kwargs.ray_init``."""
 
-    num_cpus: Optional[int] = key(None, 'CPUs for an embedded Ray instance; null = all (alias of ray_init.num_cpus)',
-        no_effect_yet=_NO_RAY, same_as='ray_init.num_cpus')
+    num_cpus: Optional[int] = key(None, 'CPUs of the embedded Ray instance; null = all (alias of ray_init.num_cpus)',
+        same_as='ray_init.num_cpus')
 
 
 @dataclass
@@ -171,8 +166,7 @@ class RayKwargsConfig:
 
     ray_init: RayKwargsRayInitConfig = section(RayKwargsRayInitConfig)
     timeline_json_file: Optional[str] = key(None,
-        'write a Ray timeline to this file; null = none (alias of ray_init.timeline_json_file)',
-        no_effect_yet=_NO_RAY,
+        "write Ray's timeline to this file; null = none (alias of ray_init.timeline_json_file)",
         same_as='ray_init.timeline_json_file')
 
 

@@ -20,6 +20,9 @@ from tests.rlhf_core.config.test_config_verl06 import DATA, _leaves, _ours_at
 EXCEPTIONS: dict[str, tuple[object, object, str]] = {
     "trainer.device": ("cuda", "auto", "ours: auto = cuda when available, else cpu (as ppo_trainer/sft_trainer)"),
     "rollout.name": ("vllm", "hf", "ours: vLLM is an optional install here; rollout.name=vllm runs it"),
+    "trainer.n_gpus_per_node": (8, 1, "ours: one rollout rank, in the calling process (rlhf generate and the "
+                                "pipeline's evaluation stage ran so before the key had effect); verl's 8 GPUs would "
+                                "be 8 model copies on CPU; verl's scripts set it explicitly"),
 }
 
 
@@ -75,10 +78,11 @@ def test_keys_without_effect_get_a_notice_and_ray_kwargs_is_an_alias():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = load_config("generation", ["trainer.n_gpus_per_node=2", "rollout.tensor_model_parallel_size=2",
-                                         "ray_kwargs.ray_init.num_cpus=3", "rollout.top_p=1"])
+                                         "ray_kwargs.ray_init.num_cpus=3", "rollout.top_p=1",
+                                         "rollout.log_prob_micro_batch_size_per_gpu=4"])
     notices = sorted(str(w.message).split(" has no effect")[0] for w in caught if w.category is ConfigNotice)
-    assert notices == ["ray_kwargs.ray_init.num_cpus=3", "rollout.tensor_model_parallel_size=2",
-                       "trainer.n_gpus_per_node=2"]
+    # the rank count and Ray's CPUs have effect (Ray rollout ranks: generation_ray.py), so no notice for them
+    assert notices == ["rollout.log_prob_micro_batch_size_per_gpu=4", "rollout.tensor_model_parallel_size=2"]
     # a vLLM key under the hf engine names the engine key (generation.yaml's rollout section is top-level)
     assert any("read only by the vllm rollout engine, and rollout.name='hf'" in str(w.message) for w in caught)
     assert cfg.ray_init.num_cpus == 3 and cfg.rollout.top_p == 1.0 and isinstance(cfg.rollout.top_p, float)

@@ -136,7 +136,7 @@ def test_target_entries_in_a_user_file_are_accepted_and_ignored(tmp_path):
     assert "_target_" not in cfg.algorithm and "_target_" not in cfg.actor_rollout_ref.actor
 
 
-@pytest.mark.parametrize("name", ["ppo_trainer", "evaluation"])
+@pytest.mark.parametrize("name", ["ppo_trainer", "evaluation", "generation"])
 def test_ray_kwargs_and_ray_init_are_one_setting(name):
     # verl 0.6 spelling reaches the reference spelling the code reads, and the other way round
     cfg = load_config(name, ["ray_kwargs.ray_init.num_cpus=3"])
