@@ -23,9 +23,10 @@ Differences from verl, each one deliberate:
 * a prompt longer than ``rollout.prompt_length`` tokens is refused, naming its row, before the model loads (verl
   cuts it silently at the right, which drops the generation prompt).
 * each prompt is repeated ``n_samples`` times in one engine call (as PPO's ``rollout.n``: one prefill per
-  distinct prompt) instead of ``n_samples`` calls; hf seeds engine call ``i`` with ``rollout.seed + i``, vLLM each
-  request (:meth:`VLLMRollout.generate_sequences`), so a run is reproducible; with ``do_sample=False`` the
-  ``n_samples`` responses of a prompt are identical.
+  distinct prompt) instead of ``n_samples`` calls; hf seeds engine call ``i`` of rank ``r`` with ``rollout.seed +
+  7919·r + i`` (one random stream per call and rank, not per row: sampled responses depend on the rank count, as in
+  verl), vLLM each request (:meth:`VLLMRollout.generate_sequences`), so a run is reproducible for a given rank
+  count; with ``do_sample=False`` the ``n_samples`` responses of a prompt are identical, for any rank count.
 * the output is written atomically (a crash or a full disk leaves no partial file, and an existing output stays
   whole until the new one is complete); ``data.output_path`` is a local path.
 

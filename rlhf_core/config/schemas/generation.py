@@ -68,7 +68,8 @@ class RolloutConfig:
         choices=('hf', 'vllm'))
     mode: str = key('sync', 'sync = one generate call per batch (verl 0.6); async is not supported by rlhf generate',
         why='rlhf generate calls the engine once per batch')
-    seed: int = key(0, 'sampling seed: hf seeds engine call i with seed + i; vllm seeds request j of call i with '
+    seed: int = key(0, 'sampling seed: hf seeds call i of rollout rank r with seed + 7919*r + i (one stream per call '
+        'and rank: sampled responses depend on the rank count); vllm seeds request j of call i with '
         'seed + 104729*i + j', ours=True)
     temperature: float = key(1.0, 'sampling temperature')
     top_k: int = key(50, 'top-k sampling; 0 (hf) or -1 (vllm) = disabled')
