@@ -148,7 +148,7 @@ class RayInitConfig:
     """``ray_init``."""
 
     num_cpus: Optional[int] = key(None, 'CPUs of the embedded Ray instance the rollout ranks run on (each rank: '
-        'CPUs / ranks threads); null = all')
+        'CPUs / ranks threads); null = all. A one-rank run without a timeline starts no Ray')
     timeline_json_file: Optional[str] = key(None, "write Ray's timeline of the rollout ranks to this file (runs "
         'even one rank on Ray); null = none')
 
