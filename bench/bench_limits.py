@@ -1,7 +1,8 @@
 """How far each stage of a PPO step is from the machine's limit (issue 38, "the limit, measured").
 
     OMP_WAIT_POLICY=PASSIVE python bench/bench_limits.py [--sizes 1m,20m,100m] [--device cpu|cuda] [--reps 2]
-        [--batch 16] [--prompt-len 64] [--new-tokens 32] [--no-profile] [--estimate-only] [--json FILE]
+        [--batch 16] [--prompt-len 64] [--new-tokens 32] [--decode-variants hf,ref,bf16] [--stages decode,...]
+        [--no-profile] [--estimate-only] [--json FILE]
 
 The limits, at the thread count used (``torch.get_num_threads()``; on CUDA the device):
 
@@ -17,10 +18,22 @@ The limits, at the thread count used (``torch.get_num_threads()``; on CUDA the d
 The stages, on a random Qwen2 of each ``--sizes`` (the sizes of ``bench_ppo_step.py --size``), float32,
 ``--batch`` sequences of a ``--prompt-len``-token prompt and ``--new-tokens`` sampled tokens, median of ``--reps``:
 
-* ``decode``: one sampling step with a KV cache, per token step of the batch. Bytes moved per step ≈ the parameter
-  bytes (every weight read once) + the KV cache read (2 · layers · kv_heads · head_dim · 4 bytes per cached token
-  per sequence, at the mean cache length); fraction = bytes/s over the triad bandwidth (the roofline of a
-  memory-bound decode).
+* ``decode``: one token step of **our rollout's decode** (``workers/rollout/hf_decode.decode``, what ``rlhf ppo`` runs
+  with ``rollout.name=hf``: the grouped cache layout, ``decode_step`` on weights reordered for oneDNN, inverse-
+  transform sampling), timed between its per-step ``should_stop`` calls: each interval is one forward of the
+  ``--batch`` new tokens, the sampling and the loop's bookkeeping; median over the steps, then over ``--reps``.
+  Bytes moved per step (the same model for every decode line): every parameter once for the whole batch
+  (``params × bytes per element``: the tied embedding is read whole by the LM head) + the KV cache read by the
+  attention (``2 · layers · kv_heads · head_dim · bytes`` per cached token per row, at the mean cache length
+  ``prompt + new/2``; the prompts are distinct, so each row reads its own). Not counted: the new token's K/V write,
+  activations (``batch × hidden`` per op), logits and sampling (``batch × vocab``), all under 1 % here, and any
+  copy a cache makes (transformers' dynamic cache re-concatenates itself every step: overhead, not needed
+  traffic). Fraction = bytes/s over the triad bandwidth (the roofline of a memory-bound decode).
+  ``--decode-variants`` adds lines on the same prompts: ``hf`` (``decode_hf``: transformers' forward with its
+  dynamic cache and ``torch.multinomial``, the per-token work of ``generate``, which this stage timed before),
+  ``ref`` (``decode_ref``: our loop's reference path, ``fast=False``: per-row preallocated cache, the model's own
+  forward) and ``bf16`` (``decode_bf16``: our decode on a bf16 copy of the model, as the rollout runs under
+  ``actor.fsdp_config.mixed_precision.param_dtype=bf16``; bytes at 2 per element).
 * ``log_prob``: a forward over the full sequences without grad; FLOPs = ``mfu.forward_flops`` (verl's count).
 * ``update``: forward + backward + AdamW over the full sequences; FLOPs = ``mfu.training_flops``; fraction over the
   float32 GEMM peak is the update's MFU (``perf/mfu/actor``).
@@ -40,6 +53,7 @@ memory of the process during each size (``VmHWM``, reset before the size) is pri
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -53,7 +67,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rlhf_core import kernels  # noqa: E402
 from rlhf_core.trainer.mfu import forward_flops, gemm_flops_per_s, training_flops  # noqa: E402
+from rlhf_core.workers.rollout import hf_decode  # noqa: E402
 
 from bench_timing import PACKING_SIZES as SIZES  # noqa: E402  (the kernel benchmarks' model sizes)
 
@@ -208,6 +224,7 @@ def measure_size(size: str, args, peak32: float, bandwidth: float) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
+    kernels.install()  # the grouped decode attention our rollout registers (HFRollout does this at start-up)
     cfg = Qwen2Config(vocab_size=2000, max_position_embeddings=1024, tie_word_embeddings=True, **SIZES[size])
     model = Qwen2ForCausalLM(cfg).to(args.device)
     params = sum(p.numel() for p in model.parameters())
@@ -215,20 +232,50 @@ def measure_size(size: str, args, peak32: float, bandwidth: float) -> dict:
     B, P, R = args.batch, args.prompt_len, args.new_tokens
     prompt = torch.randint(0, 2000, (B, P), device=args.device)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    stages = {"decode": [], "log_prob": [], "update": []}
+    run = set(args.stages)
 
-    def decode():
+    def decode_ours(m=model, fast=True, prof=None):
+        stamps = []
+
+        def stamp():  # asked after every sampled token, before the next step's forward
+            sync(args.device)
+            stamps.append((time.perf_counter(), time.process_time()))
+            if prof is not None and len(stamps) == 1:
+                prof.start()  # the profile covers the token steps, not the prefill and the weights' reorder
+            return False
+
+        tokens, _ = hf_decode.decode(m, prompt, torch.ones_like(prompt), R, [], 0, True, should_stop=stamp,
+                                     fast=fast)
+        if prof is not None:
+            prof.stop()
+        threads = torch.get_num_threads() if args.device == "cpu" else None
+        steps = [(b[0] - a[0], (b[1] - a[1]) / threads if threads else b[0] - a[0])
+                 for a, b in zip(stamps, stamps[1:])]
+        return torch.cat([prompt, tokens], 1), steps
+
+    def decode_hf(prof=None):
         with torch.no_grad():
             out = model(prompt, use_cache=True)
-            cache, seq, steps = out.past_key_values, [prompt], []
+            cache, seq, steps = out.cache, [prompt], []
+            if prof is not None:
+                prof.start()
             for _ in range(R):
                 with Clock(args.device) as c:
                     tok = torch.multinomial(torch.softmax(out.logits[:, -1].float(), -1), 1)
-                    out = model(tok, past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
+                    out = model(tok, cache=cache, use_cache=True)
+                cache = out.cache
                 seq.append(tok)
-                steps.append(c)
+                steps.append((c.wall, c.cpu))
+            if prof is not None:
+                prof.stop()
         return torch.cat(seq, 1), steps
+
+    decoders = {"decode": decode_ours, "decode_hf": decode_hf,
+                "decode_ref": lambda prof=None: decode_ours(fast=False, prof=prof)}
+    if "bf16" in args.decode_variants:
+        model16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+        decoders["decode_bf16"] = lambda prof=None: decode_ours(model16, prof=prof)
+    decoders = {k: v for k, v in decoders.items() if k == "decode" or k[7:] in args.decode_variants}
 
     def log_prob(ids):
         with torch.no_grad():
@@ -240,39 +287,50 @@ def measure_size(size: str, args, peak32: float, bandwidth: float) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    ids, _ = decode()  # warm-up of every stage
-    log_prob(ids)
-    update(ids)
+    stages = {k: [] for k in decoders if "decode" in run}
+    stages.update({k: [] for k in ("log_prob", "update") if k in run})
+    for fn in (decoders.values() if "decode" in run else [decode_ours]):  # warm-up of every stage
+        ids, _ = fn()
+    if "log_prob" in run:
+        log_prob(ids)
+    if "update" in run:
+        update(ids)
     for _ in range(args.reps):
-        ids, steps = decode()
-        stages["decode"].append((statistics.median(c.wall for c in steps), statistics.median(c.cpu for c in steps)))
-        with Clock(args.device) as c:
-            log_prob(ids)
-        stages["log_prob"].append((c.wall, c.cpu))
-        with Clock(args.device) as c:
-            update(ids)
-        stages["update"].append((c.wall, c.cpu))
+        for name in stages:
+            if name.startswith("decode"):
+                ids, steps = decoders[name]()
+                stages[name].append((statistics.median(w for w, _ in steps), statistics.median(c for _, c in steps)))
+                continue
+            with Clock(args.device) as c:
+                (log_prob if name == "log_prob" else update)(ids)
+            stages[name].append((c.wall, c.cpu))
     seqlens = [P + R] * B
-    # decode bytes per token step: every weight once + the KV cache at its mean length (P + R/2 tokens)
-    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * (P + R / 2) * B
-    work = {"decode": params * 4 + kv_bytes, "log_prob": forward_flops(cfg, seqlens),
-            "update": training_flops(cfg, seqlens, 1)}
-    limit = {"decode": bandwidth, "log_prob": peak32, "update": peak32}
+    # decode bytes per token step: every weight once + the KV cache at its mean length (P + R/2 tokens), per row
+    kv_elems = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * (P + R / 2) * B
+    work = {"log_prob": forward_flops(cfg, seqlens), "update": training_flops(cfg, seqlens, 1)}
+    for name in decoders:
+        work[name] = (params + kv_elems) * (2 if name == "decode_bf16" else 4)
     out = {"params": params, "stages": {}}
     for name, xs in stages.items():
+        limit = bandwidth if name.startswith("decode") else peak32
         wall, cpu = statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs)
         out["stages"][name] = {"wall_s": wall, "cpu_s": cpu, "spread_s": [min(x[0] for x in xs), max(x[0] for x in xs)],
-                               "fraction_wall": work[name] / wall / limit[name],
-                               "fraction_cpu": work[name] / cpu / limit[name], "unit": "bytes" if name == "decode"
-                               else "FLOP", "work": work[name]}
-    out["furthest"] = min(out["stages"], key=lambda k: out["stages"][k]["fraction_cpu"])
+                               "fraction_wall": work[name] / wall / limit,
+                               "fraction_cpu": work[name] / cpu / limit,
+                               "unit": "bytes" if name.startswith("decode") else "FLOP", "work": work[name]}
+    main = [k for k in ("decode", "log_prob", "update") if k in out["stages"]]
+    out["furthest"] = min(main, key=lambda k: out["stages"][k]["fraction_cpu"])
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-        for name, fn in (("decode", decode), ("log_prob", lambda: log_prob(ids)), ("update", lambda: update(ids))):
-            with profile(activities=acts) as prof:
-                fn()
+        for name in stages:
+            prof = profile(activities=acts)
+            if name.startswith("decode"):  # the decode's token steps only (the decoder starts and stops it)
+                decoders[name](prof=prof)
+            else:
+                with prof:
+                    log_prob(ids) if name == "log_prob" else update(ids)
             out["stages"][name]["top_ops"] = top_ops(prof, args.device)
     return out
 
@@ -285,6 +343,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--decode-variants", default="hf",
+                    help="more decode lines, comma-separated: hf (transformers' dynamic cache), ref (our reference "
+                         "path), bf16 (our decode in bf16); empty: ours only")
+    ap.add_argument("--stages", default="decode,log_prob,update", help="the stages to run (comma-separated)")
     ap.add_argument("--gemm-budget-s", type=float, default=0.5)
     ap.add_argument("--stream-mb", type=int, default=None,
                     help="MiB per STREAM vector (default: 4 x the last-level cache on CPU, 128 on CUDA)")
@@ -295,6 +357,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
+    args.decode_variants = [v for v in args.decode_variants.split(",") if v]
+    args.stages = [v for v in args.stages.split(",") if v]
+    for opt, got, known in (("--decode-variants", args.decode_variants, {"hf", "ref", "bf16"}),
+                            ("--stages", args.stages, {"decode", "log_prob", "update"})):
+        if set(got) - known:
+            raise SystemExit(f"{opt}: unknown {sorted(set(got) - known)}; use some of {sorted(known)}")
     if set(sizes) - set(SIZES):
         raise SystemExit(f"--sizes: unknown {sorted(set(sizes) - set(SIZES))}; use some of {sorted(SIZES)}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -342,11 +410,11 @@ def main(argv=None) -> int:
         print(f"{size} ({r['params'] / 1e6:.1f} M params, {args.batch} x ({args.prompt_len} + {args.new_tokens}) tokens, "
               f"{args.reps} reps, load {load:.1f} -> {os.getloadavg()[0]:.1f}):")
         for name, s in r["stages"].items():
-            lim = "triad bandwidth" if name == "decode" else "fp32 GEMM peak"
+            lim = "triad bandwidth" if name.startswith("decode") else "fp32 GEMM peak"
             print(f"  {name:8s}: {s['wall_s'] * 1e3:9.2f} ms wall ({s['spread_s'][0] * 1e3:.2f}-"
                   f"{s['spread_s'][1] * 1e3:.2f}), {s['cpu_s'] * 1e3:9.2f} ms CPU/threads; "
                   f"{s['work'] / 1e6:10.1f} M{s['unit']} -> {s['fraction_wall']:.3f} of the {lim} by wall clock, "
-                  f"{s['fraction_cpu']:.3f} by CPU time" + ("  (per token step)" if name == "decode" else ""))
+                  f"{s['fraction_cpu']:.3f} by CPU time" + ("  (per token step)" if name.startswith("decode") else ""))
             if "top_ops" in s:
                 print(f"            top ops (share of self {'device' if args.device == 'cuda' else 'CPU'} time): "
                       + ", ".join(f"{k} {v:.0%}" for k, v in s["top_ops"]))

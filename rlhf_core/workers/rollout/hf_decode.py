@@ -7,15 +7,18 @@ runs the same computation directly: one prefill forward per *distinct* prompt (`
 then one forward per token. The prefill drops the columns that are padding in every row, and with
 ``use_remove_padding`` runs the prompts' valid tokens only (``packing.packed_prompt_pass``).
 
-* When prompts repeat on a Llama-form SDPA model, the decode steps keep each prompt's keys and values once and
-  attend to them for all its rows (``grouped_attention.py``, outputs equal to float rounding); for stock
-  Llama/Qwen2/Mistral models the step runs the model's modules without transformers' call plumbing.
-* Otherwise every row gets a copy of its prompt's cache in buffers sized for the whole response (``DynamicLayer``
-  re-concatenates the whole cache every token), and SDPA models with only full-attention layers get the 4-D
-  boolean mask transformers would build from the 2-D one, built once instead of at every step.
+* On a Llama-form SDPA model the decode steps keep each prompt's keys and values once and attend to them for all
+  its rows (``grouped_attention.py``, outputs equal to float rounding; distinct prompts are groups of one row); for
+  stock Llama/Qwen2/Mistral models the step runs the model's modules without transformers' call plumbing, its
+  linears on weights reordered for oneDNN (``packed_linear.py``: at 16 rows 2-3x the rate of torch's float32
+  product on this project's CPUs, BENCHMARKS.md, "Limits of the machine").
+* Otherwise (or with ``fast=False``, the reference path) every row gets a copy of its prompt's cache in buffers
+  sized for the whole response (``DynamicLayer`` re-concatenates the whole cache every token), and SDPA models
+  with only full-attention layers get the 4-D boolean mask transformers would build from the 2-D one, built once
+  instead of at every step.
 * Each step warps the logits with ``generate``'s warpers in its order (``TemperatureLogitsWarper`` →
   ``TopKLogitsWarper`` → ``TopPLogitsWarper``, then ``softmax``), so every step's distribution is ``generate``'s.
-  Greedy decoding gives ``generate``'s tokens, and its logits exactly (distinct prompts) or to 1e-5 (grouped), in
+  Greedy decoding gives ``generate``'s tokens, and its logits exactly (reference path) or to 1e-5 (grouped), in
   float32; in bf16 the grouped attention's different rounding can flip near-ties (top-2 logits within a bf16 step).
   A sampled token is drawn from that distribution by inverse transform (:func:`sample_categorical`, one uniform
   per row) instead of ``torch.multinomial``, which on CPU draws one exponential per vocabulary entry
@@ -176,7 +179,7 @@ def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torc
 def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            eos_ids: Sequence[int], pad_token_id: int, do_sample: bool, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, output_logits: bool = False, pack_prompts: bool = False,
-           should_stop: Callable[[], bool] | None = None):
+           should_stop: Callable[[], bool] | None = None, fast: bool = True):
     """Generate up to ``max_new_tokens`` tokens after left-padded prompts, as ``model.generate`` would (greedy: the
     same tokens; sampled: from the same distributions).
 
@@ -193,6 +196,10 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             packed per sequence and some prompt is padded; the padded prefill otherwise.
         should_stop: asked after every step (once per token, never before the first): True stops the loop there,
             every row keeping the tokens sampled so far (the partial rollout's interrupt, ``hf_partial.py``).
+        fast: on a Llama-form SDPA model, run the decode steps on the grouped cache layout (``grouped_attention.py``;
+            distinct prompts are groups of one row) and, for a stock Llama/Qwen2/Mistral model, through
+            ``decode_step`` with the reordered weights: logits equal to float rounding. False: the reference path,
+            each row's cache in preallocated buffers and the model's own forward (``generate``'s logits exactly).
 
     Columns that are padding in every row are dropped before the prefill (prompts arrive left-padded to
     ``data.max_prompt_length``); positions count valid tokens, so the logits are the same to float rounding (in bf16
@@ -223,9 +230,10 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     else:
         prefill_logits = model(input_ids=input_ids[first], attention_mask=None if mask is None else mask[first],
                                position_ids=position_ids[first], cache=cache, use_cache=True, logits_to_keep=1).logits
-    # repeated prompts on a Llama-form SDPA model: each prompt's keys/values read once per step for all its rows
+    # a Llama-form SDPA model: each prompt's keys/values read once per step for all its rows (repeated prompts), the
+    # step without transformers' plumbing and on reordered weights (distinct prompts too: groups of one row)
     grouped = None
-    if uniq.shape[0] < b and supports_grouped_decode(model):
+    if fast and supports_grouped_decode(model):
         grouped = group_cache(cache, inverse, attention_mask[first], max_new_tokens)
     if grouped is None:
         _expand_cache(cache, inverse, max_new_tokens)

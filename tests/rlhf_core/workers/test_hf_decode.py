@@ -143,12 +143,33 @@ def test_sampling_draws_from_generates_distribution(model):
 
 
 def test_distinct_prompts_with_padding_pass_a_prebuilt_mask_and_equal_generate_exactly(model):
-    assert sdpa_full_attention(model)  # no prompt repeats: per-row cache, the 4-D mask built once (SDPA)
+    assert sdpa_full_attention(model)  # the reference path: per-row cache, the 4-D mask built once (SDPA)
     ids, mask = _prompts(1)
     want, want_logits = _generate(model, ids, mask, 10, [], False)
-    got, got_logits = decode(model, ids, mask, 10, [], PAD, False, output_logits=True)
+    got, got_logits = decode(model, ids, mask, 10, [], PAD, False, output_logits=True, fast=False)
     assert torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+
+
+def test_fast_path_on_distinct_prompts_equals_the_reference_path(model):
+    # distinct prompts (groups of one row), left padding, an EOS that stops rows at different steps: the fast path
+    # (grouped layout, decode_step on reordered weights) gives the reference path's greedy tokens, and its logits to
+    # float rounding (other summation orders: oneDNN's products, attention by matrix products); the reference path's
+    # logits are generate's exactly (test above). Both steps are the model's: a wrong cache row, position or mask
+    # would move logits by far more than 1e-5 (the logits' spread here is ~0.1-1).
+    ids, mask = _prompts(1)
+    eos = _eos_mid_batch(model, ids, mask, 12)
+    ref, ref_logits = decode(model, ids, mask, 12, [eos], PAD, False, output_logits=True, fast=False)
+    seen = []
+    hook = model.model.layers[0].self_attn.register_forward_hook(lambda *a: seen.append(1))
+    try:  # decode_step calls the attention module's parts, never its forward: proof the fast step ran
+        got, got_logits = decode(model, ids, mask, 12, [eos], PAD, False, output_logits=True)
+    finally:
+        hook.remove()
+    assert seen == [1]  # the prefill's forward only
+    assert torch.equal(got, ref) and (got == PAD).any()  # some row stopped early, padded after its EOS
+    assert got_logits.shape == ref_logits.shape and float(ref_logits.std()) > 0.05
+    torch.testing.assert_close(got_logits, ref_logits, rtol=0, atol=1e-5)
 
 
 def test_grouped_decode_with_uneven_groups_in_any_row_order(model):
@@ -174,7 +195,7 @@ def _prefill_widths(model, run):
         hook.remove()
 
 
-@pytest.mark.parametrize("n", [1, 2])  # distinct prompts (per-row cache) and repeated ones (grouped decode)
+@pytest.mark.parametrize("n", [1, 2])  # distinct prompts (groups of one row) and repeated ones
 def test_packed_prefill_and_dropped_pad_columns_give_generates_tokens_and_logits(model, n):
     # prompts of 7, 3, 5, 1, 7 tokens with 3 more all-pad columns in front (max_prompt_length > the longest
     # prompt): the prefill runs on 7 columns, not 10, and packed (use_remove_padding) on the 5 distinct prompts'
@@ -195,9 +216,12 @@ def test_no_eos_runs_every_step_and_no_padding_drops_the_mask(model):
     ids = torch.randint(3, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
     want, want_logits = _generate(model, ids, mask, 9, [], False)
-    got, got_logits = decode(model, ids, mask, 9, [], PAD, False, output_logits=True)
+    got, got_logits = decode(model, ids, mask, 9, [], PAD, False, output_logits=True, fast=False)
     assert got.shape == (3, 9) and torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+    fast, fast_logits = decode(model, ids, mask, 9, [], PAD, False, output_logits=True)  # the fast path, unpadded
+    assert torch.equal(fast, want)
+    torch.testing.assert_close(fast_logits, want_logits, rtol=0, atol=1e-5)
     torch.manual_seed(7)
     assert decode(model, ids, mask, 9, [], PAD, True, 0.8)[0].shape == (3, 9)
 
