@@ -13,14 +13,21 @@ from transformers.cache_utils import DynamicLayer
 from rlhf_core.kernels.grouped_attention import _ACTIVE, group_cache, grouped_attention
 
 
+# row -> prompt layouts: groups of 3, 1 and 2 rows interleaved; 2 rows per prompt side by side (rollout.n's order);
+# distinct prompts (groups of one row, as the rollout's decode runs them too); with and without left padding
+LAYOUTS = [([2, 0, 1, 0, 2, 0], True), ([0, 0, 1, 1, 2, 2], True), ([0, 1, 2], True), ([0, 1, 2], False)]
+
+
+@pytest.mark.parametrize("rows,padded", LAYOUTS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_grouped_attention_equals_sdpa_over_the_row_cache(dtype, tol):
+def test_grouped_attention_equals_sdpa_over_the_row_cache(dtype, tol, rows, padded):
     g = torch.Generator().manual_seed(0)
     u, KV, H, P, d, steps = 3, 2, 6, 9, 16, 4
-    inverse = torch.tensor([2, 0, 1, 0, 2, 0])  # groups of 3, 1 and 2 rows, interleaved
+    inverse = torch.tensor(rows)
     b = inverse.numel()
     prompt_mask = torch.ones(u, P, dtype=torch.long)
-    prompt_mask[0, :4], prompt_mask[2, :1] = 0, 0  # left padding of prompts 0 and 2
+    if padded:
+        prompt_mask[0, :4], prompt_mask[2, :1] = 0, 0  # left padding of prompts 0 and 2
     kp, vp = (torch.randn(u, KV, P, d, generator=g).to(dtype) for _ in range(2))
     cache = DynamicCache()
     cache.layers.append(DynamicLayer())
