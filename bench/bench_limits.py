@@ -26,7 +26,7 @@ The stages, on a random Qwen2 of each ``--sizes`` (the sizes of ``bench_ppo_step
   (``params × bytes per element``: the tied embedding is read whole by the LM head) + the KV cache read by the
   attention (``2 · layers · kv_heads · head_dim · bytes`` per cached token per row, at the mean cache length
   ``prompt + new/2``; the prompts are distinct, so each row reads its own). Not counted: the new token's K/V write,
-  activations (``batch × hidden`` per op), logits and sampling (``batch × vocab``), all under 1 % here, and any
+  activations (``batch × hidden`` per op, cache-resident), logits and sampling (``batch × vocab``), and any
   copy a cache makes (transformers' dynamic cache re-concatenates itself every step: overhead, not needed
   traffic). Fraction = bytes/s over the triad bandwidth (the roofline of a memory-bound decode).
   ``--decode-variants`` adds lines on the same prompts: ``hf`` (``decode_hf``: transformers' forward with its

@@ -11,7 +11,7 @@ then one forward per token. The prefill drops the columns that are padding in ev
   its rows (``grouped_attention.py``, outputs equal to float rounding; distinct prompts are groups of one row); for
   stock Llama/Qwen2/Mistral models the step runs the model's modules without transformers' call plumbing, its
   linears on weights reordered for oneDNN (``packed_linear.py``: at 16 rows 2-3x the rate of torch's float32
-  product on this project's CPUs, BENCHMARKS.md, "Limits of the machine").
+  product on the 2-vCPU Intel machine, BENCHMARKS.md, "Limits of the machine").
 * Otherwise (or with ``fast=False``, the reference path) every row gets a copy of its prompt's cache in buffers
   sized for the whole response (``DynamicLayer`` re-concatenates the whole cache every token), and SDPA models
   with only full-attention layers get the 4-D boolean mask transformers would build from the 2-D one, built once
