@@ -114,6 +114,18 @@ def read_only_reason(path: str | os.PathLike) -> str | None:
     return None
 
 
+def unwritable_output(key: str, path: str | os.PathLike) -> str | None:
+    """One line naming the config ``key`` and its value when nothing can be written at the local ``path`` (where a
+    command will create its output folder or file), or None when it can (:func:`read_only_reason`). Meant for the
+    checks a command runs before loading a model or starting Ray, so that a read-only or forbidden output place is
+    refused in seconds, not after the work. Not from verl (verl finds out at its first write)."""
+    reason = read_only_reason(path)
+    if reason is None:
+        return None
+    return (f"{key}={os.fspath(path)!r}: nothing can be written there ({reason}); give a writable folder, checked "
+            "before any model loads")
+
+
 def sqlite_store_path(uri: str | None) -> str | None:
     """The file of a ``sqlite:///<path>`` URI (MLflow's SQLite store), or None for any other URI."""
     if uri and uri.startswith("sqlite:///"):
@@ -122,4 +134,4 @@ def sqlite_store_path(uri: str | None) -> str | None:
 
 
 __all__ = ["FULL_DISK_SLACK", "STORAGE_ERRNOS", "StorageError", "free_bytes", "full_disk_cause", "is_storage_error",
-           "read_only_reason", "sqlite_store_path", "storage_cause", "storage_error"]
+           "read_only_reason", "sqlite_store_path", "storage_cause", "storage_error", "unwritable_output"]

@@ -60,6 +60,7 @@ from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
 from rlhf_core.trainer.generation_ray import RayGeneration, use_ray
 from rlhf_core.protocol import Batch
+from rlhf_core.storage import unwritable_output
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
 
 logger = logging.getLogger(__name__)
@@ -84,12 +85,16 @@ def run_generation(config: DictConfig) -> str:
         the absolute path of the parquet written.
     Raises:
         ConfigError, DataError, FileNotFoundError: bad input, one line naming the key, file and row, before the
-            model loads. ``OSError`` (ENOSPC, EROFS) when the output cannot be written; nothing partial is left.
+            model loads (a ``data.output_path`` where nothing can be written included). ``OSError`` (ENOSPC, EROFS)
+            when the output cannot be written during the write; nothing partial is left.
     """
     data, rollout = config.data, config.rollout
     if engine_errors(config):  # rollout.name=vllm without vLLM installed: one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
     output = _output_path(str(data.output_path))
+    unwritable = unwritable_output("data.output_path", output)
+    if unwritable:  # a read-only place: refused before the model loads, not after the generation
+        raise ConfigError(unwritable)
     device = _device(str(config.trainer.device))
     on_ray = use_ray(config)  # trainer.nnodes x n_gpus_per_node checked here, before anything loads
     _check_model(str(config.model.path))

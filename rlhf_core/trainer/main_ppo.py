@@ -37,6 +37,7 @@ from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
 from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
+from rlhf_core.storage import unwritable_output
 from rlhf_core.distributed.threads import threads_per_rank
 from rlhf_core.trainer.checkpoint_callback import check_checkpoint_callback
 from rlhf_core.trainer.commands import ppo_main
@@ -278,7 +279,8 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
 
     Raises:
         ValueError: from config validation (before any model is loaded; a ConfigError also when the package of
-            ``rollout.name`` is not importable) or a bad ``resume_from_path``.
+            ``rollout.name`` is not importable, or when ``trainer.default_local_dir`` is on a read-only file system
+            or not writable) or a bad ``resume_from_path``.
         FileNotFoundError: a role's local model path that does not exist (:func:`check_model_paths`), before Ray.
         ConfigError: before Ray, a model folder with missing or truncated weights (:func:`check_model_paths`), a
             tokenizer without a chat template (:func:`check_chat_template`), or a rollout KV cache that cannot fit
@@ -291,7 +293,10 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     validate_ppo_config(config, world)
     if engine_errors(config):  # a rollout engine that is not installed fails here in one line, before anything loads
         raise ConfigError(engine_errors(config)[0])
-    # cheap, local checks first (model paths, tokenizer, data files, reward function), then Ray
+    # cheap, local checks first (output folder, model paths, tokenizer, data files, reward function), then Ray
+    unwritable = unwritable_output("trainer.default_local_dir", str(config.trainer.default_local_dir))
+    if unwritable:  # the lock, metrics.jsonl and checkpoints go there: refuse a read-only place before Ray
+        raise ConfigError(unwritable)
     check_model_paths(config)
     tokenizer = load_driver_tokenizer(config)
     check_chat_template(config, tokenizer)
