@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from omegaconf import DictConfig
 
-from rlhf_core.config import validate_sft_config
+from rlhf_core.config import ConfigError, validate_sft_config
 from rlhf_core.data import DataError
 from rlhf_core.data.loader import build_dataloader
 from rlhf_core.data.rl_dataset import collate_fn
@@ -33,6 +33,7 @@ from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.progress import progress
 from rlhf_core.protocol import Batch
+from rlhf_core.storage import unwritable_output
 from rlhf_core.trainer.commands import sft_main
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, parse_global_step
 from rlhf_core.trainer.driver_utils import balance_batch, mean_rank_metrics
@@ -202,15 +203,19 @@ def run_sft(config: DictConfig) -> dict[str, Any]:
     :meth:`SFTTrainer.fit`'s dict (``hf_model_dir`` is the final Hugging Face model).
 
     Raises:
-        ConfigError: before any model is loaded, a broken batch-size rule, a ``model.partial_pretrain`` folder with
-            missing or truncated weights, a hub id that cannot be loaded here (offline and not cached, or the hub
-            unreachable), or a tokenizer without a chat template.
+        ConfigError: before any model is loaded, a ``trainer.default_local_dir`` where nothing can be written, a
+            broken batch-size rule, a ``model.partial_pretrain`` folder with missing or truncated weights, a hub id
+            that cannot be loaded here (offline and not cached, or the hub unreachable), or a tokenizer without a
+            chat template.
         FileNotFoundError: a ``model.partial_pretrain`` folder that does not exist (naming the key).
         FileNotFoundError / ValueError: before any model is loaded, a ``model.lora_adapter_path`` that holds no
             adapter or contradicts ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``.
         DataError: before any model is loaded, a bad data file or fewer training rows than one batch.
     """
     validate_sft_config(config)  # before any model is loaded
+    unwritable = unwritable_output("trainer.default_local_dir", str(config.trainer.default_local_dir))
+    if unwritable:  # checkpoints and hf_model go there: a read-only place is refused now, not at the first save
+        raise ConfigError(unwritable)
     model = config.model
     try:
         check_local_path(str(model.partial_pretrain))

@@ -1,7 +1,7 @@
 """An output place where nothing can be written is refused in one line naming the key and value, before the model
-loads or Ray starts: ``trainer.default_local_dir`` of ``rlhf ppo`` and ``data.output_path`` of ``rlhf generate``
-(found by a user's trial: both used to fail only at their first write, ``rlhf generate`` after generating every
-response). The file system is real: a tmpfs mounted read-only; the tests skip where this process may not mount."""
+loads or Ray starts: ``trainer.default_local_dir`` of ``rlhf ppo`` and ``rlhf sft``, ``data.output_path`` of
+``rlhf generate`` (found by a user's trial: each used to fail only at its first write, ``rlhf generate`` after
+generating every response). The file system is real: a tmpfs mounted read-only; the tests skip where this process may not mount."""
 from __future__ import annotations
 
 import subprocess
@@ -71,3 +71,16 @@ def test_rlhf_generate_refuses_a_read_only_output_path_before_the_model(read_onl
     with pytest.raises(ConfigError) as info:
         gen.run_generation(config)
     assert str(info.value) == _refused("data.output_path", out)
+
+
+def test_rlhf_sft_refuses_a_read_only_default_local_dir_before_the_model(read_only_disk, monkeypatch):
+    import rlhf_core.trainer.sft_trainer as sft
+
+    monkeypatch.setattr(sft, "check_local_path", _no("the model check"))
+    ckpt = read_only_disk / "sft"
+    config = load_config("sft_trainer", ["data.train_files=/nonexistent/sft.parquet", "data.val_files=null",
+                                         "model.partial_pretrain=/nonexistent/model", "trainer.n_gpus_per_node=1",
+                                         f"trainer.default_local_dir={ckpt}"])
+    with pytest.raises(ConfigError) as info:
+        sft.run_sft(config)
+    assert str(info.value) == _refused("trainer.default_local_dir", ckpt)
