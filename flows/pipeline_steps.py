@@ -61,10 +61,17 @@ def log_summary(parent_run_id: str, ppo_result: dict[str, Any], evaluation: dict
                         step=int(ppo_result.get("global_step") or 0))
 
 
-def print_learning(run_dir: Path, val_prompts: int) -> None:
+def print_learning(run_dir: Path, val_prompts: int, val_file: str | None = None) -> None:
     """Log the core validation metric before and after PPO (greedy accuracy under experiments/countdown.yaml) on the
-    flow run's logger (``tasks.runlog.log_line``)."""
+    flow run's logger (``tasks.runlog.log_line``). The prompt count is the rows of ``val_file`` (the prepared, and
+    when ``filter_prompts`` ran filtered, validation parquet that the validations read) when given, else
+    ``val_prompts`` (``data.val_max_samples``, whose default -1 means "all" and is no count)."""
+    import pyarrow.parquet as pq
+
     from infra.run_folders import read_jsonl
+
+    if val_file:
+        val_prompts = pq.read_metadata(val_file).num_rows
 
     folder = run_dir / "metrics"  # in-segment validations (test_freq) and the validate tasks' files
     files = [f for pattern in ("segment_*.jsonl", "validate_step_*.jsonl") for f in sorted(folder.glob(pattern))]

@@ -192,7 +192,7 @@ def _pipeline(s: PipelineSettings, home: Path, fr_id: str, store: ResultsStore,
             evaluation = result_of(upstream)
             rec.log("evaluate")
         log_summary(parent_run_id, ppo_result, evaluation)
-        print_learning(run_dir, s.val_prompts)
+        print_learning(run_dir, s.val_prompts, data.get("val"))
         failure = gate_text = None
         if baseline_run is not None:
             cmp, failure = report.gate(store, baseline_run, report.eval_run_of(store, fr_id),

@@ -77,3 +77,21 @@ def test_the_flow_reads_the_validate_tasks_files(tmp_path, capsys):
     print_learning(tmp_path, 64)
     assert capsys.readouterr().out.strip() == (
         f"{ACC} on 64 held-out prompts: step 0: 0.050 -> step 20: 0.350 (gain +0.300)")
+
+
+def test_the_prompt_count_is_the_validation_files_rows_not_val_max_samples(tmp_path, capsys):
+    """A user's trial: an experiment with the default ``data.val_max_samples: -1`` (all rows) printed "on -1
+    held-out prompts"; the count is the rows of the prepared validation file (8 here)."""
+    import pandas as pd
+
+    from flows.pipeline_steps import print_learning
+
+    (tmp_path / "metrics").mkdir()
+    for step, value in ((0, 0.0), (2, 0.25)):
+        (tmp_path / "metrics" / f"validate_step_{step}.jsonl").write_text(
+            json.dumps({"step": step, "name": ACC, "value": value}) + "\n")
+    val = tmp_path / "val.parquet"
+    pd.DataFrame({"data_source": ["countdown"] * 8, "x": range(8)}).to_parquet(val)
+    print_learning(tmp_path, -1, str(val))
+    assert capsys.readouterr().out.strip() == (
+        f"{ACC} on 8 held-out prompts: step 0: 0.000 -> step 2: 0.250 (gain +0.250)")
