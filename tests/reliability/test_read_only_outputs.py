@@ -1,7 +1,8 @@
 """An output place where nothing can be written is refused in one line naming the key and value, before the model
 loads or Ray starts: ``trainer.default_local_dir`` of ``rlhf ppo`` and ``rlhf sft``, ``data.output_path`` of
 ``rlhf generate`` (found by a user's trial: each used to fail only at its first write, ``rlhf generate`` after
-generating every response). The file system is real: a tmpfs mounted read-only; the tests skip where this process may not mount."""
+generating every response). The file system is real: a tmpfs mounted read-only; the tests skip where this process
+may not mount."""
 from __future__ import annotations
 
 import subprocess
