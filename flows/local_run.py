@@ -1,11 +1,13 @@
 """Running the ``rlhf`` flow locally (``rlhf pipeline``, ``flows.rlhf.main``): the parameter check before any
 service starts (:func:`check_parameters`), the ephemeral Prefect server under the home's lock
-(:func:`start_ephemeral_prefect`), and where the results are afterwards (:func:`mlflow_ui_lines`,
+(:func:`start_ephemeral_prefect`), an input error's flow-run log line without Prefect's traceback
+(:func:`quiet_input_error_tracebacks`), and where the results are afterwards (:func:`mlflow_ui_lines`,
 :func:`rlhf_command`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -56,6 +58,30 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
         return
     with filelock.FileLock(str(Path(os.environ["PREFECT_HOME"]).expanduser() / "prefect.db.lock"), timeout=timeout_s):
         interrupt.start_server()  # in its own session: a Ctrl-C in the terminal does not kill it
+
+
+class _InputErrorWithoutTraceback(logging.Filter):
+    """Drops the traceback (``exc_info``) of a record whose exception is or wraps an input or storage error
+    (:func:`rlhf_core.cli.user_error`); the record, whose message holds the error's repr, is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from rlhf_core.cli import user_error
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and user_error(exc) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_input_error_tracebacks() -> None:
+    """Prefect's flow engine logs a failed flow run's exception with its whole traceback ("Encountered exception
+    during execution", about 60 lines through Prefect's futures) before ``rlhf pipeline`` prints its one
+    ``error:`` line; for a bad row or key that traceback says nothing the line does not (a new user's trial). This
+    filter on the ``prefect.flow_runs`` logger keeps the log line and drops the traceback for input and storage
+    errors only; any other failure keeps its traceback. Idempotent."""
+    logger = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _InputErrorWithoutTraceback) for f in logger.filters):
+        logger.addFilter(_InputErrorWithoutTraceback())
 
 
 def _local(path: str) -> Path | None:

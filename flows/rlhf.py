@@ -40,7 +40,8 @@ from prefect.runtime import flow_run  # noqa: E402
 from flows import artifacts, interrupt, report  # noqa: E402
 from flows import resume as resume_run  # noqa: E402
 from flows.interrupt import result_of  # noqa: E402
-from flows.local_run import check_parameters, mlflow_ui_lines, rlhf_command, start_ephemeral_prefect  # noqa: E402
+from flows.local_run import (check_parameters, mlflow_ui_lines, quiet_input_error_tracebacks,  # noqa: E402
+                             rlhf_command, start_ephemeral_prefect)
 from flows.pipeline_steps import (Recorder, configured_tasks, log_summary, print_learning, register,  # noqa: E402
                                   run_ppo)
 from flows.preflight import config_notes, run_checks  # noqa: E402
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlhf pipeline: error: {error}", file=sys.stderr)
             return 2
         start_ephemeral_prefect()
+        quiet_input_error_tracebacks()  # a bad row or key: Prefect's log line without its 60-line traceback
         try:
             out = rlhf(**params)
         except KeyboardInterrupt:  # Ctrl-C: the flow run is Crashed; stop Ray and the server, exit 130
