@@ -15,10 +15,16 @@ def rlhf_home() -> Path:
     """Return the absolute home folder (``$RLHF_HOME`` or ``./.rlhf``), creating it.
 
     Raises:
-        OSError: the folder cannot be created.
+        OSError: the folder cannot be created (same ``errno``), in one line naming ``RLHF_HOME`` and the folder
+            (a read-only file system, a file in the way, no permission), not only the bare path.
     """
     home = Path(os.environ.get("RLHF_HOME") or ".rlhf").expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        given = "RLHF_HOME" if os.environ.get("RLHF_HOME") else "RLHF_HOME (unset: ./.rlhf of the current folder)"
+        raise OSError(exc.errno, f"{given}: cannot create {home} ({exc.strerror}); set RLHF_HOME to a writable "
+                                 "folder or run from one") from None
     return home
 
 

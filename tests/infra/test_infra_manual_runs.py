@@ -98,3 +98,19 @@ def test_a_run_stopped_by_a_full_disk_stays_failed(rlhf_env, results_store, tmp_
     out, err = capsys.readouterr()
     assert code == 1 and "No space left on device" in err and "registered run" in out
     assert results_store.sql("SELECT stage, status FROM runs")[1] == [("ppo", "FAILED")]
+
+
+def test_an_rlhf_home_that_cannot_be_created_is_one_line_naming_rlhf_home(tmp_path, monkeypatch):
+    """A user's trial: RLHF_HOME on a read-only disk failed as a bare "[Errno 30] Read-only file system: PATH".
+    A regular file in the way (ENOTDIR, no mount needed) takes the same path through :func:`infra.home.rlhf_home`."""
+    import errno
+
+    from infra.home import rlhf_home
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path / "afile" / "home"))
+    with pytest.raises(OSError) as info:
+        rlhf_home()
+    assert info.value.errno == errno.ENOTDIR
+    assert str(info.value) == (f"[Errno {errno.ENOTDIR}] RLHF_HOME: cannot create {tmp_path / 'afile' / 'home'} "
+                               "(Not a directory); set RLHF_HOME to a writable folder or run from one")
