@@ -7,6 +7,7 @@ service starts (:func:`check_parameters`), the ephemeral Prefect server under th
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ from infra.home import rlhf_home
 from infra.results import ResultsStore
 from rlhf_core.config import ConfigError
 from rlhf_core.data.fs import copy_to_local, is_local
+from rlhf_core.storage import StorageError, free_bytes
 
 
 def mlflow_ui_lines(parent_run_id: str) -> list[str]:
@@ -44,6 +46,11 @@ def mlflow_ui_lines(parent_run_id: str) -> list[str]:
     return lines + [f"open: {lineage.run_url(parent_run_id)}"]
 
 
+PREFECT_MIN_FREE_BYTES = 16 << 20
+"""Bytes free on ``$PREFECT_HOME``'s disk below which :func:`start_ephemeral_prefect` refuses to start: Prefect's
+SQLite state after one small flow run measured 1.4 MB plus a 4 MB write-ahead log (a user's trial)."""
+
+
 def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
     """Without a Prefect server (no ``PREFECT_API_URL``): start this process's ephemeral API server under
     a file lock on ``$PREFECT_HOME`` (``prefect.db.lock``), so flow runs starting at once on a fresh home
@@ -51,11 +58,21 @@ def start_ephemeral_prefect(timeout_s: float = 600.0) -> None:
     or "table already exists"). The flow run then uses this server (one per process, Prefect's own).
 
     Raises:
+        StorageError: ``ENOSPC``, less than :data:`PREFECT_MIN_FREE_BYTES` free on ``$PREFECT_HOME``'s disk (one line
+            naming it; on a full disk Prefect's server fails its migrations and retries for minutes, with a
+            traceback each time, before the flow could start).
         filelock.Timeout: another process kept the lock ``timeout_s`` seconds.
         RuntimeError: the server did not start (Prefect's message).
     """
     if get_current_settings().api.url:
         return
+    prefect_home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    free = free_bytes(prefect_home)
+    if free < PREFECT_MIN_FREE_BYTES:  # else its SQLite migrations fail "disk is full" and Prefect retries for minutes
+        raise StorageError(errno.ENOSPC, f"PREFECT_HOME={prefect_home}: {free} bytes free on its disk; Prefect's "
+                                         f"ephemeral server needs {PREFECT_MIN_FREE_BYTES >> 20} MiB there for its "
+                                         "state database (about 6 MB after a flow run); free space or set RLHF_HOME "
+                                         "to a folder on a roomier disk")
     with filelock.FileLock(str(Path(os.environ["PREFECT_HOME"]).expanduser() / "prefect.db.lock"), timeout=timeout_s):
         interrupt.start_server()  # in its own session: a Ctrl-C in the terminal does not kill it
 
