@@ -18,6 +18,7 @@ def run_lists(plain: dict[str, Any], stages: set[str]) -> tuple[dict[str, list[s
     does not load (the check then falls back to each stage's overrides alone)."""
     from flows.experiment import ExperimentError, load_experiment
     from flows.settings import resolve_settings, stage_override_lists
+    from rlhf_core.config.notices import ConfigNotice
 
     data = plain.setdefault("data", {})
     if not data.get("generator"):
@@ -25,7 +26,9 @@ def run_lists(plain: dict[str, Any], stages: set[str]) -> tuple[dict[str, list[s
             data[key] = data.get(key) or ["/validate-only/" + key + ".parquet"]
     plain.setdefault("evaluation", {})["enabled"] = "evaluation" in stages
     try:
-        settings = resolve_settings({}, load_experiment(yaml.safe_dump(plain, sort_keys=False)))
+        with warnings.catch_warnings():  # its config loads' notices: load_check reports them once, in the file
+            warnings.simplefilter("ignore", ConfigNotice)
+            settings = resolve_settings({}, load_experiment(yaml.safe_dump(plain, sort_keys=False)))
     except (ExperimentError, FileNotFoundError, ValueError) as exc:
         return {}, f"the experiment does not load: {' '.join(str(exc).split())}"
     names = {"eval": "evaluation"}

@@ -249,3 +249,20 @@ def test_the_load_check_applies_the_fields_lifted_from_the_script():
     ok = convert("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=rloo actor_rollout_ref.rollout.n=2\n",
                  "run.sh")
     assert ok.loads == ["ppo: loads"], ok.loads
+
+
+def test_a_key_that_changes_nothing_is_reported_once_in_the_file_not_as_raw_warnings():
+    # a user's trial: converting verl's run_qwen3_4b_fsdp.sh printed each such key also as a raw Python warning
+    # ("flows/settings.py:337: ConfigNotice: ... / return load_config(...)"), from the pipeline's settings load that
+    # builds the lists; the load check's line is the one report
+    import warnings
+
+    from rlhf_core.config.notices import ConfigNotice
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        conv = convert("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=hf "
+                       "actor_rollout_ref.rollout.gpu_memory_utilization=0.6\n", "run.sh")
+    assert conv.loads == ["ppo: loads; accepted but change nothing here: "
+                          "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"], conv.loads
+    assert [str(w.message) for w in caught if issubclass(w.category, ConfigNotice)] == []
