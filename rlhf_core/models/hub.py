@@ -109,7 +109,7 @@ def check_hub_model(key: str, path: str) -> None:
     if not is_hub_id(path):
         return
     local = "give a local model folder instead"
-    fetch = (f"or download it where there is network (huggingface-cli download {path}) and run with "
+    fetch = (f"or download it where there is network (`hf download {path}`, huggingface_hub's CLI) and run with "
              "HF_HUB_OFFLINE=1")
     if hub_offline():
         if cached_copy(path) is None:

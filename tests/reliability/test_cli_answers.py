@@ -133,7 +133,7 @@ def test_unreachable_hub_id_is_one_line_in_seconds(tmp_path):
     assert proc.stderr.splitlines() == [
         f"rlhf ppo: error: actor_rollout_ref.model.path='Qwen/Qwen2.5-0.5B' is a Hugging Face hub id, HF_HUB_OFFLINE "
         f"is set and it is not in the local cache ({tmp_path / 'hf' / 'hub'}): give a local model folder instead, or "
-        "download it where there is network (huggingface-cli download Qwen/Qwen2.5-0.5B) and run with "
+        "download it where there is network (`hf download Qwen/Qwen2.5-0.5B`, huggingface_hub's CLI) and run with "
         "HF_HUB_OFFLINE=1"]
 
 
