@@ -75,7 +75,8 @@ def start_embedded_ray(num_cpus: int | None = None, **init_kwargs) -> None:
     """Start an embedded Ray instance as the product does (``init_ray`` and the flow's ``connect_ray``):
     :func:`set_embedded_ray_env`, then ``ray.init(**local_ray_init_kwargs(num_cpus), **init_kwargs)`` inside
     :func:`rlhf_core.distributed.ray_loopback.loopback_ray_start` (no dashboard-agent HTTP job API; every port on
-    ``127.0.0.1`` when the node address is loopback). ``init_kwargs``: further ``ray.init`` arguments
+    ``127.0.0.1`` when the node address is loopback); worker lines without colour codes when the output is
+    redirected (:func:`plain_worker_prefix_when_redirected`). ``init_kwargs``: further ``ray.init`` arguments
     (``runtime_env``, ``log_to_driver``, ``configure_logging``).
 
     Raises:
@@ -83,8 +84,25 @@ def start_embedded_ray(num_cpus: int | None = None, **init_kwargs) -> None:
     """
     kwargs = {**local_ray_init_kwargs(num_cpus), **init_kwargs}
     set_embedded_ray_env()
+    plain_worker_prefix_when_redirected()
     with loopback_ray_start(loopback=kwargs.get("_node_ip_address") == LOOPBACK):
         ray.init(**kwargs)
+
+
+def plain_worker_prefix_when_redirected(streams: tuple[Any, ...] | None = None) -> None:
+    """Set ``RAY_COLOR_PREFIX=0`` (Ray's switch) unless the user set it, when ``streams`` (default: this process's
+    stdout and stderr, where Ray prints the workers' lines) are not all terminals: Ray wraps each
+    ``(ppo_remote pid=N)`` prefix in ANSI colour codes whatever the output, so a ``rlhf pipeline > run.log`` file
+    held ``ESC[36m`` on every worker line (a new user's trial). A terminal keeps Ray's colours."""
+    import sys
+
+    if "RAY_COLOR_PREFIX" in os.environ:
+        return
+    for stream in (sys.stdout, sys.stderr) if streams is None else streams:
+        isatty = getattr(stream, "isatty", None)
+        if not (callable(isatty) and isatty()):
+            os.environ["RAY_COLOR_PREFIX"] = "0"
+            return
 
 
 # Ray system settings of an embedded instance (env form ``RAY_<name>``); each removes a cost that slows the training
