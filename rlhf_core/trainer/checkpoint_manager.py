@@ -286,11 +286,17 @@ class CheckpointManager:
         checkpoint damaged since) or that the tracker names is moved aside to ``<path>.kept-<time>``; any other
         (a killed attempt's half-written leftovers, which must not mix with the new files) is removed."""
         complete = is_complete(path, components)
-        if complete or tracked or os.path.exists(os.path.join(path, MANIFEST)):
+        manifest = os.path.exists(os.path.join(path, MANIFEST))
+        if complete or tracked or manifest:
             kept = f"{path}.kept-{time.strftime('%Y%m%d-%H%M%S')}"
             os.rename(path, kept)
-            logger.warning("%s is a %s checkpoint (a run resumed from an earlier step is writing this step again): "
-                           "moved it to %s", path, "complete" if complete else "damaged", kept)
+            # without a manifest only the component folders were checked: a save killed after them (before data.pt
+            # and the manifest) looks the same as a checkpoint verl or an older version of this project wrote
+            what = ("a complete checkpoint" if complete and manifest else
+                    f"complete {', '.join(components)} folder(s) without a manifest (a save killed before it "
+                    "finished, or a checkpoint verl wrote)" if complete else "a damaged checkpoint")
+            logger.warning("%s holds %s; a run resumed from an earlier step is writing this step again: moved it "
+                           "to %s", path, what, kept)
         else:
             logger.info("removing %s before writing it again (partial, and the tracker does not name it)", path)
             shutil.rmtree(path)

@@ -97,8 +97,38 @@ def test_a_complete_untracked_step_is_moved_aside_never_deleted(tmp_path, caplog
         mgr.save(6, {"actor": writer("second run, step 6")}, {"epoch": 0})
     kept = [n for n in os.listdir(root) if n.startswith("global_step_6.kept-")]
     assert len(kept) == 1 and f"moved it to {root / kept[0]}" in caplog.text
+    assert "holds a complete checkpoint;" in caplog.text  # its manifest lists every file, all present
     assert (root / kept[0] / "actor" / "w.bin").read_text() == "first run, step 6"
     assert (root / "global_step_6" / "actor" / "w.bin").read_text() == "second run, step 6"
+
+
+def test_a_save_killed_before_its_manifest_is_moved_aside_and_not_called_complete(tmp_path, caplog):
+    """kill -9 after the actor folder was written but before data.pt and the manifest: without a manifest only the
+    component folders can be checked, so the warning says what was found (not 'a complete checkpoint')."""
+    from rlhf_core.trainer.checkpoint_integrity import MANIFEST
+
+    root = tmp_path / "ckpt"
+    mgr = CheckpointManager(str(root))
+
+    def writer(text):
+        def save(path):
+            os.makedirs(path)
+            Path(path, "w.bin").write_text(text)
+        return save
+
+    for step in (2, 4):
+        mgr.save(step, {"actor": writer(f"first run, step {step}")}, {"epoch": 0})
+    mgr.save(6, {"actor": writer("killed save, step 6")}, {"epoch": 0})
+    os.remove(root / "global_step_6" / MANIFEST)  # what the kill left: the actor folder only
+    os.remove(root / "global_step_6" / "data.pt")
+    write_tracker(str(root), 4)
+    with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
+        mgr.save(6, {"actor": writer("resumed run, step 6")}, {"epoch": 0})
+    kept = [n for n in os.listdir(root) if n.startswith("global_step_6.kept-")]
+    assert len(kept) == 1 and (root / kept[0] / "actor" / "w.bin").read_text() == "killed save, step 6"
+    assert "holds complete actor folder(s) without a manifest (a save killed before it finished" in caplog.text
+    assert "holds a complete checkpoint" not in caplog.text
+    assert (root / "global_step_6" / "actor" / "w.bin").read_text() == "resumed run, step 6"
 
 
 def _sharded_step(root: Path, step: int, manifest: bool) -> Path:
@@ -202,7 +232,7 @@ def test_a_damaged_tracked_step_is_moved_aside_when_its_step_is_saved_again(tmp_
         for step in range(next_save, 5):  # the retrain saves 4 (save_freq 2) or 3 and then 4 (save_freq 1)
             mgr.save(step, {"actor": _writer(f"second run, step {step}")}, {"epoch": 0})
     kept = [n for n in os.listdir(root) if n.startswith("global_step_4.kept-")]
-    assert len(kept) == 1 and f"{damaged} is a damaged checkpoint" in caplog.text
+    assert len(kept) == 1 and f"{damaged} holds a damaged checkpoint" in caplog.text
     assert f"moved it to {root / kept[0]}" in caplog.text
     assert (root / kept[0] / "NOTE").read_text() == "mine"  # the damaged folder is whole, not overwritten
     assert (damaged / "actor" / "w.bin").read_text() == "second run, step 4" and not (damaged / "NOTE").exists()
