@@ -35,6 +35,8 @@ from rlhf_core.config import ConfigError
 from rlhf_core.redact import redact_json
 
 LAST = "last"
+# flow-run statuses with nothing left to resume: FINISHED, or RESUMED (a run that continued it finished)
+DONE = ("FINISHED", "RESUMED")
 """``--resume`` without a value: the newest unfinished run of the same experiment and settings (none: a new run)."""
 
 
@@ -119,18 +121,19 @@ def find_run(home: Path, given: str, params: dict[str, Any]) -> str | None:
     """
     rows = _flow_rows(ResultsStore(home))
     if given == LAST:
-        candidates = [r for r in rows if r["status"] != "FINISHED" and not _differences(r["params_json"], params)
+        candidates = [r for r in rows if r["status"] not in DONE and not _differences(r["params_json"], params)
                       and run_dir(home, r["run_id"]).is_dir() and _alive(run_dir(home, r["run_id"])) is None]
         return candidates[0]["run_id"] if candidates else None
     match = [r for r in rows if given in (r["run_id"], r["name"])]
     if not match:
-        open_runs = [f"{r['run_id']} ({r['name']}, {r['status']})" for r in rows if r["status"] != "FINISHED"]
+        open_runs = [f"{r['run_id']} ({r['name']}, {r['status']})" for r in rows if r["status"] not in DONE]
         raise ResumeError(f"--resume {given}: no flow run with that id or name in {home} (runs that did not finish: "
                           f"{', '.join(open_runs[:5]) or 'none'})")
     row = match[0]
     rid = row["run_id"]
-    if row["status"] == "FINISHED":
-        raise ResumeError(f"--resume {given}: flow run {rid} ({row['name']}) finished; nothing to resume (leave out "
+    if row["status"] in DONE:
+        how = "finished" if row["status"] == "FINISHED" else "was continued by a resumed run that finished"
+        raise ResumeError(f"--resume {given}: flow run {rid} ({row['name']}) {how}; nothing to resume (leave out "
                           "--resume to start a new run)")
     diff = _differences(row["params_json"], params)
     if diff:
@@ -154,6 +157,20 @@ def unfinished_note(home: Path, params: dict[str, Any], flow_run_id: str) -> str
     return (f"note: flow run {rid} of this experiment (same settings) did not finish and has a PPO checkpoint at step "
             f"{step} (in {run_dir(home, rid)}); this run starts anew. To continue that one instead, stop this one "
             f"and run the same command with --resume {rid} (or --resume for the newest)")
+
+
+def mark_resumed(store: ResultsStore, flow_run_id: str) -> None:
+    """Record the resumed flow run as ``RESUMED`` (ended now) once the run that continued it in its folder finished:
+    neither ``--resume`` (no RUN) nor a plain run's note offers it again (its evaluation and model registration
+    are done), and a query of the store tells it from a run that failed."""
+    import datetime as dt
+
+    _, rows = store.sql(f"SELECT name, params_json, started_at FROM runs WHERE kind = 'flow' "
+                        f"AND run_id = '{flow_run_id}'")
+    if rows:
+        name, params_json, started = rows[0]
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        store.index_run(flow_run_id, flow_run_id, "flow", "RESUMED", started, now, params_json, name=name, kind="flow")
 
 
 def mark_interrupted(store: ResultsStore, flow_run_id: str) -> None:

@@ -130,6 +130,8 @@ def rlhf(
             try:
                 out = _pipeline(s, home, fr_id, store, baseline_run, resumed)
                 status = "FINISHED"
+                if resumed is not None:  # its work is done: not to be offered for --resume again
+                    resume_run.mark_resumed(store, resumed)
             finally:
                 report.index_flow(store, fr_id, flow_run.get_name(), s.as_params(), status, started, report.now())
         except KeyboardInterrupt:  # Ctrl-C: recorded above; Prefect would wait for the running stage (flows.interrupt)

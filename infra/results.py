@@ -273,7 +273,8 @@ class ResultsStore:
         Args:
             run_id: a stage's MLflow run id, or (``kind="flow"``) the Prefect flow-run id.
             stage: the stage name (``flow`` for a flow run).
-            status: ``RUNNING``, ``FINISHED`` or ``FAILED``.
+            status: ``RUNNING``, ``FINISHED`` or ``FAILED``; a flow run that a resumed run continued and finished:
+                ``RESUMED`` (``flows.resume.mark_resumed``).
             started_at, ended_at: ``datetime`` (naive UTC) or ``None`` for a running run.
             params_json: the run's whole resolved config (a stage) or parameters (a flow) as JSON; stored
                 with secret values redacted (:func:`rlhf_core.redact.redact_json`).

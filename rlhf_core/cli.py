@@ -242,10 +242,18 @@ def exit_now(code: int) -> NoReturn:
     Ray's, multiprocessing's, logging's), stdout and stderr are flushed, then ``os._exit``. The finalization skipped
     (module teardown, the native libraries' destructors) took about 2.3 s after an interrupted ``rlhf ppo`` on 2 busy
     cores and writes nothing of the run's: its checkpoints and metrics are complete before the interrupt line is
-    printed."""
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    printed.
+
+    The threads are ended as the interpreter's own exit does (``threading._shutdown``: the exit hooks registered
+    with ``threading._register_atexit`` first - a ``ThreadPoolExecutor``'s wakes its idle workers, which a plain
+    join would wait for forever - then the joins), before the at-exit handlers, in the interpreter's order."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # an interpreter without it: join the non-daemon threads, each for at most 5 s
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(timeout=5.0)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -54,7 +54,8 @@ def sft(model_path: str, train_file: str, val_file: str, overrides: list[str],
     with stage("sft", config, ctx) as run_id:
         lineage.log_dataset(run_id, train_file, "sft_train", "training")
         lineage.log_dataset(run_id, val_file, "sft_val", "validation")
-        metrics_file.unlink(missing_ok=True)
+        # not removed before the attempt: the SFT trainer keeps its lines of the steps it resumes after (a retry, or
+        # a resumed pipeline) and moves an earlier run's file aside when it starts from scratch (metrics_file.py)
         env = {**lineage.stage_env(run_id), "RLHF_METRICS_FILE": str(metrics_file)}
         result = deadline.run_on_ray(remote.sft_remote, full, env=env)
         ResultsStore(ctx["home"]).register_metrics(read_jsonl(metrics_file), run_id, "sft")

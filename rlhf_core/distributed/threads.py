@@ -78,12 +78,16 @@ def omp_env(threads: int, spin_switch: bool = False) -> dict[str, str]:
     cores the competing work (and the rank's own other threads) need: TRL's step ran 23× slower beside one busy
     loop (BENCHMARKS.md, "Limits of the machine").
 
-    ``spin_switch=True`` (a CPU rank of several threads, :class:`SpinSwitch`): ``GOMP_SPINCOUNT=30000`` and no
-    ``OMP_WAIT_POLICY``. With PASSIVE every parallel region of a small model first wakes its sleeping partner thread
-    (a futex round trip), which costs more than the op: alone on the machine, the Countdown step ran 2.4 steps/s at
-    two passive threads against 4.8 at two threads spinning 30 000 iterations, but 0.6 with a busy loop beside it
-    (BENCHMARKS.md, "Short prompts and small steps"). The spin is safe because :class:`SpinSwitch` cuts it to
-    libgomp's throttled 100 iterations while other processes want the cores.
+    ``spin_switch=True`` (a CPU rank of several threads, :class:`SpinSwitch`): ``GOMP_SPINCOUNT=30000`` *and*
+    ``OMP_WAIT_POLICY=PASSIVE``: libgomp takes an explicit ``GOMP_SPINCOUNT`` as the spin, while PASSIVE leaves its
+    *throttled* spin (used while it manages more threads than CPUs) at 0 iterations (libgomp's ``initialize_env``;
+    measured: 0.28 s of CPU spinning, 0.07 s throttled, in ``test_spin_switch.py``'s probe). Both are set here, so
+    a rank gets the same whatever its driver's environment holds (the ``rlhf`` program sets PASSIVE for itself,
+    and an embedded Ray's workers inherit the driver's environment). With PASSIVE alone every parallel region of a
+    small model first wakes its sleeping partner thread (a futex round trip), which costs more than the op: alone
+    on the machine, the Countdown step ran 2.4 steps/s at two passive threads against 4.8 at two threads spinning
+    30 000 iterations, but 0.6 with a busy loop beside it (BENCHMARKS.md, "Short prompts and small steps"). The spin is safe because :class:`SpinSwitch` switches to the
+    throttled spin (none: idle threads sleep at once) while other processes want the cores.
 
     Raises:
         ValueError: ``threads`` < 1.
@@ -91,7 +95,8 @@ def omp_env(threads: int, spin_switch: bool = False) -> dict[str, str]:
     if int(threads) < 1:
         raise ValueError(f"intra-op threads must be >= 1, got {threads}")
     if spin_switch and int(threads) > 1:
-        return {"OMP_NUM_THREADS": str(int(threads)), "GOMP_SPINCOUNT": str(GOMP_SPINCOUNT)}
+        return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY,
+                "GOMP_SPINCOUNT": str(GOMP_SPINCOUNT)}
     return {"OMP_NUM_THREADS": str(int(threads)), "OMP_WAIT_POLICY": OMP_WAIT_POLICY}
 
 
@@ -144,12 +149,12 @@ class SpinSwitch:
     counted). Every ``window_s`` seconds of calls it decides with :func:`spin_is_safe`. Ticks are 10 ms
     (``USER_HZ`` 100): a window of 0.25 s reads the others' load to about ±0.1 core.
 
-    Switching: the process starts with ``GOMP_SPINCOUNT=30000`` (:func:`omp_env`). libgomp spins only its
-    *throttled* count (100 iterations when no ``OMP_WAIT_POLICY`` is set) while it manages more threads than the
-    process has CPUs (``gomp_managed_threads > gomp_available_cpus``, libgomp's ``do_spin``). To throttle, a parked
-    Python thread runs one parallel op (its own OpenMP team: one more managed thread) and waits; to spin again it
-    returns, and libgomp frees its team at the thread's exit. Seen from outside (``/tmp`` probe, 500 parallel ops
-    2 ms apart, 2 threads): 0.45 s of CPU spinning, 0.12 s throttled, as with ``OMP_WAIT_POLICY=PASSIVE``.
+    Switching: the process starts with ``GOMP_SPINCOUNT=30000`` and ``OMP_WAIT_POLICY=PASSIVE`` (:func:`omp_env`).
+    libgomp spins only its *throttled* count (0 iterations with PASSIVE; 100 without a policy) while it manages more
+    threads than the process has CPUs (``gomp_managed_threads > gomp_available_cpus``, libgomp's ``do_spin``). To
+    throttle, a parked Python thread runs one parallel op (its own OpenMP team: one more managed thread) and waits;
+    to spin again it returns, and libgomp frees its team at the thread's exit. Seen from outside (300 parallel ops 2 ms apart, 2
+    threads, ``test_spin_switch.py``'s probe): 0.28 s of CPU spinning, 0.07 s throttled.
     The thread count never changes, so results are bit-for-bit the same at any load (a count that followed the load
     changed the tiny model's weights by up to 5e-5 after 4 steps, and one thread under heavy load gets half the
     CPU share of two: 0.97 against 2.65 steps/s at load 14). With another OpenMP runtime the parked thread is
@@ -179,7 +184,8 @@ class SpinSwitch:
         self.spinning = True
         self._parked: threading.Thread | None = None
         self._release = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the window's counters
+        self._switch = threading.Lock()  # one throttle/unthrottle at a time
         self._depth = 0  # calls in progress (a threaded actor runs two at once)
         self._start: tuple[float, int, int] | None = None
         self._wall = 0.0
@@ -208,28 +214,38 @@ class SpinSwitch:
             others = self.others_cores = self._others / _TICKS_PER_S / self._wall
             self._wall, self._others = 0.0, 0
             spin = spin_is_safe(others, len(self.cpus), self.threads)
-            if spin != self.spinning:
-                logger.info("OpenMP threads %s: other processes used %.2f of %d cores",
-                            "spin again" if spin else "sleep at once", others, len(self.cpus))
-                self.unthrottle() if spin else self.throttle()
+        if spin != self.spinning:  # switched outside the window's lock: a concurrent call's begin() never waits
+            with self._switch:
+                if spin != self.spinning:
+                    logger.info("OpenMP threads %s: other processes used %.2f of %d cores",
+                                "spin again" if spin else "sleep at once", others, len(self.cpus))
+                    self.unthrottle() if spin else self.throttle()
 
     def throttle(self) -> None:
         """libgomp's threads spin only its throttled count from now on (a parked thread's team; idempotent)."""
         if self._parked is not None:
             return
-        ready, self._release = threading.Event(), threading.Event()
+        ready, self._release, team = threading.Event(), threading.Event(), []
 
         def park() -> None:
-            import torch
+            try:
+                import torch
 
-            torch.set_num_threads(self.threads)
-            torch.ones(1 << 20).mul_(2.0)  # above torch's grain size: a parallel region, this thread's own team
-            ready.set()
+                torch.set_num_threads(self.threads)
+                torch.ones(1 << 20).mul_(2.0)  # above torch's grain size: a parallel region, this thread's own team
+                team.append(True)
+            finally:
+                ready.set()
             self._release.wait()
 
-        self._parked = threading.Thread(target=park, name="omp-throttle", daemon=True)
-        self._parked.start()
-        ready.wait(timeout=10.0)
+        parked = threading.Thread(target=park, name="omp-throttle", daemon=True)
+        parked.start()
+        if not ready.wait(timeout=10.0) or not team:  # the op failed (or hangs): nothing throttles, say so
+            logger.warning("OpenMP threads: could not throttle the spin (the parked thread's op %s); they keep "
+                           "spinning", "failed" if ready.is_set() else "did not finish in 10 s")
+            self._release.set()
+            return
+        self._parked = parked
         self.spinning = False
 
     def unthrottle(self) -> None:
@@ -238,6 +254,9 @@ class SpinSwitch:
             return
         self._release.set()
         self._parked.join(timeout=10.0)
+        if self._parked.is_alive():  # its team lives on: still throttled (never a second parked thread)
+            logger.warning("OpenMP threads: the parked thread did not end in 10 s; they stay throttled")
+            return
         self._parked = None
         self.spinning = True
 

@@ -178,13 +178,15 @@ class RayGeneration:
         from rlhf_core.distributed.ray_init import write_ray_timeline
 
         try:
-            path = self.config.ray_init.timeline_json_file  # = ray_kwargs.timeline_json_file
-            if write_timeline and path is not None and self.group is not None:
-                wait_for_calls(self.calls)
-                write_ray_timeline(path)
-            if self.group is not None:
-                self.group.shutdown()
-                self.group = None
+            try:
+                path = self.config.ray_init.timeline_json_file  # = ray_kwargs.timeline_json_file
+                if write_timeline and path is not None and self.group is not None:
+                    wait_for_calls(self.calls)
+                    write_ray_timeline(path)
+            finally:  # the ranks go even when the timeline cannot be written (on a cluster Ray itself stays)
+                if self.group is not None:
+                    self.group.shutdown()
+                    self.group = None
         finally:
             if self.started and ray.is_initialized():
                 ray.shutdown()

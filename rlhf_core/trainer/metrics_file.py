@@ -42,26 +42,40 @@ def planned_metrics_file(config: Any) -> str | None:
     if os.environ.get("RLHF_METRICS_FILE"):
         return os.environ["RLHF_METRICS_FILE"]
     backends = config.trainer.logger
-    backends = [backends] if isinstance(backends, str) else list(backends or [])
+    backends = [backends] if isinstance(backends, str) else list(backends)
     return default_metrics_file(config) if "file" in backends else None
 
 
-def _step(line: bytes) -> int | None:
+def _record(line: bytes) -> tuple[int, str] | None:
+    """``(step, name)`` of a metrics line; None for anything else (a line torn by a kill during the write, or any
+    JSON that is not an object with an integer ``step``)."""
     try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):  # a torn last line (a kill during the write): not a record
+        row = json.loads(line)
+        return int(row["step"]), str(row.get("name"))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def keep_through_step(path: str, step: int) -> tuple[int, int]:
+def _step(line: bytes) -> int | None:
+    rec = _record(line)
+    return None if rec is None else rec[0]
+
+
+def keep_through_step(path: str, step: int) -> tuple[int, int, str | None]:
     """Rewrite ``path`` atomically with its lines of steps ``<= step`` (byte for byte, in order); a line that is not
-    a whole record (torn by a kill) is dropped. Returns ``(lines kept, lines dropped)``; ``(0, 0)`` when ``path``
-    does not exist (nothing is created)."""
+    a whole record (torn by a kill) is dropped. When whole records of later steps are dropped (a killed attempt's
+    steps after its last checkpoint, or a resume from an earlier checkpoint than the last:
+    ``trainer.resume_from_path``, or ``auto`` passing over a damaged one), the whole file is first copied to the
+    first free ``<path>.N`` (which ``rlhf results register`` does not read): the checkpoint folders of abandoned
+    steps are moved aside, not deleted, and so are their metrics. Returns ``(lines kept, lines dropped, the copy's
+    path or None)``; ``(0, 0, None)`` when ``path`` does not exist (nothing is created)."""
+    import shutil
+
     from rlhf_core.atomic import atomic_write
 
     if not os.path.exists(path):
-        return 0, 0
-    kept, dropped = [], 0
+        return 0, 0, None
+    kept, dropped, later = [], 0, set()
     with open(path, "rb") as fh:
         for line in fh:
             s = _step(line)
@@ -69,10 +83,16 @@ def keep_through_step(path: str, step: int) -> tuple[int, int]:
                 kept.append(line if line.endswith(b"\n") else line + b"\n")
             else:
                 dropped += 1
+                if s is not None:
+                    later.add(s)
+    copy = None
+    if later:
+        copy = _free_side_name(path)
+        shutil.copy2(path, copy)
     if dropped:
         with atomic_write(path, "wb") as out:
             out.writelines(kept)
-    return len(kept), dropped
+    return len(kept), dropped, copy
 
 
 def move_aside(path: str) -> str | None:
@@ -80,10 +100,16 @@ def move_aside(path: str) -> str | None:
     when ``path`` is missing or empty (an empty file is left as it is)."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return None
+    side = _free_side_name(path)
+    os.replace(path, side)
+    return side
+
+
+def _free_side_name(path: str) -> str:
+    """The first of ``<path>.1``, ``<path>.2``, ... that does not exist."""
     n = 1
     while os.path.exists(f"{path}.{n}"):
         n += 1
-    os.replace(path, f"{path}.{n}")
     return f"{path}.{n}"
 
 
@@ -105,10 +131,11 @@ def prepare_metrics_file(config: Any, resumed_step: int | None, val_only: bool =
             logger.warning("metrics file %s is from an earlier run (this one starts at step 0): moved to %s",
                            path, moved)
         return
-    kept, dropped = keep_through_step(path, int(resumed_step))
+    kept, dropped, copy = keep_through_step(path, int(resumed_step))
     if dropped:
         logger.warning("metrics file %s: resumed at step %d, kept its %d lines of steps <= %d and dropped %d (the "
-                       "steps after it are logged again)", path, resumed_step, kept, resumed_step, dropped)
+                       "steps after it are logged again)%s", path, resumed_step, kept, resumed_step, dropped,
+                       f"; the file as it was is kept as {copy}" if copy else "")
 
 
 def names_at_last_step(path: str, block: int = 1 << 16) -> tuple[int | None, set[str]]:
@@ -125,15 +152,10 @@ def names_at_last_step(path: str, block: int = 1 << 16) -> tuple[int | None, set
             lines = fh.read(size - start).split(b"\n")
             if start > 0:
                 lines = lines[1:]  # the first one may be cut by the block's start
-            rows = []
-            for line in lines:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue
-            last = next((int(r["step"]) for r in reversed(rows) if "step" in r), None)
-            if start == 0 or (last is not None and any(int(r["step"]) < last for r in rows if "step" in r)):
+            rows = [rec for rec in map(_record, lines) if rec is not None]  # (step, name); odd lines skipped
+            last = rows[-1][0] if rows else None
+            if start == 0 or (last is not None and any(s < last for s, _ in rows)):
                 break
     if last is None:
         return None, set()
-    return last, {str(r.get("name")) for r in rows if "step" in r and int(r["step"]) == last}
+    return last, {name for s, name in rows if s == last}

@@ -44,6 +44,20 @@ def test_last_is_the_newest_unfinished_run_with_the_same_settings(tmp_path):
     assert unfinished_note(tmp_path, PARAMS, "new") is None  # r1 has no checkpoint: nothing to say
 
 
+def test_a_run_continued_by_a_finished_resume_is_not_offered_again(tmp_path):
+    from flows.resume import mark_resumed
+
+    _flow(tmp_path, "r1", "killed-fox", "FAILED", 1)
+    (run_dir(tmp_path, "r1") / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("4")
+    assert find_run(tmp_path, LAST, PARAMS) == "r1" and "--resume r1" in unfinished_note(tmp_path, PARAMS, "new")
+    mark_resumed(ResultsStore(tmp_path), "r1")  # what the flow does when the run resuming r1 finishes
+    _, rows = ResultsStore(tmp_path).sql("SELECT status, ended_at IS NOT NULL FROM runs WHERE run_id = 'r1'")
+    assert rows == [("RESUMED", True)]
+    assert find_run(tmp_path, LAST, PARAMS) is None and unfinished_note(tmp_path, PARAMS, "new") is None
+    with pytest.raises(ResumeError, match=r"flow run r1 \(killed-fox\) was continued by a resumed run that finished"):
+        find_run(tmp_path, "r1", PARAMS)
+
+
 def test_a_named_run_that_cannot_be_resumed_is_refused_naming_why(tmp_path):
     _flow(tmp_path, "r1", "old-fox", "FAILED", 1)
     _flow(tmp_path, "r2", "done-owl", "FINISHED", 2)

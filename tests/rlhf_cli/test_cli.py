@@ -167,6 +167,19 @@ def test_exit_now_runs_the_at_exit_handlers_and_skips_finalization():
     assert plain.stdout.endswith("finalized\n")  # the check above can fail: a plain exit does finalize
 
 
+def test_exit_now_ends_an_idle_thread_pool():
+    # the reward stage's executor (reward_model.launch_reward_fn_async) keeps an idle non-daemon worker thread: a
+    # plain join of it never returns (its exit hook wakes it); exit_now must end as a normal exit does
+    code = ("import concurrent.futures, rlhf_core.cli as cli\n"
+            "pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)\n"
+            "assert pool.submit(lambda: 41 + 1).result() == 42\n"
+            "print('task done')\n"
+            "cli.exit_now(130)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (proc.returncode, proc.stdout) == (130, "task done\n"), proc.stderr
+
+
 def test_unknown_command_names_the_nearest():
     r = rlhf("evl")
     assert r.returncode == 2 and "did you mean 'eval'?" in r.stderr

@@ -100,7 +100,7 @@ def test_ray_ranks_start_with_the_openmp_environment(ray_2cpu):
         # two threads on CPU: a short spin (threads.GOMP_SPINCOUNT) that the rank's SpinSwitch throttles
         assert spinning == ([None] if threads == 1 else [True]), (threads, spinning)
     assert envs[1] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, envs
-    assert envs[2] == {"GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "2"}, envs
+    assert envs[2] == {"GOMP_SPINCOUNT": "30000", "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}, envs
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="a busy loop must take one of two CPUs")

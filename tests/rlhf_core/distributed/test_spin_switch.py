@@ -110,9 +110,9 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp's spin (torch's Linux wheels)")
 def test_throttle_makes_libgomp_threads_sleep_and_unthrottle_spin_again():
-    """The real switch in a process started as a rank is (GOMP_SPINCOUNT=30000, 2 threads): 300 parallel ops 2 ms
-    apart cost 0.27 s of CPU spinning on the idle machine (the partner spins ~0.7 ms per gap), 0.07 s throttled (as
-    OMP_WAIT_POLICY=PASSIVE); spinning again after unthrottle."""
+    """The real switch in a process started as a rank is (omp_env: GOMP_SPINCOUNT=30000 with OMP_WAIT_POLICY=PASSIVE,
+    2 threads): 300 parallel ops 2 ms apart cost 0.28 s of CPU spinning on the idle machine (the partner spins
+    ~0.7 ms per gap), 0.07 s throttled (PASSIVE's throttled spin is 0); spinning again after unthrottle."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(T.omp_env(2, spin_switch=True))
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)

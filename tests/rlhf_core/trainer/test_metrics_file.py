@@ -36,13 +36,30 @@ def test_a_resume_keeps_the_lines_through_its_step_in_one_rename(tmp_path, monke
     monkeypatch.delenv("RLHF_METRICS_FILE", raising=False)
     path = tmp_path / "metrics.jsonl"
     kept = _killed_run(path)
+    before = path.read_bytes()
     inode = path.stat().st_ino
     prepare_metrics_file(_config(tmp_path), 2)
     # 5 lines of steps 0..2 stay as they were; the 4 of steps 3, 4 and the torn one go
     assert path.read_bytes() == kept
     assert path.stat().st_ino != inode  # a new file renamed over the old one, not the old one cut in place
-    assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]  # no temporary file left
-    assert keep_through_step(str(path), 2) == (5, 0) and path.read_bytes() == kept  # again: nothing to do
+    # the whole records of steps 3 and 4 are not lost: the file as it was is kept beside it; no temporary file left
+    assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl", "metrics.jsonl.1"]
+    assert (tmp_path / "metrics.jsonl.1").read_bytes() == before
+    assert keep_through_step(str(path), 2) == (5, 0, None) and path.read_bytes() == kept  # again: nothing to do
+    # only a torn line after the step: nothing worth a copy
+    path.write_bytes(kept + b'{"step": 3, "na')
+    assert keep_through_step(str(path), 2) == (5, 1, None) and path.read_bytes() == kept
+
+
+def test_odd_json_lines_are_not_records(tmp_path):
+    # any JSON line that is not an object with an integer step (a number, null, a list, a null step) is skipped
+    # wherever the file is read, as a torn line is: the sink opens, the last step is the last real record's
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(_line(1, "a", 0.5) + _line(2, "a", 1.0) + _line(2, "b", 2.0) + b'3\nnull\n[1, 2]\n'
+                     + b'{"step": null, "name": "c"}\n')
+    assert names_at_last_step(str(path)) == (2, {"a", "b"})
+    FileSink(str(path)).finish()
+    assert keep_through_step(str(path), 1) == (1, 6, str(path) + ".1")  # kept: step 1; dropped: 2 records, 4 odd
 
 
 def test_a_failed_rewrite_leaves_the_old_file_whole(tmp_path, monkeypatch):
