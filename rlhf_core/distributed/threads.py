@@ -86,8 +86,9 @@ def omp_env(threads: int, spin_switch: bool = False) -> dict[str, str]:
     and an embedded Ray's workers inherit the driver's environment). With PASSIVE alone every parallel region of a
     small model first wakes its sleeping partner thread (a futex round trip), which costs more than the op: alone
     on the machine, the Countdown step ran 2.4 steps/s at two passive threads against 4.8 at two threads spinning
-    30 000 iterations, but 0.6 with a busy loop beside it (BENCHMARKS.md, "Short prompts and small steps"). The spin is safe because :class:`SpinSwitch` switches to the
-    throttled spin (none: idle threads sleep at once) while other processes want the cores.
+    30 000 iterations, but 0.6 with a busy loop beside it (BENCHMARKS.md, "Short prompts and small steps"). The
+    spin is safe because :class:`SpinSwitch` switches to the throttled spin (none: idle threads sleep at once) while
+    other processes want the cores.
 
     Raises:
         ValueError: ``threads`` < 1.
@@ -153,8 +154,8 @@ class SpinSwitch:
     libgomp spins only its *throttled* count (0 iterations with PASSIVE; 100 without a policy) while it manages more
     threads than the process has CPUs (``gomp_managed_threads > gomp_available_cpus``, libgomp's ``do_spin``). To
     throttle, a parked Python thread runs one parallel op (its own OpenMP team: one more managed thread) and waits;
-    to spin again it returns, and libgomp frees its team at the thread's exit. Seen from outside (300 parallel ops 2 ms apart, 2
-    threads, ``test_spin_switch.py``'s probe): 0.28 s of CPU spinning, 0.07 s throttled.
+    to spin again it returns, and libgomp frees its team at the thread's exit. Seen from outside (300 parallel ops
+    2 ms apart, 2 threads, ``test_spin_switch.py``'s probe): 0.28 s of CPU spinning, 0.07 s throttled.
     The thread count never changes, so results are bit-for-bit the same at any load (a count that followed the load
     changed the tiny model's weights by up to 5e-5 after 4 steps, and one thread under heavy load gets half the
     CPU share of two: 0.97 against 2.65 steps/s at load 14). With another OpenMP runtime the parked thread is
