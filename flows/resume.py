@@ -96,7 +96,7 @@ def _alive(folder: Path) -> str | None:
     try:
         lock.acquire()
     except CheckpointError as exc:
-        return str(exc).split(": ", 1)[1].split(" holds ")[0] if ": " in str(exc) else str(exc)
+        return str(getattr(exc, "holder", exc))
     finally:
         quiet.setLevel(level)
     lock.release()
@@ -201,5 +201,6 @@ def lock_run_dir(folder: Path) -> Any:
     try:
         lock.acquire()
     except CheckpointError as exc:
-        raise ResumeError(f"run folder {folder} is in use by another flow run: {exc}") from None
+        raise ResumeError(f"run folder {folder} is in use by another flow run: {getattr(exc, 'holder', exc)} holds "
+                          f"{lock.path}; wait for it to end (rlhf pipeline runs one flow run per run folder)") from None
     return lock

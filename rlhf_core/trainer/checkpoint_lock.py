@@ -47,7 +47,8 @@ class CheckpointDirLock:
         """Take the lock (creating ``root``); a no-op when this object already holds it.
 
         Raises:
-            CheckpointError: another live process holds it, naming its PID, host, start time and the lock file.
+            CheckpointError: another live process holds it, naming its PID, host, start time and the lock file (its
+                ``holder`` attribute: that description alone).
         """
         if self._fh is not None:
             return
@@ -60,9 +61,11 @@ class CheckpointDirLock:
                 fh.seek(0)
                 holder = _describe(fh.read())
                 fh.close()
-                raise CheckpointError(
+                err = CheckpointError(
                     f"trainer.default_local_dir={self.root!r} is in use by another run: {holder} holds {self.path}; "
-                    f"wait for it to end or give this run another trainer.default_local_dir") from None
+                    f"wait for it to end or give this run another trainer.default_local_dir")
+                err.holder = holder  # for callers that word their own message (flows.resume)
+                raise err from None
             try:  # the previous holder removes the file as it releases: make sure ours is still the one on disk
                 same = os.stat(self.path).st_ino == os.fstat(fh.fileno()).st_ino
             except FileNotFoundError:
