@@ -14,6 +14,7 @@ import difflib
 import importlib
 import os
 import sys
+from typing import Any
 
 from rlhf_core.cli import INTERRUPTED, exit_now, run_command
 from rlhf_core.distributed.threads import OMP_WAIT_POLICY
@@ -62,6 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def quiet_progress_bars_when_redirected(stream: Any = None) -> bool:
+    """Set ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (huggingface_hub's switch, which transformers' own bars follow, read
+    when they are imported) unless the user set it, when ``stream`` (default: stderr, where the bars draw) is not a
+    terminal: a redirected ``rlhf ppo > run.log`` got a "Loading weights" bar redrawn into the file for every model
+    load (a new user's trial). Ray workers started from here inherit it. Returns whether it set it."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ or (callable(isatty) and isatty()):
+        return False
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return True
+
+
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
@@ -76,6 +90,7 @@ def _dispatch(argv: list[str]) -> int:
     # before any subcommand imports torch (libgomp reads it once, at load): idle OpenMP threads sleep instead of
     # spinning on cores other processes need; Ray workers started from here inherit it (rlhf_core.distributed.threads)
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+    quiet_progress_bars_when_redirected()
     if name in TRACKED and os.environ.get("RLHF_HOME"):
         # --help, a bad flag or key answer here, before the tracked runner imports DuckDB, MLflow and torch
         code = run_command(f"rlhf {name}", getattr(importlib.import_module(module), func).check, rest)

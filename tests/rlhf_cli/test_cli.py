@@ -216,3 +216,21 @@ def test_pipeline_gsm8k_dir_without_the_jsonl_files_is_refused_up_front(tmp_path
     assert check_parameters({"gsm8k_dir": str(absent)}) == f"gsm8k_dir: {absent} does not exist"
     (tmp_path / "test.jsonl").write_text("")
     assert check_parameters({"gsm8k_dir": str(tmp_path)}) is None
+
+
+def test_progress_bars_are_off_when_stderr_is_redirected(monkeypatch):
+    # transformers' "Loading weights" bar follows huggingface_hub's switch; a file or pipe gets no bar, a terminal
+    # keeps it, and a user's own setting wins
+    import io
+
+    from rlhf_cli import quiet_progress_bars_when_redirected
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert not quiet_progress_bars_when_redirected(Tty()) and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    assert quiet_progress_bars_when_redirected(io.StringIO()) and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    assert not quiet_progress_bars_when_redirected(io.StringIO()) and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
