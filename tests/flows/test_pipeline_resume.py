@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.flows.test_pipeline_interrupt import _session_members
 from tests.paths import REPO
 
 pytestmark = pytest.mark.ray
@@ -57,18 +58,6 @@ def _env(home: Path) -> dict[str, str]:
 def _files(root: Path) -> dict[str, int]:
     """``{path below root: mtime_ns}`` of the files of every ``global_step_N`` folder."""
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.glob("global_step_*/**/*") if p.is_file()}
-
-
-def _session_members(sid: int) -> list[str]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # the session, after the state, ppid and process group
-            out.append(stat.parent.name)
-    return out
 
 
 def _cmdline(pid: str) -> str:

@@ -80,21 +80,23 @@ def test_a_tracker_naming_a_missing_step_resumes_from_the_newest_complete_one(tm
     assert (root / "latest_checkpointed_iteration.txt").read_text() == "7"
 
 
+def _writer(text):
+    """A component save function that writes ``text`` to ``<folder>/w.bin``."""
+    def save(path):
+        os.makedirs(path)
+        Path(path, "w.bin").write_text(text)
+    return save
+
+
 def test_a_complete_untracked_step_is_moved_aside_never_deleted(tmp_path, caplog):
     root = tmp_path / "ckpt"
     mgr = CheckpointManager(str(root))
 
-    def writer(text):
-        def save(path):
-            os.makedirs(path)
-            Path(path, "w.bin").write_text(text)
-        return save
-
     for step in (2, 4, 6):
-        mgr.save(step, {"actor": writer(f"first run, step {step}")}, {"epoch": 0})
+        mgr.save(step, {"actor": _writer(f"first run, step {step}")}, {"epoch": 0})
     write_tracker(str(root), 4)  # a run resumed from 4 (trainer.resume_from_path) writes step 6 again
     with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
-        mgr.save(6, {"actor": writer("second run, step 6")}, {"epoch": 0})
+        mgr.save(6, {"actor": _writer("second run, step 6")}, {"epoch": 0})
     kept = [n for n in os.listdir(root) if n.startswith("global_step_6.kept-")]
     assert len(kept) == 1 and f"moved it to {root / kept[0]}" in caplog.text
     assert "holds a complete checkpoint;" in caplog.text  # its manifest lists every file, all present
@@ -110,20 +112,14 @@ def test_a_save_killed_before_its_manifest_is_moved_aside_and_not_called_complet
     root = tmp_path / "ckpt"
     mgr = CheckpointManager(str(root))
 
-    def writer(text):
-        def save(path):
-            os.makedirs(path)
-            Path(path, "w.bin").write_text(text)
-        return save
-
     for step in (2, 4):
-        mgr.save(step, {"actor": writer(f"first run, step {step}")}, {"epoch": 0})
-    mgr.save(6, {"actor": writer("killed save, step 6")}, {"epoch": 0})
+        mgr.save(step, {"actor": _writer(f"first run, step {step}")}, {"epoch": 0})
+    mgr.save(6, {"actor": _writer("killed save, step 6")}, {"epoch": 0})
     os.remove(root / "global_step_6" / MANIFEST)  # what the kill left: the actor folder only
     os.remove(root / "global_step_6" / "data.pt")
     write_tracker(str(root), 4)
     with caplog.at_level(logging.WARNING, logger="rlhf_core.trainer.checkpoint_manager"):
-        mgr.save(6, {"actor": writer("resumed run, step 6")}, {"epoch": 0})
+        mgr.save(6, {"actor": _writer("resumed run, step 6")}, {"epoch": 0})
     kept = [n for n in os.listdir(root) if n.startswith("global_step_6.kept-")]
     assert len(kept) == 1 and (root / kept[0] / "actor" / "w.bin").read_text() == "killed save, step 6"
     assert "holds complete actor folder(s) without a manifest (a save killed before it finished" in caplog.text
@@ -205,13 +201,6 @@ def test_a_deleted_tracker_resumes_from_the_newest_complete_step(tmp_path, caplo
     bare = tmp_path / "bare"
     (bare / "global_step_1" / "actor").mkdir(parents=True)
     assert CheckpointManager(str(bare)).resolve_resume("auto") is None
-
-
-def _writer(text):
-    def save(path):
-        os.makedirs(path)
-        Path(path, "w.bin").write_text(text)
-    return save
 
 
 @pytest.mark.parametrize("next_save", [4, 3], ids=["tracker-still-names-it", "after-an-earlier-save"])

@@ -21,17 +21,21 @@ from rlhf_core.storage import StorageError
 RLHF = str(Path(sys.executable).parent / "rlhf")
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A fresh 2 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
-    mnt = tmp_path / "disk"
+def mounted_tmpfs(mnt: Path, options: str):
+    """Mount a fresh tmpfs with ``options`` (``size=2m``, ``size=1m,ro``) at the new folder ``mnt`` and yield it,
+    unmounting it afterwards; skips the test where mounting is not allowed (needs root)."""
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A fresh 2 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
+    yield from mounted_tmpfs(tmp_path / "disk", "size=2m")
 
 
 def fill(disk: Path) -> Path:

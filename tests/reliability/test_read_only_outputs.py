@@ -5,25 +5,17 @@ generating every response). The file system is real: a tmpfs mounted read-only; 
 may not mount."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from rlhf_core.config import ConfigError, load_config
 from rlhf_core.storage import unwritable_output
+from tests.reliability.test_full_disk_stores import mounted_tmpfs
 
 
 @pytest.fixture
 def read_only_disk(tmp_path):
     """A fresh tmpfs mounted read-only at ``tmp_path/ro`` (unmounted afterwards)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from mounted_tmpfs(tmp_path / "ro", "size=1m,ro")
 
 
 def _refused(key: str, path) -> str:
