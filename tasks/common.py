@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -63,26 +62,6 @@ def parquet_files(folder: str | Path) -> list[str]:
     """Parquet files under ``folder`` (recursively), sorted; [] when it does not exist."""
     p = Path(folder)
     return sorted(str(f) for f in p.rglob("*.parquet")) if p.exists() else []
-
-
-def keep_steps_through(path: str | Path, last_step: int | None) -> int:
-    """Cut a metrics jsonl file (one ``{"step", ...}`` row per line) to its rows with ``step <= last_step``.
-
-    A retried PPO segment resumes from its last complete checkpoint (step ``last_step``): the rows its dead
-    attempt logged up to there stay (they are not logged again), the rows after it go (the retry logs them
-    again). ``None`` (no checkpoint: the retry starts from scratch) removes the file. Rewritten atomically.
-
-    Returns:
-        The number of rows kept.
-    """
-    from rlhf_core.atomic import atomic_write_text  # lazy: rlhf_core pulls in torch
-
-    if last_step is None or not os.path.exists(path):
-        Path(path).unlink(missing_ok=True)
-        return 0
-    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return len(kept)
 
 
 def lineage_name(key: str) -> str:

@@ -15,7 +15,7 @@ from infra import lineage
 from infra.results import ResultsStore
 from infra.run_folders import last_per_step_and_key, read_jsonl
 from tasks import plan, remote
-from tasks.common import keep_steps_through, parquet_files, stage
+from tasks.common import parquet_files, stage
 from tasks.deadline import StageDeadline
 from tasks.progress import StepProgress
 from tasks.retry import retry_unless_bad_input
@@ -85,7 +85,8 @@ def ppo_segment(overrides: list[str], segment: int, ppo_run_id: str,
     config = load_config("ppo_trainer", overrides)
     run_dir = Path(config.trainer.default_local_dir).parent
     metrics_file = run_dir / "metrics" / f"segment_{segment}.jsonl"
-    keep_steps_through(metrics_file, resume_step(config))  # a retry keeps what its dead attempt logged up to there
+    # a retry resumes from the segment's last complete checkpoint; the trainer keeps the metrics lines up to it and
+    # copies the dead attempt's whole file to <file>.N first (rlhf_core.trainer.metrics_file.prepare_metrics_file)
     env = {**lineage.stage_env(ppo_run_id), "RLHF_METRICS_FILE": str(metrics_file)}
     progress = StepProgress(metrics_file, int(config.trainer.total_training_steps), progress_id,
                             config.trainer.total_training_seconds)

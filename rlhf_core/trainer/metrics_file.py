@@ -26,13 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 def default_metrics_file(config: Any) -> str:
-    """Env ``RLHF_METRICS_FILE``, else ``<trainer.default_local_dir>/metrics.jsonl``, else ``./metrics.jsonl``."""
+    """Env ``RLHF_METRICS_FILE``, else ``<trainer.default_local_dir>/metrics.jsonl`` (the PPO and SFT schemas both
+    have ``trainer.default_local_dir``)."""
     if os.environ.get("RLHF_METRICS_FILE"):
         return os.environ["RLHF_METRICS_FILE"]
-    try:
-        return os.path.join(str(config.trainer.default_local_dir), "metrics.jsonl")
-    except Exception:
-        return "metrics.jsonl"
+    return os.path.join(str(config.trainer.default_local_dir), "metrics.jsonl")
 
 
 def planned_metrics_file(config: Any) -> str | None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -19,7 +20,6 @@ from infra.ray_cluster import OWNER_ENV, release_owned, run_on_ray
 from infra.run_folders import last_per_step_and_key, read_jsonl
 from rlhf_core.faults import fault_point, parse_fault
 from rlhf_core.trainer.checkpoint_manager import CheckpointManager, find_latest_checkpoint, write_tracker
-from tasks.common import keep_steps_through
 
 pytestmark = pytest.mark.ray  # starts Ray: uses the fixture ray_local
 
@@ -81,15 +81,24 @@ def test_the_checkpoint_write_point_takes_its_step_from_the_folder(tmp_path):
     assert parse_fault("checkpoint_write:3") == ("checkpoint_write", 3)
 
 
-def test_a_retry_keeps_the_metrics_up_to_its_checkpoint(tmp_path):
+def test_a_retried_segment_keeps_its_metrics_up_to_its_checkpoint_and_deletes_none(tmp_path, monkeypatch):
+    # A retried PPO segment's trainer gets the segment's file through RLHF_METRICS_FILE (tasks.train_stages
+    # .ppo_segment) and prepares it itself (rlhf_core.trainer.metrics_file.prepare_metrics_file).
+    from rlhf_core.trainer.metrics_file import prepare_metrics_file
+
     path = tmp_path / "segment_1.jsonl"
+    monkeypatch.setenv("RLHF_METRICS_FILE", str(path))
+    config = SimpleNamespace(trainer=SimpleNamespace(logger=["console"], default_local_dir=str(tmp_path / "ckpt")))
     rows = [{"step": s, "name": "actor/pg_loss", "value": float(s)} for s in (1, 2, 3)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "na')  # a torn last line
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "na'  # a torn last line
+    path.write_text(text)
     # the dead attempt logged steps 1-3, the last complete checkpoint is step 2: step 3 is done again
-    assert keep_steps_through(path, 2) == 2
+    prepare_metrics_file(config, 2)
     assert [r["step"] for r in read_jsonl(path)] == [1, 2]
-    assert keep_steps_through(path, None) == 0 and not path.exists()  # no checkpoint: the retry starts over
-    assert keep_steps_through(path, 5) == 0  # no file: nothing to keep
+    assert (tmp_path / "segment_1.jsonl.1").read_text() == text  # the dead attempt's whole file, kept aside
+    # no checkpoint (the retry starts over): the file is moved aside, not deleted
+    prepare_metrics_file(config, None)
+    assert not path.exists() and [r["step"] for r in read_jsonl(tmp_path / "segment_1.jsonl.2")] == [1, 2]
 
 
 def test_the_last_row_of_a_step_and_key_wins():
