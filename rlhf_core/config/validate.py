@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
 from .off_policy import fully_async_config_errors, one_step_config_errors
+from .prefix_grouper import prefix_grouper_errors
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -359,6 +360,7 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
                       f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
     errors += _micro_errors(cfg, _PPO_MICRO)
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world)
+    errors += prefix_grouper_errors(cfg, world, need_ref(cfg))
     if use_critic(cfg):
         errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world)
     return errors + vllm_tp_errors(cfg, world)

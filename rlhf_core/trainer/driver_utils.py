@@ -75,23 +75,46 @@ def mean_rank_metrics(outputs: list[Any]) -> dict[str, float]:
     return reduce_metrics(dicts)
 
 
-def balance_batch(batch: Batch, world_size: int) -> tuple[Batch, dict[str, float]]:
+def _runs(uids: Any) -> list[list[int]]:
+    """Runs of consecutive rows with the same uid, as row-index lists."""
+    runs: list[list[int]] = []
+    for i, u in enumerate(uids):
+        if runs and str(uids[i - 1]) == str(u):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def balance_batch(batch: Batch, world_size: int, keep_groups: bool = False) -> tuple[Batch, dict[str, float]]:
     """Reorder rows so that each of the ``world_size`` equal contiguous shards gets a similar number of valid
     tokens (verl ``trainer.balance_batch``). Greedy: longest sequence first, into the shard with the fewest tokens
     that still has room. Metrics ``global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}`` are the
-    per-shard token totals before and after balancing."""
+    per-shard token totals before and after balancing.
+
+    ``keep_groups`` (``actor.use_prefix_grouper``; verl's ``get_group_balanced_partitions``): the units moved are the
+    runs of consecutive rows with the same ``uid`` instead of rows, each kept whole and in order.
+
+    Raises:
+        ValueError: with ``keep_groups``, groups of unequal sizes that fill no equal shards (naming the keys)."""
     seqlens = batch["attention_mask"].sum(-1).tolist()
     n = len(seqlens)
     if world_size <= 1 or n % world_size:
         return batch, {}
     size = n // world_size
     before = [sum(seqlens[r * size:(r + 1) * size]) for r in range(world_size)]
+    units = _runs(batch["uid"]) if keep_groups and "uid" in batch else [[i] for i in range(n)]
     parts: list[list[int]] = [[] for _ in range(world_size)]
     totals = [0] * world_size
-    for i in sorted(range(n), key=lambda j: (-seqlens[j], j)):
-        r = min((r for r in range(world_size) if len(parts[r]) < size), key=lambda r: (totals[r], r))
-        parts[r].append(i)
-        totals[r] += seqlens[i]
+    for unit in sorted(units, key=lambda u: (-sum(seqlens[j] for j in u), u[0])):
+        room = [r for r in range(world_size) if len(parts[r]) + len(unit) <= size]
+        if not room:
+            raise ValueError(f"trainer.balance_batch with actor_rollout_ref.actor.use_prefix_grouper: uid groups of "
+                             f"sizes {sorted({len(u) for u in units})} do not fill {world_size} shards of {size} "
+                             "rows; set trainer.balance_batch=False")
+        r = min(room, key=lambda r: (totals[r], r))
+        parts[r].extend(unit)
+        totals[r] += sum(seqlens[j] for j in unit)
     order = [i for part in parts for i in sorted(part)]
     metrics = {"global_seqlen/min": float(min(before)), "global_seqlen/max": float(max(before)),
                "global_seqlen/minmax_diff": float(max(before) - min(before)),

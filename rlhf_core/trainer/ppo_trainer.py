@@ -288,8 +288,10 @@ class RayPPOTrainer:
             return self.start_reward(batch)
 
     def balance(self, batch: Batch, metrics: dict) -> Batch:
-        """``trainer.balance_batch``: rows reordered so each actor rank gets a similar token count."""
-        batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size)
+        """``trainer.balance_batch``: rows reordered so each actor rank gets a similar token count (whole uid groups
+        with ``actor.use_prefix_grouper``, as verl)."""
+        batch, balance_metrics = balance_batch(batch, self.actor_wg.world_size,
+                                               bool(self.config.actor_rollout_ref.actor.use_prefix_grouper))
         metrics.update(balance_metrics)
         return batch
 

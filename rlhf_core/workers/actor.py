@@ -28,6 +28,7 @@ from rlhf_core.workers.actor_loss import actor_micro_loss
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.kernels import support
 from rlhf_core.kernels.packing import packed_logits
+from rlhf_core.kernels.prefix_grouper import prefix_grouped_logits
 from rlhf_core.kernels.shared_prefix import checkpointing_disables_cache, shared_prefix_logits
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
 from rlhf_core.workers.pad_to_length import pad_bucket_of, pad_pack_to_bucket
@@ -96,6 +97,8 @@ class ResponseForward:
         device: where the micro-batch is moved (``fsdp_utils.device``).
         pad_bucket: ``fsdp_config.pad_to_length`` on: a packed forward's token count is rounded up to a multiple of
             ``fsdp_config.pad_to_length_bucket`` (:func:`pad_pack_to_bucket`); ``None``: off.
+        prefix_grouper: ``actor.use_prefix_grouper``: every micro-batch runs verl's prefix-grouped forward, one
+            model call with each group's prompt once (:func:`~rlhf_core.kernels.prefix_grouper.prefix_grouped_logits`).
     """
     shared_prefix: bool
     packed: bool
@@ -103,19 +106,20 @@ class ResponseForward:
     active_dropout: bool
     device: torch.device
     pad_bucket: int | None = None
+    prefix_grouper: bool = False
 
 
 def choose_response_forward(model: nn.Module, use_remove_padding: bool,
-                            pad_bucket: int | None = None) -> ResponseForward:
+                            pad_bucket: int | None = None, prefix_grouper: bool = False) -> ResponseForward:
     """The :class:`ResponseForward` of ``model``: packed when ``use_remove_padding``; the shared prefix where the
     model supports it, except packed on GPU (packed or not, on CPU a prompt that repeats runs once, rollout.n > 1:
     less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
-    verl does)."""
+    verl does); ``prefix_grouper`` (``actor.use_prefix_grouper``) takes verl's prefix-grouped forward instead."""
     described, dev = support(model), device()
     return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu"),
                            packed=bool(use_remove_padding), logits_to_keep=described.logits_to_keep,
                            active_dropout=described.active_dropout, device=dev,
-                           pad_bucket=pad_bucket if use_remove_padding else None)
+                           pad_bucket=pad_bucket if use_remove_padding else None, prefix_grouper=bool(prefix_grouper))
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -165,6 +169,8 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int, u
     if batch_free:
         ids, mask, pos = trim_left_padding(ids, mask, pos)
     ids, mask, pos = ids.to(path.device), mask.to(path.device), pos.to(path.device)
+    if path.prefix_grouper and response_length > 0:  # one call per micro-batch: the shapes never depend on dropout
+        return prefix_grouped_logits(model, ids, mask, pos, response_length, mb["uid"] if "uid" in mb else None)
     keep = response_length + 1 if path.logits_to_keep else None
     if batch_free and path.shared_prefix and not checkpointing_disables_cache(model):
         # None when no prompt repeats; use_remove_padding runs its prompt pass packed
@@ -209,6 +215,8 @@ class DataParallelPPOActor:
         ref_model: the frozen reference causal LM, needed only for ``kl_loss_type: full`` (may be set later).
         activation_offload: ``model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
+        prefix_grouper: ``actor.use_prefix_grouper``, for the policy and its reference alike (verl copies the
+            actor's key to the reference): verl's prefix-grouped forward (:class:`ResponseForward`).
 
     ``config.use_torch_compile`` and ``config.fsdp_config.use_torch_compile`` (both) compile the log-prob/entropy
     functions on CUDA (see :func:`hot_functions`).
@@ -224,8 +232,9 @@ class DataParallelPPOActor:
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  mini_batch_size: int | None = None, micro_batch_size: int | None = None,
                  ref_model: nn.Module | None = None, activation_offload: bool = False,
-                 use_remove_padding: bool = False) -> None:
+                 use_remove_padding: bool = False, prefix_grouper: bool = False) -> None:
         self.config = config
+        self.prefix_grouper = bool(prefix_grouper)
         self.activation_offload = bool(activation_offload)
         # verl 0.6's legacy worker reads the role's key, verl 0.9.1's engine fsdp_config's copy: either False is eager
         self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile)
@@ -252,9 +261,9 @@ class DataParallelPPOActor:
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
         bucket = pad_bucket_of(self.config.fsdp_config)
-        self._path = choose_response_forward(self.model, self._use_remove_padding, bucket)
-        self._ref_path = (None if self._ref_model is None
-                          else choose_response_forward(self._ref_model, self._use_remove_padding, bucket))
+        self._path = choose_response_forward(self.model, self._use_remove_padding, bucket, self.prefix_grouper)
+        self._ref_path = (None if self._ref_model is None else
+                          choose_response_forward(self._ref_model, self._use_remove_padding, bucket, self.prefix_grouper))
 
     @property
     def ref_model(self) -> nn.Module | None:
@@ -265,7 +274,8 @@ class DataParallelPPOActor:
     def ref_model(self, model: nn.Module | None) -> None:
         self._ref_model = model
         bucket = pad_bucket_of(self.config.fsdp_config)
-        self._ref_path = None if model is None else choose_response_forward(model, self._use_remove_padding, bucket)
+        self._ref_path = (None if model is None else
+                          choose_response_forward(model, self._use_remove_padding, bucket, self.prefix_grouper))
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,

@@ -99,6 +99,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
             self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
                                               use_remove_padding=bool(mcfg.use_remove_padding),
+                                              prefix_grouper=bool(acfg.use_prefix_grouper),
                                               **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
@@ -113,7 +114,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             rcfg = self.arr.ref
             apply_engine_determinism(rcfg.fsdp_config)
             self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"),
-                                            use_remove_padding=bool(mcfg.use_remove_padding))
+                                            use_remove_padding=bool(mcfg.use_remove_padding),
+                                            prefix_grouper=bool(acfg.use_prefix_grouper))  # verl: the actor's key
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
         seed_rank(self.config)

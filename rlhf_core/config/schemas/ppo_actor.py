@@ -302,8 +302,10 @@ class ActorConfig:
         'of the loss mask); other loss_agg_modes ignore it')
     calculate_entropy: bool = key(False, 'compute the entropy in the update even when entropy_coeff is 0, for the '
         'actor/entropy_loss metric (no gradient flows through it then)')
-    use_prefix_grouper: bool = key(False, 'share the prompt prefix of a group in one forward (prefix grouping)',
-        why="verl's prefix-grouper forward, which this project does not have")
+    use_prefix_grouper: bool = key(False, "verl's prefix-grouped forward: the actor's (and reference's) log-prob and "
+        'update passes run each uid group (the rollout.n responses of a prompt) as one sequence, the prompt once, '
+        'with a block attention mask; the same log-probs and gradients. Needs use_remove_padding, use_dynamic_bsz '
+        'and actor.shuffle off and micro-batch sizes that are multiples of rollout.n')
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk with entropy_from_logits_with_chunking')
     pad_to_length: bool = key(False, PAD_TO_LENGTH)
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')
