@@ -36,6 +36,15 @@ from rlhf_core.kernels.model_support import support
 MASKED_ATTENTION = ("sdpa", "eager")
 
 
+def check_attention(model: nn.Module) -> None:
+    """Raise ``ValueError`` naming ``use_prefix_grouper`` unless ``model`` attends through an implementation that
+    applies a 4-D ``attention_mask`` as given (:data:`MASKED_ATTENTION`; flash-attention kernels take none)."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in MASKED_ATTENTION:
+        raise ValueError(f"actor_rollout_ref.actor.use_prefix_grouper=True needs an attention implementation that "
+                         f"takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); the model uses {impl!r}")
+
+
 def group_runs(prompt_key: torch.Tensor, uids: Sequence | None) -> list[tuple[int, int]]:
     """The groups of a micro-batch: ``[(start, end), ...]``, runs of consecutive rows with equal ``uids`` (or,
     without uids, with equal ``prompt_key`` rows).
@@ -134,10 +143,8 @@ def prefix_grouped_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
     """
     T = int(response_length)
     P = input_ids.shape[1] - T
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl not in MASKED_ATTENTION:
-        raise ValueError(f"use_prefix_grouper needs an attention implementation that takes a 4-D mask "
-                         f"({', '.join(MASKED_ATTENTION)}); the model uses {impl!r}")
+    check_attention(model)
+    impl = model.config._attn_implementation
     if position_ids.dim() != 2:
         raise ValueError(f"use_prefix_grouper: position_ids of shape {tuple(position_ids.shape)} (multimodal rope) "
                          "are not supported; only (b, S)")

@@ -28,7 +28,7 @@ from rlhf_core.workers.actor_loss import actor_micro_loss
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.kernels import support
 from rlhf_core.kernels.packing import packed_logits
-from rlhf_core.kernels.prefix_grouper import prefix_grouped_logits
+from rlhf_core.kernels.prefix_grouper import check_attention, prefix_grouped_logits
 from rlhf_core.kernels.shared_prefix import checkpointing_disables_cache, shared_prefix_logits
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob
 from rlhf_core.workers.pad_to_length import pad_bucket_of, pad_pack_to_bucket
@@ -116,6 +116,8 @@ def choose_response_forward(model: nn.Module, use_remove_padding: bool,
     less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
     verl does); ``prefix_grouper`` (``actor.use_prefix_grouper``) takes verl's prefix-grouped forward instead."""
     described, dev = support(model), device()
+    if prefix_grouper:  # refused at init, before any batch: the grouped forward needs a 4-D attention mask
+        check_attention(model)
     return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu"),
                            packed=bool(use_remove_padding), logits_to_keep=described.logits_to_keep,
                            active_dropout=described.active_dropout, device=dev,

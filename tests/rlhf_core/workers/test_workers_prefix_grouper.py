@@ -130,6 +130,11 @@ def test_groups_that_break_the_layout_are_refused():
     right[0, P - 1] = 0
     with pytest.raises(ValueError, match="every prompt must end in its last column"):
         prefix_grouped_logits(model, b["input_ids"], right, b["position_ids"], T, b["uid"])
+    flash = tiny_lm()
+    flash.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask: refused when the actor is built
+    with pytest.raises(ValueError, match="use_prefix_grouper=True needs an attention implementation that takes a "
+                                         "4-D mask.*'flash_attention_2'"):
+        actor_module.choose_response_forward(flash, False, None, True)
     # without a uid column the runs of equal prompts are the groups
     key = torch.cat([b["input_ids"][:, :P], b["attention_mask"][:, :P]], 1)
     assert group_runs(key, None) == [(0, 3), (3, 7), (7, 8)]
