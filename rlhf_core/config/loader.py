@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .notices import (AliasNotice, ConfigNotice, alias_notice, changed_paths, effect_notices, named_engine_keys,
                       rename_aliases, resolve_aliases)
 from .off_policy import derive_fully_async_batch
+from .v1_trainer import resolve_v1_trainer
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
@@ -274,6 +275,7 @@ def load_config(name: str, overrides: Sequence[str] = (), config_dir: str | None
         except OmegaConfBaseException as exc:
             raise ConfigError(f"Could not resolve an interpolation: {exc}") from exc
     if kind == "ppo_trainer":
+        resolve_v1_trainer(cfg, user_set)  # trainer.v1.trainer_mode=separate_async -> the fully async driver's keys
         derive_fully_async_batch(cfg)  # verl's fully async scripts set data.train_batch_size=0
     try:
         OmegaConf.resolve(cfg)

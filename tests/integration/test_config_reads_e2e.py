@@ -74,6 +74,12 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "rollout.total_rollout_steps": _FULLY_ASYNC + "test_total_rollout_steps_caps_the_training_steps",
         "async_training.partial_rollout": _FULLY_ASYNC + "test_partial_rollout_resumes_the_chunk_a_sync_interrupted",
         "async_training.concurrent_samples_per_replica": _FULLY_ASYNC + "test_streaming_mixes_versions_in_a_step",
+        # verl 0.9's v1 trainer loop: read when the config loads (rlhf_core/config/v1_trainer.py)
+        **{f"trainer.{k}": "tests/rlhf_core/config/test_v1_trainer_mode.py::test_separate_async_sets_the_fully_async_"
+           "keys_it_means" for k in ("v1.trainer_mode", "v1.separate_async.parameter_sync_step",
+                                     "v1.separate_async.num_warmup_batches")},
+        "trainer.use_v1": "tests/rlhf_core/config/test_v1_trainer_mode.py::test_sync_and_use_v1_false_leave_the_driver_"
+                          "alone",
         # read when old_log_probs are computed (not on the on-policy path the short runs take)
         _A + "actor.use_rollout_log_probs":
             "tests/rlhf_core/config/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",

@@ -213,11 +213,11 @@ class TrainerConfig:
         no_effect_yet="verl 0.9.1 reads it nowhere (its legacy workers are gone: the key is only in its YAML); "
                       "this project has one worker implementation (its FSDP2 workers), used for every value")
     # verl 0.9: trainer
-    use_v1: bool = key(True, "verl 0.9's v1 trainer loop (its trainer.v1 section configures it)",
-        no_effect_yet="verl 0.9.1 (verl/trainer/main_ppo.py) picks its v1 loop or the deprecated main_ppo_v0, "
-                      "which run the same PPO step; this "
-                      "project's one driver runs for either value (trainer.v1.* is refused away from its defaults)")
-    v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop (accepted at its defaults)")
+    use_v1: bool = key(True, "verl 0.9's v1 trainer loop: true = trainer.v1.trainer_mode chooses the driver "
+        "(separate_async: the fully async one); false = verl's deprecated main_ppo_v0, which reads no trainer.v1 key "
+        "(the driver async_training.mode names)")
+    v1: TrainerV1Config = section(TrainerV1Config, "verl 0.9's v1 trainer loop: trainer_mode and separate_async choose "
+                                  "and set the driver (rlhf_core/config/v1_trainer.py)")
     checkpoint_callback_class: Optional[str] = key(None,
         'path/to/file.py:ClassName, or verl\'s dotted pkg.module.ClassName (imported from sys.path), of a class built '
         'with the config whose on_save(trainer, global_step, checkpoint_dir, async_save) runs on the driver after '

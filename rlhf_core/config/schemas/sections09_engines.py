@@ -10,6 +10,13 @@ from rlhf_core.config.spec import free_form, key, section
 
 GEN_RM = "a generative reward model served by its own rollout engine, which this project does not have"
 V1 = "verl 0.9's experimental v1 trainer loop (trainer.use_v1); this project runs its own PPO driver"
+COLOCATE = ("verl's colocate_async: rollout replicas on the actor's own devices keep num_warmup_batches + 1 batches "
+            "of prompts in flight, are aborted once a batch of groups has finished and resume the unfinished ones "
+            "with the new weights after the update (partial rollout on hybrid replicas); here the on-policy driver's "
+            "colocated hf rollout generates exactly one batch per step and cannot keep requests open across an "
+            "update, and the off-policy drivers generate on a standalone rollout group (the nearest: "
+            "trainer.v1.trainer_mode=separate_async)")
+COLOCATE_READ = "read only by trainer.v1.trainer_mode=colocate_async, which is refused here (" + COLOCATE + ")"
 
 
 @dataclass
@@ -82,15 +89,21 @@ class HybridRolloutConfig:
 class ColocateAsyncConfig:
     """``trainer.v1.colocate_async``."""
 
-    num_warmup_batches: int = key(1, 'v1 colocate_async: warm-up batches', why=V1)
+    num_warmup_batches: int = key(1, 'v1 colocate_async: prompt batches dispatched before the first step',
+                                  why=COLOCATE_READ)
 
 
 @dataclass
 class SeparateAsyncConfig:
-    """``trainer.v1.separate_async``."""
+    """``trainer.v1.separate_async``: read with ``trainer.v1.trainer_mode=separate_async``, which runs the fully
+    asynchronous driver (rlhf_core/config/v1_trainer.py)."""
 
-    num_warmup_batches: int = key(1, 'v1 separate_async: warm-up batches', why=V1)
-    parameter_sync_step: int = key(4, 'v1 separate_async: steps between weight syncs', why=V1)
+    num_warmup_batches: int = key(1, 'v1 separate_async: prompt batches generated ahead of training (verl dispatches '
+                                  'them before the first step); here async_training.staleness_threshold = this: the '
+                                  'fully async rollouter runs this many batches ahead, lag <= this many versions')
+    parameter_sync_step: int = key(4, 'v1 separate_async: mini-batch updates per step, one weight push at its end '
+                                   '(data.train_batch_size = this × ppo_mini_batch_size); here '
+                                   'async_training.require_batches = this, trigger_parameter_sync_step = 1')
     hybrid_rollout: HybridRolloutConfig = section(HybridRolloutConfig)
 
 
@@ -117,7 +130,11 @@ class V1SamplerConfig:
 class TrainerV1Config:
     """``trainer.v1``: verl 0.9's experimental trainer loop settings."""
 
-    trainer_mode: str = key('sync', 'v1 trainer mode: sync | colocate_async | separate_async', why=V1)
+    trainer_mode: str = key('sync', 'v1 trainer mode (with trainer.use_v1): sync = the on-policy driver; '
+                            'separate_async = the fully asynchronous driver (async_training.mode=fully_async, its keys '
+                            'set from trainer.v1.separate_async); colocate_async is refused',
+                            choices=('sync', 'colocate_async', 'separate_async'),
+                            backend_values={'colocate_async': COLOCATE})
     sync: Dict[str, Any] = free_form('v1 sync mode settings', why=V1)
     colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig)
     separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig)
