@@ -1,6 +1,8 @@
 """verl 0.9.1 sections of trainers and engines this project does not run: ``reward.reward_model.rollout`` (the engine
-of a generative reward model) and ``trainer.v1`` (verl's experimental v1 trainer loop). Every key is accepted at
-verl's default and refused, naming what it needs, at any other value."""
+of a generative reward model) and ``trainer.v1`` (verl's experimental v1 trainer loop). The engine's keys, and the v1
+keys without a counterpart here, are accepted at verl's default and refused, naming why, at any other value;
+``trainer.v1.trainer_mode`` and ``trainer.v1.separate_async`` choose and set the fully async driver
+(rlhf_core/config/v1_trainer.py)."""
 
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -17,6 +19,22 @@ COLOCATE = ("verl's colocate_async: rollout replicas on the actor's own devices 
             "update, and the off-policy drivers generate on a standalone rollout group (the nearest: "
             "trainer.v1.trainer_mode=separate_async)")
 COLOCATE_READ = "read only by trainer.v1.trainer_mode=colocate_async, which is refused here (" + COLOCATE + ")"
+HYBRID = ("verl's separate_async lends the trainer's hybrid replicas (rollout engines on the actor's devices, asleep "
+          "during training) to the standalone rollout's load balancer while the trainer waits for samples; the fully "
+          "async driver here has no rollout engine on the actor workers and no load balancer (each rollout rank "
+          "generates its share of a sub-batch), as for async_training.use_dynamic_resource_scheduling")
+HYBRID_READ = "read only with trainer.v1.separate_async.hybrid_rollout.enable_switch=True, which is refused (" + HYBRID + ")"
+CUSTOM_SAMPLER = ("verl builds the class with its ReplayBuffer's arguments (refill_fn, trainer_config, ...) and its "
+                  "sample(global_steps, partition_id, batch_size) returns TransferQueue KVBatchMeta read from the "
+                  "TransferQueue store; this project has no TransferQueue: its fully async trainer takes groups from an "
+                  "in-process queue in loader order")
+SAMPLER_KWARGS = ("verl hands them only to a custom sampler's constructor (its built-in ReplayBuffer stores them unread); "
+                  "trainer.v1.sampler.custom_sampler is refused here (" + CUSTOM_SAMPLER + ")")
+REFILL = ("verl marks a prompt group 'failure' when one of its agent-loop sessions raises, and its sync sampler then "
+          "pads the missing trajectories or, with this key, replaces the group with a fresh prompt; here a session "
+          "that raises fails the generation and the step with its error, so there is no failed group to refill")
+SYNC_SECTION = ("verl 0.9.1 defines no sync-mode setting: its sync trainer hands this empty section to the replay "
+                "buffer, which stores it unread")
 
 
 @dataclass
@@ -74,15 +92,21 @@ class RewardRewardModelConfig:
 
 @dataclass
 class HybridRolloutConfig:
-    """``trainer.v1.separate_async.hybrid_rollout``."""
+    """``trainer.v1.separate_async.hybrid_rollout``: lending the trainer's devices to rollout while it waits."""
 
-    enable_switch: bool = key(False, 'v1 separate_async: switch rollout between pools', why=V1)
-    switch_threshold_ratio: float = key(0.4, 'v1 separate_async: switch threshold ratio', why=V1)
-    adaptive_switch_threshold: bool = key(True, 'v1 separate_async: adapt the switch threshold', why=V1)
-    switch_threshold_step_up: float = key(0.05, 'v1 separate_async: threshold step up', why=V1)
-    switch_threshold_step_down: float = key(0.03, 'v1 separate_async: threshold step down', why=V1)
-    switch_threshold_release_steps: int = key(2, 'v1 separate_async: steps before release', why=V1)
-    switch_cost_window_size: int = key(3, 'v1 separate_async: switch cost window', why=V1)
+    enable_switch: bool = key(False, 'v1 separate_async: lend the trainer\'s hybrid replicas to rollout while it '
+                              'waits for samples', why=HYBRID)
+    switch_threshold_ratio: float = key(0.4, 'v1 separate_async: sampleable fraction of the batch before the hybrid '
+                                        'replicas return to training', why=HYBRID_READ)
+    adaptive_switch_threshold: bool = key(True, 'v1 separate_async: adapt switch_threshold_ratio to the trainer\'s '
+                                          'idle time', why=HYBRID_READ)
+    switch_threshold_step_up: float = key(0.05, 'v1 separate_async: ratio added after sustained idle', why=HYBRID_READ)
+    switch_threshold_step_down: float = key(0.03, 'v1 separate_async: ratio subtracted after sustained calm',
+                                            why=HYBRID_READ)
+    switch_threshold_release_steps: int = key(2, 'v1 separate_async: idle or calm steps before the ratio moves',
+                                              why=HYBRID_READ)
+    switch_cost_window_size: int = key(3, 'v1 separate_async: recent switch costs averaged by the decision',
+                                       why=HYBRID_READ)
 
 
 @dataclass
@@ -111,8 +135,8 @@ class SeparateAsyncConfig:
 class CustomSamplerConfig:
     """``trainer.v1.sampler.custom_sampler``."""
 
-    path: Optional[str] = key(None, 'v1: file of a custom sampler', why=V1)
-    name: Optional[str] = key(None, 'v1: class name of the custom sampler', why=V1)
+    path: Optional[str] = key(None, 'v1: file of a custom sampler (a ReplayBuffer subclass)', why=CUSTOM_SAMPLER)
+    name: Optional[str] = key(None, 'v1: class name of the custom sampler', why=CUSTOM_SAMPLER)
 
 
 @dataclass
@@ -121,9 +145,11 @@ class V1SamplerConfig:
 
     max_off_policy_threshold: int = key(8, 'v1: staleness above which samples are handled by the strategy', why=V1)
     max_off_policy_strategy: str = key('drop', 'v1: what happens to samples past the threshold', why=V1)
-    sync_refill_failed_groups: bool = key(False, 'v1: refill failed groups synchronously', why=V1)
+    sync_refill_failed_groups: bool = key(False, 'v1 sync: replace prompt groups whose rollout failed with fresh '
+                                          'prompts', why=REFILL)
     custom_sampler: CustomSamplerConfig = section(CustomSamplerConfig)
-    sampler_kwargs: Dict[str, Any] = free_form('v1: extra sampler arguments', why=V1)
+    sampler_kwargs: Dict[str, Any] = free_form('v1: extra constructor arguments of a custom sampler',
+                                               why=SAMPLER_KWARGS)
 
 
 @dataclass
@@ -135,7 +161,7 @@ class TrainerV1Config:
                             'set from trainer.v1.separate_async); colocate_async is refused',
                             choices=('sync', 'colocate_async', 'separate_async'),
                             backend_values={'colocate_async': COLOCATE})
-    sync: Dict[str, Any] = free_form('v1 sync mode settings', why=V1)
+    sync: Dict[str, Any] = free_form('v1 sync mode settings (verl 0.9.1 defines none)', why=SYNC_SECTION)
     colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig)
     separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig)
     sampler: V1SamplerConfig = section(V1SamplerConfig)
