@@ -33,14 +33,17 @@ def v1_async_settings(cfg: Any) -> dict[str, Any]:
     legacy ``main_ppo_v0``, which reads no ``trainer.v1`` key) or its mode is ``sync`` (the on-policy driver).
 
     Raises:
-        ConfigError: ``parameter_sync_step`` < 1 or ``num_warmup_batches`` < 0, naming the key and value.
+        ConfigError: ``parameter_sync_step`` < 1, ``num_warmup_batches`` < 0 or ``sampler.max_off_policy_threshold``
+            < 1, naming the key and value.
     """
     if not cfg.trainer.use_v1 or cfg.trainer.v1.trainer_mode != "separate_async":
         return {}
-    sa = cfg.trainer.v1.separate_async
-    bad = [f"{_SA}{k}={v!r} must be an integer >= {lo}" for k, v, lo in
-           (("parameter_sync_step", sa.parameter_sync_step, 1), ("num_warmup_batches", sa.num_warmup_batches, 0))
-           if not isinstance(v, int) or v < lo]
+    sa, thr = cfg.trainer.v1.separate_async, cfg.trainer.v1.sampler.max_off_policy_threshold
+    bad = [f"{k}={v!r} must be an integer >= {lo}" for k, v, lo in
+           ((_SA + "parameter_sync_step", sa.parameter_sync_step, 1),
+            (_SA + "num_warmup_batches", sa.num_warmup_batches, 0),
+            ("trainer.v1.sampler.max_off_policy_threshold", thr, 1))  # verl asserts > 0
+           if not isinstance(v, int) or isinstance(v, bool) or v < lo]
     if bad:
         raise ConfigError("Invalid config:\n  - " + "\n  - ".join(bad))
     return {

@@ -28,6 +28,12 @@ Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter ver
   whose trajectories go on with v+1 (:meth:`FullyAsyncTrainer._agent_partial_generate`,
   ``rlhf_core/agent/pause.py``).
 
+With ``trainer.v1.trainer_mode=separate_async`` (verl 0.9's v1 loop, rlhf_core/config/v1_trainer.py) verl's v1
+sampler rule applies when the trainer takes a step's groups: with ``max_off_policy_strategy=drop`` a group whose span
+(trained-at version − its first token's version + 1) exceeds ``max_off_policy_threshold`` is evicted and its prompt
+generated again with the current weights (:meth:`FullyAsyncTrainer._evict_stale`,
+:mod:`rlhf_core.trainer.off_policy_sampler`).
+
 A sample is trained at a version at most :func:`~rlhf_core.trainer.fully_async_queue.max_staleness` above the
 version that generated it; ``staleness_threshold=0, trigger_parameter_sync_step=1`` gives 0: the run equals the
 on-policy trainer's. ``versions`` lists ``(step, generating version, trained-at version)``.
@@ -68,11 +74,13 @@ from omegaconf import DictConfig, open_dict
 from rlhf_core.agent.registry import uses_agent_loop
 from rlhf_core.config import ConfigError
 from rlhf_core.config.off_policy import fully_async_config_errors
+from rlhf_core.config.v1_trainer import v1_async_settings
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
 from rlhf_core.trainer.fully_async_stream import Group, assemble_step, split_groups, sub_batch_bounds, sub_batch_size
 from rlhf_core.trainer.overlap_clock import OverlapClock
+from rlhf_core.trainer.off_policy_sampler import eviction_metrics, spans, stale_groups
 from rlhf_core.trainer.one_step_off_policy import OneStepOffPolicyTrainer
 from rlhf_core.trainer.ppo_trainer import RayPPOTrainer
 from rlhf_core.trainer.ppo_validation import Validator
@@ -138,6 +146,14 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         # entry g = the parameter version of the rollout ranks' g-th weight load (0: their initial weights)
         self.partial_agent = self.partial and uses_agent_loop(config.actor_rollout_ref.rollout)
         self._load_versions: list[int] = [self.rollout_version]
+        # trainer.v1.trainer_mode=separate_async: verl's v1 sampler rule (threshold, strategy); None otherwise
+        sampler = config.trainer.v1.sampler
+        self.v1_sampler = ((int(sampler.max_off_policy_threshold), str(sampler.max_off_policy_strategy))
+                           if v1_async_settings(config) else None)
+        self._keep_prompts = self.v1_sampler is not None and self.v1_sampler[1] == "drop"
+        self.rollout_ranks = rollout_ranks
+        self._plain = threading.local()  # .on: generate without the partial-rollout segments (_regenerate)
+        self._evicted: dict[str, float] = {}
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -199,11 +215,13 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 for lo, hi in sub_batch_bounds(len(prompts), self.sub_batch):
                     if not self.queue.acquire(hi - lo):
                         return
-                    groups, seconds = self._generate_sub_batch(prompts.index(slice(lo, hi)), n, first_step + i + 1)
+                    sub = prompts.index(slice(lo, hi))
+                    groups, seconds = self._generate_sub_batch(sub, n, first_step + i + 1)
                     for g, group in enumerate(groups):
                         version = int(group[MIN_KEY].min())  # the group's earliest token's version
                         last = g == len(groups) - 1
-                        self.queue.put(1, version, Group(group, epoch, i, seconds if last else 0.0, position))
+                        prompt = sub.index(slice(g, g + 1)) if self._keep_prompts else None  # for a v1 drop
+                        self.queue.put(1, version, Group(group, epoch, i, seconds if last else 0.0, position, prompt))
         finally:
             self.queue.close()
 
@@ -225,7 +243,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         return split_groups(batch, n), time.perf_counter() - start
 
     def rollout_generate(self, batch: Batch) -> Batch:
-        if self.partial and not self.partial_agent:
+        if self.partial and not self.partial_agent and not getattr(self._plain, "on", False):
             return self._partial_generate(batch)
         return self.rollout_wg.execute_dp("generate_sequences", batch)
 
@@ -284,10 +302,50 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                     raise RuntimeError("the fully async rollouter failed") from error
                 if not groups:
                     return
+            if self.v1_sampler and len(groups) == self.required_samples:
+                groups, versions, self._evicted = self._evict_stale(groups, versions)
             batch, epoch, self._trained_state, seconds = assemble_step(groups, self.required_samples)
             self._wait_s, self._gen_version = waited, min(versions)
             self._timing["generate_async"] = seconds
             yield epoch, batch
+
+    def _evict_stale(self, groups: list[Group], versions: list[int]) -> tuple[list[Group], list[int], dict]:
+        """verl's v1 ``drop`` (:mod:`rlhf_core.trainer.off_policy_sampler`): the groups whose span ``current - version
+        + 1`` exceeds ``max_off_policy_threshold`` are evicted and their prompts generated again with the weights the
+        rollout group holds (verl draws a fresh prompt instead: here a step stays one loader batch, every prompt
+        trained once). Returns the groups, their versions and verl's eviction metrics (empty when none)."""
+        current = self.param_version
+        threshold, strategy = self.v1_sampler
+        stale = stale_groups(versions, current, threshold, strategy)
+        if not stale:
+            return groups, versions, {}
+        evicted = [spans(versions, current)[i] for i in stale]
+        fresh = self._regenerate([groups[i].prompt for i in stale])
+        groups, versions = list(groups), list(versions)
+        for i, group in zip(stale, fresh):
+            old = groups[i]
+            groups[i] = Group(group, old.epoch, old.loader_batch, old.seconds, old.position, old.prompt)
+            versions[i] = int(group[MIN_KEY].min())
+        return groups, versions, eviction_metrics(evicted)
+
+    def _regenerate(self, prompts: list[Batch]) -> list[Batch]:
+        """One group of ``rollout.n`` responses per prompt row, generated in one call under the generation lock with
+        the version the rollout group holds (not in partial-rollout segments: the rollouter's own partial
+        generation may be open between two segments). The rows are padded with repeats of the prompts to split
+        over the rollout ranks; the extra groups are discarded."""
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        rows = len(prompts)
+        while rows * n % self.rollout_ranks:
+            rows += 1
+        batch = Batch.concat([prompts[i % len(prompts)] for i in range(rows)]).repeat_interleave(n)
+        self._plain.on = True
+        try:
+            with self.gen_lock:
+                version = self.rollout_version
+                out = tag_versions(self.generate(batch, step=self.global_steps), version)
+        finally:
+            self._plain.on = False
+        return split_groups(out, n)[:len(prompts)]
 
     def sample(self, prompts: Batch, more: Iterator[Batch], timing: dict, metrics: dict) -> tuple[Batch, Any]:
         """The queued chunk (already generated) balanced and its reward started; ``timing_s/gen`` = the wait."""
@@ -311,6 +369,8 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                         "fully_async/total_wait_time": self._wait_s,
                         "fully_async/trainer/idle_ratio": self._wait_s / max(self._wait_s + step_s, 1e-9)})
         metrics.update(version_stats)
+        metrics.update(self._evicted)
+        self._evicted = {}
         metrics.update({f"timing_s/{k}": v for k, v in self._timing.items()})
         self._timing = {}
         return metrics

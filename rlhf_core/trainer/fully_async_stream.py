@@ -73,12 +73,15 @@ class Group:
         seconds: the generation seconds of its sub-batch, on the sub-batch's last group only (0.0 on the others), so
             the groups of a step sum to the seconds of its sub-batches.
         position: the loader's ``state_dict()`` right after its loader batch was drawn.
+        prompt: its prompt's row (with ``uid``) as drawn, to generate it again (verl's v1 ``drop``,
+            :mod:`rlhf_core.trainer.off_policy_sampler`); None when not kept.
     """
     batch: Batch
     epoch: int
     loader_batch: int
     seconds: float
     position: Any
+    prompt: Batch | None = None
 
 
 def split_groups(batch: Batch, n: int) -> list[Batch]:

@@ -80,6 +80,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                      "v1.separate_async.num_warmup_batches")},
         "trainer.use_v1": "tests/rlhf_core/config/test_v1_trainer_mode.py::test_sync_and_use_v1_false_leave_the_driver_"
                           "alone",
+        **{f"trainer.v1.sampler.max_off_policy_{k}": "tests/rlhf_core/trainer/test_off_policy_sampler.py::"
+           "test_drop_evicts_the_groups_generated_ahead_and_wait_trains_them" for k in ("threshold", "strategy")},
         # read when old_log_probs are computed (not on the on-policy path the short runs take)
         _A + "actor.use_rollout_log_probs":
             "tests/rlhf_core/config/test_use_rollout_log_probs.py::test_old_log_probs_are_the_rollouts_with_the_key_and_the_actors_without",

@@ -11,7 +11,6 @@ from rlhf_core.config.schemas.sections09 import DisaggregationConfig
 from rlhf_core.config.spec import free_form, key, section
 
 GEN_RM = "a generative reward model served by its own rollout engine, which this project does not have"
-V1 = "verl 0.9's experimental v1 trainer loop (trainer.use_v1); this project runs its own PPO driver"
 COLOCATE = ("verl's colocate_async: rollout replicas on the actor's own devices keep num_warmup_batches + 1 batches "
             "of prompts in flight, are aborted once a batch of groups has finished and resume the unfinished ones "
             "with the new weights after the update (partial rollout on hybrid replicas); here the on-policy driver's "
@@ -143,8 +142,13 @@ class CustomSamplerConfig:
 class V1SamplerConfig:
     """``trainer.v1.sampler``."""
 
-    max_off_policy_threshold: int = key(8, 'v1: staleness above which samples are handled by the strategy', why=V1)
-    max_off_policy_strategy: str = key('drop', 'v1: what happens to samples past the threshold', why=V1)
+    max_off_policy_threshold: int = key(8, 'v1 separate_async: a prompt group whose span (training version - '
+                                        'version of its first token + 1) exceeds this is handled by the strategy '
+                                        '(verl: async modes only; read with trainer_mode=separate_async)')
+    max_off_policy_strategy: str = key('drop', 'v1 separate_async: drop = evict such a group and generate its '
+                                       'prompt again with the current weights (verl: a fresh prompt); wait = evict '
+                                       'nothing (the fully async trainer already takes groups oldest first)',
+                                       choices=('drop', 'wait'))
     sync_refill_failed_groups: bool = key(False, 'v1 sync: replace prompt groups whose rollout failed with fresh '
                                           'prompts', why=REFILL)
     custom_sampler: CustomSamplerConfig = section(CustomSamplerConfig)
