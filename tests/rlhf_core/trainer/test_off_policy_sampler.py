@@ -113,7 +113,6 @@ def _held_ahead_run(tmp_path, tiny_model_dir, monkeypatch, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.ray
 def test_drop_evicts_the_groups_generated_ahead_and_wait_trains_them(tiny_model_dir, tmp_path, monkeypatch):
     steps, trained = _held_ahead_run(tmp_path / "drop", tiny_model_dir, monkeypatch, "drop")
     # loader batches 2 and 3 came from version 0; trained at versions 1 and 2 their spans are 2 and 3 > 1: both
