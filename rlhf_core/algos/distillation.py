@@ -19,6 +19,7 @@ supervised: ``agg_loss``; ``use_policy_gradient``: the vanilla PPO loss with adv
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,10 +152,8 @@ def per_token_losses(inputs: DistillationInputs, loss_cfg: Any) -> tuple[torch.T
         metrics = {"distillation/student_mass": _mean(s) * share, "distillation/teacher_mass": _mean(t) * share,
                    "distillation/overlap_ratio": _mean(out["overlap_count"][mask].float()) / k * share,
                    "distillation/overlap_token_advantage": _mean(adv) * share}
-        if s.numel():
-            metrics.update({"distillation/student_mass_min": float(s.min()), "distillation/student_mass_max":
-                            float(s.max()), "distillation/teacher_mass_min": float(t.min()),
-                            "distillation/teacher_mass_max": float(t.max())})
+        metrics.update({"distillation/student_mass_min": _ext(s, min), "distillation/student_mass_max": _ext(s, max),
+                        "distillation/teacher_mass_min": _ext(t, min), "distillation/teacher_mass_max": _ext(t, max)})
         return out["distillation_losses"].clamp_min(0.0), metrics
     losses = estimator_losses(inputs.log_prob, inputs.teacher_log_probs, loss_cfg.loss_mode)
     return losses, {"distillation/abs_loss": _mean(losses[mask].detach().abs()) * share}
@@ -162,6 +161,14 @@ def per_token_losses(inputs: DistillationInputs, loss_cfg: Any) -> tuple[torch.T
 
 def _mean(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else 0.0
+
+
+def _ext(x: torch.Tensor, red) -> float:
+    """min or max of ``x``; of no element, the identity of that reduction (+inf for min, −inf for max), so every
+    rank reports the key and the reduction over ranks ignores an empty micro-batch."""
+    if not x.numel():
+        return math.inf if red is min else -math.inf
+    return float(x.min() if red is min else x.max())
 
 
 def distillation_loss(inputs: DistillationInputs, loss_cfg: Any, actor_cfg: Any) -> tuple[torch.Tensor, dict]:
@@ -184,8 +191,7 @@ def distillation_loss(inputs: DistillationInputs, loss_cfg: Any, actor_cfg: Any)
     """
     losses, metrics = per_token_losses(inputs, loss_cfg)
     valid = losses[inputs.response_mask.bool()].detach()
-    if valid.numel():
-        metrics.update({"distillation/loss_min": float(valid.min()), "distillation/loss_max": float(valid.max())})
+    metrics.update({"distillation/loss_min": _ext(valid, min), "distillation/loss_max": _ext(valid, max)})
     if loss_cfg.loss_max_clamp is not None:
         c = float(loss_cfg.loss_max_clamp)
         losses = losses.clamp(min=-c, max=c)

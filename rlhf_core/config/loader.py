@@ -22,6 +22,7 @@ from .off_policy import derive_fully_async_batch
 from .v1_trainer import resolve_v1_trainer
 from .overrides import apply_overrides, parse_override
 from .reads import record_reads
+from .distillation import template_path
 from .schema import CONFIG_NAMES, all_paths, check_schema, flatten, is_open, unknown_key_error
 from .structured import (fresh_copy, schema_paths, shared_shipped_defaults, shipped_defaults, to_typed,
                          typed_defaults)
@@ -151,7 +152,7 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     base = _base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
-        if key not in known and not is_open(key):
+        if key not in known and not is_open(key) and template_path(key) not in known:  # an added teacher: its template's keys
             raise unknown_key_error(key, known, f" (in {path})")
         _refuse_value_for_section(base, key, value, path, kind)
     cfg = fresh_copy(base)
@@ -346,6 +347,8 @@ def _shape_errors(kind: str, cfg: DictConfig, overrides: Sequence[str]) -> list[
     have = set(flatten(cfg, resolve=False))
     errors = []
     for key in sorted(have - schema):
+        if template_path(key) in schema:  # distillation.teacher_models.<name>.x: teacher_model's key x
+            continue
         if not is_open(key) and not any(key.startswith(p + ".") for p in schema):
             if key.startswith("ray_kwargs.ray_init.") and kind in ("ppo_trainer", "evaluation"):
                 from rlhf_core.config.ray_kwargs import ray_init_key_error  # imports ray: only for such a key

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlhf_core.flat import flatten_tree
 
+from .distillation import template_path
 from .errors import ConfigError
 from .spec import DEFAULT_ONLY, KeySpec, Registered, section_aliases, spec_table
 
@@ -226,12 +227,12 @@ def check_schema(cfg: DictConfig, name: str) -> list[str]:
     errors: list[str] = []
     flat = flatten(cfg, resolve=True)
     for path, value in flat.items():
-        spec = table.get(path)
+        spec = table.get(path) or table.get(template_path(path) or "")  # an added teacher: teacher_model's
         if spec is None:
             continue
         err, fixed = _check_type(spec, value)
         if err:
-            errors.append(err)
+            errors.append(err.replace(spec.path, path, 1))
             continue
         if fixed is not value:
             OmegaConf.update(cfg, path, fixed, merge=False)

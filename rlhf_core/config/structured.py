@@ -151,7 +151,9 @@ def to_typed(name: str, cfg: DictConfig) -> DictConfig:
         # overwrites its default, interpolations included), without re-validating ~950 unchanged leaves each load.
         changed = _changed(OmegaConf.to_container(cfg, resolve=True), _resolved_shipped(name))
         typed = fresh_copy(_typed_resolved(name))
-        for path in PASS_THROUGH:  # sections handed whole to a library call: any of its arguments (checked at load)
+        # sections handed whole to a library call: any of its arguments (checked at load); the distillation teachers:
+        # named entries added beside teacher_model, each key checked as teacher_model's (rlhf_core/config/distillation.py)
+        for path in PASS_THROUGH + ("distillation.teacher_models",):
             node = OmegaConf.select(typed, path)
             if isinstance(node, DictConfig):
                 OmegaConf.set_struct(node, False)

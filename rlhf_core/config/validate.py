@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
+from .distillation import distillation_errors
 from .off_policy import fully_async_config_errors, one_step_config_errors
 from .prefix_grouper import prefix_grouper_errors
 
@@ -301,6 +302,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
         errors.append(f"trainer.critic_warmup={_get(cfg, 'trainer.critic_warmup')} must be >= 0.")
     errors += _filter_groups_errors(cfg)
     errors += _agent_loop_errors(cfg)
+    errors += distillation_errors(cfg)
     if _get(cfg, f"{A}.hybrid_engine") is False and _get(cfg, "async_training.mode") == "on_policy":
         errors.append(f"{A}.hybrid_engine=False (rollout in workers of its own) runs only with "
                       f"async_training.mode=one_step_off_policy or fully_async, got 'on_policy'.")

@@ -34,6 +34,7 @@ from rlhf_core.models.hub import check_hub_models, ppo_model_keys
 from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path, model_tokenizer_path
 from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
+from rlhf_core.workers.teacher import check_teachers
 from rlhf_core.reward import load_reward_manager
 from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
 from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
@@ -298,6 +299,7 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
     if unwritable:  # the lock, metrics.jsonl and checkpoints go there: refuse a read-only place before Ray
         raise ConfigError(unwritable)
     check_model_paths(config)
+    check_teachers(config)  # distillation: each teacher's folder and its tokenizer vocabulary (= the student's)
     tokenizer = load_driver_tokenizer(config)
     check_chat_template(config, tokenizer)
     train_ds, val_ds = build_datasets(config, tokenizer)

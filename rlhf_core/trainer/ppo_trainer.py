@@ -84,6 +84,7 @@ class RayPPOTrainer:
                            "resamples the batch only with adv_estimator=gae", algo.adv_estimator)
         self.use_remax = algo.adv_estimator == "remax"
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.use_distillation = bool(config.distillation.enabled)  # the actor's workers hold the teachers
         self.kl_ctrl = None
         if algo.use_kl_in_reward:
             kc = algo.kl_ctrl
@@ -225,6 +226,9 @@ class RayPPOTrainer:
             if self.use_reference_policy:
                 with timer("ref", timing):
                     batch = self.compute_ref_log_prob(batch)
+            if self.use_distillation:
+                with timer("teacher", timing):
+                    batch = self.compute_teacher_log_prob(batch)
             if self.use_critic:
                 with timer("values", timing):
                     batch = self.compute_values(batch)
@@ -354,6 +358,12 @@ class RayPPOTrainer:
         """[ref] ``ref_log_prob (B, T)`` from the ref group, or from the actor group in role actor_rollout_ref."""
         wg = self.wgs.get("ref", self.actor_wg)
         return batch.merge(wg.execute_dp("compute_ref_log_prob", batch), "reference compute_ref_log_prob")
+
+    def compute_teacher_log_prob(self, batch: Batch) -> Batch:
+        """[teacher] (``distillation.enabled``) the teachers' log-probs of the responses, from the actor group
+        (``rlhf_core.workers.teacher``): ``teacher_log_probs (B, T)``, or for ``forward_kl_topk``
+        ``teacher_topk_log_probs`` / ``teacher_topk_ids (B, T, k)``; the update adds the distillation loss."""
+        return batch.merge(self.actor_wg.execute_dp("compute_teacher_log_prob", batch), "teacher log-probs")
 
     def compute_values(self, batch: Batch) -> Batch:
         """[values] ``values (B, T)`` from the critic."""

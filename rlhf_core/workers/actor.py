@@ -250,6 +250,9 @@ class DataParallelPPOActor:
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.update_calls = 0  # seeds the per-call mini-batch shuffle; saved with the checkpoint's extra state
+        # distillation.distillation_loss when distillation.enabled (set by the worker): the update adds its loss
+        # against the batch's teacher log-probs (rlhf_core/workers/actor_loss.py)
+        self.distillation: Any = None
         self._ref_model = ref_model
         self.use_remove_padding = use_remove_padding  # model.use_remove_padding; chooses the forward paths
 

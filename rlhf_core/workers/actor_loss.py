@@ -4,7 +4,10 @@ to :func:`~rlhf_core.workers.update_loop.run_update`.
 
 ``loss = pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss``, every term aggregated by
 ``loss_agg_mode`` with the mini-batch's global token and sequence counts (all ranks), so that the micro-batch
-contributions sum to the mini-batch's loss whatever the micro-batch split or the world size.
+contributions sum to the mini-batch's loss whatever the micro-batch split or the world size. With
+``distillation.enabled`` the distillation term against the teacher's log-probs in the batch is added as verl's
+``distillation_ppo_loss`` does (:func:`~rlhf_core.algos.distillation.combine_with_policy_loss`; without
+``use_task_rewards`` and ``use_policy_gradient`` the PPO loss is not computed at all).
 """
 from __future__ import annotations
 
@@ -12,12 +15,17 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 
+from rlhf_core.algos.distillation import (DistillationInputs, combine_with_policy_loss, distillation_loss,
+                                          needs_policy_loss, uses_topk)
 from rlhf_core.algos.loss_agg import agg_loss
 from rlhf_core.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, get_policy_loss_fn
 from rlhf_core.algos.rollout_correction import compute_policy_loss_bypass_mode
 from rlhf_core.algos.rollout_is import compute_rollout_importance_weights
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.fsdp_utils import device
+
+# the teacher's tensors the loss reads: top-k log-probs and ids (forward_kl_topk), else the sampled token's log-prob
+TEACHER_KEYS = {True: ("teacher_topk_log_probs", "teacher_topk_ids"), False: ("teacher_log_probs",)}
 
 if TYPE_CHECKING:
     from rlhf_core.workers.actor import DataParallelPPOActor
@@ -71,10 +79,24 @@ def actor_micro_loss(actor: "DataParallelPPOActor", mb: Batch, temperature: floa
     # the pre-update actor/entropy the skipped old_log_prob stage would have logged
     on_policy = "old_log_probs" not in mb
     entropy_metric = bool(entropy_coeff) or bool(cfg.calculate_entropy)  # verl 0.9: actor/entropy_loss
+    distill = actor.distillation  # distillation.distillation_loss when distillation.enabled, else None
+    topk = distill is not None and uses_topk(distill.loss_mode)
     log_prob, entropy, *rest = actor._log_prob_entropy(mb, temperature, with_entropy=entropy_metric or on_policy,
-                                                       return_logits=full_kl, entropy_grad=bool(entropy_coeff))
+                                                       return_logits=full_kl or topk, entropy_grad=bool(entropy_coeff))
     old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"].to(dev)
     is_w = rollout_is_weights(cfg, mb)
+    if distill is not None:
+        d_inputs = DistillationInputs(
+            log_prob, old_log_prob, mask, rollout_is_weights=None if is_w is None else is_w.to(dev),
+            global_tokens=n_tok, global_seqs=n_seq, loss_scale_factor=scale, logits=rest[0] if topk else None,
+            **{k: mb[k].to(dev) for k in TEACHER_KEYS[topk]})
+        d_loss, d_metrics = distillation_loss(d_inputs, distill, cfg)
+        d_metrics["distillation/loss"] = float(d_loss.detach())  # a contribution: summed, the mini-batch's loss
+        if not needs_policy_loss(distill):  # verl: no PPO loss (nor its entropy / KL terms) at all
+            if on_policy:
+                d_metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, mode, global_tokens=n_tok,
+                                                            global_seqs=n_seq, loss_scale_factor=scale))
+            return d_loss, d_metrics
     inputs = PolicyLossInputs(old_log_prob, log_prob, mb["advantages"].to(dev), mask,
                               rollout_is_weights=None if is_w is None else is_w.to(dev), global_tokens=n_tok,
                               global_seqs=n_seq, loss_scale_factor=scale)
@@ -101,4 +123,7 @@ def actor_micro_loss(actor: "DataParallelPPOActor", mb: Batch, temperature: floa
         kl_loss = agg_loss(kl, mask, mode, global_tokens=n_tok, global_seqs=n_seq, loss_scale_factor=scale)
         loss = loss + float(cfg.kl_loss_coef) * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
+    if distill is not None:  # verl distillation_ppo_loss
+        metrics.update(d_metrics)
+        loss = combine_with_policy_loss(loss, d_loss, distill)
     return loss, metrics

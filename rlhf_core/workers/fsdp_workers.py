@@ -118,7 +118,20 @@ class ActorRolloutRefWorker(ProfiledWorker):
                                             prefix_grouper=bool(acfg.use_prefix_grouper))  # verl: the actor's key
         if self.actor is not None and self.ref is not None:
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
+        if self.actor is not None and self.config.distillation.enabled:
+            self._init_teachers()
         seed_rank(self.config)
+
+    def _init_teachers(self) -> None:
+        """``distillation.enabled``: load the teachers on this rank (:class:`~rlhf_core.workers.teacher.
+        TeacherScorer`) and hand the actor its distillation loss settings."""
+        from rlhf_core.algos.distillation import uses_topk
+        from rlhf_core.workers.teacher import TeacherScorer
+
+        loss_cfg = self.config.distillation.distillation_loss
+        topk = int(loss_cfg.topk) if uses_topk(loss_cfg.loss_mode) else None
+        self.teachers = TeacherScorer(self.config, bool(self.arr.model.use_remove_padding), topk)
+        self.actor.distillation = loss_cfg
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
@@ -299,6 +312,21 @@ class ActorRolloutRefWorker(ProfiledWorker):
                                    f"(role 'actor_rollout_ref'), got role {self.role!r}")
             out["ref_kl_full"] = self.actor.compute_full_kl(batch, micro, dynamic, max_tok)
         return Batch(out)
+
+    @profiled_stage("compute_teacher_log_prob")
+    def compute_teacher_log_prob(self, batch: Batch) -> Batch:
+        """The distillation teachers' log-probs of this rank's responses (``teacher_log_probs (B, T)``, or
+        ``teacher_topk_log_probs``/``teacher_topk_ids (B, T, k)`` for ``forward_kl_topk``), micro-batched by
+        ``rollout.log_prob_micro_batch_size_per_gpu`` (all rows at once when null).
+
+        Raises:
+            RuntimeError: when this worker has no teacher (``distillation.enabled`` false, or no actor).
+        """
+        if getattr(self, "teachers", None) is None:
+            raise RuntimeError(f"role {self.role!r} has no distillation teacher (distillation.enabled and an actor)")
+        rcfg = self.arr.rollout
+        micro = rcfg.log_prob_micro_batch_size_per_gpu
+        return self.teachers.score(batch, None if micro is None else int(micro))
 
     @profiled_stage("update_actor", scheduled=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:

@@ -11,7 +11,8 @@ For each epoch, for each mini-batch of this rank's shard (reshuffled per epoch w
    (``profiler.tool_config.torch.schedule``, :func:`rlhf_core.workers.torch_trace.mini_batch_done`).
 
 Returned metrics are the mean over mini-batches (identical on every rank), except ``<role>/skipped_steps``,
-which is their sum. ``micro_loss`` returns the micro-batch's *contribution* to the mini-batch loss (terms
+which is their sum, and the extrema of :data:`~rlhf_core.algos.distillation.EXTREMA` (``distillation/loss_min``...),
+reduced by their min or max over micro-batches, ranks and mini-batches instead of summed and averaged. ``micro_loss`` returns the micro-batch's *contribution* to the mini-batch loss (terms
 aggregated with the global counts) and metric contributions that sum to mini-batch values, so the update and
 the metrics do not depend on the micro-batch split or the number of ranks.
 """
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from rlhf_core.algos.distillation import EXTREMA
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.torch_trace import mini_batch_done
@@ -83,6 +85,19 @@ def _gradient_sync(model: nn.Module, sync: bool):
         model.set_requires_gradient_sync(True)
 
 
+def all_reduce_extrema(values: dict[str, float]) -> dict[str, float]:
+    """Each of ``values`` (keys of :data:`~rlhf_core.algos.distillation.EXTREMA`, the same on every rank) reduced
+    over all ranks by its min or max (verl ``AggregationType.MIN``/``MAX``)."""
+    import torch.distributed as dist
+
+    out = {}
+    for red, op in ((min, dist.ReduceOp.MIN), (max, dist.ReduceOp.MAX)):
+        keys = sorted(k for k in values if EXTREMA[k] is red)
+        if keys:
+            out.update(zip(keys, batching._all_reduce([values[k] for k in keys], torch.float64, op)))
+    return out
+
+
 def response_mask(batch: Batch) -> torch.Tensor:
     """The default ``count_mask``: ``response_mask (B, T)``."""
     return batch["response_mask"]
@@ -114,8 +129,9 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
                         loss, metrics = micro_loss(mb, n_tok, n_seq)
                     (loss * W).backward()
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-            mini_metrics = batching.all_reduce_sum(sums)
+                    sums[k] = EXTREMA[k](sums[k], v) if k in EXTREMA and k in sums else sums.get(k, 0.0) + v
+            mini_metrics = batching.all_reduce_sum({k: v for k, v in sums.items() if k not in EXTREMA})
+            mini_metrics.update(all_reduce_extrema({k: v for k, v in sums.items() if k in EXTREMA}))
             grad_norm = clip_grad_norm(model, schedule.grad_clip)
             stepped = math.isfinite(grad_norm)
             if stepped:
@@ -128,6 +144,6 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
             for k, v in mini_metrics.items():
                 history.setdefault(k, []).append(v)
             mini_batch_done()  # advances a profiler schedule over mini-batches (a no-op when none runs)
-    out = {k: sum(v) / len(v) for k, v in history.items()}
+    out = {k: EXTREMA[k](v) if k in EXTREMA else sum(v) / len(v) for k, v in history.items()}
     out[f"{role}/skipped_steps"] = sum(history.get(f"{role}/skipped_steps", [0.0]))
     return out

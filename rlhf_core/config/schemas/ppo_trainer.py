@@ -385,6 +385,6 @@ class PPOTrainerConfig:
     model_engine: str = key('dp', "verl's worker engine family: dp (FSDP data parallel)", only=('dp',),
         why='engines other than dp (Megatron, torchtitan, veomni)')
     transfer_queue: TransferQueueConfig = section(TransferQueueConfig, 'TransferQueue data plane (not supported)')
-    distillation: DistillationConfig = section(DistillationConfig, 'on-policy distillation (not supported yet)')
+    distillation: DistillationConfig = section(DistillationConfig, 'on-policy distillation from teacher models (verl 0.9.1)')
     sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, 'code-execution sandbox of code rewards')
     skip: SkipConfig = section(SkipConfig, 'dump a stage or replay its dump (not supported yet)')

@@ -9,10 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from rlhf_core.config.spec import free_form, key, section
 
-DISTILL = 'on-policy distillation from teacher models, which this project does not have yet'
 TQ = "verl's TransferQueue data plane, which this project does not have"
-DISTILL_FOLLOWER = ("follows the rollout's key, so it cannot be refused; read only with distillation.enabled, which "
-                    "is refused (" + DISTILL + ")")
 SKIP = "verl's rollout dump/replay (skip), which this project does not have yet"
 DISAGG = 'prefill/decode disaggregation (sglang), a backend this project does not have'
 PROM = 'Prometheus metrics of the rollout servers, which this project does not export'
@@ -62,65 +59,83 @@ class DisaggregationConfig:
 
 @dataclass
 class DistillationLossConfig:
-    """``distillation.distillation_loss``."""
+    """``distillation.distillation_loss`` (verl 0.9.1; rlhf_core/algos/distillation.py, docs/ALGORITHMS.md)."""
 
-    loss_mode: str = key('k3', 'distillation loss: KL estimator between student and teacher', why=DISTILL)
-    topk: int = key(32, 'distillation: teacher top-k log-probs used per token', why=DISTILL)
-    use_task_rewards: bool = key(True, 'distillation: keep the task reward beside the distillation loss', why=DISTILL)
-    distillation_loss_coef: float = key(1.0, 'distillation: weight of the distillation loss', why=DISTILL)
-    loss_max_clamp: Optional[float] = key(None, 'distillation: clamp of the per-token loss; null = none', why=DISTILL)
-    log_prob_min_clamp: Optional[float] = key(None, 'distillation: floor of the log-probs; null = none', why=DISTILL)
-    use_policy_gradient: bool = key(False, 'distillation: optimise the loss as a reward with policy gradient',
-        why=DISTILL)
-    policy_loss_mode: str = key('vanilla', 'distillation: policy loss when use_policy_gradient', why=DISTILL)
-    clip_ratio: float = key(0.2, 'distillation: PPO clip epsilon of that policy loss', why=DISTILL)
-    clip_ratio_low: float = key(0.2, 'distillation: lower clip epsilon', why=DISTILL)
-    clip_ratio_high: float = key(0.2, 'distillation: upper clip epsilon', why=DISTILL)
+    loss_mode: str = key('k3', 'distillation loss: a reverse-KL estimator of the sampled token (k1|kl, abs, k2|mse, '
+        'k3|low_var_kl) or forward_kl_topk (forward KL over the teacher\'s top-k tokens)',
+        choices=('forward_kl_topk', 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'))
+    topk: int = key(32, "distillation: k of the teacher's top-k log-probs (forward_kl_topk)")
+    use_task_rewards: bool = key(True, 'distillation: keep the PPO loss on the task reward beside the distillation '
+        'loss; false: the distillation loss alone')
+    distillation_loss_coef: float = key(1.0, 'distillation: weight of the distillation loss when use_task_rewards')
+    loss_max_clamp: Optional[float] = key(None, 'distillation: per-token loss clamped to [-c, c]; null = none')
+    log_prob_min_clamp: Optional[float] = key(None, 'distillation: floor of the top-k log-probs of student and '
+        'teacher (forward_kl_topk); null = none')
+    use_policy_gradient: bool = key(False, 'distillation: optimise -loss as an advantage with the policy loss '
+        '(needed for k1) instead of backpropagating the loss')
+    policy_loss_mode: str = key('vanilla', 'distillation: policy loss when use_policy_gradient (verl: vanilla only)',
+        choices=('vanilla',))
+    clip_ratio: float = key(0.2, 'distillation: PPO clip epsilon of that policy loss (verl reads the low/high pair)')
+    clip_ratio_low: float = key(0.2, 'distillation: lower clip epsilon of that policy loss')
+    clip_ratio_high: float = key(0.2, 'distillation: upper clip epsilon of that policy loss')
+
+
+TEACHER_ENGINE = ("an engine setting of verl's teacher server (vLLM/sglang); the teacher here is a Hugging Face "
+                  "forward in the actor's workers")
+TEACHER_POOL = ("verl's separate GPU pool of teacher replicas; here each actor rank holds a full copy of each teacher "
+                "and scores its own rows")
 
 
 @dataclass
 class TeacherInferenceConfig:
-    """``distillation.teacher_models.teacher_model.inference``: the teacher's inference engine."""
+    """``distillation.teacher_models.teacher_model.inference``: the teacher's inference engine. Here the teacher is
+    scored by an HF forward in the actor's workers (rlhf_core/workers/teacher.py); the engine keys stay accepted."""
 
     name: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.name}', "teacher engine (follows the rollout's)",
-        no_effect_yet=DISTILL_FOLLOWER)
-    dtype: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.dtype}', "teacher dtype (follows the rollout's)",
-        no_effect_yet=DISTILL_FOLLOWER)
-    gpu_memory_utilization: float = key(0.5, 'teacher: fraction of accelerator memory for the engine', why=DISTILL)
-    enforce_eager: bool = key(True, 'teacher: no CUDA graphs', why=DISTILL)
-    cudagraph_capture_sizes: Optional[List[int]] = key(None, 'teacher: CUDA-graph batch sizes', why=DISTILL)
-    free_cache_engine: bool = key(True, 'teacher: free the KV cache between steps', why=DISTILL)
-    data_parallel_size: int = key(1, 'teacher: data-parallel size', why=DISTILL)
-    expert_parallel_size: int = key(1, 'teacher: expert-parallel size', why=DISTILL)
-    tensor_model_parallel_size: int = key(2, 'teacher: tensor-parallel size', why=DISTILL)
-    max_num_batched_tokens: int = key(8192, 'teacher: tokens per engine step', why=DISTILL)
-    max_model_len: Optional[int] = key(None, 'teacher: max sequence length; null = prompt + response', why=DISTILL)
-    max_num_seqs: int = key(1024, 'teacher: sequences per engine batch', why=DISTILL)
-    load_format: str = key('auto', 'teacher: weight loading format', why=DISTILL)
-    engine_kwargs: Dict[str, Any] = free_form('teacher: extra engine arguments', why=DISTILL)
-    limit_images: Optional[int] = key(None, 'teacher: images per prompt', why=DISTILL)
-    enable_chunked_prefill: bool = key(True, 'teacher: chunked prefill', why=DISTILL)
-    enable_prefix_caching: bool = key(True, 'teacher: prefix caching', why=DISTILL)
-    disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', why=DISTILL)
-    skip_tokenizer_init: bool = key(True, 'teacher: the engine gets token ids, no tokenizer', why=DISTILL)
+        no_effect_on_cpu="the teacher is scored by a Hugging Face forward whatever the engine name")
+    dtype: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.dtype}',
+        "teacher: dtype its weights are loaded in (follows the rollout's); log-probs in float32")
+    gpu_memory_utilization: float = key(0.5, 'teacher: fraction of accelerator memory for the engine',
+        no_effect_on_cpu=TEACHER_ENGINE)
+    enforce_eager: bool = key(True, 'teacher: no CUDA graphs', no_effect_on_cpu=TEACHER_ENGINE)
+    cudagraph_capture_sizes: Optional[List[int]] = key(None, 'teacher: CUDA-graph batch sizes',
+        no_effect_on_cpu=TEACHER_ENGINE)
+    free_cache_engine: bool = key(True, 'teacher: free the KV cache between steps', no_effect_on_cpu=TEACHER_ENGINE)
+    data_parallel_size: int = key(1, 'teacher: data-parallel size', no_effect_on_cpu=TEACHER_POOL)
+    expert_parallel_size: int = key(1, 'teacher: expert-parallel size', no_effect_on_cpu=TEACHER_POOL)
+    tensor_model_parallel_size: int = key(2, 'teacher: tensor-parallel size', no_effect_on_cpu=TEACHER_POOL)
+    max_num_batched_tokens: int = key(8192, 'teacher: tokens per engine step', no_effect_on_cpu=TEACHER_ENGINE)
+    max_model_len: Optional[int] = key(None, 'teacher: max sequence length, checked to hold prompt_length + '
+        'response_length + 1; null = no check')
+    max_num_seqs: int = key(1024, 'teacher: sequences per engine batch', no_effect_on_cpu=TEACHER_ENGINE)
+    load_format: str = key('auto', 'teacher: weight loading format', no_effect_on_cpu=TEACHER_ENGINE)
+    engine_kwargs: Dict[str, Any] = free_form('teacher: extra engine arguments', no_effect_on_cpu=TEACHER_ENGINE)
+    limit_images: Optional[int] = key(None, 'teacher: images per prompt', no_effect_on_cpu=TEACHER_ENGINE)
+    enable_chunked_prefill: bool = key(True, 'teacher: chunked prefill', no_effect_on_cpu=TEACHER_ENGINE)
+    enable_prefix_caching: bool = key(True, 'teacher: prefix caching', no_effect_on_cpu=TEACHER_ENGINE)
+    disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', no_effect_on_cpu=TEACHER_ENGINE)
+    skip_tokenizer_init: bool = key(True, 'teacher: the engine gets token ids, no tokenizer',
+        no_effect_on_cpu=TEACHER_ENGINE)
     prompt_length: int = key('${oc.select:actor_rollout_ref.rollout.prompt_length}',
-        "teacher: prompt length (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
+        "teacher: prompt length (follows the rollout's), in the max_model_len check")
     response_length: int = key('${oc.select:actor_rollout_ref.rollout.response_length}',
-        "teacher: response length (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
+        "teacher: response length (follows the rollout's), in the max_model_len check")
     temperature: float = key('${oc.select:actor_rollout_ref.rollout.temperature}',
-        "teacher: temperature of its log-probs (follows the rollout's)", no_effect_yet=DISTILL_FOLLOWER)
+        "teacher: as in verl its log-probs are taken at temperature 1 whatever this says (a warning when not 1)")
 
 
 @dataclass
 class TeacherModelConfig:
-    """``distillation.teacher_models.teacher_model``: one teacher."""
+    """``distillation.teacher_models.teacher_model``: one teacher. Further teachers:
+    ``+distillation.teacher_models.<name>.<key>`` (rlhf_core/config/distillation.py)."""
 
-    model_path: Optional[str] = key(None, 'teacher model path', why=DISTILL)
-    num_replicas: int = key(0, 'teacher engine replicas', why=DISTILL)
+    model_path: Optional[str] = key(None, 'teacher model path (a local Hugging Face folder with the student\'s '
+        'tokenizer vocabulary)')
+    num_replicas: int = key(0, 'teacher engine replicas', no_effect_on_cpu=TEACHER_POOL)
     inference: TeacherInferenceConfig = section(TeacherInferenceConfig)
     # last: the field named key shadows spec.key in the class body
-    key: Optional[str] = key(None, 'value of distillation.teacher_key whose rows this teacher scores; null = all',
-        why=DISTILL)
+    key: Optional[str] = key(None, 'value of distillation.teacher_key whose rows this teacher scores (several '
+        'teachers); a single teacher scores every row')
 
 
 @dataclass
@@ -132,14 +147,15 @@ class TeacherModelsConfig:
 
 @dataclass
 class DistillationConfig:
-    """``distillation``: on-policy distillation from teacher models."""
+    """``distillation``: on-policy distillation from teacher models (verl 0.9.1; docs/ALGORITHMS.md)."""
 
-    enabled: bool = key(False, 'add a distillation loss against teacher models', why=DISTILL)
+    enabled: bool = key(False, "add a distillation loss against teacher models' log-probs of the student's responses")
     distillation_loss: DistillationLossConfig = section(DistillationLossConfig)
-    n_gpus_per_node: int = key(8, 'distillation: accelerators per node of the teacher pool', why=DISTILL)
-    nnodes: int = key(0, 'distillation: nodes of the teacher pool', why=DISTILL)
+    n_gpus_per_node: int = key(8, 'distillation: accelerators per node of the teacher pool',
+        no_effect_on_cpu=TEACHER_POOL)
+    nnodes: int = key(0, 'distillation: nodes of the teacher pool', no_effect_on_cpu=TEACHER_POOL)
     teacher_models: TeacherModelsConfig = section(TeacherModelsConfig)
-    teacher_key: str = key('data_source', 'dataset column choosing the teacher of each row', why=DISTILL)
+    teacher_key: str = key('data_source', 'dataset column whose value routes each row to the teacher of that key')
 
 
 @dataclass
