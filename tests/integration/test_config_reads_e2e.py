@@ -57,8 +57,32 @@ _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_on
 _WRAP = "tests/rlhf_core/workers/test_workers_batching.py::test_wrap_policy_decoder_layers_or_min_num_params"
 _PREFETCH = ("tests/rlhf_core/workers/test_workers_fsdp_keys.py::"
              "test_forward_prefetch_prefetches_the_next_layer_with_the_same_outputs")
+_DL = "tests/rlhf_core/algos/test_distillation_losses.py::"
+_DE2E = "tests/integration/test_distillation_e2e.py::test_pure_distillation_lowers_the_teacher_kl"
+_DT = "tests/rlhf_core/workers/test_teacher.py::"
+_DC = "tests/rlhf_core/config/test_config_distillation.py::"
+_TM = "distillation.teacher_models.teacher_model."
+# distillation (verl 0.9.1 on-policy distillation): read only with distillation.enabled
+_DISTILL = {
+    "distillation.distillation_loss.loss_mode": _DE2E,
+    "distillation.distillation_loss.topk": _DE2E,
+    "distillation.distillation_loss.use_task_rewards": _DE2E,
+    "distillation.distillation_loss.log_prob_min_clamp": _DL + "test_log_prob_min_clamp_decides",
+    "distillation.distillation_loss.distillation_loss_coef": _DL + "test_combination_with_the_policy_loss",
+    "distillation.distillation_loss.loss_max_clamp": _DL + "test_loss_max_clamp_decides",
+    **{f"distillation.distillation_loss.{k}": _DL + "test_policy_gradient_form_uses_its_own_clip_ratios"
+       for k in ("use_policy_gradient", "policy_loss_mode", "clip_ratio_low", "clip_ratio_high")},
+    "distillation.teacher_key": _DT + "test_rows_are_scored_by_the_teacher_of_their_key",
+    _TM + "model_path": _DT + "test_rows_are_scored_by_the_teacher_of_their_key",
+    _TM + "key": _DT + "test_rows_are_scored_by_the_teacher_of_their_key",
+    _TM + "inference.dtype": _DT + "test_dtype_topk_and_temperature",
+    _TM + "inference.temperature": _DT + "test_dtype_topk_and_temperature",
+    **{_TM + f"inference.{k}": _DC + "test_bad_input_is_refused_naming_the_key"
+       for k in ("max_model_len", "prompt_length", "response_length")},
+}
 EFFECT_TESTS: dict[str, dict[str, str]] = {
     "ppo_trainer": {
+        **_DISTILL,
         # verl 0.9: off-policy trainers (read only with async_training.mode=one_step_off_policy)
         "rollout.nnodes": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",
         "rollout.n_gpus_per_node": _ONE_STEP + "test_one_step_refuses_what_it_cannot_run_when_the_config_loads",

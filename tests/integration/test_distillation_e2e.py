@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from rlhf_core.trainer.tracking import read_metrics_jsonl
+from tests.fixtures.teacher_fixtures import build_teacher
 
 from test_ppo_e2e import gsm8k_parquet, ppo_config  # noqa: F401  (gsm8k_parquet is a fixture)
 
@@ -21,18 +22,7 @@ DL = D + "distillation_loss."
 
 @pytest.fixture(scope="module")
 def teacher_dir(tiny_model_dir, tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("teacher") / "model"
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    torch.manual_seed(7)
-    model.init_weights()
-    with torch.no_grad():
-        model.model.norm.weight.mul_(30.0)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    return str(out)
+    return build_teacher(tiny_model_dir, tmp_path_factory.mktemp("teacher") / "model")
 
 
 def _distill(model, files, out, teacher, *extra):

@@ -75,7 +75,9 @@ class DistillationLossConfig:
         '(needed for k1) instead of backpropagating the loss')
     policy_loss_mode: str = key('vanilla', 'distillation: policy loss when use_policy_gradient (verl: vanilla only)',
         choices=('vanilla',))
-    clip_ratio: float = key(0.2, 'distillation: PPO clip epsilon of that policy loss (verl reads the low/high pair)')
+    clip_ratio: float = key(0.2, 'distillation: PPO clip epsilon of that policy loss',
+        no_effect_yet="verl 0.9.1's vanilla loss falls back to it only where clip_ratio_low / clip_ratio_high are null, "
+                      "and they are never null (float keys): the pair below sets the clip")
     clip_ratio_low: float = key(0.2, 'distillation: lower clip epsilon of that policy loss')
     clip_ratio_high: float = key(0.2, 'distillation: upper clip epsilon of that policy loss')
 

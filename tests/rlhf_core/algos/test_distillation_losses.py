@@ -136,19 +136,27 @@ def test_loss_max_clamp_bounds_negative_k1_below():
     assert (loss.item(), s.grad.item()) == (pytest.approx(-2.0), pytest.approx(-2.0))
 
 
-@pytest.mark.parametrize("old,low,value,grad", [
+LN15 = math.log(1.5)
+
+
+@pytest.mark.parametrize("student,teacher,old,low,high,value,grad", [
     # k1: student −0.5, teacher −1: d = 0.5, advantage A = −0.5. The loss is max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)).
     # on-policy r = 1: 0.5, ∂/∂s = −A·r = 0.5
-    (-0.5, 0.2, 0.5, 0.5),
+    (-0.5, -1.0, -0.5, 0.2, 0.2, 0.5, 0.5),
     # old = −0.5 + ln 2 → r = ½ < 1 − 0.2: −A·r = 0.25 < −A·0.8 = 0.4, the clipped term is chosen: 0.4, no gradient
-    (-0.5 + LN2, 0.2, 0.4, 0.0),
+    (-0.5, -1.0, -0.5 + LN2, 0.2, 0.2, 0.4, 0.0),
     # the same r with the distillation loss's clip_ratio_low = 0.6 (the actor's 0.5 would clip too): r = ½ lies
     # inside [0.4, 1.2], so 0.25 with gradient −A·r = 0.25
-    (-0.5 + LN2, 0.6, 0.25, 0.25),
+    (-0.5, -1.0, -0.5 + LN2, 0.6, 0.2, 0.25, 0.25),
+    # student −1, teacher −0.5: d = −0.5, A = +0.5; old = −1 − ln 1.5 → r = 1.5 > 1 + 0.2: −A·r = −0.75 < −A·1.2 =
+    # −0.6, the clipped −0.6 is chosen, no gradient
+    (-1.0, -0.5, -1.0 - LN15, 0.2, 0.2, -0.6, 0.0),
+    # with clip_ratio_high = 0.6, r = 1.5 lies inside [0.8, 1.6]: −0.75, gradient −A·r = −0.75
+    (-1.0, -0.5, -1.0 - LN15, 0.2, 0.6, -0.75, -0.75),
 ])
-def test_policy_gradient_form_uses_its_own_clip_ratios(old, low, value, grad):
-    s, inputs = _k1_inputs(-0.5, -1.0, old)
-    cfg = loss_cfg(loss_mode="k1", use_policy_gradient=True, clip_ratio_low=low)
+def test_policy_gradient_form_uses_its_own_clip_ratios(student, teacher, old, low, high, value, grad):
+    s, inputs = _k1_inputs(student, teacher, old)
+    cfg = loss_cfg(loss_mode="k1", use_policy_gradient=True, clip_ratio_low=low, clip_ratio_high=high)
     loss, metrics = distillation_loss(inputs, cfg, ACTOR)
     loss.backward()
     assert (loss.item(), s.grad.item()) == (pytest.approx(value, abs=1e-6), pytest.approx(grad, abs=1e-6))

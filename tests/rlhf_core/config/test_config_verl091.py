@@ -208,8 +208,7 @@ def test_backends_we_do_not_have_are_refused_by_name():
     for override, named in (("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
                             ("transfer_queue.enable=true", "TransferQueue"),
                             ("+actor_rollout_ref.rollout.engine_kwargs.trtllm.a=1", "TensorRT-LLM"),
-                            ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
-                            ("distillation.enabled=true", "distillation")):
+                            ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction")):
         with pytest.raises(ConfigError, match=named):
             load_config("ppo_trainer", [override])
 
