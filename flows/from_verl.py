@@ -132,9 +132,12 @@ def _known_keys(stage: str) -> set[str]:
 
 def _is_known(key: str, known: set[str], stage: str) -> bool:
     """A key of the stage's config, a sub-key of a free-form dict, or another of verl's spellings of a key
-    (declared ``aliases``: verl 0.9's ``reward.custom_reward_function.path``), which the loader reads as the key."""
+    (declared ``aliases``: verl 0.9's ``reward.custom_reward_function.path``), which the loader reads as the key, or
+    a key of a distillation teacher added by name (``distillation.teacher_models.<name>.x``: ``teacher_model``'s x)."""
+    from rlhf_core.config.distillation import template_path
     from rlhf_core.config.schema import is_open, renamed_path
     key = renamed_path(key, CONFIG_OF[stage]) or key
+    key = template_path(key) or key
     return key in known or is_open(key) or any(k.startswith(key + ".") or key.startswith(k + ".") for k in known)
 
 

@@ -3,8 +3,8 @@
 The scripts are vendored unchanged in tests/data/verl09_examples/ (README there: source paths, commits, licence).
 Each is read as a shell would (flows/verl_script.py: arrays, arithmetic, if/case) with ``DEVICE=gpu`` and an empty
 ``MACHINE`` (what a user's shell holds when running the GPU branch of verl 0.9's examples), then the swaps of
-:func:`cpu_args` (local model and data, 2 CPU workers, the HF rollout engine, sequence parallelism 1, a local reward
-file) are applied to the verl command's own overrides, what the user's shell fills in is filled in (``$HOME``,
+:func:`cpu_args` (local model and data, the distillation teachers' model_path local too, 2 CPU workers, the HF rollout
+engine, sequence parallelism 1, a local reward file) are applied to the verl command's own overrides, what the user's shell fills in is filled in (``$HOME``,
 ``$(date +FORMAT)``), and `rlhf config check` runs on them. Every key of every
 script must be known here: the conversion to an experiment file reports none as unknown.
 """
@@ -51,9 +51,15 @@ EXPECTED = {
     "fully_async_policy__dapo_7b_async_retool.sh": ("fully async trainer, multi-turn tools", "ppo", "grpo"),
     "sft_gsm8k__run_qwen2_5_0_5b_fsdp.sh": ("engine SFT (model.path, engine=fsdp)", "sft", None),
     "sft_multiturn__run_qwen2_5_0_5b_fsdp.sh": ("multi-turn SFT (data.messages_key)", "sft", None),
+    "on_policy_distillation_trainer__run_qwen3_8b_fsdp.sh": ("on-policy distillation (distillation.*), one teacher",
+                                                             "ppo", "grpo"),
+    "on_policy_distillation_trainer__run_qwen3_8b_mopd_fsdp.sh": ("multi-teacher on-policy distillation "
+                                                                  "(+distillation.teacher_models.<name>.*)", "ppo",
+                                                                  "grpo"),
 }
 
 MODEL_KEYS = {"actor_rollout_ref.model.path", "critic.model.path", "model.path", "model.partial_pretrain"}
+TEACHER_PATH = re.compile(r"distillation\.teacher_models\.[^.]+\.model_path")  # a distillation teacher: local too
 DATA_KEYS = {"data.train_files": "train", "data.val_files": "val"}
 REWARD_KEYS = {"reward.custom_reward_function.path", "custom_reward_function.path"}
 
@@ -81,7 +87,7 @@ def cpu_args(args: list[str], stage: str, model_dir: str, data_dir: Path, reward
     for arg in args:
         written, _, value = arg.partition("=")
         key = written.lstrip("+")
-        if key in MODEL_KEYS:
+        if key in MODEL_KEYS or TEACHER_PATH.fullmatch(key):
             value = model_dir
         elif key in DATA_KEYS:
             value = f"['{data[DATA_KEYS[key]]}']"
