@@ -52,7 +52,10 @@ def test_pure_distillation_lowers_the_teacher_kl(tiny_model_dir, teacher_dir, gs
         assert 0 < m[step]["distillation/teacher_mass"] <= 1 + 1e-6
     # the top-64 forward KL to the teacher (token mean over the step's responses) falls over 4 steps of distillation,
     # and the student puts more of its mass on the teacher's top tokens
-    assert m[4]["distillation/loss"] < 0.8 * m[1]["distillation/loss"]
+    # (measured 2026-12-05, load 13: loss 5.74, 6.39, 5.10, 1.09 and student_mass 0.089, 0.066, 0.098, 0.689 over the
+    # 4 steps: each step scores other samples, so the fall is not monotone step by step)
+    losses = [m[s]["distillation/loss"] for s in (1, 2, 3, 4)]
+    assert m[4]["distillation/loss"] < 0.8 * m[1]["distillation/loss"], losses
     assert m[4]["distillation/student_mass"] > m[1]["distillation/student_mass"]
 
 
