@@ -152,7 +152,8 @@ def _load_unresolved(name: str, config_dir: str | None) -> tuple[str, DictConfig
     base = _base(path.stem if path.stem in VIEWS else kind, config_dir)  # sft_trainer_engine.yaml: its defaults
     known = set(all_paths(base))
     for key, value in flatten(user, resolve=False).items():
-        if key not in known and not is_open(key) and template_path(key) not in known:  # an added teacher: its template's keys
+        # an added distillation teacher (teacher_models.<name>.x) has teacher_model's keys
+        if key not in known and not is_open(key) and template_path(key) not in known:
             raise unknown_key_error(key, known, f" (in {path})")
         _refuse_value_for_section(base, key, value, path, kind)
     cfg = fresh_copy(base)

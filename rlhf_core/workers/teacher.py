@@ -28,20 +28,21 @@ from rlhf_core.workers.model_setup import prepare_role_model
 logger = logging.getLogger(__name__)
 
 
-def route_rows(values: np.ndarray | None, teacher_keys: list[str], teacher_key: str) -> dict[str, np.ndarray]:
+def route_rows(values: np.ndarray | None, n_rows: int, teacher_keys: list[str],
+               teacher_key: str) -> dict[str, np.ndarray]:
     """Row indices per teacher (verl ``AsyncTeacherLLMServerManager._resolve_teacher_key``).
 
     Args:
         values: the rows' ``teacher_key`` column (``(B,)``), or None when the batch lacks it.
-        teacher_keys: the teachers' routing keys (one: every row goes to it).
+        n_rows: B.
+        teacher_keys: the teachers' routing keys (one: every row goes to it, whatever its column says).
         teacher_key: the column's name (``distillation.teacher_key``), for errors.
     Raises:
         ValueError: with several teachers, when the column is missing or a row's value matches no teacher (naming
             the value, the column and the configured keys).
     """
     if len(teacher_keys) == 1:
-        n = 0 if values is None else len(values)
-        return {teacher_keys[0]: np.arange(n)}
+        return {teacher_keys[0]: np.arange(n_rows)}
     if values is None:
         raise ValueError(f"multi-teacher distillation routes rows by distillation.teacher_key={teacher_key!r}, but the "
                          f"batch has no column {teacher_key!r} (a field of each data row)")
@@ -120,10 +121,7 @@ class TeacherScorer:
         """
         from rlhf_core.workers.actor import forward_response_logits
 
-        values = batch.non_tensors.get(self.teacher_key)
-        routes = route_rows(values if values is not None else None, list(self.models), self.teacher_key)
-        if len(self.models) == 1:
-            routes = {k: np.arange(len(batch)) for k in routes}
+        routes = route_rows(batch.non_tensors.get(self.teacher_key), len(batch), list(self.models), self.teacher_key)
         responses = batch["responses"]
         B, T = responses.shape
         out: dict[str, torch.Tensor] = {}

@@ -90,11 +90,14 @@ def test_rows_route_to_the_teacher_of_their_key():
 
     from rlhf_core.workers.teacher import route_rows
 
-    rows = route_rows(np.array(["gsm8k", "math", "gsm8k"], dtype=object), ["gsm8k", "math"], "data_source")
+    rows = route_rows(np.array(["gsm8k", "math", "gsm8k"], dtype=object), 3, ["gsm8k", "math"], "data_source")
     assert {k: v.tolist() for k, v in rows.items()} == {"gsm8k": [0, 2], "math": [1]}
-    assert route_rows(np.array(["x", "y"], dtype=object), ["default"], "data_source")["default"].tolist() == [0, 1]
+    assert route_rows(np.array(["x", "y"], dtype=object), 2, ["default"], "data_source")["default"].tolist() == [0, 1]
+    assert route_rows(None, 2, ["default"], "data_source")["default"].tolist() == [0, 1]  # one teacher: no column needed
     with pytest.raises(ValueError, match=r"no distillation teacher for data_source='geo3k'.*\['gsm8k', 'math'\]"):
-        route_rows(np.array(["gsm8k", "geo3k"], dtype=object), ["gsm8k", "math"], "data_source")
+        route_rows(np.array(["gsm8k", "geo3k"], dtype=object), 2, ["gsm8k", "math"], "data_source")
+    with pytest.raises(ValueError, match=r"the batch has no column 'data_source'"):
+        route_rows(None, 2, ["gsm8k", "math"], "data_source")
 
 
 def test_teacher_outputs_alignment():

@@ -64,3 +64,14 @@ def test_added_teachers_replace_teacher_model_and_take_its_defaults():
         "openai/gsm8k": ("/m/gsm", "float16"), "geo3k": ("/m/geo", "bfloat16")}
     assert template_path(f"{D}teacher_models.gsm.inference.dtype") == f"{T0}inference.dtype"
     assert template_path(f"{T0}key") is None and template_path("trainer.nnodes") is None
+
+
+def test_added_teachers_in_a_user_file(tmp_path):
+    # the same named entries written in a user's YAML file (verl's mopd layout) instead of '+' overrides
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text("distillation:\n  enabled: true\n  teacher_models:\n    gsm:\n      key: openai/gsm8k\n"
+                    "      model_path: /m/gsm\n    geo:\n      key: geo3k\n      model_path: /m/geo\n"
+                    "      inference:\n        dtype: float32\n")
+    teachers = resolve_teachers(load_config(str(path)))
+    assert {k: (t.model_path, t.inference.dtype) for k, t in teachers.items()} == {
+        "openai/gsm8k": ("/m/gsm", "bfloat16"), "geo3k": ("/m/geo", "float32")}  # rollout.dtype's default: bfloat16
