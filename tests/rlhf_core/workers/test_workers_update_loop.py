@@ -57,3 +57,21 @@ def test_non_finite_gradient_skips_only_that_step_and_counts_it():
 def test_grad_clip_scales_the_step():
     _, w, _ = one_weight_run([4.0, 4.0], micro=2, grad_clip=1.0)
     assert w == pytest.approx(1.0 - 0.1 * 1.0, abs=1e-6)  # grad 4 clipped to norm 1
+
+
+def test_distillation_extrema_are_reduced_by_min_and_max():
+    # verl AggregationType.MIN / MAX: distillation/loss_min and loss_max over micro-batches and mini-batches are the
+    # smallest / largest value, not sums nor means. Rows x = [1, 2, 3, 5], one row per micro-batch, two mini-batches:
+    # per micro-batch loss_min = loss_max = x → loss_min = 1, loss_max = 5; a summed metric still sums per mini-batch
+    # and averages over mini-batches: ((1 + 2) + (3 + 5)) / 2 = 5.5.
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    batch = Batch({"x": torch.tensor([1.0, 2.0, 3.0, 5.0]).reshape(-1, 1), "response_mask": torch.ones(4, 1)})
+
+    def micro_loss(mb, n_tokens, n_seqs):
+        x = float(mb["x"].sum())
+        return model(mb["x"]).sum() * 0, {"distillation/loss_min": x, "distillation/loss_max": x, "t/sum": x}
+
+    schedule = UpdateSchedule(ppo_epochs=1, mini_batch_size=2, micro_batch_size=1)
+    metrics = run_update("t", model, opt, batch, schedule, micro_loss)
+    assert (metrics["distillation/loss_min"], metrics["distillation/loss_max"], metrics["t/sum"]) == (1.0, 5.0, 5.5)
