@@ -94,30 +94,30 @@ class TeacherInferenceConfig:
     scored by an HF forward in the actor's workers (rlhf_core/workers/teacher.py); the engine keys stay accepted."""
 
     name: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.name}', "teacher engine (follows the rollout's)",
-        no_effect_on_cpu="the teacher is scored by a Hugging Face forward whatever the engine name")
+        no_effect_yet="the teacher is scored by a Hugging Face forward whatever the engine name")
     dtype: Optional[str] = key('${oc.select:actor_rollout_ref.rollout.dtype}',
         "teacher: dtype its weights are loaded in (follows the rollout's); log-probs in float32")
     gpu_memory_utilization: float = key(0.5, 'teacher: fraction of accelerator memory for the engine',
-        no_effect_on_cpu=TEACHER_ENGINE)
-    enforce_eager: bool = key(True, 'teacher: no CUDA graphs', no_effect_on_cpu=TEACHER_ENGINE)
+        no_effect_yet=TEACHER_ENGINE)
+    enforce_eager: bool = key(True, 'teacher: no CUDA graphs', no_effect_yet=TEACHER_ENGINE)
     cudagraph_capture_sizes: Optional[List[int]] = key(None, 'teacher: CUDA-graph batch sizes',
-        no_effect_on_cpu=TEACHER_ENGINE)
-    free_cache_engine: bool = key(True, 'teacher: free the KV cache between steps', no_effect_on_cpu=TEACHER_ENGINE)
-    data_parallel_size: int = key(1, 'teacher: data-parallel size', no_effect_on_cpu=TEACHER_POOL)
-    expert_parallel_size: int = key(1, 'teacher: expert-parallel size', no_effect_on_cpu=TEACHER_POOL)
-    tensor_model_parallel_size: int = key(2, 'teacher: tensor-parallel size', no_effect_on_cpu=TEACHER_POOL)
-    max_num_batched_tokens: int = key(8192, 'teacher: tokens per engine step', no_effect_on_cpu=TEACHER_ENGINE)
+        no_effect_yet=TEACHER_ENGINE)
+    free_cache_engine: bool = key(True, 'teacher: free the KV cache between steps', no_effect_yet=TEACHER_ENGINE)
+    data_parallel_size: int = key(1, 'teacher: data-parallel size', no_effect_yet=TEACHER_POOL)
+    expert_parallel_size: int = key(1, 'teacher: expert-parallel size', no_effect_yet=TEACHER_POOL)
+    tensor_model_parallel_size: int = key(2, 'teacher: tensor-parallel size', no_effect_yet=TEACHER_POOL)
+    max_num_batched_tokens: int = key(8192, 'teacher: tokens per engine step', no_effect_yet=TEACHER_ENGINE)
     max_model_len: Optional[int] = key(None, 'teacher: max sequence length, checked to hold prompt_length + '
         'response_length + 1; null = no check')
-    max_num_seqs: int = key(1024, 'teacher: sequences per engine batch', no_effect_on_cpu=TEACHER_ENGINE)
-    load_format: str = key('auto', 'teacher: weight loading format', no_effect_on_cpu=TEACHER_ENGINE)
-    engine_kwargs: Dict[str, Any] = free_form('teacher: extra engine arguments', no_effect_on_cpu=TEACHER_ENGINE)
-    limit_images: Optional[int] = key(None, 'teacher: images per prompt', no_effect_on_cpu=TEACHER_ENGINE)
-    enable_chunked_prefill: bool = key(True, 'teacher: chunked prefill', no_effect_on_cpu=TEACHER_ENGINE)
-    enable_prefix_caching: bool = key(True, 'teacher: prefix caching', no_effect_on_cpu=TEACHER_ENGINE)
-    disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', no_effect_on_cpu=TEACHER_ENGINE)
+    max_num_seqs: int = key(1024, 'teacher: sequences per engine batch', no_effect_yet=TEACHER_ENGINE)
+    load_format: str = key('auto', 'teacher: weight loading format', no_effect_yet=TEACHER_ENGINE)
+    engine_kwargs: Dict[str, Any] = free_form('teacher: extra engine arguments', no_effect_yet=TEACHER_ENGINE)
+    limit_images: Optional[int] = key(None, 'teacher: images per prompt', no_effect_yet=TEACHER_ENGINE)
+    enable_chunked_prefill: bool = key(True, 'teacher: chunked prefill', no_effect_yet=TEACHER_ENGINE)
+    enable_prefix_caching: bool = key(True, 'teacher: prefix caching', no_effect_yet=TEACHER_ENGINE)
+    disable_log_stats: bool = key(True, 'teacher: no engine statistics logging', no_effect_yet=TEACHER_ENGINE)
     skip_tokenizer_init: bool = key(True, 'teacher: the engine gets token ids, no tokenizer',
-        no_effect_on_cpu=TEACHER_ENGINE)
+        no_effect_yet=TEACHER_ENGINE)
     prompt_length: int = key('${oc.select:actor_rollout_ref.rollout.prompt_length}',
         "teacher: prompt length (follows the rollout's), in the max_model_len check")
     response_length: int = key('${oc.select:actor_rollout_ref.rollout.response_length}',
@@ -133,7 +133,7 @@ class TeacherModelConfig:
 
     model_path: Optional[str] = key(None, 'teacher model path (a local Hugging Face folder with the student\'s '
         'tokenizer vocabulary)')
-    num_replicas: int = key(0, 'teacher engine replicas', no_effect_on_cpu=TEACHER_POOL)
+    num_replicas: int = key(0, 'teacher engine replicas', no_effect_yet=TEACHER_POOL)
     inference: TeacherInferenceConfig = section(TeacherInferenceConfig)
     # last: the field named key shadows spec.key in the class body
     key: Optional[str] = key(None, 'value of distillation.teacher_key whose rows this teacher scores (several '
@@ -154,8 +154,8 @@ class DistillationConfig:
     enabled: bool = key(False, "add a distillation loss against teacher models' log-probs of the student's responses")
     distillation_loss: DistillationLossConfig = section(DistillationLossConfig)
     n_gpus_per_node: int = key(8, 'distillation: accelerators per node of the teacher pool',
-        no_effect_on_cpu=TEACHER_POOL)
-    nnodes: int = key(0, 'distillation: nodes of the teacher pool', no_effect_on_cpu=TEACHER_POOL)
+        no_effect_yet=TEACHER_POOL)
+    nnodes: int = key(0, 'distillation: nodes of the teacher pool', no_effect_yet=TEACHER_POOL)
     teacher_models: TeacherModelsConfig = section(TeacherModelsConfig)
     teacher_key: str = key('data_source', 'dataset column whose value routes each row to the teacher of that key')
 
