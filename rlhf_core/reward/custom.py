@@ -2,11 +2,14 @@
 
 The loaded function is wrapped in :class:`FileRewardFunction`, which pickles as ``(path, name, kwargs)`` and
 re-loads the file on first use, so it can be sent to the ``prime`` manager's worker processes (a function from
-a module loaded by path cannot be pickled by reference).
+a module loaded by path cannot be pickled by reference). An ``async def`` function (verl 0.9 detects and awaits one)
+is run to completion on each call, so every reward manager can call it.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import hashlib
 import sys
 from typing import Any, Callable
@@ -37,7 +40,9 @@ def _load_function(path: str, name: str) -> Callable[..., Any]:
 
 
 class FileRewardFunction:
-    """A reward function loaded from ``path``; called as ``fn(*args, **kwargs, **reward_kwargs)``.
+    """A reward function loaded from ``path``; called as ``fn(*args, **kwargs, **reward_kwargs)``; an ``async def``
+    function's coroutine is run to completion (``asyncio.run``; in a thread of its own when the calling thread already
+    runs an event loop).
 
     Picklable: only ``(path, name, reward_kwargs)`` travel; the file is re-imported in the receiving process.
     """
@@ -51,13 +56,26 @@ class FileRewardFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._fn is None:
             self._fn = _load_function(self.path, self.name)
-        return self._fn(*args, **kwargs, **self.reward_kwargs)
+        result = self._fn(*args, **kwargs, **self.reward_kwargs)
+        return _run(result) if inspect.iscoroutine(result) else result
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs, "_fn": None}
 
     def __repr__(self) -> str:
         return f"FileRewardFunction({self.path!r}, {self.name!r})"
+
+
+def _run(coro: Any) -> Any:
+    """The result of ``coro``, run on a new event loop (in a new thread when this thread runs a loop already)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def load_custom_reward_function(
@@ -73,17 +91,20 @@ def load_custom_reward_function(
     return FileRewardFunction(path, name or "compute_score", reward_kwargs)
 
 
-def reward_function_from_config(config: Any) -> Callable[..., Any]:
+def reward_function_from_config(config: Any, extra_kwargs: dict | None = None) -> Callable[..., Any]:
     """``custom_reward_function`` of a ppo_trainer config → a scorer; the default scorer when no path.
 
     Reads ``custom_reward_function.path``, ``.name`` (default ``compute_score``) and ``.reward_kwargs`` (extra
-    keyword arguments passed on every call, as newer verl does); without a path, the Sandbox Fusion service of
-    code data sources (:func:`sandbox_from_config`) when one is configured (verl 0.9: for the default scorer only).
+    keyword arguments passed on every call, as newer verl does; ``extra_kwargs`` join them: a generative reward
+    model's ``reward_router_address`` and ``reward_model_tokenizer``, :mod:`rlhf_core.reward.genrm`); without a path,
+    the Sandbox Fusion service of code data sources (:func:`sandbox_from_config`) when one is configured (verl 0.9: for
+    the default scorer only).
 
     Raises: as :func:`load_custom_reward_function`; ValueError: as :func:`sandbox_from_config`.
     """
     section = config.custom_reward_function
-    return _scorer(section, dict(section.reward_kwargs), None if section.path else sandbox_from_config(config))
+    kwargs = {**dict(section.reward_kwargs), **(extra_kwargs or {})}
+    return _scorer(section, kwargs, None if section.path else sandbox_from_config(config))
 
 
 def eval_reward_function(config: Any) -> Callable[..., Any]:

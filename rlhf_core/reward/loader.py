@@ -44,7 +44,8 @@ def reward_manager_cls(config: Any) -> type:
     return cls
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwargs: Any) -> Any:
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, reward_fn_kwargs: dict | None = None,
+                        **kwargs: Any) -> Any:
     """The manager named by ``reward_model.reward_manager`` (default ``naive``; :func:`reward_manager_cls`), built
     with its ``config_kwargs(config)`` (``remote``: ``reward.num_workers``; ``rate_limited``: ``reward.max_*``),
     then ``reward_model.reward_kwargs``, then ``kwargs``.
@@ -57,6 +58,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
             and ``data.reward_fn_key`` (default ``data_source``).
         tokenizer: anything with ``decode(ids, skip_special_tokens=True)``.
         num_examine: samples per data source to print on each call (verl: 0 for training, 1 for validation).
+        reward_fn_kwargs: extra keyword arguments of every reward-function call (a generative reward model's
+            ``reward_router_address`` and ``reward_model_tokenizer``: :func:`rlhf_core.reward.genrm.genrm_kwargs`).
         **kwargs: extra manager arguments (override ``reward_kwargs``).
 
     Raises:
@@ -68,7 +71,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **kwa
     return cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
-        compute_score=reward_function_from_config(config),
+        compute_score=reward_function_from_config(config, reward_fn_kwargs),
         reward_fn_key=str(config.data.reward_fn_key),
         **manager_kwargs,
     )

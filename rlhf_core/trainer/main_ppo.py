@@ -34,8 +34,9 @@ from rlhf_core.models.hub import check_hub_models, ppo_model_keys
 from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path, model_tokenizer_path
 from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
+from rlhf_core.reward import load_reward_manager, reward_function_from_config
+from rlhf_core.reward.genrm import check_genrm, genrm_enabled, genrm_kwargs, start_genrm
 from rlhf_core.workers.teacher import check_teachers
-from rlhf_core.reward import load_reward_manager
 from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
 from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config
 from rlhf_core.storage import unwritable_output
@@ -85,13 +86,14 @@ TIMEOUT_KEY = "trainer.ray_wait_register_center_timeout"
 def build_worker_groups(config: DictConfig) -> dict[str, Any]:
     """The Ray worker groups for this config: ``actor_rollout`` (role actor_rollout_ref when a reference policy
     is needed), ``critic`` when ``critic.enable`` (null: for GAE) and ``rm`` (``RewardModelWorker``) when
-    ``reward_model.enable``.
+    ``reward_model.enable``, unless the reward model is a generative one (:func:`~rlhf_core.reward.genrm.
+    genrm_enabled`: served to the reward function instead).
 
     ``trainer.ray_wait_register_center_timeout`` (seconds) bounds the wait for each group's placement group
     (per placement strategy) and for its actors to start. Raises ``TimeoutError`` naming that key; groups
     already built are shut down first."""
     use_critic = critic_in_use(config)  # critic.enable; null = only for gae
-    use_rm = bool(config.reward_model.enable)
+    use_rm = bool(config.reward_model.enable) and not genrm_enabled(config)
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     cpus, gpus = worker_resources(config, 1 + int(use_critic) + int(use_rm))
     role = "actor_rollout_ref" if need_reference_policy(config) else "actor_rollout"
@@ -289,6 +291,12 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
         DataError: before Ray, a bad data file or fewer training rows than one batch (:func:`build_datasets`).
         ConfigError: before Ray, a ``trainer.checkpoint_callback_class`` file that is missing or fails to import,
             or that has no such class (:func:`~rlhf_core.trainer.checkpoint_callback.check_checkpoint_callback`).
+        ConfigError: before any model loads, a generative reward model whose judge is not a causal LM or whose
+            reward function lacks ``reward_router_address``/``reward_model_tokenizer``
+            (:func:`~rlhf_core.reward.genrm.check_genrm`).
+
+    A generative reward model (:func:`~rlhf_core.reward.genrm.genrm_enabled`) is served on ``127.0.0.1`` from just
+    before the reward managers are built until the run ends (:func:`~rlhf_core.reward.genrm.start_genrm`).
     """
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     validate_ppo_config(config, world)
@@ -300,13 +308,27 @@ def run_ppo(config: DictConfig) -> dict[str, Any]:
         raise ConfigError(unwritable)
     check_model_paths(config)
     check_teachers(config)  # distillation: each teacher's folder and its tokenizer vocabulary (= the student's)
+    use_genrm = genrm_enabled(config)
+    if use_genrm:  # the judge and the function's signature, before any model loads
+        check_genrm(config, reward_function_from_config(config))
     tokenizer = load_driver_tokenizer(config)
     check_chat_template(config, tokenizer)
     train_ds, val_ds = build_datasets(config, tokenizer)
     check_rollout_kv_cache(config, None if val_ds is None else len(val_ds))
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     check_checkpoint_callback(config)  # trainer.checkpoint_callback_class: the file and its class, before Ray
+    genrm = start_genrm(config) if use_genrm else None
+    try:
+        return _train(config, tokenizer, train_ds, val_ds, None if genrm is None else genrm_kwargs(genrm))
+    finally:
+        if genrm is not None:
+            genrm.stop()
+
+
+def _train(config: DictConfig, tokenizer: Any, train_ds: Any, val_ds: Any, fn_kwargs: dict | None) -> dict[str, Any]:
+    """:func:`run_ppo` once its checks passed: the reward managers (``fn_kwargs``: a generative reward model's
+    arguments to the reward function), Ray, the trainer, ``fit``."""
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=0, reward_fn_kwargs=fn_kwargs)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, reward_fn_kwargs=fn_kwargs)
     init_ray(config.ray_init.address, config.ray_init.num_cpus, config.ray_kwargs.ray_init.runtime_env.py_executable,
              ray_extra(config))
     trainer = make_trainer(config, tokenizer, reward_fn, val_reward_fn, train_ds, val_ds)

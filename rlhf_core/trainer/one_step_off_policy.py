@@ -230,7 +230,9 @@ def build_one_step_worker_groups(config: DictConfig) -> dict[str, Any]:
                       config.actor_rollout_ref.ref.fsdp_config.cpu_threads))
     if use_critic(config):
         specs.append(("critic", CriticWorker, {"config": config}, "critic", config.critic.model.fsdp_config.cpu_threads))
-    if config.reward_model.enable:
+    from rlhf_core.reward.genrm import genrm_enabled
+
+    if config.reward_model.enable and not genrm_enabled(config):  # a generative one is served to the reward function
         specs.append(("rm", RewardModelWorker, {"config": config}, "rm", config.reward_model.model.fsdp_config.cpu_threads))
     n_groups = len(specs) + max(1, -(-rollout_world // world))  # the rollout group counted in trainer-sized groups
     cpus, gpus = worker_resources(config, n_groups)

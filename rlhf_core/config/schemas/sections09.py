@@ -252,32 +252,60 @@ class SandboxFusionConfig:
     memory_limit_mb: Optional[int] = key(None, 'Sandbox Fusion: memory limit per run (MB); null = 1024')
 
 
-RM_ROLLOUT = "a generative reward model served by a rollout engine, which this project does not have"
+_LEGACY = "verl 0.9.1's legacy spelling of reward.reward_model.rollout.{0}: when not null it replaces that key " \
+    "(verl's migrate_legacy_reward_impl)"
+_LEGACY_HF = ("the generative reward model's judge is served by the hf engine here (rlhf_core/reward/genrm_server.py: "
+              "one process on CPU, one request at a time), which has no ")
+
+
+def _legacy(help: str, name: str, **status: Any) -> Any:
+    return key(None, f"{help}; {_LEGACY.format(name)}", **status)
 
 
 @dataclass
 class RewardModelRolloutConfig:
-    """``reward_model.rollout``: the engine serving a generative reward model (verl 0.9.1 leaves each null)."""
+    """``reward_model.rollout``: verl 0.9.1's legacy section of the generative reward model's engine (every leaf null);
+    a leaf that is not null replaces ``reward.reward_model.rollout.<leaf>`` (rlhf_core/reward/genrm.py)."""
 
-    name: Optional[str] = key(None, 'reward-model engine', why=RM_ROLLOUT)
-    dtype: Optional[str] = key(None, 'reward-model engine dtype', why=RM_ROLLOUT)
-    gpu_memory_utilization: Optional[float] = key(None, 'reward-model engine memory fraction', why=RM_ROLLOUT)
-    enforce_eager: Optional[bool] = key(None, 'reward-model engine: no CUDA graphs', why=RM_ROLLOUT)
-    cudagraph_capture_sizes: Optional[List[int]] = key(None, 'reward-model engine: CUDA-graph sizes', why=RM_ROLLOUT)
-    free_cache_engine: Optional[bool] = key(None, 'reward-model engine: free the KV cache', why=RM_ROLLOUT)
-    data_parallel_size: Optional[int] = key(None, 'reward-model engine: data-parallel size', why=RM_ROLLOUT)
-    expert_parallel_size: Optional[int] = key(None, 'reward-model engine: expert-parallel size', why=RM_ROLLOUT)
-    tensor_model_parallel_size: Optional[int] = key(None, 'reward-model engine: tensor-parallel size',
-        why=RM_ROLLOUT)
-    max_num_batched_tokens: Optional[int] = key(None, 'reward-model engine: tokens per step', why=RM_ROLLOUT)
-    max_model_len: Optional[int] = key(None, 'reward-model engine: max sequence length', why=RM_ROLLOUT)
-    max_num_seqs: Optional[int] = key(None, 'reward-model engine: sequences per batch', why=RM_ROLLOUT)
-    load_format: Optional[str] = key(None, 'reward-model engine: weight loading format', why=RM_ROLLOUT)
-    engine_kwargs: Optional[Dict[str, Any]] = key(None, 'reward-model engine: extra arguments', why=RM_ROLLOUT)
-    limit_images: Optional[int] = key(None, 'reward-model engine: images per prompt', why=RM_ROLLOUT)
-    enable_chunked_prefill: Optional[bool] = key(None, 'reward-model engine: chunked prefill', why=RM_ROLLOUT)
-    enable_prefix_caching: Optional[bool] = key(None, 'reward-model engine: prefix caching', why=RM_ROLLOUT)
-    disable_log_stats: Optional[bool] = key(None, 'reward-model engine: no statistics logging', why=RM_ROLLOUT)
-    skip_tokenizer_init: Optional[bool] = key(None, 'reward-model engine: no tokenizer', why=RM_ROLLOUT)
-    prompt_length: Optional[int] = key(None, 'reward-model engine: prompt length', why=RM_ROLLOUT)
-    response_length: Optional[int] = key(None, 'reward-model engine: response length', why=RM_ROLLOUT)
+    name: Optional[str] = _legacy('reward-model engine: hf; null = reward.reward_model.rollout.name', 'name',
+        only=(None, 'hf'), why="engines other than hf for the judge: vLLM/SGLang reward-model servers are not built "
+        "here (a verl script's vllm becomes hf)")
+    dtype: Optional[str] = _legacy('reward-model engine dtype', 'dtype',
+        choices=(None, 'fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    gpu_memory_utilization: Optional[float] = _legacy('reward-model engine memory fraction', 'gpu_memory_utilization',
+        no_effect_on_cpu=_LEGACY_HF + 'GPU memory pool')
+    enforce_eager: Optional[bool] = _legacy('reward-model engine: no CUDA graphs', 'enforce_eager',
+        no_effect_on_cpu=_LEGACY_HF + 'CUDA graphs')
+    cudagraph_capture_sizes: Optional[List[int]] = _legacy('reward-model engine: CUDA-graph sizes',
+        'cudagraph_capture_sizes', no_effect_on_cpu=_LEGACY_HF + 'CUDA graphs')
+    free_cache_engine: Optional[bool] = _legacy('reward-model engine: free the KV cache', 'free_cache_engine',
+        no_effect_on_cpu=_LEGACY_HF + 'sleep mode')
+    data_parallel_size: Optional[int] = _legacy('reward-model engine: data-parallel size', 'data_parallel_size',
+        no_effect_on_cpu=_LEGACY_HF + 'data-parallel replicas')
+    expert_parallel_size: Optional[int] = _legacy('reward-model engine: expert-parallel size', 'expert_parallel_size',
+        no_effect_on_cpu=_LEGACY_HF + 'expert parallelism')
+    tensor_model_parallel_size: Optional[int] = _legacy('reward-model engine: tensor-parallel size',
+        'tensor_model_parallel_size', no_effect_on_cpu=_LEGACY_HF + 'tensor parallelism')
+    max_num_batched_tokens: Optional[int] = _legacy('reward-model engine: tokens per step', 'max_num_batched_tokens',
+        no_effect_on_cpu=_LEGACY_HF + 'continuous batching')
+    max_model_len: Optional[int] = _legacy('reward-model engine: max sequence length', 'max_model_len')
+    max_num_seqs: Optional[int] = _legacy('reward-model engine: sequences per batch', 'max_num_seqs',
+        no_effect_on_cpu=_LEGACY_HF + 'batching of requests')
+    load_format: Optional[str] = _legacy('reward-model engine: weight loading format', 'load_format',
+        no_effect_on_cpu=_LEGACY_HF + 'load formats')
+    engine_kwargs: Optional[Dict[str, Any]] = _legacy('reward-model engine: extra arguments', 'engine_kwargs',
+        no_effect_on_cpu=_LEGACY_HF + 'vLLM/SGLang engine arguments')
+    limit_images: Optional[int] = _legacy('reward-model engine: images per prompt', 'limit_images',
+        why=_LEGACY_HF + 'image inputs: it takes text messages')
+    enable_chunked_prefill: Optional[bool] = _legacy('reward-model engine: chunked prefill', 'enable_chunked_prefill',
+        no_effect_on_cpu=_LEGACY_HF + 'chunked prefill')
+    enable_prefix_caching: Optional[bool] = _legacy('reward-model engine: prefix caching', 'enable_prefix_caching',
+        no_effect_on_cpu=_LEGACY_HF + 'prefix cache')
+    disable_log_stats: Optional[bool] = _legacy('reward-model engine: no statistics logging', 'disable_log_stats',
+        no_effect_on_cpu=_LEGACY_HF + 'statistics log')
+    skip_tokenizer_init: Optional[bool] = _legacy('reward-model engine: no tokenizer', 'skip_tokenizer_init',
+        only=(None, False), why='a judge server without its tokenizer (verl asserts it is False for a reward model)')
+    prompt_length: Optional[int] = _legacy('reward-model engine: prompt length', 'prompt_length',
+        no_effect_yet="verl 0.9.1's reward-model server reads it nowhere either: max_model_len bounds a request")
+    response_length: Optional[int] = _legacy('reward-model engine: max_tokens of requests that set none',
+        'response_length')

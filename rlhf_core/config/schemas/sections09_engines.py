@@ -1,8 +1,8 @@
-"""verl 0.9.1 sections of trainers and engines this project does not run: ``reward.reward_model.rollout`` (the engine
-of a generative reward model) and ``trainer.v1`` (verl's experimental v1 trainer loop). The engine's keys, and the v1
-keys without a counterpart here, are accepted at verl's default and refused, naming why, at any other value;
-``trainer.v1.trainer_mode`` and ``trainer.v1.separate_async`` choose and set the fully async driver
-(rlhf_core/config/v1_trainer.py)."""
+"""verl 0.9.1 engine and trainer sections: ``reward.reward_model.rollout`` (the engine of a generative reward model,
+served here by the hf engine: its sampling keys have effect, vLLM's engine settings none) and ``trainer.v1`` (verl's
+experimental v1 trainer loop: ``trainer.v1.trainer_mode`` and ``trainer.v1.separate_async`` choose and set the fully
+async driver (rlhf_core/config/v1_trainer.py); the v1 keys without a counterpart here are accepted at verl's default
+and refused, naming why, at any other value)."""
 
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -10,7 +10,6 @@ from typing import Any, Dict, Optional
 from rlhf_core.config.schemas.sections09 import DisaggregationConfig
 from rlhf_core.config.spec import free_form, key, section
 
-GEN_RM = "a generative reward model served by its own rollout engine, which this project does not have"
 COLOCATE = ("verl's colocate_async: rollout replicas on the actor's own devices keep num_warmup_batches + 1 batches "
             "of prompts in flight, are aborted once a batch of groups has finished and resume the unfinished ones "
             "with the new weights after the update (partial rollout on hybrid replicas); here the on-policy driver's "
@@ -34,50 +33,91 @@ REFILL = ("verl marks a prompt group 'failure' when one of its agent-loop sessio
           "that raises fails the generation and the step with its error, so there is no failed group to refill")
 SYNC_SECTION = ("verl 0.9.1 defines no sync-mode setting: its sync trainer hands this empty section to the replay "
                 "buffer, which stores it unread")
+# the judge of a generative reward model is served by the hf engine (rlhf_core/reward/genrm_server.py): one process
+# on CPU, requests one at a time; these are the settings of vLLM's engine it does not have
+_HF_JUDGE = "the generative reward model's judge is served by the hf engine here (rlhf_core/reward/genrm_server.py: " \
+    "one process on CPU, one request at a time), which has no "
+GEN_RM_QUANT = "weight quantization of a vLLM/SGLang judge engine; the hf judge loads its weights in rollout.dtype"
+GEN_RM_NAME = ("engines other than hf for the judge: vLLM/SGLang reward-model servers are not built here (a verl "
+               "0.9 script's reward.reward_model.rollout.name=vllm becomes hf)")
 
 
 @dataclass
 class RewardModelEngineConfig:
     """``reward.reward_model.rollout``: the engine serving a generative reward model (verl 0.9.1 ``RolloutConfig``
-    defaults; the legacy ``reward_model.rollout`` leaves are null)."""
+    defaults). Set ``name`` (with ``reward_model.enable`` and ``custom_reward_function.path``) and the judge runs
+    here (rlhf_core/reward/genrm.py); the sampling keys are the defaults of requests that do not set their own
+    (verl's ``override_generation_config``). The legacy ``reward_model.rollout.*``, when not null, replace them."""
 
-    name: Optional[str] = key(None, 'engine of the generative reward model (verl: vllm | sglang; required there)',
-        why=GEN_RM, verl_default='???', differs='verl requires it when a generative reward model is enabled; none runs here')
-    dtype: str = key('bfloat16', 'generative reward model engine: engine dtype', why=GEN_RM)
-    gpu_memory_utilization: float = key(0.5, 'generative reward model engine: engine memory fraction', why=GEN_RM)
-    enforce_eager: bool = key(True, 'generative reward model engine: no CUDA graphs', why=GEN_RM)
-    cudagraph_capture_sizes: Optional[Any] = key(None, 'generative reward model engine: CUDA-graph batch sizes', why=GEN_RM)
-    free_cache_engine: bool = key(True, 'generative reward model engine: free the KV cache after generation', why=GEN_RM)
-    data_parallel_size: int = key(1, 'generative reward model engine: data-parallel size', why=GEN_RM)
-    expert_parallel_size: int = key(1, 'generative reward model engine: expert-parallel size', why=GEN_RM)
-    tensor_model_parallel_size: int = key(2, 'generative reward model engine: tensor-parallel size', why=GEN_RM)
-    pipeline_model_parallel_size: int = key(1, 'generative reward model engine: pipeline-parallel size', why=GEN_RM)
-    max_num_batched_tokens: int = key(8192, 'generative reward model engine: tokens per engine step', why=GEN_RM)
-    max_model_len: Optional[Any] = key(None, 'generative reward model engine: max sequence length; null = prompt + response', why=GEN_RM)
-    max_num_seqs: int = key(1024, 'generative reward model engine: sequences per batch', why=GEN_RM)
-    load_format: str = key('auto', 'generative reward model engine: weight loading format', why=GEN_RM)
-    layered_summon: bool = key(False, 'generative reward model engine: gather weights layer by layer', why=GEN_RM)
-    scheduling_policy: str = key('fcfs', 'generative reward model engine: request scheduling policy', why=GEN_RM)
-    full_determinism: bool = key(False, 'generative reward model engine: deterministic kernels', why=GEN_RM)
-    seed: int = key(42, 'generative reward model engine: sampling seed', why=GEN_RM)
-    multi_stage_wake_up: bool = key(False, 'generative reward model engine: wake weights and KV cache in stages', why=GEN_RM)
-    engine_kwargs: Dict[str, Any] = free_form('generative reward model engine: extra engine arguments', why=GEN_RM)
-    limit_images: Optional[Any] = key(None, 'generative reward model engine: images per prompt', why=GEN_RM)
-    enable_chunked_prefill: bool = key(True, 'generative reward model engine: chunked prefill', why=GEN_RM)
-    enable_prefix_caching: bool = key(True, 'generative reward model engine: prefix caching', why=GEN_RM)
-    disable_log_stats: bool = key(True, 'generative reward model engine: no statistics logging', why=GEN_RM)
-    skip_tokenizer_init: bool = key(False, 'generative reward model engine: no tokenizer in the engine', why=GEN_RM)
-    ignore_eos: bool = key(False, 'generative reward model engine: generate past EOS', why=GEN_RM)
-    temperature: float = key(1.0, 'generative reward model engine: sampling temperature', why=GEN_RM)
-    top_k: int = key(-1, 'generative reward model engine: top-k; -1 = off', why=GEN_RM)
-    top_p: int = key(1, 'generative reward model engine: top-p', why=GEN_RM)
-    do_sample: bool = key(True, 'generative reward model engine: sample (false = greedy)', why=GEN_RM)
-    n: int = key(1, 'generative reward model engine: samples per prompt', why=GEN_RM)
-    prompt_length: int = key(2048, 'generative reward model engine: prompt tokens', why=GEN_RM)
-    response_length: int = key(2048, 'generative reward model engine: response tokens', why=GEN_RM)
-    quantization: Optional[Any] = key(None, 'generative reward model engine: weight quantization', why=GEN_RM)
-    quantization_config_file: Optional[Any] = key(None, 'generative reward model engine: quantization config file', why=GEN_RM)
-    mtp: Optional[Any] = key(None, 'generative reward model engine: multi-token prediction settings', why=GEN_RM)
+    name: Optional[str] = key(None, 'engine of the generative reward model (the judge): hf; null = no generative '
+        'reward model (reward_model.enable then runs a discriminative one)', only=(None, 'hf'), why=GEN_RM_NAME,
+        verl_default='???', differs='verl requires it whenever a reward model is enabled; null here keeps the '
+        'discriminative reward-model workers')
+    dtype: str = key('bfloat16', 'generative reward model engine: dtype the judge is loaded in',
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+    gpu_memory_utilization: float = key(0.5, 'generative reward model engine: engine memory fraction',
+        no_effect_on_cpu=_HF_JUDGE + 'GPU memory pool')
+    enforce_eager: bool = key(True, 'generative reward model engine: no CUDA graphs',
+        no_effect_on_cpu=_HF_JUDGE + 'CUDA graphs (it always runs eagerly)')
+    cudagraph_capture_sizes: Optional[Any] = key(None, 'generative reward model engine: CUDA-graph batch sizes',
+        no_effect_on_cpu=_HF_JUDGE + 'CUDA graphs')
+    free_cache_engine: bool = key(True, 'generative reward model engine: free the KV cache after generation',
+        no_effect_on_cpu=_HF_JUDGE + 'sleep mode: its KV cache lives for one request only')
+    data_parallel_size: int = key(1, 'generative reward model engine: data-parallel size',
+        no_effect_on_cpu=_HF_JUDGE + 'data-parallel replicas')
+    expert_parallel_size: int = key(1, 'generative reward model engine: expert-parallel size',
+        no_effect_on_cpu=_HF_JUDGE + 'expert parallelism')
+    tensor_model_parallel_size: int = key(2, 'generative reward model engine: tensor-parallel size',
+        no_effect_on_cpu=_HF_JUDGE + 'tensor parallelism')
+    pipeline_model_parallel_size: int = key(1, 'generative reward model engine: pipeline-parallel size',
+        no_effect_on_cpu=_HF_JUDGE + 'pipeline parallelism')
+    max_num_batched_tokens: int = key(8192, 'generative reward model engine: tokens per engine step',
+        no_effect_on_cpu=_HF_JUDGE + 'continuous batching')
+    max_model_len: Optional[Any] = key(None, "generative reward model engine: prompt + completion tokens of a request "
+        "(longer ones are refused); null = the judge's max_position_embeddings (verl's vLLM server)", null_ok=True)
+    max_num_seqs: int = key(1024, 'generative reward model engine: sequences per batch',
+        no_effect_on_cpu=_HF_JUDGE + 'batching of requests')
+    load_format: str = key('auto', 'generative reward model engine: weight loading format',
+        no_effect_on_cpu=_HF_JUDGE + "load formats: it loads the folder's weights with transformers")
+    layered_summon: bool = key(False, 'generative reward model engine: gather weights layer by layer',
+        no_effect_on_cpu=_HF_JUDGE + 'sharded weights to gather')
+    scheduling_policy: str = key('fcfs', 'generative reward model engine: request scheduling policy',
+        only=('fcfs',), why=_HF_JUDGE + 'scheduler but arrival order (fcfs)')
+    full_determinism: bool = key(False, 'generative reward model engine: deterministic kernels',
+        no_effect_on_cpu=_HF_JUDGE + "batch-invariant kernels; one request at a time from a seeded generator is "
+        "already reproducible for a given request order")
+    seed: int = key(42, 'generative reward model engine: seed of its sampling generator (a request may set its own)')
+    multi_stage_wake_up: bool = key(False, 'generative reward model engine: wake weights and KV cache in stages',
+        no_effect_on_cpu=_HF_JUDGE + 'sleep mode')
+    engine_kwargs: Dict[str, Any] = free_form('generative reward model engine: extra engine arguments',
+        no_effect_on_cpu=_HF_JUDGE + 'vLLM/SGLang engine arguments')
+    limit_images: Optional[Any] = key(None, 'generative reward model engine: images per prompt',
+        why=_HF_JUDGE + 'image inputs: it takes text messages')
+    enable_chunked_prefill: bool = key(True, 'generative reward model engine: chunked prefill',
+        no_effect_on_cpu=_HF_JUDGE + 'chunked prefill')
+    enable_prefix_caching: bool = key(True, 'generative reward model engine: prefix caching',
+        no_effect_on_cpu=_HF_JUDGE + 'prefix cache')
+    disable_log_stats: bool = key(True, 'generative reward model engine: no statistics logging',
+        no_effect_on_cpu=_HF_JUDGE + 'statistics log')
+    skip_tokenizer_init: bool = key(False, 'generative reward model engine: no tokenizer in the engine',
+        only=(False,), why='a judge server without its tokenizer (verl asserts it is False for a reward model)')
+    ignore_eos: bool = key(False, "generative reward model engine: requests' default ignore_eos (verl's server reads "
+        'it nowhere)')
+    temperature: float = key(1.0, 'generative reward model engine: temperature of requests that set none')
+    top_k: int = key(-1, 'generative reward model engine: top-k of requests that set none; -1 = off')
+    top_p: float = key(1, 'generative reward model engine: top-p of requests that set none')
+    do_sample: bool = key(True, 'generative reward model engine: false = requests that set no temperature are greedy '
+        "(verl's server reads it nowhere)")
+    n: int = key(1, 'generative reward model engine: samples per prompt',
+        no_effect_yet="verl 0.9.1's reward-model server reads it nowhere either: a request's own n (default 1) decides")
+    prompt_length: int = key(2048, 'generative reward model engine: prompt tokens',
+        no_effect_yet="verl 0.9.1's reward-model server reads it nowhere either: max_model_len bounds a request")
+    response_length: int = key(2048, 'generative reward model engine: max_tokens of requests that set none')
+    quantization: Optional[Any] = key(None, 'generative reward model engine: weight quantization', why=GEN_RM_QUANT)
+    quantization_config_file: Optional[Any] = key(None, 'generative reward model engine: quantization config file',
+        why=GEN_RM_QUANT)
+    mtp: Optional[Any] = key(None, 'generative reward model engine: multi-token prediction settings',
+        why='multi-token prediction (speculative decoding) of a vLLM/SGLang judge engine')
     disaggregation: DisaggregationConfig = section(DisaggregationConfig)
 
 

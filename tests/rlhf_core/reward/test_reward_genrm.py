@@ -1,0 +1,143 @@
+"""A generative reward model (LLM judge) served by the hf engine on 127.0.0.1 (rlhf_core/reward/genrm_server.py,
+genrm.py): a verl 0.9-style reward function (tests/data/genrm/genrm_reward_fn.py) reaches the judge through
+``reward_router_address`` and parses its reply; the engine keys are the request defaults; bad input is refused
+before any model loads."""
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures.genrm_fixtures import constant_judge
+from rlhf_core.config import load_config
+from rlhf_core.config.errors import ConfigError
+from rlhf_core.reward import load_custom_reward_function
+from rlhf_core.reward.genrm import (check_judge_model, check_reward_function, engine_settings, genrm_enabled,
+                                    genrm_kwargs, judge_defaults)
+from rlhf_core.reward.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine
+
+FN = str(Path(__file__).resolve().parents[2] / "data" / "genrm" / "genrm_reward_fn.py")
+
+
+@pytest.fixture(scope="module")
+def judge(tiny_model_dir):
+    """The tiny model as a judge, greedy by default (do_sample=False), 12 new tokens by default, float32."""
+    engine = JudgeEngine(tiny_model_dir, JudgeDefaults(do_sample=False, response_length=12, dtype="float32",
+                                                       max_model_len=400))
+    with GenRMServer(engine) as server:
+        yield server
+
+
+def _post(server, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://{server.address}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _greedy_reply(engine: JudgeEngine, content: str, max_new_tokens: int) -> str:
+    """The judge's greedy reply through transformers' own ``generate`` (not the server's decode loop)."""
+    tok, model = engine.tokenizer, engine.model
+    text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=engine.eos_ids, pad_token_id=tok.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    cut = next((i for i, t in enumerate(new) if t in engine.eos_ids), len(new))
+    return tok.decode(new[:cut], skip_special_tokens=True)
+
+
+def test_a_verl_style_reward_function_scores_with_the_judges_greedy_reply(judge):
+    fn = load_custom_reward_function(FN, "compute_score_genrm", genrm_kwargs(judge))
+    question = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
+    result = fn(data_source="openai/gsm8k", solution_str="She sold 48 + 24 = 72 clips. #### 72", ground_truth="72",
+                extra_info={"question": question})  # an async def function, run to completion by the wrapper
+    # the same prompt the function builds, answered greedily by model.generate: the server's reply must be its reply
+    ns = runpy.run_path(FN)
+    parse_score = ns["parse_score"]
+    expected = _greedy_reply(judge.engine, ns["GRM_PROMPT_TEMPLATE"].format(
+        problem=question, solution="She sold 48 + 24 = 72 clips. #### 72"), 12)
+    assert result["genrm_response"] == expected and result["score"] == parse_score(expected)
+    assert result["judge_vocab"] == len(judge.engine.tokenizer)  # reward_model_tokenizer is the judge's tokenizer
+
+
+def test_a_judge_that_answers_7_scores_12(tiny_model_dir, tmp_path):
+    # the rewired judge's greedy reply is "7" twelve times (the function asks max_tokens=12): 12 digits, score 12
+    engine = JudgeEngine(constant_judge(tiny_model_dir, tmp_path / "judge"), JudgeDefaults(dtype="float32"))
+    with GenRMServer(engine) as server:
+        fn = load_custom_reward_function(FN, "compute_score_genrm", genrm_kwargs(server))
+        result = fn(data_source="x", solution_str="42", ground_truth="42", extra_info={"question": "6 * 7?"})
+    assert result["genrm_response"] == "7" * 12
+    assert result["score"] == 12
+
+
+def test_engine_defaults_seed_and_limits(judge):
+    msg = [{"role": "user", "content": "What is 2 + 3?"}]
+    status, greedy = _post(judge, {"messages": msg, "temperature": 0, "max_tokens": 5})
+    assert status == 200 and greedy["object"] == "chat.completion"
+    # no temperature in the request: do_sample=False makes it greedy (the engine default); no max_tokens: 12
+    status, default = _post(judge, {"messages": msg, "max_tokens": 5})
+    assert default["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
+    _, long = _post(judge, {"messages": msg, "temperature": 0, "ignore_eos": True})
+    assert long["usage"]["completion_tokens"] == 12 and long["choices"][0]["finish_reason"] == "length"
+    # a request's seed makes a sampled reply reproducible; n replies in one request
+    body = {"messages": msg, "temperature": 1.0, "max_tokens": 8, "seed": 7, "n": 3, "ignore_eos": True}
+    (_, a), (_, b) = _post(judge, body), _post(judge, body)
+    assert [c["message"]["content"] for c in a["choices"]] == [c["message"]["content"] for c in b["choices"]]
+    assert len(a["choices"]) == 3 and a["usage"]["completion_tokens"] == 24
+    # max_model_len=400 bounds prompt + completion (vLLM's 400); an unknown model is vLLM's 404
+    status, err = _post(judge, {"messages": msg, "max_tokens": 400})
+    assert status == 400 and "maximum context length is 400" in err["error"]["message"]
+    assert _post(judge, {"messages": msg, "model": "other"})[0] == 404
+    assert _post(judge, {"messages": msg, "model": judge.engine.path, "max_tokens": 2})[0] == 200
+    assert _post(judge, {"messages": msg, "stream": True})[0] == 400  # not implemented: said, not ignored
+
+
+def test_the_server_listens_on_127_0_0_1_only(judge):
+    host, port = judge.address.split(":")
+    assert host == "127.0.0.1"
+    if shutil.which("ss") is None:
+        pytest.skip("ss is not installed")
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split("\n")
+    local = [line.split()[3] for line in listening if line.strip()]
+    assert local == [f"127.0.0.1:{port}"], listening
+
+
+def test_genrm_mode_and_engine_keys_from_the_config():
+    base = ["actor_rollout_ref.rollout.name=hf", "reward.reward_model.enable=True",
+            "reward.reward_model.model_path=/x/judge", f"reward.custom_reward_function.path={FN}"]
+    cfg = load_config("ppo_trainer", base + ["reward.reward_model.rollout.name=hf",
+                       "reward.reward_model.rollout.temperature=0.5", "reward.reward_model.rollout.top_k=5",
+                       "reward.reward_model.rollout.do_sample=False", "reward.reward_model.rollout.seed=3",
+                       "reward.reward_model.rollout.max_model_len=300", "reward.reward_model.rollout.dtype=float32",
+                       "reward_model.rollout.response_length=64", "reward.reward_model.rollout.response_length=32"])
+    assert genrm_enabled(cfg)
+    d = judge_defaults(cfg)
+    # the legacy reward_model.rollout.response_length (not null) replaces the 0.9 key, as verl's migration does
+    assert (d.temperature, d.top_k, d.do_sample, d.seed, d.max_model_len, d.dtype, d.response_length) == \
+        (0.5, 5, False, 3, 300, "float32", 64)
+    assert engine_settings(cfg)["name"] == "hf"
+    # without an engine name the reward model stays the discriminative one (0.6 behaviour)
+    assert not genrm_enabled(load_config("ppo_trainer", base))
+    with pytest.raises(ConfigError, match="reward.reward_model.rollout.name"):
+        load_config("ppo_trainer", base + ["reward.reward_model.rollout.name=vllm"])
+
+
+def test_bad_input_is_refused_before_any_model_loads(tmp_path):
+    wrong = load_custom_reward_function(FN, "compute_score_wrong_signature")
+    with pytest.raises(ConfigError, match=r"lacks \['reward_router_address', 'reward_model_tokenizer'\]"):
+        check_reward_function(wrong)
+    check_reward_function(load_custom_reward_function(FN, "compute_score_genrm"))  # verl's signature passes
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
+    with pytest.raises(ConfigError, match="not a generative one"):
+        check_judge_model(str(tmp_path))
