@@ -52,6 +52,7 @@ _AGENT = "tests/rlhf_core/agent/test_agent_rollout.py::test_async_equals_sync_mu
 _ONE_STEP = "tests/rlhf_core/trainer/test_one_step_off_policy.py::"
 _FULLY_ASYNC = "tests/rlhf_core/trainer/test_fully_async.py::"
 _DEPRECATED = "tests/rlhf_core/config/test_config_explicit_values.py::test_deprecated_global_micro_batch_sizes_reach_their_per_gpu_keys"
+_GENRM = "tests/rlhf_core/reward/test_reward_genrm.py::"
 _SFT_RAY = "tests/integration/test_sft_e2e.py::test_sft_two_ray_workers_match_one"
 # Supported keys read only on paths the four short runs do not take: config -> {path: "file::test" showing it}.
 _WRAP = "tests/rlhf_core/workers/test_workers_batching.py::test_wrap_policy_decoder_layers_or_min_num_params"
@@ -191,6 +192,13 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
             "tests/rlhf_core/trainer/test_dynamic_sampling.py::test_driver_trains_on_exactly_train_batch_size_kept_groups",
         "algorithm.filter_groups.max_num_gen_batches":
             "tests/rlhf_core/trainer/test_dynamic_sampling.py::test_collect_stops_at_max_num_gen_batches_and_when_data_runs_out",
+        # a generative reward model's engine (read only with reward_model.enable + a custom function + an engine name):
+        # the config -> the judge's request defaults, then what each default does in the server
+        **{f"reward.reward_model.rollout.{k}": _GENRM + "test_genrm_mode_and_engine_keys_from_the_config" for k in (
+            "dtype", "temperature", "top_k", "top_p", "do_sample", "ignore_eos", "seed", "max_model_len",
+            "response_length")},
+        **{f"reward_model.rollout.{k}": _GENRM + "test_genrm_mode_and_engine_keys_from_the_config" for k in (
+            "dtype", "max_model_len", "response_length")},
         "reward.num_workers": "tests/rlhf_core/reward/test_reward_verl09.py::test_remote_scores_in_num_workers_other_processes",
         **{f"reward.reward_manager.module.{k}":
            "tests/rlhf_core/reward/test_reward_verl09.py::test_importlib_source_loads_the_manager_class_from_a_file"

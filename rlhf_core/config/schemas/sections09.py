@@ -271,7 +271,7 @@ class RewardModelRolloutConfig:
         only=(None, 'hf'), why="engines other than hf for the judge: vLLM/SGLang reward-model servers are not built "
         "here (a verl script's vllm becomes hf)")
     dtype: Optional[str] = _legacy('reward-model engine dtype', 'dtype',
-        choices=(None, 'fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
+        choices=('fp32', 'bf16', 'fp16', 'float32', 'bfloat16', 'float16'))
     gpu_memory_utilization: Optional[float] = _legacy('reward-model engine memory fraction', 'gpu_memory_utilization',
         no_effect_on_cpu=_LEGACY_HF + 'GPU memory pool')
     enforce_eager: Optional[bool] = _legacy('reward-model engine: no CUDA graphs', 'enforce_eager',

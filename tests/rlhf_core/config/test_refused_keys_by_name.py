@@ -1,6 +1,8 @@
 """Keys whose effect needs a backend this project does not have are refused by name when set away from their
-default (issue #35): the open sections of the generative reward model's engine and the parts of verl 0.9's v1
-trainer loop that have no counterpart here (each naming why), and the rollout's MoE load-balance metrics."""
+default (issue #35): the generative reward model's engines other than hf and its quantization, the parts of verl
+0.9's v1 trainer loop that have no counterpart here (each naming why), and the rollout's MoE load-balance metrics.
+(The judge's vLLM engine settings, engine_kwargs among them, are accepted with a no-effect notice:
+tests/rlhf_core/reward/test_reward_genrm.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +11,8 @@ from rlhf_core.config import load_config
 
 
 @pytest.mark.parametrize("override,reason", [
-    ("reward.reward_model.rollout.engine_kwargs={a: 1}", "generative reward model"),
+    ("reward.reward_model.rollout.name=vllm", "engines other than hf for the judge"),
+    ("reward.reward_model.rollout.quantization=fp8", "weight quantization of a vLLM/SGLang judge engine"),
     ("trainer.v1.sync={x: 2}", "verl 0.9.1 defines no sync-mode setting"),
     ("trainer.v1.sampler.sampler_kwargs={k: 1}", "only to a custom sampler's constructor"),
     ("trainer.v1.sampler.custom_sampler.path=s.py", "this project has no TransferQueue"),

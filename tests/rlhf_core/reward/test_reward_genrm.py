@@ -116,17 +116,19 @@ def test_the_server_listens_on_127_0_0_1_only(judge):
 def test_genrm_mode_and_engine_keys_from_the_config():
     base = ["actor_rollout_ref.rollout.name=hf", "reward.reward_model.enable=True",
             "reward.reward_model.model_path=/x/judge", f"reward.custom_reward_function.path={FN}"]
-    cfg = load_config("ppo_trainer", base + ["reward.reward_model.rollout.name=hf",
-                       "reward.reward_model.rollout.temperature=0.5", "reward.reward_model.rollout.top_k=5",
-                       "reward.reward_model.rollout.do_sample=False", "reward.reward_model.rollout.seed=3",
-                       "reward.reward_model.rollout.max_model_len=300", "reward.reward_model.rollout.dtype=float32",
-                       "reward_model.rollout.response_length=64", "reward.reward_model.rollout.response_length=32"])
+    engine = "reward.reward_model.rollout."
+    cfg = load_config("ppo_trainer", base + [f"{engine}{k}" for k in (
+        "name=hf", "temperature=0.5", "top_k=5", "top_p=0.9", "do_sample=False", "ignore_eos=True", "seed=3",
+        "max_model_len=300", "dtype=float32", "response_length=32")] + ["reward_model.rollout.response_length=64"])
     assert genrm_enabled(cfg)
     d = judge_defaults(cfg)
     # the legacy reward_model.rollout.response_length (not null) replaces the 0.9 key, as verl's migration does
-    assert (d.temperature, d.top_k, d.do_sample, d.seed, d.max_model_len, d.dtype, d.response_length) == \
-        (0.5, 5, False, 3, 300, "float32", 64)
-    assert engine_settings(cfg)["name"] == "hf"
+    assert (d.temperature, d.top_k, d.top_p, d.do_sample, d.ignore_eos, d.seed, d.max_model_len, d.dtype,
+            d.response_length) == (0.5, 5, 0.9, False, True, 3, 300, "float32", 64)
+    legacy = load_config("ppo_trainer", base + ["reward_model.rollout.name=hf", "reward_model.rollout.dtype=bf16",
+                                                "reward_model.rollout.max_model_len=128"])
+    assert genrm_enabled(legacy) and engine_settings(legacy)["name"] == "hf"  # the legacy name alone turns it on
+    assert (judge_defaults(legacy).dtype, judge_defaults(legacy).max_model_len) == ("bf16", 128)
     # without an engine name the reward model stays the discriminative one (0.6 behaviour)
     assert not genrm_enabled(load_config("ppo_trainer", base))
     with pytest.raises(ConfigError, match="reward.reward_model.rollout.name"):
