@@ -76,10 +76,12 @@ class JudgeEngine:
     """
 
     def __init__(self, path: str, defaults: JudgeDefaults, served_names: tuple[str, ...] = ()) -> None:
+        from rlhf_core import kernels
         from rlhf_core.models.loading import load_causal_lm, load_tokenizer
         from rlhf_core.workers.rollout.hf_decode import supports_lean_decode
         from rlhf_core.workers.rollout.hf_rollout import eos_ids_of
 
+        kernels.install()  # the decode loop's attention functions, as every engine registers them at set-up
         self.path, self.defaults = path, defaults
         self.served_names = tuple(dict.fromkeys((*served_names, path)))
         self.tokenizer = load_tokenizer(path)

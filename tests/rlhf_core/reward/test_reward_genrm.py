@@ -8,6 +8,7 @@ import json
 import runpy
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -103,14 +104,31 @@ def test_engine_defaults_seed_and_limits(judge):
     assert _post(judge, {"messages": msg, "stream": True})[0] == 400  # not implemented: said, not ignored
 
 
-def test_the_server_listens_on_127_0_0_1_only(judge):
-    host, port = judge.address.split(":")
-    assert host == "127.0.0.1"
-    if shutil.which("ss") is None:
-        pytest.skip("ss is not installed")
-    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split("\n")
-    local = [line.split()[3] for line in listening if line.strip()]
-    assert local == [f"127.0.0.1:{port}"], listening
+SERVE_ONCE = """
+import json, os, subprocess, sys, urllib.request
+from rlhf_core.reward.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine
+with GenRMServer(JudgeEngine(sys.argv[1], JudgeDefaults(dtype="float32", response_length=3))) as server:
+    address = server.address
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+    mine = [line.split()[3] for line in listening if f"pid={os.getpid()}," in line]
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    with urllib.request.urlopen(f"http://{server.address}/v1/chat/completions", data=body, timeout=60) as resp:
+        usage = json.loads(resp.read())["usage"]
+print(json.dumps({"address": address, "listening": mine, "usage": usage}))
+"""
+
+
+@pytest.mark.slow  # a new interpreter imports torch and transformers: 5-15 s
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss is not installed")
+def test_a_fresh_process_serves_on_127_0_0_1_only(tiny_model_dir):
+    # a new interpreter (no test fixture has set anything up): the engine registers its kernels itself, and the
+    # process's only listening socket is the judge's, on 127.0.0.1 (ss -ltnp, filtered by the process id)
+    done = subprocess.run([sys.executable, "-c", SERVE_ONCE, tiny_model_dir], capture_output=True, text=True,
+                          timeout=300, cwd=str(Path(__file__).resolve().parents[3]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["address"].startswith("127.0.0.1:") and out["listening"] == [out["address"]]
+    assert out["usage"]["completion_tokens"] <= 3
 
 
 def test_genrm_mode_and_engine_keys_from_the_config():
