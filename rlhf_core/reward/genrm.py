@@ -9,7 +9,7 @@ prompt, posts a chat request and parses the score. verl requires ``reward.reward
 Here a run is a GenRM run when ``reward_model.enable`` (= ``reward.reward_model.enable``), a
 ``custom_reward_function.path`` and an engine name (``reward.reward_model.rollout.name``, or the legacy
 ``reward_model.rollout.name``) are all set: the judge ``reward_model.model.path`` (= ``reward.reward_model.model_path``)
-is served by :class:`~rlhf_core.reward.genrm_server.GenRMServer` on ``127.0.0.1`` for the run, no discriminative
+is served by :class:`~rlhf_core.workers.genrm_server.GenRMServer` on ``127.0.0.1`` for the run, no discriminative
 reward-model workers are built, and the reward manager's function receives the two arguments (the same for every
 reward manager). Without an engine name the 0.6 behaviour stays: ``reward_model.enable`` builds the discriminative
 reward-model workers, whose ``rm_scores`` win over the function.
@@ -54,18 +54,6 @@ def genrm_enabled(config: Any) -> bool:
     """A GenRM run: ``reward_model.enable``, ``custom_reward_function.path`` and an engine name all set."""
     return bool(config.reward_model.enable) and bool(config.custom_reward_function.path) \
         and engine_settings(config)["name"] is not None
-
-
-def judge_defaults(config: Any) -> Any:
-    """The :class:`~rlhf_core.reward.genrm_server.JudgeDefaults` of ``config`` (:func:`engine_settings`)."""
-    from rlhf_core.reward.genrm_server import JudgeDefaults
-
-    s = engine_settings(config)
-    return JudgeDefaults(temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]),
-                         do_sample=bool(s["do_sample"]), ignore_eos=bool(s["ignore_eos"]),
-                         response_length=int(s["response_length"]),
-                         max_model_len=None if s["max_model_len"] is None else int(s["max_model_len"]),
-                         seed=int(s["seed"]), dtype=str(s["dtype"]))
 
 
 def check_reward_function(fn: Any) -> None:
@@ -116,19 +104,3 @@ def check_genrm(config: Any, reward_fn: Any) -> None:
     The judge path itself is checked with the other model paths (``check_model_paths``)."""
     check_judge_model(str(config.reward_model.model.path))
     check_reward_function(reward_fn)
-
-
-def start_genrm(config: Any) -> Any:
-    """Load the judge and start its server (:class:`~rlhf_core.reward.genrm_server.GenRMServer`, already started);
-    the caller stops it. Served model names: ``reward_model.model.path`` as written and as resolved locally."""
-    from rlhf_core.models.loading import local_path
-    from rlhf_core.reward.genrm_server import GenRMServer, JudgeEngine
-
-    written = str(config.reward_model.model.path)
-    path = local_path(written)
-    return GenRMServer(JudgeEngine(path, judge_defaults(config), served_names=(written, path))).start()
-
-
-def genrm_kwargs(server: Any) -> dict[str, Any]:
-    """The keyword arguments the reward function gets in a GenRM run (verl's names)."""
-    return {"reward_router_address": server.address, "reward_model_tokenizer": server.engine.tokenizer}

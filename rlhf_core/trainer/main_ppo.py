@@ -35,7 +35,8 @@ from rlhf_core.models.loading import check_local_path, load_tokenizer, local_pat
 from rlhf_core.models.lora import check_lora_adapter
 from rlhf_core.models.preflight import check_model_files, require_chat_template
 from rlhf_core.reward import load_reward_manager, reward_function_from_config
-from rlhf_core.reward.genrm import check_genrm, genrm_enabled, genrm_kwargs, start_genrm
+from rlhf_core.reward.genrm import check_genrm, genrm_enabled
+from rlhf_core.workers.genrm_server import genrm_kwargs, start_genrm
 from rlhf_core.workers.teacher import check_teachers
 from rlhf_core.reward.scorers import UnknownDataSourceError, check_default_data_source
 from rlhf_core.reward.scorers.sandbox_fusion import sandbox_from_config

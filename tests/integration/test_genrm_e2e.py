@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_core.config.errors import ConfigError
-from rlhf_core.reward.genrm import start_genrm
+from rlhf_core.workers.genrm_server import start_genrm
 from rlhf_core.trainer.tracking import read_metrics_jsonl
 from tests.fixtures.genrm_fixtures import constant_judge
 

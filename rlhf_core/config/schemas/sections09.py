@@ -254,7 +254,7 @@ class SandboxFusionConfig:
 
 _LEGACY = "verl 0.9.1's legacy spelling of reward.reward_model.rollout.{0}: when not null it replaces that key " \
     "(verl's migrate_legacy_reward_impl)"
-_LEGACY_HF = ("the generative reward model's judge is served by the hf engine here (rlhf_core/reward/genrm_server.py: "
+_LEGACY_HF = ("the generative reward model's judge is served by the hf engine here (rlhf_core/workers/genrm_server.py: "
               "one process on CPU, one request at a time), which has no ")
 
 

@@ -33,9 +33,9 @@ REFILL = ("verl marks a prompt group 'failure' when one of its agent-loop sessio
           "that raises fails the generation and the step with its error, so there is no failed group to refill")
 SYNC_SECTION = ("verl 0.9.1 defines no sync-mode setting: its sync trainer hands this empty section to the replay "
                 "buffer, which stores it unread")
-# the judge of a generative reward model is served by the hf engine (rlhf_core/reward/genrm_server.py): one process
+# the judge of a generative reward model is served by the hf engine (rlhf_core/workers/genrm_server.py): one process
 # on CPU, requests one at a time; these are the settings of vLLM's engine it does not have
-_HF_JUDGE = "the generative reward model's judge is served by the hf engine here (rlhf_core/reward/genrm_server.py: " \
+_HF_JUDGE = "the generative reward model's judge is served by the hf engine here (rlhf_core/workers/genrm_server.py: " \
     "one process on CPU, one request at a time), which has no "
 GEN_RM_QUANT = "weight quantization of a vLLM/SGLang judge engine; the hf judge loads its weights in rollout.dtype"
 GEN_RM_NAME = ("engines other than hf for the judge: vLLM/SGLang reward-model servers are not built here (a verl "

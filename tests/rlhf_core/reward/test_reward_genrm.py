@@ -1,4 +1,4 @@
-"""A generative reward model (LLM judge) served by the hf engine on 127.0.0.1 (rlhf_core/reward/genrm_server.py,
+"""A generative reward model (LLM judge) served by the hf engine on 127.0.0.1 (rlhf_core/workers/genrm_server.py,
 genrm.py): a verl 0.9-style reward function (tests/data/genrm/genrm_reward_fn.py) reaches the judge through
 ``reward_router_address`` and parses its reply; the engine keys are the request defaults; bad input is refused
 before any model loads."""
@@ -20,9 +20,8 @@ from tests.fixtures.genrm_fixtures import constant_judge
 from rlhf_core.config import load_config
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.reward import load_custom_reward_function
-from rlhf_core.reward.genrm import (check_judge_model, check_reward_function, engine_settings, genrm_enabled,
-                                    genrm_kwargs, judge_defaults)
-from rlhf_core.reward.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine
+from rlhf_core.reward.genrm import check_judge_model, check_reward_function, engine_settings, genrm_enabled
+from rlhf_core.workers.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine, genrm_kwargs, judge_defaults
 
 FN = str(Path(__file__).resolve().parents[2] / "data" / "genrm" / "genrm_reward_fn.py")
 
@@ -106,7 +105,7 @@ def test_engine_defaults_seed_and_limits(judge):
 
 SERVE_ONCE = """
 import json, os, subprocess, sys, urllib.request
-from rlhf_core.reward.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine
+from rlhf_core.workers.genrm_server import GenRMServer, JudgeDefaults, JudgeEngine
 with GenRMServer(JudgeEngine(sys.argv[1], JudgeDefaults(dtype="float32", response_length=3))) as server:
     address = server.address
     listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()

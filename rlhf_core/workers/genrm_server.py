@@ -12,6 +12,9 @@ parses ``choices[0].message.content`` (verl ``docs/advance/reward_loop.rst``,
 * :class:`GenRMServer`: a ``ThreadingHTTPServer`` bound to ``127.0.0.1`` only, on a port the OS picks free, in a
   daemon thread; ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``. Requests are answered one at
   a time, in arrival order (a lock; vLLM batches them).
+* :func:`start_genrm` / :func:`genrm_kwargs`: a run's judge from its config (:func:`judge_defaults`), and the two
+  arguments its reward function gets. (Here, not in ``rlhf_core.reward``: the judge needs the models, kernels and
+  the rollout's decode loop, which sit above the reward package; ``rlhf_core.reward.genrm`` holds the config side.)
 
 Sampling, as verl's vLLM server (``override_generation_config``): a request's own ``temperature``, ``top_p``,
 ``top_k``, ``max_tokens`` (or ``max_completion_tokens``) win; missing ones take the engine's defaults
@@ -32,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
+
+from rlhf_core.reward.genrm import engine_settings
 
 logger = logging.getLogger(__name__)
 
@@ -282,3 +287,28 @@ class GenRMServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def judge_defaults(config: Any) -> JudgeDefaults:
+    """The :class:`JudgeDefaults` of ``config`` (:func:`~rlhf_core.reward.genrm.engine_settings`)."""
+    s = engine_settings(config)
+    return JudgeDefaults(temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]),
+                         do_sample=bool(s["do_sample"]), ignore_eos=bool(s["ignore_eos"]),
+                         response_length=int(s["response_length"]),
+                         max_model_len=None if s["max_model_len"] is None else int(s["max_model_len"]),
+                         seed=int(s["seed"]), dtype=str(s["dtype"]))
+
+
+def start_genrm(config: Any) -> "GenRMServer":
+    """Load the judge and start its server (:class:`GenRMServer`, already started);
+    the caller stops it. Served model names: ``reward_model.model.path`` as written and as resolved locally."""
+    from rlhf_core.models.loading import local_path
+
+    written = str(config.reward_model.model.path)
+    path = local_path(written)
+    return GenRMServer(JudgeEngine(path, judge_defaults(config), served_names=(written, path))).start()
+
+
+def genrm_kwargs(server: Any) -> dict[str, Any]:
+    """The keyword arguments the reward function gets in a GenRM run (verl's names)."""
+    return {"reward_router_address": server.address, "reward_model_tokenizer": server.engine.tokenizer}
