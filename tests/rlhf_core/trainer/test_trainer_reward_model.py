@@ -91,3 +91,7 @@ def test_build_worker_groups_adds_the_rm_group(monkeypatch):
     assert (RewardModelWorker, 2, "rm") in built
     cfg.reward_model.enable = False
     assert "rm" not in main_ppo.build_worker_groups(cfg) and shares[-1] == 2
+    # a generative reward model (enable + a custom function + an engine name) is served to the function instead
+    cfg.reward_model.enable, cfg.custom_reward_function.path = True, "judge_fn.py"
+    cfg.reward.reward_model.rollout.name = "hf"
+    assert "rm" not in main_ppo.build_worker_groups(cfg) and shares[-1] == 2
