@@ -160,3 +160,27 @@ def test_bad_input_is_refused_before_any_model_loads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
     with pytest.raises(ConfigError, match="not a generative one"):
         check_judge_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("manager", ["naive", "remote", "rate_limited"])
+def test_every_manager_hands_the_judge_to_the_function(judge, manager):
+    # the reward managers call the verl-style async function with the judge's address and tokenizer: in this process
+    # (naive), in reward.num_workers other processes (remote: the arguments are pickled), in threads (rate_limited)
+    from tests.fixtures.reward_fixtures import CharTokenizer, make_batch
+    from rlhf_core.reward import load_reward_manager
+
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf", f"custom_reward_function.path={FN}",
+                                      "custom_reward_function.name=compute_score_genrm",
+                                      f"reward_model.reward_manager={manager}", "reward.num_workers=1",
+                                      "reward.max_concurrent=2"])
+    tok = CharTokenizer()
+    batch = make_batch(tok, ["q1", "q2"], ["12", "x"], ["12", "1"], ["openai/gsm8k"] * 2)
+    reward_fn = load_reward_manager(cfg, tok, reward_fn_kwargs=genrm_kwargs(judge))
+    try:
+        out = reward_fn(batch, return_dict=True)
+    finally:
+        getattr(reward_fn, "close", lambda: None)()
+    replies = out["reward_extra_info"]["genrm_response"]
+    # both samples were judged (the tiny judge's greedy replies), and each score is the parse of its own reply
+    assert all(isinstance(r, str) for r in replies) and out["reward_extra_info"].get("reward_error", [0, 0]) == [0, 0]
+    assert out["reward_extra_info"]["score"] == [sum(c.isdigit() for c in r) for r in replies]
