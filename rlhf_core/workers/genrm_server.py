@@ -122,6 +122,16 @@ class JudgeEngine:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def chat(self, request: dict) -> dict:
+        """One OpenAI chat request → a ``chat.completion`` dict: :meth:`_chat` under the engine's lock (requests are
+        served one at a time, in arrival order; the tokenizer is not shared between threads either).
+
+        Raises:
+            RequestError: as :meth:`_chat`.
+        """
+        with self._lock:
+            return self._chat(request)
+
+    def _chat(self, request: dict) -> dict:
         """One OpenAI chat request → a ``chat.completion`` dict (``choices[i].message.content``,
         ``finish_reason`` ``stop``/``length``, ``usage``).
 
@@ -148,9 +158,8 @@ class JudgeEngine:
                                f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in "
                                "the completion). Please reduce the length of the messages or completion.")
         ignore_eos = bool(request.get("ignore_eos", self.defaults.ignore_eos))
-        with self._lock:
-            tokens = self._generate(ids, n, max_tokens, do_sample, temperature, top_k, top_p, ignore_eos,
-                                    request.get("seed"))
+        tokens = self._generate(ids, n, max_tokens, do_sample, temperature, top_k, top_p, ignore_eos,
+                                request.get("seed"))
         choices, completion_tokens = [], 0
         for i, row in enumerate(tokens):
             row = row.tolist()
