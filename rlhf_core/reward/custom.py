@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import hashlib
+import inspect
 import sys
 from typing import Any, Callable
 

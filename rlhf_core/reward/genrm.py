@@ -29,12 +29,11 @@ from typing import Any
 from rlhf_core.config.errors import ConfigError
 
 ENGINE = "reward.reward_model.rollout"
-LEGACY = "reward_model.rollout"
 EXTRA_ARGS = ("reward_router_address", "reward_model_tokenizer")
 # reward.reward_model.rollout keys the judge server reads (the legacy reward_model.rollout.* of the same name, when
 # not null, replace them: verl 0.9's migrate_legacy_reward_impl)
 READ = ("name", "dtype", "temperature", "top_p", "top_k", "do_sample", "ignore_eos", "response_length",
-        "max_model_len", "seed", "skip_tokenizer_init")
+        "max_model_len", "seed")
 
 
 def engine_settings(config: Any) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, rewar
         tokenizer: anything with ``decode(ids, skip_special_tokens=True)``.
         num_examine: samples per data source to print on each call (verl: 0 for training, 1 for validation).
         reward_fn_kwargs: extra keyword arguments of every reward-function call (a generative reward model's
-            ``reward_router_address`` and ``reward_model_tokenizer``: :func:`rlhf_core.reward.genrm.genrm_kwargs`).
+            ``reward_router_address`` and ``reward_model_tokenizer``: :func:`rlhf_core.workers.genrm_server.genrm_kwargs`).
         **kwargs: extra manager arguments (override ``reward_kwargs``).
 
     Raises:
