@@ -22,6 +22,7 @@ from torch import nn
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
+from rlhf_core.distributed.ulysses import gather_rows, own_rows, ulysses_packed_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor_loss import actor_micro_loss
@@ -99,6 +100,8 @@ class ResponseForward:
             ``fsdp_config.pad_to_length_bucket`` (:func:`pad_pack_to_bucket`); ``None``: off.
         prefix_grouper: ``actor.use_prefix_grouper``: every micro-batch runs verl's prefix-grouped forward, one
             model call with each group's prompt once (:func:`~rlhf_core.kernels.prefix_grouper.prefix_grouped_logits`).
+        sp: the role's :class:`~rlhf_core.distributed.ulysses.SequenceParallel` (``ulysses_sequence_parallel_size``
+            > 1): the packed forward is split over its group (no shared prefix); ``None``: one rank runs it whole.
     """
     shared_prefix: bool
     packed: bool
@@ -107,10 +110,12 @@ class ResponseForward:
     device: torch.device
     pad_bucket: int | None = None
     prefix_grouper: bool = False
+    sp: Any = None
 
 
 def choose_response_forward(model: nn.Module, use_remove_padding: bool,
-                            pad_bucket: int | None = None, prefix_grouper: bool = False) -> ResponseForward:
+                            pad_bucket: int | None = None, prefix_grouper: bool = False,
+                            sp: Any = None) -> ResponseForward:
     """The :class:`ResponseForward` of ``model``: packed when ``use_remove_padding``; the shared prefix where the
     model supports it, except packed on GPU (packed or not, on CPU a prompt that repeats runs once, rollout.n > 1:
     less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
@@ -118,10 +123,12 @@ def choose_response_forward(model: nn.Module, use_remove_padding: bool,
     described, dev = support(model), device()
     if prefix_grouper:  # refused at init, before any batch: the grouped forward needs a 4-D attention mask
         check_attention(model)
-    return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu"),
+    return ResponseForward(shared_prefix=described.shared_prefix and not (use_remove_padding and dev.type != "cpu")
+                           and sp is None,
                            packed=bool(use_remove_padding), logits_to_keep=described.logits_to_keep,
                            active_dropout=described.active_dropout, device=dev,
-                           pad_bucket=pad_bucket if use_remove_padding else None, prefix_grouper=bool(prefix_grouper))
+                           pad_bucket=pad_bucket if use_remove_padding else None, prefix_grouper=bool(prefix_grouper),
+                           sp=sp)
 
 
 def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -183,6 +190,8 @@ def forward_response_logits(model: nn.Module, mb: Batch, response_length: int, u
         b = ids.shape[0]
         if path.pad_bucket is not None:
             ids, mask, pos = pad_pack_to_bucket(ids, mask, pos, path.pad_bucket)
+        if path.sp is not None:  # ulysses_sequence_parallel_size > 1: the pack split over the SP group
+            return ulysses_packed_logits(model, ids, mask, pos, path.sp, keep_last=keep)[:b, -response_length - 1:-1]
         return packed_logits(model, ids, mask, pos, keep_last=keep)[:b, -response_length - 1:-1]
     # the last position predicts nothing that is used: the forward stops before it (slicing its logits off instead
     # cost a zero-filled (b, T, V) gradient in the backward). The full width under active dropout, so its masks are
@@ -234,9 +243,10 @@ class DataParallelPPOActor:
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  mini_batch_size: int | None = None, micro_batch_size: int | None = None,
                  ref_model: nn.Module | None = None, activation_offload: bool = False,
-                 use_remove_padding: bool = False, prefix_grouper: bool = False) -> None:
+                 use_remove_padding: bool = False, prefix_grouper: bool = False, sp: Any = None) -> None:
         self.config = config
         self.prefix_grouper = bool(prefix_grouper)
+        self.sp = sp  # ulysses_sequence_parallel_size > 1: this rank's SequenceParallel (distributed/ulysses.py)
         self.activation_offload = bool(activation_offload)
         # verl 0.6's legacy worker reads the role's key, verl 0.9.1's engine fsdp_config's copy: either False is eager
         self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile)
@@ -266,9 +276,10 @@ class DataParallelPPOActor:
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
         bucket = pad_bucket_of(self.config.fsdp_config)
-        self._path = choose_response_forward(self.model, self._use_remove_padding, bucket, self.prefix_grouper)
+        self._path = choose_response_forward(self.model, self._use_remove_padding, bucket, self.prefix_grouper, self.sp)
         self._ref_path = (None if self._ref_model is None else
-                          choose_response_forward(self._ref_model, self._use_remove_padding, bucket, self.prefix_grouper))
+                          choose_response_forward(self._ref_model, self._use_remove_padding, bucket, self.prefix_grouper,
+                                                  self.sp))
 
     @property
     def ref_model(self) -> nn.Module | None:
@@ -280,7 +291,7 @@ class DataParallelPPOActor:
         self._ref_model = model
         bucket = pad_bucket_of(self.config.fsdp_config)
         self._ref_path = (None if model is None else
-                          choose_response_forward(model, self._use_remove_padding, bucket, self.prefix_grouper))
+                          choose_response_forward(model, self._use_remove_padding, bucket, self.prefix_grouper, self.sp))
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _log_prob_entropy(self, mb: Batch, temperature: float, with_entropy: bool, return_logits: bool = False,
@@ -340,6 +351,7 @@ class DataParallelPPOActor:
         tempered distribution (:func:`~rlhf_core.algos.advantages_token_baseline.sum_pi_squared_from_logits`)."""
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         self.model.eval()
+        batch = gather_rows(batch, self.sp)  # sequence parallelism: the SP group's rows on each of its ranks
         lps, ents, spps = [], [], []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
@@ -351,7 +363,8 @@ class DataParallelPPOActor:
             if calculate_sum_pi_squared:
                 spps.append(sum_pi_squared_from_logits(logits[0]).cpu())
         out = (torch.cat(lps), (torch.cat(ents) if calculate_entropy else None))
-        return (*out, torch.cat(spps)) if calculate_sum_pi_squared else out
+        out = (*out, torch.cat(spps)) if calculate_sum_pi_squared else out
+        return tuple(own_rows(x, self.sp) for x in out)
 
     @torch.no_grad()
     def compute_full_kl(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
@@ -365,13 +378,14 @@ class DataParallelPPOActor:
         """
         temperature = float(batch.meta.get("temperature", 1.0)) or 1.0
         self.model.eval()
+        batch = gather_rows(batch, self.sp)
         out = []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
                                          "log_prob_max_token_len_per_gpu"):
             logits = tempered(forward_response_logits(self.model, mb, mb["responses"].shape[-1],
                                                       path=self._path), temperature)
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
-        return torch.cat(out)
+        return own_rows(torch.cat(out), self.sp)
 
     # ---- update (the loop is rlhf_core.workers.update_loop; the loss is rlhf_core.workers.actor_loss) ---------
     def _micro_loss(self, mb: Batch, temperature: float, n_tok: float, n_seq: float,
@@ -396,6 +410,7 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer (this actor is a reference model)")
         cfg = self.config
+        batch = gather_rows(batch, self.sp)  # every rank of an SP group updates on the group's rows
         if "old_log_probs" not in batch and not first_forward_is_old_log_prob(
                 self.model, len(batch), self.mini_batch_size, int(cfg.ppo_epochs)):
             raise ValueError("update_policy without old_log_probs needs one PPO epoch, one mini-batch and no dropout "
@@ -409,7 +424,8 @@ class DataParallelPPOActor:
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
             seed=0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed), grad_clip=cfg.grad_clip,
             activation_offload=self.activation_offload,
-            no_sync=bool(cfg.fsdp_config.use_no_sync_for_gradient_accumulation))
+            no_sync=bool(cfg.fsdp_config.use_no_sync_for_gradient_accumulation),
+            sp_size=1 if self.sp is None else self.sp.size)
         out = run_update("actor", self.model, self.optimizer, batch, schedule,
                          lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq, bypass),
                          self.update_calls)

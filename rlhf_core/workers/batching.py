@@ -116,16 +116,18 @@ def mini_batches(batch: Batch, mini_batch_size: int, epoch: int, shuffle: bool, 
     yield from batch.split(mini_batch_size)
 
 
-def global_counts(mask: torch.Tensor) -> tuple[float, float]:
-    """(valid tokens, sequences with a valid token) of ``mask (B, T)`` summed over all ranks (all-reduce SUM)."""
+def global_counts(mask: torch.Tensor, copies: int = 1) -> tuple[float, float]:
+    """(valid tokens, sequences with a valid token) of ``mask (B, T)`` summed over all ranks (all-reduce SUM),
+    divided by ``copies``: the number of ranks holding each row (``ulysses_sequence_parallel_size``)."""
     tokens, seqs = _all_reduce([mask.float().sum().item(), float((mask != 0).any(dim=-1).sum().item())],
                                torch.float64)
-    return float(tokens), float(seqs)
+    return float(tokens) / copies, float(seqs) / copies
 
 
-def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
-    """Sum a dict of floats over all ranks (keys must match on every rank)."""
+def all_reduce_sum(values: dict[str, float], copies: int = 1) -> dict[str, float]:
+    """Sum a dict of floats over all ranks (keys must match on every rank), divided by ``copies`` (the ranks that
+    hold each row and computed the same value: ``ulysses_sequence_parallel_size``)."""
     keys = sorted(values)
     if not keys:
         return {}
-    return {k: float(v) for k, v in zip(keys, _all_reduce([values[k] for k in keys], torch.float64))}
+    return {k: float(v) / copies for k, v in zip(keys, _all_reduce([values[k] for k in keys], torch.float64))}

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from rlhf_core.algos.policy_loss import compute_value_loss
+from rlhf_core.distributed.ulysses import gather_rows, own_rows
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor import choose_response_forward, forward_response_logits, pad_bucket_of
@@ -29,12 +30,15 @@ class DataParallelPPOCritic:
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
         activation_offload: ``critic.model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
+        sp: ``critic.ulysses_sequence_parallel_size`` > 1: the :class:`~rlhf_core.distributed.ulysses.SequenceParallel`
+            (each call gathers the SP group's rows, the packed forward is split over it, outputs are this rank's).
     """
 
     def __init__(self, config: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
                  mini_batch_size: int, micro_batch_size: int | None, activation_offload: bool = False,
-                 use_remove_padding: bool = False) -> None:
+                 use_remove_padding: bool = False, sp: Any = None) -> None:
         self.config = config
+        self.sp = sp  # critic.ulysses_sequence_parallel_size > 1: this rank's SequenceParallel
         self.activation_offload = bool(activation_offload)
         self.model = model
         self.optimizer = optimizer
@@ -52,7 +56,8 @@ class DataParallelPPOCritic:
     @use_remove_padding.setter
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
-        self._path = choose_response_forward(self.model, self._use_remove_padding, pad_bucket_of(self.config.fsdp))
+        self._path = choose_response_forward(self.model, self._use_remove_padding, pad_bucket_of(self.config.fsdp),
+                                             self.sp)
 
     def _values(self, mb: Batch) -> torch.Tensor:
         T = mb["responses"].shape[-1]
@@ -64,13 +69,14 @@ class DataParallelPPOCritic:
         ``forward_micro_batch_size_per_gpu`` (or dynamic by ``forward_max_token_len_per_gpu``)."""
         cfg = self.config
         self.model.eval()
+        batch = gather_rows(batch, self.sp)
         out = []
         fwd = cfg.forward_micro_batch_size_per_gpu  # null: the update's micro-batch size per rank
         for mb in batching.micro_batches(batch, self.micro_batch_size if fwd is None else fwd,
                                          bool(cfg.use_dynamic_bsz), cfg.forward_max_token_len_per_gpu,
                                          "forward_max_token_len_per_gpu"):
             out.append(self._values(mb).cpu() * mb["response_mask"].float())
-        return torch.cat(out)
+        return own_rows(torch.cat(out), self.sp)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """PPO epochs of clipped value regression onto ``returns``; one optimizer step per mini-batch.
@@ -80,13 +86,15 @@ class DataParallelPPOCritic:
         ``critic/grad_norm``, ``critic/skipped_steps``, averaged over mini-batches and identical on every rank
         (:func:`run_update` with :meth:`_micro_loss`)."""
         cfg = self.config
+        batch = gather_rows(batch, self.sp)
         schedule = UpdateSchedule(
             ppo_epochs=int(cfg.ppo_epochs), mini_batch_size=self.mini_batch_size,
             micro_batch_size=self.micro_batch_size, use_dynamic_bsz=bool(cfg.use_dynamic_bsz),
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
             seed=int(cfg.data_loader_seed),  # verl 0.9 critic.data_loader_seed (42)
             grad_clip=cfg.grad_clip, activation_offload=self.activation_offload,
-            no_sync=bool(cfg.fsdp.use_no_sync_for_gradient_accumulation))
+            no_sync=bool(cfg.fsdp.use_no_sync_for_gradient_accumulation),
+            sp_size=1 if self.sp is None else self.sp.size)
         out = run_update("critic", self.model, self.optimizer, batch, schedule, self._micro_loss, self.update_calls)
         self.update_calls += 1
         return out

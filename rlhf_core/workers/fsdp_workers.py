@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
+from rlhf_core.distributed.ulysses import role_sequence_parallel, sp_size_of
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer, model_tokenizer_path
 from rlhf_core.protocol import Batch
@@ -92,15 +93,19 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.tokenizer = load_tokenizer(model_tokenizer_path(mcfg), bool(mcfg.trust_remote_code),
                                         mcfg.custom_chat_template)
         n = int(self.arr.rollout.n)
+        self.actor_sp = self.ref_sp = None  # ulysses_sequence_parallel_size > 1: distributed/ulysses.py
         if self._is_actor:
             note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")
             apply_engine_determinism(acfg.fsdp_config)
             self.actor_module = build_model(mcfg, acfg.fsdp_config, "actor")
             self.optimizer, self.lr_scheduler = build_optim(self.actor_module, acfg.optim)
+            self.actor_sp = role_sequence_parallel(self.actor_module, acfg, "fsdp_config", "actor_rollout_ref.actor",
+                                                   mcfg)
             self.actor = DataParallelPPOActor(acfg, self.actor_module, self.optimizer,
-                                              use_remove_padding=bool(mcfg.use_remove_padding),
+                                              use_remove_padding=bool(mcfg.use_remove_padding), sp=self.actor_sp,
                                               prefix_grouper=bool(acfg.use_prefix_grouper),
-                                              **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n))
+                                              **update_sizes(acfg, mcfg, "actor_rollout_ref.actor", n,
+                                                             sp_size_of(self.actor_sp)))
             self.ckpt = FSDPCheckpointManager(
                 self.actor_module, self.optimizer, self.lr_scheduler, self.tokenizer,
                 getattr(self.actor_module, "config", None),
@@ -113,10 +118,17 @@ class ActorRolloutRefWorker(ProfiledWorker):
         if self._is_ref:
             rcfg = self.arr.ref
             apply_engine_determinism(rcfg.fsdp_config)
-            self.ref = DataParallelPPOActor(rcfg, build_model(mcfg, rcfg.fsdp_config, "ref"),
-                                            use_remove_padding=bool(mcfg.use_remove_padding),
-                                            prefix_grouper=bool(acfg.use_prefix_grouper))  # verl: the actor's key
+            ref_model = build_model(mcfg, rcfg.fsdp_config, "ref")
+            self.ref_sp = role_sequence_parallel(ref_model, rcfg, "fsdp_config", "actor_rollout_ref.ref", mcfg,
+                                                 reuse=self.actor_sp)
+            self.ref = DataParallelPPOActor(rcfg, ref_model, use_remove_padding=bool(mcfg.use_remove_padding),
+                                            prefix_grouper=bool(acfg.use_prefix_grouper),  # verl: the actor's key
+                                            sp=self.ref_sp)
         if self.actor is not None and self.ref is not None:
+            if sp_size_of(self.actor_sp) != sp_size_of(self.ref_sp) and self.actor.config.kl_loss_type == "full":
+                raise ValueError("kl_loss_type='full' runs the reference inside the actor's forward: "
+                                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size must equal the actor's "
+                                 f"({sp_size_of(self.ref_sp)} != {sp_size_of(self.actor_sp)})")
             self.actor.ref_model = self.ref.model  # kl_loss_type / kl_penalty 'full' need the ref's full logits
         if self.actor is not None and self.config.distillation.enabled:
             self._init_teachers()
@@ -275,7 +287,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             raise RuntimeError(f"role {self.role!r} has no actor")
         rcfg = self.arr.rollout
         dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
-        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
+        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic,
+                               sp_size_of(self.actor_sp))
         batch = self._temperature(batch)
         spp = needs_sum_pi_squared(self.config.algorithm.adv_estimator, self.arr.actor.calculate_sum_pi_squared)
         lp, ent, *rest = self.actor.compute_log_prob(batch, micro, dynamic, rcfg.log_prob_max_token_len_per_gpu,
@@ -301,7 +314,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             raise RuntimeError(f"role {self.role!r} has no reference model")
         rcfg = self.arr.ref
         dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
-        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic)
+        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic,
+                               sp_size_of(self.ref_sp))
         max_tok = rcfg.log_prob_max_token_len_per_gpu
         batch = self._temperature(batch)
         lp, _ = self.ref.compute_log_prob(batch, micro, dynamic, max_tok, calculate_entropy=False)
@@ -397,8 +411,10 @@ class CriticWorker(ProfiledWorker):
         apply_engine_determinism(ccfg.fsdp)
         self.module = build_model(mcfg, ccfg.fsdp, "critic", value_head=True)
         self.optimizer, self.lr_scheduler = build_optim(self.module, ccfg.optim)
-        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer, **update_sizes(ccfg, mcfg, "critic", n),
-                                            use_remove_padding=bool(mcfg.use_remove_padding))
+        sp = role_sequence_parallel(self.module, ccfg, "fsdp", "critic", mcfg)
+        self.critic = DataParallelPPOCritic(ccfg, self.module, self.optimizer,
+                                            **update_sizes(ccfg, mcfg, "critic", n, sp_size_of(sp)),
+                                            use_remove_padding=bool(mcfg.use_remove_padding), sp=sp)
         self.ckpt = FSDPCheckpointManager(
             self.module, self.optimizer, self.lr_scheduler, self.tokenizer, getattr(self.module, "config", None),
             save_contents=list(ccfg.checkpoint.save_contents), load_contents=_listed(ccfg.checkpoint.load_contents),

@@ -93,16 +93,20 @@ def build_optim(model: nn.Module, optim_cfg: Mapping[str, Any]):
     return optimizer, build_lr_scheduler(optimizer, optim_cfg)
 
 
-def per_rank(global_size: int | None, key: str, n: int = 1) -> int:
-    """``global_size × n ÷ world``; raises ``ValueError`` naming ``key`` when it does not divide or is 0."""
-    ws = world_size()
+def per_rank(global_size: int | None, key: str, n: int = 1, sp_size: int = 1) -> int:
+    """``global_size × n ÷ (world ÷ sp_size)``: the rows per data-parallel rank (an SP group's ranks hold the same
+    rows, verl's division by the ``dp`` size under Ulysses); raises ``ValueError`` naming ``key`` when it does not
+    divide or is 0."""
+    ws = world_size() // sp_size
     total = int(global_size) * n
     if total % ws or total // ws == 0:
-        raise ValueError(f"{key}={global_size} (× n={n}) must be a positive multiple of the world size {ws}")
+        what = "world size" if sp_size == 1 else f"data-parallel size (world ÷ ulysses_sequence_parallel_size={sp_size})"
+        raise ValueError(f"{key}={global_size} (× n={n}) must be a positive multiple of the {what} {ws}")
     return total // ws
 
 
-def micro_per_rank(cfg: Mapping[str, Any], per_gpu_key: str, global_key: str, dynamic: bool) -> int | None:
+def micro_per_rank(cfg: Mapping[str, Any], per_gpu_key: str, global_key: str, dynamic: bool,
+                   sp_size: int = 1) -> int | None:
     """The micro-batch size per rank: ``*_per_gpu``, or the deprecated global value ÷ world size.
 
     Raises ``ValueError`` naming the full keys when both are set, or neither is and ``use_dynamic_bsz`` is off
@@ -112,13 +116,13 @@ def micro_per_rank(cfg: Mapping[str, Any], per_gpu_key: str, global_key: str, dy
     if per_gpu is not None and glob is not None:
         raise ValueError(f"set only one of {per_gpu_path} and the deprecated {global_path}")
     if glob is not None:
-        return per_rank(glob, global_path)
+        return per_rank(glob, global_path, sp_size=sp_size)
     if per_gpu is None and not dynamic:
         raise ValueError(f"{per_gpu_path} must be set when use_dynamic_bsz is False")
     return None if per_gpu is None else int(per_gpu)
 
 
-def update_sizes(role_cfg: Any, model_cfg: Any, key: str, n: int) -> dict[str, Any]:
+def update_sizes(role_cfg: Any, model_cfg: Any, key: str, n: int, sp_size: int = 1) -> dict[str, Any]:
     """The per-rank sizes of a trainable role's update, as keyword arguments of ``DataParallelPPOActor`` /
     ``DataParallelPPOCritic``: ``mini_batch_size`` (``ppo_mini_batch_size × n ÷ world``), ``micro_batch_size``
     (:func:`micro_per_rank`) and ``activation_offload`` (``model.enable_activation_offload``).
@@ -126,12 +130,13 @@ def update_sizes(role_cfg: Any, model_cfg: Any, key: str, n: int) -> dict[str, A
     Args:
         role_cfg: ``actor_rollout_ref.actor`` or ``critic``; ``key`` is its dotted path, used in errors.
         model_cfg: the role's ``model`` section. n: ``rollout.n`` (responses per prompt).
+        sp_size: the role's Ulysses size: the sizes are per data-parallel rank (``world ÷ sp_size``).
     Raises:
         ValueError: from :func:`per_rank` / :func:`micro_per_rank`, naming the key.
     """
-    return {"mini_batch_size": per_rank(role_cfg.ppo_mini_batch_size, f"{key}.ppo_mini_batch_size", n),
+    return {"mini_batch_size": per_rank(role_cfg.ppo_mini_batch_size, f"{key}.ppo_mini_batch_size", n, sp_size),
             "micro_batch_size": micro_per_rank(role_cfg, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
-                                               bool(role_cfg.use_dynamic_bsz)),
+                                               bool(role_cfg.use_dynamic_bsz), sp_size),
             "activation_offload": bool(model_cfg.enable_activation_offload)}
 
 

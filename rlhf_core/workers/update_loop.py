@@ -57,6 +57,8 @@ class UpdateSchedule:
             every micro-batch's backward but the mini-batch's last (``set_requires_gradient_sync(False)``, as verl
             0.9's engine): the unsharded gradients accumulate locally and are reduced once; the same update, less
             communication, more memory held.
+        sp_size: ``ulysses_sequence_parallel_size``: each row is held by this many ranks (one SP group), so the
+            global counts and the metric sums over all ranks are divided by it (rlhf_core/distributed/ulysses.py).
     """
 
     ppo_epochs: int
@@ -70,6 +72,7 @@ class UpdateSchedule:
     grad_clip: float | None = None
     activation_offload: bool = False
     no_sync: bool = False
+    sp_size: int = 1
 
 
 @contextlib.contextmanager
@@ -118,7 +121,7 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
     for epoch in range(int(schedule.ppo_epochs)):
         for mini in batching.mini_batches(batch, schedule.mini_batch_size, epoch, schedule.shuffle, schedule.seed,
                                           call_index):
-            n_tok, n_seq = batching.global_counts(count_mask(mini))
+            n_tok, n_seq = batching.global_counts(count_mask(mini), schedule.sp_size)
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             micros = batching.micro_batches(mini, schedule.micro_batch_size, schedule.use_dynamic_bsz,
@@ -130,7 +133,8 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
                     (loss * W).backward()
                 for k, v in metrics.items():
                     sums[k] = EXTREMA[k](sums[k], v) if k in EXTREMA and k in sums else sums.get(k, 0.0) + v
-            mini_metrics = batching.all_reduce_sum({k: v for k, v in sums.items() if k not in EXTREMA})
+            mini_metrics = batching.all_reduce_sum({k: v for k, v in sums.items() if k not in EXTREMA},
+                                                   schedule.sp_size)
             mini_metrics.update(all_reduce_extrema({k: v for k, v in sums.items() if k in EXTREMA}))
             grad_norm = clip_grad_norm(model, schedule.grad_clip)
             stepped = math.isfinite(grad_norm)
