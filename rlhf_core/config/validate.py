@@ -162,9 +162,15 @@ def _micro_errors(cfg: DictConfig, table: tuple) -> list[str]:
     return errors
 
 
-def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int) -> list[str]:
-    """verl's worker normalisation: mini×n ÷ world per worker, then divisible by micro per GPU."""
+def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int, fsdp_key: str) -> list[str]:
+    """verl's worker normalisation: mini×n ÷ world per worker, then divisible by micro per GPU. With Ulysses
+    (``<section>.ulysses_sequence_parallel_size`` or its ``<fsdp_key>`` copy above 1, dividing the world) the
+    divisor is the data-parallel size ``world ÷ sp``: an SP group's ranks share their rows (verl's ``dp`` division)."""
     errors = []
+    sp = max(_get(cfg, f"{section}.ulysses_sequence_parallel_size", 1) or 1,
+             _get(cfg, f"{section}.{fsdp_key}.ulysses_sequence_parallel_size", 1) or 1)
+    if isinstance(sp, int) and sp > 1 and world % sp == 0:
+        world = world // sp
     tbs, mini, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{section}.ppo_mini_batch_size"), _get(cfg, n_key)
     if mini is None or mini <= 0:
         return [f"{section}.ppo_mini_batch_size={mini} must be > 0."]
@@ -361,11 +367,37 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
         errors.append(f"data.gen_batch_size={gen} x {A}.rollout.n={n} = {gen * n} sequences is not divisible by "
                       f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
     errors += _micro_errors(cfg, _PPO_MICRO)
-    errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world)
+    errors += sequence_parallel_errors(cfg, world)
+    errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world, "fsdp_config")
     errors += prefix_grouper_errors(cfg, world, need_ref(cfg))
     if use_critic(cfg):
-        errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world)
+        errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world, "fsdp")
     return errors + vllm_tp_errors(cfg, world)
+
+
+_SP_ROLES = ((f"{A}.actor", "fsdp_config", f"{A}.model.use_remove_padding", "actor"),
+             (f"{A}.ref", "fsdp_config", f"{A}.model.use_remove_padding", "ref"),
+             ("critic", "fsdp", "critic.model.use_remove_padding", "critic"))
+
+
+def sequence_parallel_errors(cfg: DictConfig, world: int) -> list[str]:
+    """verl's Ulysses rules for each role in use with ``ulysses_sequence_parallel_size`` (or its fsdp copy) above 1:
+    it divides the world size and ``use_remove_padding`` is on (the sequence is split as one packed row). The head
+    counts are checked against the model when the workers load it (``distributed/ulysses.py``)."""
+    errors = []
+    for section, fsdp, rmpad_key, role in _SP_ROLES:
+        if (role == "critic" and not use_critic(cfg)) or (role == "ref" and not need_ref(cfg)):
+            continue
+        for key in (f"{section}.ulysses_sequence_parallel_size", f"{section}.{fsdp}.ulysses_sequence_parallel_size"):
+            size = _get(cfg, key, 1)
+            if not isinstance(size, int) or size <= 1:
+                continue
+            if world % size:
+                errors.append(f"{key}={size} does not divide world size {world} "
+                              "(trainer.nnodes x trainer.n_gpus_per_node).")
+            if not _get(cfg, rmpad_key):
+                errors.append(f"{key}={size} needs {rmpad_key}=True (Ulysses splits the packed sequence).")
+    return errors
 
 
 def vllm_tp_errors(cfg: DictConfig, world: int) -> list[str]:

@@ -174,7 +174,7 @@ class ActorFSDPConfig(FSDPEngine09):
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
         no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
-        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+        "new-engine copy of the Ulysses sequence-parallel size (read when the role's own key is 1)")
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.actor.entropy_from_logits_with_chunking}',
         "new-engine copy of entropy_from_logits_with_chunking (the actor reads this copy, which follows the role's "
         "key)")
@@ -289,8 +289,9 @@ class ActorConfig:
                       "actor_rollout_ref.model.use_remove_padding); the workers here read that key too, which this "
                       "copy follows by default",
 )
-    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
-        why='sequence parallelism')
+    ulysses_sequence_parallel_size: int = key(1,
+        "Ulysses sequence-parallel size: ranks that split each packed micro-batch's tokens (1 = off; needs "
+        "use_remove_padding; docs/PARALLELISM.md)")
     # verl 0.9: actor
     rollout_n: int = key('${actor_rollout_ref.rollout.n}', 'responses per prompt (mirrors rollout.n)',
         no_effect_yet="verl 0.9.1 only asserts it is set (ActorConfig, verl/workers/config/actor.py) and takes the "
@@ -351,7 +352,7 @@ class RefFSDPConfig(FSDPEngine09):
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
         no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
-        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+        "new-engine copy of the Ulysses sequence-parallel size (read when the role's own key is 1)")
     entropy_from_logits_with_chunking: bool = key('${actor_rollout_ref.ref.entropy_from_logits_with_chunking}',
         'new-engine copy of entropy_from_logits_with_chunking', no_effect_yet=REF_NO_ENTROPY)
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile (False: no torch.compile)',
@@ -399,7 +400,7 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = key('${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}',
         'token budget per worker for ref log-probs')
     ulysses_sequence_parallel_size: int = key('${actor_rollout_ref.actor.ulysses_sequence_parallel_size}',
-        'Ulysses sequence-parallel size of the reference', only=(1,), why='sequence parallelism')
+        'Ulysses sequence-parallel size of the reference (its log-prob forward; docs/PARALLELISM.md)')
     model: Any = key(None, "model config of the reference for verl's new engine; null = the actor's model",
         why="a separate reference model config (verl's new engine workers); the reference is built from "
             "actor_rollout_ref.model",

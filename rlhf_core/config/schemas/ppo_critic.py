@@ -65,7 +65,7 @@ class CriticFSDPConfig(FSDPEngine09):
     use_orig_params: bool = key(False, 'FSDP1 flat-parameter option (FSDP2 has no flat parameters)',
         no_effect_yet=USE_ORIG_PARAMS)
     ulysses_sequence_parallel_size: int = key(1,
-        'new-engine copy of the Ulysses sequence-parallel size (only 1 is supported yet)', why='sequence parallelism')
+        "new-engine copy of the Ulysses sequence-parallel size (read when the role's own key is 1)")
     entropy_from_logits_with_chunking: bool = key(False, 'new-engine copy of entropy_from_logits_with_chunking',
         no_effect_yet=CRITIC_NO_ENTROPY)
     use_torch_compile: bool = key(True, 'new-engine copy of use_torch_compile',
@@ -165,8 +165,9 @@ class CriticConfig:
     ppo_max_token_len_per_gpu: int = key(32768, 'token budget per worker micro-batch for updates')
     forward_max_token_len_per_gpu: int = key('${critic.ppo_max_token_len_per_gpu}',
         'token budget per worker micro-batch for value computation')
-    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
-        why='sequence parallelism')
+    ulysses_sequence_parallel_size: int = key(1,
+        "Ulysses sequence-parallel size: ranks that split each packed micro-batch's tokens (1 = off; needs "
+        "use_remove_padding; docs/PARALLELISM.md)")
     ppo_epochs: int = key('${actor_rollout_ref.actor.ppo_epochs}', 'passes over the batch per PPO step')
     shuffle: bool = key('${actor_rollout_ref.actor.shuffle}', 'reshuffle mini-batches every epoch')
     grad_clip: float = key(1.0, 'clip the global gradient norm to this value')

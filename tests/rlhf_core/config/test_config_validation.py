@@ -151,13 +151,27 @@ def test_all_problems_are_reported_together():
     (f"{A}.actor.strategy=megatron", "actor_rollout_ref.actor.strategy='megatron' is not supported yet (only FSDP"),
     (f"{A}.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang' is not supported yet"),
     (f"{A}.model.override_config.moe_config.freeze_moe_router=True", "freeze_moe_router=True is not supported yet (Megatron only)"),
-    (f"{A}.actor.ulysses_sequence_parallel_size=2", "ulysses_sequence_parallel_size=2 is not supported yet (sequence parallelism)"),
     ("data.image_key=img", "data.image_key='img' is not supported yet (multimodal data)"),
     (f"{A}.actor.optim.lr_decay_style=cosine", "lr_decay_style='cosine' is not supported yet (Megatron-only optimizer key; set lr_scheduler_type)"),
     (f"+{A}.rollout.engine_kwargs.sglang.mem=1", "engine_kwargs.sglang={'mem': 1} is not supported yet (sglang)"),
 ])
 def test_unsupported_backends_fail_at_non_default(override, expected):
     assert expected in error_of(override)
+
+
+def test_ulysses_sizes_must_divide_the_world_and_need_remove_padding():
+    packed = [f"{A}.model.use_remove_padding=True", "critic.model.use_remove_padding=True"]
+    # world 2 = one SP group of 2: mini 4 seqs per data-parallel rank (not 2 per rank), micro 2 divides it
+    cfg = ppo(*packed, f"{A}.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
+              f"{A}.actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2")
+    assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2  # the reference follows the actor's
+    assert (f"{A}.actor.ulysses_sequence_parallel_size=4 does not divide world size 2"
+            in error_of(*packed, f"{A}.actor.ulysses_sequence_parallel_size=4"))
+    assert (f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=2 needs {A}.model.use_remove_padding=True"
+            in error_of(f"{A}.model.use_remove_padding=False", f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=2"))
+    assert ("critic.ulysses_sequence_parallel_size=2 needs critic.model.use_remove_padding=True"
+            in error_of(*packed, "algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2",
+                        "critic.model.use_remove_padding=False"))
 
 
 def test_megatron_optim_keys_accepted_at_default():
