@@ -455,6 +455,13 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     if _get(cfg, "data.use_dynamic_bsz") and (_get(cfg, "data.max_token_len_per_gpu") or 0) <= 0:
         errors.append(f"data.use_dynamic_bsz=True needs data.max_token_len_per_gpu > 0, got "
                       f"{_get(cfg, 'data.max_token_len_per_gpu')}.")
+    sp = _get(cfg, "ulysses_sequence_parallel_size", 1)
+    if isinstance(sp, int) and sp > 1:
+        if world > 0 and world % sp:
+            errors.append(f"ulysses_sequence_parallel_size={sp} does not divide world size {world}.")
+        if not _get(cfg, "use_remove_padding") and _get(cfg, "data.pad_mode") != "no_padding":
+            errors.append(f"ulysses_sequence_parallel_size={sp} needs use_remove_padding=True (or "
+                          "data.pad_mode=no_padding): Ulysses splits the packed sequence.")
     if (_get(cfg, "data.max_length") or 0) <= 0:
         errors.append(f"data.max_length={_get(cfg, 'data.max_length')} must be > 0.")
     _raise(errors)

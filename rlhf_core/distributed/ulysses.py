@@ -169,23 +169,44 @@ def gather_kept(x: torch.Tensor, counts: list[int], sp: SequenceParallel) -> tor
     return _GatherKept.apply(x, list(counts), sp)
 
 
-def ulysses_packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          position_ids: torch.Tensor, sp: SequenceParallel,
-                          keep_last: int | None = None) -> torch.Tensor:
-    """:func:`~rlhf_core.kernels.packing.packed_logits` with the pack split over the SP group: the same
-    ``(b, L, V)`` (or ``(b, keep_last, V)``) logits on every rank of the group, 0 at pads.
+@dataclass(frozen=True)
+class SplitPack:
+    """A micro-batch packed (:func:`~rlhf_core.kernels.packing.pack_inputs`), padded to a multiple of ``sp`` and
+    laid out for per-sequence attention over the whole pack.
 
-    The pack of ``n`` valid tokens is padded with ``(-n) mod sp`` tokens (id 0, positions from 0: a sequence of
-    their own that nothing reads, as verl's ``ulysses_pad``) and rank ``r`` runs tokens ``r·m … (r+1)·m − 1``,
-    ``m = (n + pad) / sp``. The head runs on this rank's wanted positions only (``logits_to_keep``).
+    Attributes:
+        ids, pos: ``(1, n + pad)`` packed ids and positions (padding: id 0, positions from 0: a sequence of its own
+            that nothing reads, as verl's ``ulysses_pad``); index: ``(n,)`` the valid tokens' flat positions in
+            ``(b, L)``; layout: the :class:`~rlhf_core.kernels.packing.VarlenLayout` of all ``n + pad`` tokens;
+        n: valid tokens; lo, hi: this rank's token slice ``[lo, hi)``, ``m = hi - lo = (n + pad) / sp``.
+    """
+    ids: torch.Tensor
+    pos: torch.Tensor
+    index: torch.Tensor
+    layout: Any
+    n: int
+    lo: int
+    hi: int
+
+    def forward(self, model: nn.Module, sp: SequenceParallel, **extra):
+        """``model`` on this rank's slice (its attention through :func:`ulysses_attention`)."""
+        from rlhf_core.kernels.packing import LAYOUT_KWARG, ULYSSES_KWARG
+
+        placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=self.ids.device)
+        return model(input_ids=self.ids[:, self.lo:self.hi], position_ids=self.pos[:, self.lo:self.hi],
+                     attention_mask=placeholder, use_cache=False, **extra,
+                     **{LAYOUT_KWARG: self.layout, ULYSSES_KWARG: sp})
+
+
+def split_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               sp: SequenceParallel) -> SplitPack:
+    """The :class:`SplitPack` of a padded ``(b, L)`` micro-batch for this rank.
 
     Raises:
-        ValueError: from :func:`~rlhf_core.kernels.packing.pack_inputs`; ``keep_last`` < 1."""
+        ValueError: from :func:`~rlhf_core.kernels.packing.pack_inputs`."""
     from rlhf_core.kernels import require_installed
-    from rlhf_core.kernels.packing import LAYOUT_KWARG, ULYSSES_KWARG, VarlenLayout, pack_inputs
+    from rlhf_core.kernels.packing import VarlenLayout, pack_inputs
 
-    if keep_last is not None and keep_last < 1:
-        raise ValueError(f"ulysses_packed_logits: keep_last={keep_last} must be at least 1 (or None)")
     require_installed("a sequence-parallel forward")
     ids, pos, index = pack_inputs(input_ids, attention_mask, position_ids)
     b, L = input_ids.shape
@@ -196,23 +217,36 @@ def ulysses_packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
         ids = torch.cat([ids, ids.new_zeros((1, pad))], dim=1)
         pos = torch.cat([pos, torch.arange(pad, dtype=pos.dtype, device=pos.device)[None]], dim=1)
         rows = torch.cat([rows, rows.new_full((pad,), b)])
-    m = (n + pad) // sp.size
     p = pos[0].long()
     max_len = int(p.max()) + 1
     dst = rows * max_len + p
     src = torch.zeros((b + 1) * max_len, dtype=torch.long, device=ids.device)
     src[dst] = torch.arange(n + pad, device=ids.device)
-    layout = VarlenLayout(src, dst, b + 1, max_len)
-    kept = (index % L >= L - keep_last).nonzero(as_tuple=True)[0] if keep_last else torch.arange(n, device=ids.device)
-    lo, hi = sp.rank * m, (sp.rank + 1) * m
+    m = (n + pad) // sp.size
+    return SplitPack(ids, pos, index, VarlenLayout(src, dst, b + 1, max_len), n, sp.rank * m, (sp.rank + 1) * m)
+
+
+def ulysses_packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          position_ids: torch.Tensor, sp: SequenceParallel,
+                          keep_last: int | None = None) -> torch.Tensor:
+    """:func:`~rlhf_core.kernels.packing.packed_logits` with the pack split over the SP group (:func:`split_pack`):
+    the same ``(b, L, V)`` (or ``(b, keep_last, V)``) logits on every rank of the group, 0 at pads. With
+    ``keep_last`` the head runs on this rank's wanted positions only (``logits_to_keep``); without it every
+    position's output is kept (a value head, which takes no ``logits_to_keep``), the padding tokens' dropped.
+
+    Raises:
+        ValueError: from :func:`~rlhf_core.kernels.packing.pack_inputs`; ``keep_last`` < 1."""
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"ulysses_packed_logits: keep_last={keep_last} must be at least 1 (or None)")
+    pack = split_pack(input_ids, attention_mask, position_ids, sp)
+    b, L = input_ids.shape
+    index, lo, hi = pack.index, pack.lo, pack.hi
+    kept = ((index % L >= L - keep_last).nonzero(as_tuple=True)[0] if keep_last
+            else torch.arange(pack.n, device=index.device))
+    m = hi - lo
     counts = [int(((kept >= r * m) & (kept < (r + 1) * m)).sum()) for r in range(sp.size)]
     local_kept = kept[(kept >= lo) & (kept < hi)] - lo
-    placeholder = torch.ones((1, 1, 0, 0), dtype=torch.bool, device=ids.device)
-    # keep_last: the head runs on the kept positions only (a causal LM's logits_to_keep); None: every position (a
-    # value head, which takes no logits_to_keep), the padding tokens' outputs dropped
-    extra = {} if keep_last is None else {"logits_to_keep": local_kept}
-    out = model(input_ids=ids[:, lo:hi], position_ids=pos[:, lo:hi], attention_mask=placeholder, use_cache=False,
-                **extra, **{LAYOUT_KWARG: layout, ULYSSES_KWARG: sp})
+    out = pack.forward(model, sp, **({} if keep_last is None else {"logits_to_keep": local_kept}))
     local = out.logits[0] if keep_last is not None else out.logits[0][local_kept]
     logits = gather_kept(local, counts, sp)  # (len(kept), V) in pack order
     flat = index[kept]
@@ -221,6 +255,47 @@ def ulysses_packed_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
     grid = logits.new_zeros((b * width, logits.shape[-1]))
     grid[(flat // L) * width + flat % L - start] = logits
     return grid.view(b, width, -1)
+
+
+class _GroupSum(torch.autograd.Function):
+    """All-reduce SUM over the SP group in the forward; the identity in the backward (each rank sends the gradient
+    back through its own share only: see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, sp: SequenceParallel):
+        out = x.detach().clone()
+        dist.all_reduce(out, group=sp.group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def ulysses_next_token_ce(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          position_ids: torch.Tensor, loss_mask: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+    """:func:`~rlhf_core.kernels.packing.packed_next_token_ce` (SFT's ``Σ CE · loss_mask``) with the pack split
+    over the SP group: each rank runs the cross-entropy of its own token slice (labels: each packed token's next
+    token in its row; the last column and the padding weigh 0), and the group's partial sums are added
+    (all-reduce): the same 0-d float32 sum on every rank, whose gradient flows back through this rank's slice.
+
+    Raises:
+        ValueError: ``loss_mask`` weights a padding position, and from :func:`split_pack`."""
+    stray = (loss_mask[:, :-1] != 0) & (attention_mask[:, :-1] == 0)
+    if stray.any():
+        row, col = (int(v) for v in stray.nonzero()[0])
+        raise ValueError(f"use_remove_padding: loss_mask is {loss_mask[row, col].item()} at row {row}, column {col}, "
+                         "where attention_mask is 0 (a padding position has no logits to train)")
+    pack = split_pack(input_ids, attention_mask, position_ids, sp)
+    L = input_ids.shape[1]
+    index = pack.index
+    weight = loss_mask.float().reshape(-1)[index] * (index % L < L - 1).float()  # the last column predicts nothing
+    labels = input_ids.reshape(-1)[(index + 1).clamp(max=input_ids.numel() - 1)]
+    pad = pack.ids.shape[1] - pack.n
+    weight, labels = torch.cat([weight, weight.new_zeros(pad)]), torch.cat([labels, labels.new_zeros(pad)])
+    logits = pack.forward(model, sp).logits[0]  # (m, V): this rank's slice
+    ce = torch.nn.functional.cross_entropy(logits.float(), labels[pack.lo:pack.hi], reduction="none")
+    return _GroupSum.apply((ce * weight[pack.lo:pack.hi]).sum(), sp)
 
 
 def gather_rows(batch, sp: SequenceParallel | None):

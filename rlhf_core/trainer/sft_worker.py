@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from rlhf_core.config.structured import full_key
+from rlhf_core.distributed.ulysses import (build_sequence_parallel, check_sequence_parallel, gather_rows,
+                                           sp_size_of, ulysses_next_token_ce)
 from rlhf_core.kernels.packing import packed_next_token_ce
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
 from rlhf_core.models.lora import check_lora_adapter, lora_from_config, merge_lora
@@ -50,7 +52,7 @@ class SFTWorker(ProfiledWorker):
     def __init__(self, config: Any, total_steps: int):
         self.config = config
         self.total_steps = int(total_steps)
-        self.model = None
+        self.model = self.sp = None
 
     # ---- model -----------------------------------------------------------------------------------
     def init_model(self) -> None:
@@ -85,8 +87,23 @@ class SFTWorker(ProfiledWorker):
             packed_key = (full_key(self.config, "use_remove_padding") if self.config.use_remove_padding
                           else "data.pad_mode=no_padding")
         self.model = prepare_role_model(model, "sft", fsdp_cfg, packed_key)
+        self.sp = self._sequence_parallel(model)
         self.optimizer = build_optimizer(self.model.parameters(), self.config.optim)
         self.scheduler = build_sft_lr_scheduler(self.optimizer, self.config.optim, self.total_steps)
+
+    def _sequence_parallel(self, model):
+        """``ulysses_sequence_parallel_size`` (alias ``engine.ulysses_sequence_parallel_size``) > 1: this rank's
+        :class:`~rlhf_core.distributed.ulysses.SequenceParallel` (collective), else ``None``.
+
+        Raises:
+            ValueError: naming the key, for a size that does not divide the world, an unpacked run
+                (``use_remove_padding`` and ``data.pad_mode=no_padding`` both off) or heads it cannot split."""
+        size = int(self.config.ulysses_sequence_parallel_size)
+        if size <= 1:
+            return None
+        key = full_key(self.config, "ulysses_sequence_parallel_size")
+        check_sequence_parallel(model, size, key, self._packed(), full_key(self.config, "use_remove_padding"))
+        return build_sequence_parallel(size, key)
 
     def _load_model(self):
         """The causal LM of ``model.partial_pretrain`` on CPU in ``model.fsdp_config.model_dtype``, its config from
@@ -135,6 +152,8 @@ class SFTWorker(ProfiledWorker):
             if bucket is not None:
                 input_ids, mask, pos = pad_pack_to_bucket(input_ids, mask, pos, bucket)
                 loss_mask = torch.cat([loss_mask, loss_mask.new_zeros((len(mask) - len(loss_mask), mask.shape[1]))])
+            if self.sp is not None:  # the pack split over the SP group; the group's sum on every rank
+                return ulysses_next_token_ce(self.model, input_ids, mask, pos, loss_mask, self.sp)
             return packed_next_token_ce(self.model, input_ids, mask, pos, loss_mask)
         out = self.model(input_ids=input_ids, attention_mask=micro["attention_mask"].to(dev),
                          position_ids=micro["position_ids"].to(dev), use_cache=False)
@@ -152,12 +171,14 @@ class SFTWorker(ProfiledWorker):
         ``train/skipped_steps`` (1 when a non-finite grad norm skipped the update)."""
         lr = self.optimizer.param_groups[0]["lr"]
         data = self.config.data
+        batch = gather_rows(batch, self.sp)  # an SP group's ranks train on the group's rows
         schedule = UpdateSchedule(ppo_epochs=1, mini_batch_size=len(batch), micro_batch_size=self._micro_batch_size(),
                                   grad_clip=self.config.optim.clip_grad, use_dynamic_bsz=bool(data.use_dynamic_bsz),
                                   max_token_len=int(data.max_token_len_per_gpu),
                                   max_token_len_key="data.max_token_len_per_gpu",
                                   activation_offload=bool(self.config.model.enable_activation_offload),
-                                  no_sync=bool(self.config.engine.use_no_sync_for_gradient_accumulation))
+                                  no_sync=bool(self.config.engine.use_no_sync_for_gradient_accumulation),
+                                  sp_size=sp_size_of(self.sp))
 
         def micro_loss(micro: Batch, n_tokens: float, _n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
             contribution = self._token_loss_sum(micro) / max(n_tokens, 1.0)
@@ -172,9 +193,11 @@ class SFTWorker(ProfiledWorker):
     def eval_step(self, batch: Batch) -> dict[str, float]:
         """``val/loss``: token-mean cross-entropy over the whole (global) batch; no update."""
         self.model.eval()
-        n_tokens, _ = global_counts(_loss_mask(batch))
+        batch = gather_rows(batch, self.sp)
+        copies = sp_size_of(self.sp)  # each row is held by the SP group's ranks
+        n_tokens, _ = global_counts(_loss_mask(batch), copies)
         total = sum(float(self._token_loss_sum(m)) for m in self._micro_batches(batch))
-        return {"val/loss": all_reduce_sum({"val/loss": total})["val/loss"] / max(n_tokens, 1.0)}
+        return {"val/loss": all_reduce_sum({"val/loss": total}, copies)["val/loss"] / max(n_tokens, 1.0)}
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _ckpt(self):

@@ -258,8 +258,10 @@ class SFTTrainerConfig:
     data: DataConfig = section(DataConfig)
     model: ModelConfig = section(ModelConfig)
     optim: OptimConfig = section(OptimConfig)
-    ulysses_sequence_parallel_size: int = key(1, 'Ulysses sequence-parallel size (only 1 is supported yet)',
-        why='sequence parallelism', aliases=('engine.ulysses_sequence_parallel_size',))
+    ulysses_sequence_parallel_size: int = key(1,
+        "Ulysses sequence-parallel size: ranks that split each packed micro-batch's tokens (1 = off; needs "
+        "use_remove_padding or data.pad_mode=no_padding; docs/PARALLELISM.md)",
+        aliases=('engine.ulysses_sequence_parallel_size',))
     use_remove_padding: bool = key(False, 'unpad sequences before the forward pass',
         aliases=('model.use_remove_padding',))
     # verl 0.9: engine SFT

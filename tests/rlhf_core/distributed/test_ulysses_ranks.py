@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism (``ulysses_sequence_parallel_size=2``) on two real FSDP2 ranks (gloo, two spawned
 processes) against one rank without it: the same log-probs and entropies, the same update (metrics and weights),
-for the actor; the same values and update for the critic.
+for the actor; the same values and update for the critic; the same SFT loss, gradient norm and step. The same
+two ranks run the all-to-all layout checks of ``ulysses_layout.py`` (one start-up of two processes for all).
 
 The two ranks form one SP group (dp = 1): each gets half of the rows, as the worker group's dispatch gives them,
 gathers the group's rows (``gather_rows``), runs every packed micro-batch split over both ranks (each rank its
@@ -24,11 +25,13 @@ import torch
 
 from rlhf_core.protocol import Batch
 
+pytestmark = pytest.mark.slow  # two spawned gloo ranks importing torch + transformers (once for the module)
+
 P, T, B = 7, 5, 4
 LR = 0.1
 
 
-def _model(value_head: bool = False):
+def _model(value_head: bool = False, prepare: bool = True):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
     torch.manual_seed(0)
@@ -37,9 +40,10 @@ def _model(value_head: bool = False):
                       classifier_dropout=0.0)  # no dropout, as the loaders (a random mask would differ per run)
     cfg._attn_implementation = "sdpa"
     model = (Qwen2ForTokenClassification if value_head else Qwen2ForCausalLM)(cfg)
-    from rlhf_core import kernels
+    if prepare:
+        from rlhf_core import kernels
 
-    kernels.prepare(model, "use_remove_padding")
+        kernels.prepare(model, "use_remove_padding")
     return model
 
 
@@ -96,10 +100,41 @@ def _run(sp, rank: int, world: int) -> dict:
     return out
 
 
+def _sft_batch() -> Batch:
+    """4 right-padded SFT rows of 9, 4, 7 and 3 tokens (width 10), the loss on each row's tokens after the first 2."""
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([9, 4, 7, 3])
+    mask = (torch.arange(10)[None] < lens[:, None]).long()
+    loss_mask = mask * (torch.arange(10)[None] >= 2).long()
+    return Batch({"input_ids": torch.randint(1, 64, (4, 10), generator=g) * mask, "attention_mask": mask,
+                  "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0), "loss_mask": loss_mask})
+
+
+def _sft_config(model_dir: str, sp: int):
+    from tests.fixtures.config_fixtures import typed_config
+
+    return typed_config("sft_trainer", f"model.partial_pretrain={model_dir}", "data.train_batch_size=4",
+                        "data.micro_batch_size_per_gpu=1", "use_remove_padding=True", "optim.lr=1e-2",
+                        "optim.warmup_steps_ratio=0", f"ulysses_sequence_parallel_size={sp}",
+                        "trainer.n_gpus_per_node=2")
+
+
+def _sft(config, rows: Batch) -> dict:
+    from rlhf_core.trainer.sft_worker import SFTWorker
+    from rlhf_core.workers.fsdp_utils import full_state_dict
+
+    worker = SFTWorker(config, 4)
+    worker.init_model()
+    metrics = worker.train_step(rows)
+    return {"sft_metrics": metrics,
+            "sft_weights": {k: v.detach().clone() for k, v in full_state_dict(worker.model).items()}}
+
+
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from rlhf_core.distributed.ulysses import build_sequence_parallel
+    from tests.rlhf_core.distributed.ulysses_layout import layout_results
 
     log = open(os.path.join(out, f"rank_{rank}.log"), "w")  # own file per rank (see test_workers_dynamic_bsz_ranks)
     os.dup2(log.fileno(), 1)
@@ -108,27 +143,41 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        result = _run(build_sequence_parallel(2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"), rank,
-                      world)
+        sp = build_sequence_parallel(2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        result = {"layout": layout_results(sp, rank), **_run(sp, rank, world),
+                  **_sft(_sft_config(os.path.join(out, "model"), 2), _sft_batch().chunk(world)[rank])}
         torch.save(result, os.path.join(out, f"result_{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned ranks importing torch + transformers: 50 s at load 6 on 2 cores (20 s CPU)
-def test_sp2_equals_one_rank_for_actor_and_critic(tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Both ranks' results (one spawn of two gloo ranks for every test here)."""
     import torch.multiprocessing as mp
 
+    out = tmp_path_factory.mktemp("ulysses")
+    _model(prepare=False).save_pretrained(out / "model")  # the SFT worker loads its model from a folder
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        mp.start_processes(_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+        mp.start_processes(_rank, args=(2, port, str(out)), nprocs=2, join=True, start_method="spawn")
     finally:
-        for log in sorted(tmp_path.glob("rank_*.log")):
+        for log in sorted(out.glob("rank_*.log")):
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
-    got = [torch.load(tmp_path / f"result_{r}.pt") for r in range(2)]
+    return [torch.load(out / f"result_{r}.pt") for r in range(2)] + [str(out / "model")]
+
+
+def test_all_to_all_layout_gather_and_split_forward(ranks):
+    from tests.rlhf_core.distributed.ulysses_layout import check_layout
+
+    check_layout([ranks[0]["layout"], ranks[1]["layout"]])
+
+
+def test_sp2_equals_one_rank_for_actor_and_critic(ranks):
+    got = ranks[:2]
     want = _run(None, 0, 1)
     mask = _batch()["response_mask"].bool()
     for key in ("log_prob", "entropy", "values"):
@@ -145,3 +194,25 @@ def test_sp2_equals_one_rank_for_actor_and_critic(tmp_path):
             torch.testing.assert_close(got[0][f"{role}_weights"][k], w, rtol=0, atol=1e-6, msg=k)
             moved = max(moved, float((w - before[k]).abs().max()))
         assert moved > 1e-3  # the update moved the weights (the comparison is not of two untouched copies)
+
+
+def test_sft_sp2_equals_one_rank(ranks):
+    from rlhf_core.distributed import LocalWorkerGroup
+    from rlhf_core.trainer.sft_worker import SFTWorker
+    from rlhf_core.workers.fsdp_utils import full_state_dict
+
+    wg = LocalWorkerGroup(SFTWorker, {"config": _sft_config(ranks[2], 1), "total_steps": 4})
+    try:
+        wg.execute_all("init_model")
+        want = wg.execute_dp("train_step", _sft_batch())[0]
+        weights = {k: v.detach().clone() for k, v in full_state_dict(wg.worker.model).items()}
+    finally:
+        wg.shutdown()
+    for r in range(2):
+        got = ranks[r]["sft_metrics"]
+        assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-6)
+        assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=1e-5)  # the gradient's scale
+    # AdamW's first step is ~lr (1e-2) per weight whatever the gradient's size; a near-zero gradient's normalised
+    # step may move by a few 1e-6 with the summation order (as tests/rlhf_core/trainer/test_sft_worker.py)
+    for k, w in weights.items():
+        torch.testing.assert_close(ranks[0]["sft_weights"][k], w, rtol=1e-4, atol=1e-5, msg=k)
