@@ -85,10 +85,11 @@ def check_sequence_parallel(model: nn.Module, size: int, key: str, remove_paddin
                          "as verl requires)")
     from rlhf_core.kernels.packing import supports_varlen_attention
 
-    base = getattr(model, "base_model", model)
-    config = getattr(getattr(base, "model", base), "config", None) or getattr(model, "config")
+    config = model.config  # a peft wrapper forwards it from its base model
     heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    kv = heads  # a model without grouped-query attention has as many key/value heads as heads
+    if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is not None:
+        kv = int(config.num_key_value_heads)
     if heads % size:
         raise ValueError(f"{key}={size} must divide the model's num_attention_heads={heads}")
     if kv % size:
