@@ -20,12 +20,15 @@ The all-to-alls are ``torch.distributed.all_to_all_single``, which gloo runs on 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 
@@ -364,4 +367,7 @@ def role_sequence_parallel(model: nn.Module, role_cfg: Any, fsdp_key: str, role_
                             full_key(model_cfg, "use_remove_padding"))
     if reuse is not None and reuse.size == size:
         return reuse
-    return build_sequence_parallel(size, key)
+    sp = build_sequence_parallel(size, key)
+    logger.info("%s=%d: rank %d is SP rank %d of %d, %d data-parallel group(s)", key, size, dist.get_rank(),
+                sp.rank, sp.size, sp.dp_size)
+    return sp
