@@ -72,7 +72,8 @@ def build_sequence_parallel(size: int, key: str) -> SequenceParallel | None:
     return SequenceParallel(size=size, rank=me % size, group=mine, dp_size=world // size)
 
 
-def check_sequence_parallel(model: nn.Module, size: int, key: str, remove_padding: bool, remove_padding_key: str) -> None:
+def check_sequence_parallel(model: nn.Module, size: int, key: str, remove_padding: bool,
+                            remove_padding_key: str) -> None:
     """Refuse a model and settings that Ulysses cannot split (verl's ``validate_ulysses_config`` and its
     ``use_remove_padding`` check), before any data runs.
 

@@ -221,13 +221,17 @@ class DataParallelPPOActor:
         config: ``actor_rollout_ref.actor`` (for a reference model only the forward is used).
         model: the (FSDP2-wrapped) causal LM.
         optimizer: ``None`` for a reference model.
-        mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
+        mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ (world ÷ sp)``).
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
         ref_model: the frozen reference causal LM, needed only for ``kl_loss_type: full`` (may be set later).
         activation_offload: ``model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
         prefix_grouper: ``actor.use_prefix_grouper``, for the policy and its reference alike (verl copies the
             actor's key to the reference): verl's prefix-grouped forward (:class:`ResponseForward`).
+        sp: ``ulysses_sequence_parallel_size`` > 1: this rank's
+            :class:`~rlhf_core.distributed.ulysses.SequenceParallel`. Each call then gathers the SP group's rows,
+            runs each packed micro-batch split over the group and returns this rank's rows
+            (docs/PARALLELISM.md); ``use_remove_padding`` must be on.
 
     ``config.use_torch_compile`` and ``config.fsdp_config.use_torch_compile`` (both) compile the log-prob/entropy
     functions on CUDA (see :func:`hot_functions`).

@@ -26,7 +26,7 @@ class DataParallelPPOCritic:
         config: the ``critic`` section.
         model: the (FSDP2-wrapped) value model.
         optimizer: its optimizer.
-        mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ world``).
+        mini_batch_size: sequences per mini-batch on this rank (``ppo_mini_batch_size × n ÷ (world ÷ sp)``).
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
         activation_offload: ``critic.model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).

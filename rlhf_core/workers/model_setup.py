@@ -100,7 +100,8 @@ def per_rank(global_size: int | None, key: str, n: int = 1, sp_size: int = 1) ->
     ws = world_size() // sp_size
     total = int(global_size) * n
     if total % ws or total // ws == 0:
-        what = "world size" if sp_size == 1 else f"data-parallel size (world ÷ ulysses_sequence_parallel_size={sp_size})"
+        what = ("world size" if sp_size == 1
+                else f"data-parallel size (world ÷ ulysses_sequence_parallel_size={sp_size})")
         raise ValueError(f"{key}={global_size} (× n={n}) must be a positive multiple of the {what} {ws}")
     return total // ws
 

@@ -67,7 +67,8 @@ def _config():
     from rlhf_core.config import load_config
 
     return load_config("ppo_trainer", ["actor_rollout_ref.model.path=unused", "critic.model.path=unused",
-                                       "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.grad_clip=1e9",
+                                       "actor_rollout_ref.actor.entropy_coeff=0.01",
+                                       "actor_rollout_ref.actor.grad_clip=1e9",
                                        "critic.grad_clip=1e9", "actor_rollout_ref.actor.ppo_epochs=1",
                                        "critic.ppo_epochs=1"])
 
@@ -84,7 +85,8 @@ def _run(sp, rank: int, world: int) -> dict:
     out = {}
     shard = (lambda m, role: apply_fsdp2(m, {}, role)) if sp else (lambda m, role: m)  # one rank: the plain model
     actor_model = shard(_model(), "actor")
-    actor = DataParallelPPOActor(cfg.actor_rollout_ref.actor, actor_model, torch.optim.SGD(actor_model.parameters(), LR),
+    actor = DataParallelPPOActor(cfg.actor_rollout_ref.actor, actor_model,
+                                 torch.optim.SGD(actor_model.parameters(), LR),
                                  mini_batch_size=B // world * (sp.size if sp else 1), micro_batch_size=2,
                                  use_remove_padding=True, sp=sp)
     out["log_prob"], out["entropy"] = actor.compute_log_prob(rows, 2)
