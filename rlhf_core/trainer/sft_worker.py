@@ -121,11 +121,11 @@ class SFTWorker(ProfiledWorker):
 
     def _micro_batch_size(self) -> int:
         """Rows per micro-batch: ``data.micro_batch_size_per_gpu`` (else the deprecated global
-        ``data.micro_batch_size`` ÷ world size)."""
+        ``data.micro_batch_size`` ÷ the data-parallel size, world ÷ ``ulysses_sequence_parallel_size``)."""
         data = self.config.data
         if data.micro_batch_size_per_gpu is not None:
             return int(data.micro_batch_size_per_gpu)
-        return max(1, int(data.micro_batch_size) // world_size())
+        return max(1, int(data.micro_batch_size) // (world_size() // sp_size_of(self.sp)))
 
     def _packed(self) -> bool:
         """Rows packed without padding for the forward: ``use_remove_padding`` (0.6) or verl 0.9's
