@@ -302,7 +302,7 @@ class RayPPOTrainer:
     def generate(self, batch: Batch, step: int | None = None) -> Batch:
         """[gen] rollout: adds ``prompts``, ``responses``, full ``input_ids``/masks, ``response_mask``.
 
-        ``skip.rollout.enable`` replays/dumps the engine output and ``rollout.over_sample_rate`` pads the slowest
+        ``skip.rollout`` replays/dumps the engine output (its ``steps`` and ``action``) and ``rollout.over_sample_rate`` pads the slowest
         responses (``rlhf_core.trainer.rollout_control``). ``step``: the step it is for (default the current one;
         the fully async rollouter generates ahead)."""
         step = self.global_steps if step is None else step
@@ -311,7 +311,7 @@ class RayPPOTrainer:
         if out is None:
             out = self.rollout_generate(batch)
             if self.rollout_dump:
-                self.rollout_dump.dump(step, out)
+                self.rollout_dump.dump(step, out)  # only a step in skip.rollout.steps
         rate = float(self.config.actor_rollout_ref.rollout.over_sample_rate)
         if rate > 0:
             out, _ = abort_slowest(ensure_response_mask(out), rate, self.tokenizer.pad_token_id)

@@ -7,9 +7,18 @@ generates and the output is dumped for the next run. Layout::
 
     <dump_dir>/<experiment_name>_<project_name>_GBS<train_batch_size>__N<rollout.n>/step_<global_step>.pt
 
-verl keeps one dump per folder and replays that same generation at every step; we keep one per global step, so
-a rerun with the same data order replays each step's own responses (a changed batch size or ``n`` picks another
-folder, as in verl). Validation never uses the dump.
+One dump per global step (verl 0.9: ``<project dir>/<step>/gen_batch.dp``), so a rerun with the same data order
+replays each step's own responses (a changed batch size or ``n`` picks another folder, as in verl). Validation
+never uses the dump.
+
+``skip.rollout.steps`` (verl 0.9's ``SkipManager``): only the listed global steps are dumped or replayed; any other
+step generates and dumps nothing. ``[]`` means every step here, where verl 0.9.1 skips no step at all (its
+``step not in steps`` test), so that ``enable`` alone and verl 0.6's ``rollout.skip_rollout`` keep working.
+``skip.rollout.action``: ``cache`` replays a step's own dump, else generates and dumps it; ``repeat``
+(verl's ``RolloutSkip._find_latest_step``) replays the step's own dump if there is one, else the latest dump of an
+earlier step, else the earliest dump of a later one, and generates (and dumps) only when the folder has none. A
+repeated dump's responses are trained with the current step's prompts' data (its ground truth, uids); verl says
+the same: repeat is for debugging, not step-aligned replay.
 
 ``over_sample_rate`` (verl's sglang rollout): with rate ``r``, once ``int(N·(1 − r))`` of the ``N`` training
 requests have finished, the rest are aborted and become padding: empty responses (all pad ids) whose
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -37,15 +47,28 @@ logger = logging.getLogger(__name__)
 
 
 class RolloutDump:
-    """Per-step dumps of the rollout engine's output (``skip_rollout``).
+    """Per-step dumps of the rollout engine's output (``skip.rollout``, module docstring).
 
     Args:
         dump_dir: ``skip.rollout.dump_dir``. experiment_name, project_name, train_batch_size, n: name the folder.
+        steps: ``skip.rollout.steps``, the global steps dumped or replayed; empty: every step.
+        action: ``skip.rollout.action``: ``cache`` or ``repeat``.
+
+    Raises:
+        ValueError: ``action`` is neither ``cache`` nor ``repeat`` (the config check refuses it first).
     """
 
-    def __init__(self, dump_dir: str, experiment_name: str, project_name: str, train_batch_size: int, n: int):
+    ACTIONS = ("cache", "repeat")
+    _FILE = re.compile(r"step_(\d+)\.pt")
+
+    def __init__(self, dump_dir: str, experiment_name: str, project_name: str, train_batch_size: int, n: int,
+                 steps: Any = (), action: str = "cache"):
+        if action not in self.ACTIONS:
+            raise ValueError(f"skip.rollout.action={action!r}: expected one of {list(self.ACTIONS)}")
         self.folder = os.path.join(os.path.expanduser(str(dump_dir)),
                                    f"{experiment_name}_{project_name}_GBS{int(train_batch_size)}__N{int(n)}")
+        self.steps = frozenset(int(s) for s in steps)
+        self.action = action
 
     @classmethod
     def from_config(cls, config: Any) -> "RolloutDump | None":
@@ -54,33 +77,60 @@ class RolloutDump:
         if not skip.enable:
             return None
         return cls(skip.dump_dir, trainer.experiment_name, trainer.project_name,
-                   config.data.train_batch_size, config.actor_rollout_ref.rollout.n)
+                   config.data.train_batch_size, config.actor_rollout_ref.rollout.n, skip.steps, skip.action)
+
+    def applies(self, step: int) -> bool:
+        """Whether ``step`` is dumped or replayed (``skip.rollout.steps`` lists it, or is empty)."""
+        return not self.steps or int(step) in self.steps
 
     def path(self, step: int) -> str:
         return os.path.join(self.folder, f"step_{int(step)}.pt")
 
+    def dumped_steps(self) -> list[int]:
+        """The steps with a dump in the folder, ascending."""
+        if not os.path.isdir(self.folder):
+            return []
+        return sorted(int(m.group(1)) for m in map(self._FILE.fullmatch, os.listdir(self.folder)) if m)
+
+    def source_step(self, step: int) -> int | None:
+        """The step whose dump replays ``step``: its own; with ``repeat``, else the largest earlier dumped step, else
+        the smallest later one; None when there is none (or ``step`` is not in ``skip.rollout.steps``)."""
+        if not self.applies(step):
+            return None
+        if os.path.exists(self.path(step)):
+            return int(step)
+        if self.action != "repeat":
+            return None
+        dumped = self.dumped_steps()
+        earlier = [s for s in dumped if s < step]
+        later = [s for s in dumped if s > step]
+        return earlier[-1] if earlier else (later[0] if later else None)
+
     def load(self, step: int, rows: int) -> Batch | None:
-        """The dumped generation of ``step``, or None when there is none.
+        """The dumped generation replaying ``step`` (:meth:`source_step`), or None when there is none.
 
         Raises:
             ValueError: the dump has another number of rows than the batch being generated (naming the file).
             CheckpointError: the file holds Python objects other than tensors and plain data (it is not run).
         """
-        path = self.path(step)
-        if not os.path.exists(path):
+        source = self.source_step(step)
+        if source is None:
             return None
+        path = self.path(source)
         state = load_state(path)  # tensors and plain data only: a dump folder's pickle never runs
         non_tensors = {k: col["values"] if col["dtype"] == "object" else np.asarray(col["values"], dtype=col["dtype"])
                        for k, col in state["non_tensors"].items()}
         out = Batch(state["tensors"], non_tensors, state["meta"])
         if len(out) != rows:
-            raise ValueError(f"rollout.skip_rollout: {path} holds {len(out)} responses, this step generates {rows}; "
-                             f"remove it or point rollout.skip_dump_dir elsewhere")
-        logger.info("skip_rollout: step %d replays %s", step, path)
+            raise ValueError(f"skip.rollout: {path} holds {len(out)} responses, this step generates {rows}; "
+                             f"remove it or point skip.rollout.dump_dir elsewhere")
+        logger.info("skip.rollout: step %d replays %s", step, path)
         return out
 
-    def dump(self, step: int, out: Batch) -> str:
-        """Write ``out`` for ``step`` atomically; returns the path."""
+    def dump(self, step: int, out: Batch) -> str | None:
+        """Write ``out`` for ``step`` atomically; returns the path (None: ``step`` is not in ``skip.rollout.steps``)."""
+        if not self.applies(step):
+            return None
         os.makedirs(self.folder, exist_ok=True)
         path = self.path(step)
         non_tensors = {k: {"dtype": str(v.dtype), "values": _plain(v.tolist())} for k, v in out.non_tensors.items()}

@@ -166,6 +166,9 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
            for k in ("relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")},
         "skip.rollout.dump_dir":
             "tests/rlhf_core/trainer/test_trainer_keys_effect.py::test_skip_rollout_dumps_then_replays_each_steps_generation",
+        "skip.rollout.steps": "tests/rlhf_core/trainer/test_rollout_skip.py::test_steps_dump_and_replay_only_the_listed_steps",
+        "skip.rollout.action":
+            "tests/rlhf_core/trainer/test_rollout_skip.py::test_repeat_replays_the_nearest_dump_at_every_listed_step",
         **{_A + f"rollout.{k}": _AGENT for k in (
             "multi_turn.max_assistant_turns", "multi_turn.tool_config_path", "multi_turn.max_user_turns",
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",

@@ -7,7 +7,7 @@ error naming the backend.
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rlhf_core.config.spec import free_form, key, section
+from rlhf_core.config.spec import check_section, free_form, key, section
 
 TQ = "verl's TransferQueue data plane, which this project does not have"
 SKIP = "verl's rollout dump/replay (skip), which this project does not have yet"
@@ -172,17 +172,27 @@ class SkipStageConfig:
 
 @dataclass
 class RolloutSkipConfig:
-    """``skip.rollout`` (verl 0.6: ``actor_rollout_ref.rollout.skip_rollout`` / ``skip_dump_dir``): each step's
-    generation is read from its dump when there is one, else generated and dumped (rlhf_core/trainer/rollout_control.py)."""
+    """``skip.rollout`` (verl 0.6: ``actor_rollout_ref.rollout.skip_rollout`` / ``skip_dump_dir``): each listed step's
+    generation is read from a dump when there is one, else generated and dumped (rlhf_core/trainer/rollout_control.py)."""
 
     enable: bool = key(False, "reuse each step's dumped generation from dump_dir, else generate and dump it",
         aliases=('actor_rollout_ref.rollout.skip_rollout',))
     dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumped generations',
         aliases=('actor_rollout_ref.rollout.skip_dump_dir',))
-    steps: List[int] = key([], 'steps dumped or replayed; [] = every step', only=([],),
-        why='a step list (every step is dumped or replayed)')
-    action: str = key('cache', 'cache: replay a step that has a dump, else generate and dump it | repeat',
-        only=('cache',), why='action repeat (replaying the latest dump at every step)')
+    steps: List[int] = key([], 'global steps dumped or replayed, the others generate and dump nothing; [] = every '
+        'step (verl 0.9.1: no step)')
+    action: str = key('cache', "cache: replay the step's own dump, else generate and dump it | repeat: replay its "
+        "own dump, else the latest earlier one, else the earliest later one", choices=('cache', 'repeat'))
+
+    def __post_init__(self) -> None:
+        check_section(_step_list_errors(self.steps))
+
+
+def _step_list_errors(steps: Any) -> list[str]:
+    """verl's ``RolloutSkipConfig`` rule: ``steps`` holds integers only (a bool is not a step)."""
+    bad = [s for s in steps or () if not isinstance(s, int) or isinstance(s, bool)] \
+        if isinstance(steps, (list, tuple)) else []
+    return [f"{{section}}.steps={list(steps)}: steps must be integers, got {bad}."] if bad else []
 
 
 @dataclass
