@@ -282,6 +282,10 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if rate and 0 < rate < 1 and counts and int(tbs * n * (1 - rate)) < 1:
         errors.append(f"{A}.rollout.over_sample_rate={rate} keeps int({tbs * n} × (1 − {rate})) = 0 of the {tbs * n} "
                       f"responses of a step (data.train_batch_size × {A}.rollout.n): every response would be aborted.")
+    mode = _get(cfg, "async_training.mode")
+    if _get(cfg, "skip.async_rollout.enable") is True and mode != "fully_async":
+        errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "
+                      f"async_training.mode={mode}: set async_training.mode=fully_async, or use skip.rollout.")
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
         errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "

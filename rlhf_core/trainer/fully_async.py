@@ -78,6 +78,7 @@ from rlhf_core.config.v1_trainer import v1_async_settings
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
+from rlhf_core.trainer.fully_async_skip import AsyncRolloutDump, generate_with_dumps
 from rlhf_core.trainer.fully_async_stream import Group, assemble_step, split_groups, sub_batch_bounds, sub_batch_size
 from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.off_policy_sampler import eviction_metrics, spans, stale_groups
@@ -154,6 +155,8 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self.rollout_ranks = rollout_ranks
         self._plain = threading.local()  # .on: generate without the partial-rollout segments (_regenerate)
         self._evicted: dict[str, float] = {}
+        self.async_dump = AsyncRolloutDump.from_config(config)  # skip.async_rollout (rlhf_core/trainer/fully_async_skip.py)
+        self._feed = 0  # prompts fed so far: the next prompt's feed index is _feed + 1
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -206,6 +209,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         (:mod:`rlhf_core.trainer.fully_async_stream`), each generated with ``rollout.n`` responses per prompt under
         the version the rollout group holds; every prompt's group is queued as soon as its sub-batch is done."""
         n = int(self.config.actor_rollout_ref.rollout.n)
+        self._feed = first_step * int(self.config.data.train_batch_size)  # a resumed run goes on counting
         try:
             for i, (epoch, prompts) in enumerate(stream):
                 # the loader's position right after this batch was drawn, read on the thread that draws (a
@@ -227,9 +231,22 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
 
     def _generate_sub_batch(self, prompts: Batch, n: int, step: int) -> tuple[list[Batch], float]:
         """``prompts`` (with uids) → their groups of ``n`` responses, each response tagged with its versions; and
-        the generation's seconds."""
+        the generation's seconds. ``skip.async_rollout``: prompts with a dump are replayed, the others generated
+        and dumped (:func:`~rlhf_core.trainer.fully_async_skip.generate_with_dumps`)."""
+        feeds = list(range(self._feed + 1, self._feed + len(prompts) + 1))
+        self._feed += len(prompts)
+        start = time.perf_counter()
+        if self.async_dump is None:
+            groups = self._generate_groups(prompts, n, step)
+        else:
+            groups = generate_with_dumps(self.async_dump, prompts, feeds, n, step, lambda: self.rollout_version,
+                                         lambda todo: self._generate_groups(todo, n, step))
+        return groups, time.perf_counter() - start
+
+    def _generate_groups(self, prompts: Batch, n: int, step: int) -> list[Batch]:
+        """``prompts`` → their groups of ``n`` responses from the rollout group, tagged with their versions."""
         batch = prompts.repeat_interleave(n)
-        start, span = time.perf_counter(), self.gen_clock.start()
+        span = self.gen_clock.start()
         if self.partial_agent:
             with self.gen_lock:  # a sync loads inside the generation (no lock), validation waits
                 batch = self._agent_partial_generate(batch, step=step)
@@ -240,7 +257,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 version = self.rollout_version
                 batch = tag_versions(self.generate(batch, step=step), version)
         self.gen_clock.stop(span)
-        return split_groups(batch, n), time.perf_counter() - start
+        return split_groups(batch, n)
 
     def rollout_generate(self, batch: Batch) -> Batch:
         if self.partial and not self.partial_agent and not getattr(self._plain, "on", False):

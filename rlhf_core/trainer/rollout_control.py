@@ -59,12 +59,13 @@ class RolloutDump:
     """
 
     ACTIONS = ("cache", "repeat")
+    KEY = "skip.rollout"  # the config section, named in errors and logs
     _FILE = re.compile(r"step_(\d+)\.pt")
 
     def __init__(self, dump_dir: str, experiment_name: str, project_name: str, train_batch_size: int, n: int,
                  steps: Any = (), action: str = "cache"):
         if action not in self.ACTIONS:
-            raise ValueError(f"skip.rollout.action={action!r}: expected one of {list(self.ACTIONS)}")
+            raise ValueError(f"{self.KEY}.action={action!r}: expected one of {list(self.ACTIONS)}")
         self.folder = os.path.join(os.path.expanduser(str(dump_dir)),
                                    f"{experiment_name}_{project_name}_GBS{int(train_batch_size)}__N{int(n)}")
         self.steps = frozenset(int(s) for s in steps)
@@ -122,9 +123,9 @@ class RolloutDump:
                        for k, col in state["non_tensors"].items()}
         out = Batch(state["tensors"], non_tensors, state["meta"])
         if len(out) != rows:
-            raise ValueError(f"skip.rollout: {path} holds {len(out)} responses, this step generates {rows}; "
-                             f"remove it or point skip.rollout.dump_dir elsewhere")
-        logger.info("skip.rollout: step %d replays %s", step, path)
+            raise ValueError(f"{self.KEY}: {path} holds {len(out)} responses, this step generates {rows}; "
+                             f"remove it or point {self.KEY}.dump_dir elsewhere")
+        logger.info("%s: step %d replays %s", self.KEY, step, path)
         return out
 
     def dump(self, step: int, out: Batch) -> str | None:

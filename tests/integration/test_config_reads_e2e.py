@@ -169,6 +169,10 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         "skip.rollout.steps": "tests/rlhf_core/trainer/test_rollout_skip.py::test_steps_dump_and_replay_only_the_listed_steps",
         "skip.rollout.action":
             "tests/rlhf_core/trainer/test_rollout_skip.py::test_repeat_replays_the_nearest_dump_at_every_listed_step",
+        **{f"skip.async_rollout.{k}": "tests/rlhf_core/trainer/test_fully_async_skip.py::test_listed_feed_indices_are_"
+           "dumped_then_replayed_byte_equal" for k in ("enable", "dump_dir", "steps")},
+        "skip.async_rollout.action":
+            "tests/rlhf_core/trainer/test_fully_async_skip.py::test_repeat_replays_the_nearest_dumped_feed_index",
         **{_A + f"rollout.{k}": _AGENT for k in (
             "multi_turn.max_assistant_turns", "multi_turn.tool_config_path", "multi_turn.max_user_turns",
             "multi_turn.max_parallel_calls", "multi_turn.max_tool_response_length",

@@ -10,8 +10,9 @@ from typing import Any, Dict, List, Optional
 from rlhf_core.config.spec import check_section, free_form, key, section
 
 TQ = "verl's TransferQueue data plane, which this project does not have"
-SKIP = "verl's rollout dump/replay (skip), which this project does not have yet"
 DISAGG = 'prefill/decode disaggregation (sglang), a backend this project does not have'
+TQ_SKIP = ("the V1 trainer's rollout through TransferQueue (trainer.use_v1), a data plane this project does not have; "
+           "skip.rollout dumps/replays this project's rollout")
 PROM = 'Prometheus metrics of the rollout servers, which this project does not export'
 
 
@@ -161,13 +162,30 @@ class DistillationConfig:
 
 
 @dataclass
-class SkipStageConfig:
-    """``skip.rollout``, ``skip.rollout_tq``, ``skip.async_rollout``: dump a stage's output or replay a dump."""
+class RolloutTqSkipConfig:
+    """``skip.rollout_tq``: verl 0.9's dump/replay of the V1 trainer's rollout (``trainer.use_v1``), which moves
+    trajectories through TransferQueue (``RolloutTqSkip``: ``tq.kv_batch_get`` / ``kv_batch_put``)."""
 
-    enable: bool = key(False, "dump this stage's output, or load it instead of running the stage", why=SKIP)
-    dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumps', why=SKIP)
-    steps: List[int] = key([], 'steps dumped or replayed; [] = every step', why=SKIP)
-    action: str = key('cache', 'cache (replay when a dump exists, else run and dump) | dump | load', why=SKIP)
+    enable: bool = key(False, "dump the V1 trainer's TransferQueue rollout, or load it instead", why=TQ_SKIP)
+    dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumps', why=TQ_SKIP)
+    steps: List[int] = key([], 'steps dumped or replayed', why=TQ_SKIP)
+    action: str = key('cache', 'cache (replay when a dump exists, else run and dump) | repeat', why=TQ_SKIP)
+
+
+@dataclass
+class AsyncRolloutSkipConfig:
+    """``skip.async_rollout``: the fully asynchronous rollouter's dump/replay, one dump per prompt and its
+    ``rollout.n`` responses, the step being the prompt's feed index (rlhf_core/trainer/fully_async_skip.py)."""
+
+    enable: bool = key(False, "fully_async: replay each prompt's dumped responses, else generate and dump them")
+    dump_dir: str = key('~/.verl/rollout_dump', 'folder of the dumps')
+    steps: List[int] = key([], "feed indices (1 = the run's first prompt) dumped or replayed; [] = every prompt "
+        "(verl 0.9.1: none)")
+    action: str = key('cache', "cache: replay the prompt's own dump, else generate and dump it | repeat: its own, "
+        "else the latest earlier one, else the earliest later one", choices=('cache', 'repeat'))
+
+    def __post_init__(self) -> None:
+        check_section(_step_list_errors(self.steps))
 
 
 @dataclass
@@ -200,8 +218,8 @@ class SkipConfig:
     """``skip``."""
 
     rollout: RolloutSkipConfig = section(RolloutSkipConfig, 'the synchronous rollout')
-    rollout_tq: SkipStageConfig = section(SkipStageConfig, 'the TransferQueue rollout')
-    async_rollout: SkipStageConfig = section(SkipStageConfig, 'the asynchronous rollout')
+    rollout_tq: RolloutTqSkipConfig = section(RolloutTqSkipConfig, 'the TransferQueue rollout')
+    async_rollout: AsyncRolloutSkipConfig = section(AsyncRolloutSkipConfig, 'the asynchronous rollout')
 
 
 @dataclass
