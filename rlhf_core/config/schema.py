@@ -166,8 +166,8 @@ def _check_type(spec: KeySpec, value: Any) -> tuple[str | None, Any]:
 
 def _check_value(spec: KeySpec, value: Any, cfg: DictConfig | None = None) -> list[str]:
     errors, path = [], spec.path
-    unless = spec.choices.unless if isinstance(spec.choices, Registered) else None
-    if unless is not None and cfg is not None and OmegaConf.select(cfg, unless[0], default=None) == unless[1]:
+    unless = spec.choices.conditions() if isinstance(spec.choices, Registered) else ()
+    if cfg is not None and any(OmegaConf.select(cfg, k, default=None) == v for k, v in unless):
         return errors  # e.g. reward.reward_manager.source=importlib: a class name, checked when it is loaded
     if isinstance(spec.choices, Registered) and (value is None or spec.choices.accepts(value)):
         choices = None  # a registered name (see Registered.accepts)

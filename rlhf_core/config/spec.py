@@ -49,11 +49,17 @@ REGISTRIES: dict[str, tuple[str, str]] = {
 @dataclass(frozen=True)
 class Registered:
     """Choices that are the names in a registry (``kind``: a key of :data:`REGISTRIES`), read when checked.
-    ``unless``: ``(dotted key, value)``: when that key holds that value, any name is accepted here (verl 0.9's
+    ``unless``: ``(dotted key, value)``, or a tuple of them: when a key holds its value, any name is accepted here (verl 0.9's
     ``reward.reward_manager.source=importlib`` names a class in a file instead of a registered manager)."""
 
     kind: str
-    unless: tuple[str, Any] | None = None
+    unless: tuple | None = None
+
+    def conditions(self) -> tuple[tuple[str, Any], ...]:
+        """``unless`` as a tuple of ``(dotted key, value)`` pairs (empty when None)."""
+        if not self.unless:
+            return ()
+        return (self.unless,) if isinstance(self.unless[0], str) else tuple(self.unless)
 
     def names(self) -> tuple[str, ...]:
         """The names registered now (importing the module that owns the registry, and with it torch)."""
@@ -70,7 +76,7 @@ class Registered:
         return value in BUILTIN[self.kind] or value in self.names()
 
 
-def registered(kind: str, unless: tuple[str, Any] | None = None) -> Registered:
+def registered(kind: str, unless: tuple | None = None) -> Registered:
     """Choices read from the registry ``kind`` (a key of :data:`REGISTRIES`); ``unless``: see :class:`Registered`."""
     if kind not in REGISTRIES:
         raise KeyError(f"no registry {kind!r}; known: {sorted(REGISTRIES)}")

@@ -282,6 +282,9 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if rate and 0 < rate < 1 and counts and int(tbs * n * (1 - rate)) < 1:
         errors.append(f"{A}.rollout.over_sample_rate={rate} keeps int({tbs * n} × (1 − {rate})) = 0 of the {tbs * n} "
                       f"responses of a step (data.train_batch_size × {A}.rollout.n): every response would be aborted.")
+    if _get(cfg, "reward_model.reward_loop_source") == "importlib" and not _get(cfg, "reward_model.reward_loop_module_path"):
+        errors.append("reward_model.reward_loop_source=importlib needs reward_model.reward_loop_module_path (the python "
+                      "file holding the reward manager class).")
     mode = _get(cfg, "async_training.mode")
     if _get(cfg, "skip.async_rollout.enable") is True and mode != "fully_async":
         errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "

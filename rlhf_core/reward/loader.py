@@ -13,6 +13,7 @@ from rlhf_core.reward import remote as _remote  # noqa: F401  (registers "remote
 from rlhf_core.user_code import exec_user_file, resolve_user_file
 
 MODULE_KEY = "reward.reward_manager.module.path"
+LOOP_PATH_KEY = "reward_model.reward_loop_module_path"
 
 
 def registered_reward_managers() -> list[str]:
@@ -27,20 +28,37 @@ def reward_manager_cls(config: Any) -> type:
     ``reward.reward_manager.source=register`` the registered ``reward_model.reward_manager``; with ``importlib`` the
     class of that name in the file ``reward.reward_manager.module.path``, imported as ``module.name``.
 
+    ``reward_model.reward_loop_source`` (verl 0.9.1's legacy spelling, moved over ``reward.reward_manager`` by its
+    ``migrate_legacy_reward_impl``), when set, replaces ``source``; with ``importlib`` the file is
+    ``reward_model.reward_loop_module_path`` and the class ``reward_model.reward_loop_class_name`` (null:
+    ``reward_model.reward_manager``). verl 0.9.1 copies the class name into ``module.name`` (the name the file is
+    imported as) and still looks the class up by ``reward_manager.name``; here it names the class, as its name says.
+
     Raises:
-        ValueError: an unknown registered name (naming the registered ones). FileNotFoundError: no such file.
-        AttributeError: the file has no such class.
+        ValueError: an unknown registered name (naming the registered ones). FileNotFoundError: no such file (naming
+        the key). AttributeError: the file has no such class. TypeError: the class's instances are not callable
+        (a manager is called as ``manager(batch, return_dict=True)``).
     """
     name, source = str(config.reward_model.reward_manager), config.reward.reward_manager.source
+    module_cfg = config.reward.reward_manager.module
+    path_key, name_key = MODULE_KEY, "reward.reward_manager.name (reward_model.reward_manager)"
+    path, module_name = module_cfg.path, str(module_cfg.name)
+    loop = config.reward_model
+    if loop.reward_loop_source is not None:
+        source, path, path_key = loop.reward_loop_source, loop.reward_loop_module_path, LOOP_PATH_KEY
+        if loop.reward_loop_class_name is not None:
+            name, name_key = str(loop.reward_loop_class_name), "reward_model.reward_loop_class_name"
     if source == "register":
         return get_reward_manager_cls(name)
-    module_cfg = config.reward.reward_manager.module
-    path = resolve_user_file(str(module_cfg.path), MODULE_KEY)
-    module = exec_user_file(path, MODULE_KEY, str(module_cfg.name))
+    resolved = resolve_user_file(str(path), path_key)
+    module = exec_user_file(resolved, path_key, module_name)
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
-        raise AttributeError(f"reward.reward_manager.name (reward_model.reward_manager)={name!r}: {path!r} has no "
-                             f"class of that name (reward.reward_manager.source=importlib)")
+        raise AttributeError(f"{name_key}={name!r}: {resolved!r} has no class of that name ({path_key})")
+    if not any("__call__" in vars(k) for k in cls.__mro__[:-1]):
+        raise TypeError(f"{name_key}={name!r}: class {name} in {resolved!r} has no __call__: a reward manager is "
+                        f"called as manager(batch, return_dict=True) (subclass "
+                        f"rlhf_core.reward.managers.NaiveRewardManager and override score_samples)")
     return cls
 
 

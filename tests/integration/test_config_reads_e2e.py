@@ -207,6 +207,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
         **{f"reward_model.rollout.{k}": _GENRM + "test_genrm_mode_and_engine_keys_from_the_config" for k in (
             "dtype", "max_model_len", "response_length")},
         "reward.num_workers": "tests/rlhf_core/reward/test_reward_verl09.py::test_remote_scores_in_num_workers_other_processes",
+        **{f"reward_model.reward_loop_{k}": "tests/rlhf_core/reward/test_reward_loop_keys.py::test_importlib_loads_the_"
+           "class_named_by_reward_loop_class_name" for k in ("module_path", "class_name")},
         **{f"reward.reward_manager.module.{k}":
            "tests/rlhf_core/reward/test_reward_verl09.py::test_importlib_source_loads_the_manager_class_from_a_file"
            for k in ("path", "name")},

@@ -288,7 +288,8 @@ class RewardModelConfig:
         'reward manager: naive (one sample at a time) | batch (one call per batch) | prime (process pool, timeout) | '
         'dapo (naive + overlong penalty) | remote (reward.num_workers processes) | rate_limited (reward.max_*); '
         'with reward.reward_manager.source=importlib, a class name in reward.reward_manager.module.path',
-        choices=registered("reward_manager", unless=("reward.reward_manager.source", "importlib")),
+        choices=registered("reward_manager", unless=(("reward.reward_manager.source", "importlib"),
+                                                     ("reward_model.reward_loop_source", "importlib"))),
         aliases=("reward.reward_manager.name",), verl_default=None, differs="the reference's default")
     launch_reward_fn_async: bool = key(False, 'run the reward function in the background while the old log-probs, '
         'reference log-probs and values are computed (joined before the advantages; same scores)')
@@ -302,12 +303,14 @@ class RewardModelConfig:
     # verl 0.9: reward model
     num_workers: Optional[int] = key(None, 'reward workers (the remote manager\'s processes); set, it replaces '
         'reward.num_workers (verl 0.9.1); null = reward.num_workers')
-    reward_loop_source: Optional[str] = key(None, "where a custom reward loop comes from: null (verl's) | register | "
-        'importlib', only=(None,), why='custom reward loops')
-    reward_loop_module_path: Optional[str] = key(None, 'file of a custom reward loop', only=(None,),
-        why='custom reward loops')
-    reward_loop_class_name: Optional[str] = key(None, 'class of a custom reward loop', only=(None,),
-        why='custom reward loops')
+    # verl 0.9.1's legacy spelling of reward.reward_manager.{source,module.path} (its migrate_legacy_reward_impl)
+    reward_loop_source: Optional[str] = key(None, "set: replaces reward.reward_manager.source: register (the "
+        "registered reward_model.reward_manager) | importlib (a class in reward_loop_module_path); null = "
+        "reward.reward_manager.source", choices=('register', 'importlib'))
+    reward_loop_module_path: Optional[str] = key(None, 'with reward_loop_source=importlib: the python file holding '
+        'the reward manager class (replaces reward.reward_manager.module.path)')
+    reward_loop_class_name: Optional[str] = key(None, 'with reward_loop_source=importlib: the class in that file; '
+        'null = reward_model.reward_manager (verl 0.9.1 writes it to reward.reward_manager.module.name instead)')
     rollout: RewardModelRolloutConfig = section(RewardModelRolloutConfig,
         'engine of a generative reward model (not supported)')
 
