@@ -71,13 +71,21 @@ class RolloutValKwargsConfig:
         check_section(errors)
 
 
+CUSTOM_ASYNC_SERVER = ("verl 0.9.1 declares these keys but no code reads them: the AsyncServer class they replaced "
+                       "in verl 0.5 (verl PR #2326) went in verl 0.6.0 when the agent loop moved to vLLM/sglang's "
+                       "own HTTP servers (verl PR #3456), so there is no verl behaviour to match; here the agent "
+                       "loops call the in-process token scheduler (rlhf_core/agent/engine.py), which has no server "
+                       "class to swap")
+
+
 @dataclass
 class RolloutAgentCustomAsyncServerConfig:
     """``actor_rollout_ref.rollout.agent.custom_async_server``."""
 
-    path: Any = key(None, 'file with a custom async rollout server (not supported yet; default only)',
-        why='custom async servers')
-    name: Any = key(None, 'class name of the custom async server (default only)', why='custom async servers')
+    path: Any = key(None, 'file with a custom async rollout server (verl 0.5; read by no verl code since 0.6.0)',
+        why=CUSTOM_ASYNC_SERVER)
+    name: Any = key(None, 'class name of the custom async server (verl 0.5; read by no verl code since 0.6.0)',
+        why=CUSTOM_ASYNC_SERVER)
 
 
 @dataclass
