@@ -286,6 +286,10 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
         errors.append("reward_model.reward_loop_source=importlib needs reward_model.reward_loop_module_path (the python "
                       "file holding the reward manager class).")
     mode = _get(cfg, "async_training.mode")
+    if _get(cfg, "async_training.use_trainer_do_validate") is True and mode != "fully_async":
+        errors.append(f"async_training.use_trainer_do_validate=True moves the fully asynchronous trainer's validation "
+                      f"from its rollout group to its actor group, but async_training.mode={mode}: set "
+                      f"async_training.mode=fully_async or leave it False.")
     if _get(cfg, "skip.async_rollout.enable") is True and mode != "fully_async":
         errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "
                       f"async_training.mode={mode}: set async_training.mode=fully_async, or use skip.rollout.")

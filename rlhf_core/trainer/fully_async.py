@@ -55,7 +55,8 @@ verl's ``fully_async/static/max_concurrent_samples`` (``k``); ours: ``fully_asyn
 ``rollout.total_rollout_steps`` (samples) caps the run at ``total_rollout_steps // required_samples`` steps, as
 verl's rollouter stops there. Validation (``trainer.test_freq``) runs on the rollout group between two sub-batches, with
 the weights it holds: the last pushed version, up to ``trigger_parameter_sync_step - 1`` updates behind the actor
-(verl's rollouter validates with its own weights too). A checkpoint records the loader's position after the loader
+(verl's rollouter validates with its own weights too); with ``async_training.use_trainer_do_validate`` it runs on the
+actor group instead, with the actor's current weights, while the rollouter goes on (:meth:`FullyAsyncTrainer.init_workers`). A checkpoint records the loader's position after the loader
 batch its step trained (read by the rollouter thread as it drew that batch): a resumed run regenerates the groups
 that were queued but not trained. Not built: dynamic resource scheduling, a curriculum
 sampler or ``data.datagen`` (refused: the trainer's per-step update would race the rollouter's draws), resuming
@@ -170,8 +171,17 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 self.config.critic.optim.total_training_steps = cap
 
     def init_workers(self) -> None:
+        """As the one-step driver; validation runs on the rollout group between two sub-batches
+        (:class:`_LockedValidator`), or with ``async_training.use_trainer_do_validate`` on the actor group (role
+        ``actor_rollout``: its colocated engine gets the actor's weights after every update) while the rollouter
+        goes on generating (verl's ``_trainer_side_validate``, which validates on the trainer's devices switched to
+        rollout mode with the trainer's current weights)."""
         super().init_workers()
-        self.validator = _LockedValidator(self, self.validator.inner)
+        if self.config.async_training.use_trainer_do_validate:
+            self.validator = Validator(self.config, self.tokenizer, self.actor_wg, self.val_reward_fn,
+                                       self.val_dataloader, rm_wg=self.wgs.get("rm"))
+        else:
+            self.validator = _LockedValidator(self, self.validator.inner)
 
     def sync_rollout(self) -> None:
         """Push the actor's weights to the rollout group when it holds an older version, after the generation in

@@ -202,7 +202,8 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
 
 
 def build_one_step_worker_groups(config: DictConfig) -> dict[str, Any]:
-    """The Ray worker groups of this driver: ``actor_rollout`` (role ``actor``, ``trainer.nnodes ×
+    """The Ray worker groups of this driver: ``actor_rollout`` (role ``actor``; ``actor_rollout`` with the fully async
+    driver's ``async_training.use_trainer_do_validate``; ``trainer.nnodes ×
     trainer.n_gpus_per_node`` ranks), ``ref`` (when a reference policy is needed), ``critic`` and ``rm`` as
     :func:`rlhf_core.trainer.main_ppo.build_worker_groups`, and ``rollout`` (role ``rollout``, ``rollout.nnodes ×
     rollout.n_gpus_per_node`` ranks). On CPU each worker reserves its share of the cluster's CPUs over all groups;
@@ -224,7 +225,10 @@ def build_one_step_worker_groups(config: DictConfig) -> dict[str, Any]:
     t, r = config.trainer, config.rollout
     world, rollout_world = int(t.nnodes) * int(t.n_gpus_per_node), int(r.nnodes) * int(r.n_gpus_per_node)
     actor_threads = config.actor_rollout_ref.actor.fsdp_config.cpu_threads
-    specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": "actor"}, "actor", actor_threads)]
+    # async_training.use_trainer_do_validate (fully async): the actor validates, so it gets a colocated rollout engine
+    trainer_validates = config.async_training.mode == "fully_async" and config.async_training.use_trainer_do_validate
+    actor_role = "actor_rollout" if trainer_validates else "actor"
+    specs = [("actor_rollout", ActorRolloutRefWorker, {"config": config, "role": actor_role}, "actor", actor_threads)]
     if need_reference_policy(config):
         specs.append(("ref", ActorRolloutRefWorker, {"config": config, "role": "ref"}, "ref",
                       config.actor_rollout_ref.ref.fsdp_config.cpu_threads))

@@ -98,6 +98,8 @@ EFFECT_TESTS: dict[str, dict[str, str]] = {
                                                          "loads",
         "rollout.total_rollout_steps": _FULLY_ASYNC + "test_total_rollout_steps_caps_the_training_steps",
         "async_training.partial_rollout": _FULLY_ASYNC + "test_partial_rollout_resumes_the_chunk_a_sync_interrupted",
+        "async_training.use_trainer_do_validate": "tests/rlhf_core/trainer/test_fully_async_validate.py::test_trainer_"
+                                                  "side_validation_uses_the_actors_current_weights",
         "async_training.concurrent_samples_per_replica": _FULLY_ASYNC + "test_streaming_mixes_versions_in_a_step",
         # verl 0.9's v1 trainer loop: read when the config loads (rlhf_core/config/v1_trainer.py)
         **{f"trainer.{k}": "tests/rlhf_core/config/test_v1_trainer_mode.py::test_separate_async_sets_the_fully_async_"

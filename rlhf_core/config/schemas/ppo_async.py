@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rlhf_core.config.spec import check_section, key
 
 FULLY_ASYNC_WHY = ("the fully asynchronous trainer here is a minimal version of verl's fully_async_policy "
-                   "(docs/OFF_POLICY.md) without trainer-side validation and dynamic resource scheduling")
+                   "(docs/OFF_POLICY.md) without dynamic resource scheduling")
 
 
 # verl 0.9: off-policy trainers (one-step / fully async)
@@ -59,7 +59,9 @@ class AsyncTrainingConfig:
                                 'prefix (each token\'s rollout log-prob from the weights that sampled it; '
                                 'fully_async/partial/* metrics; agent loops: the load lands between two decoding '
                                 'steps and the open trajectories go on); False: the sync waits for the chunk')
-    use_trainer_do_validate: bool = key(False, 'fully async: validate in the trainer', only=None, why=FULLY_ASYNC_WHY)
+    use_trainer_do_validate: bool = key(False, "fully async: validate on the trainer's actor group (it gets a "
+                                        "colocated rollout engine) with the actor's current weights, while the "
+                                        "rollouter goes on generating; False: on the rollout group, with its weights")
     use_dynamic_resource_scheduling: bool = key(False, 'fully async: hybrid rollout replicas on trainer devices',
                                                 only=None, why=FULLY_ASYNC_WHY)
     dynamic_schedule_policy: str = key('default', 'fully async: name of the dynamic scheduling policy', only=None,

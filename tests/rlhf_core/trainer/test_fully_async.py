@@ -118,8 +118,9 @@ def test_fully_async_refuses_what_it_cannot_run_when_the_config_loads(tmp_path):
         _config(tmp_path, *FA, "async_training.concurrent_samples_per_replica=0")
     with pytest.raises(ConfigError, match=r"algorithm.adv_estimator=remax: .* async_training.mode=fully_async does "):
         _config(tmp_path, *FA, "algorithm.adv_estimator=remax")
-    with pytest.raises(ConfigError, match=r"async_training.use_trainer_do_validate=True is not supported"):
-        _config(tmp_path, *FA, "async_training.use_trainer_do_validate=True")
+    with pytest.raises(ConfigError, match=r"async_training.use_trainer_do_validate=True moves the fully asynchronous "
+                                          r"trainer's validation .* but async_training.mode=on_policy"):
+        _config(tmp_path, "async_training.use_trainer_do_validate=True")
     assert _config(tmp_path, *FA, "actor_rollout_ref.hybrid_engine=False")  # verl's fully async scripts set it
     with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=1 samples is fewer than one trainer step "
                                           r"takes \(ppo_mini_batch_size × require_batches = 2\)"):
