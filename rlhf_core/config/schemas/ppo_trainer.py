@@ -119,8 +119,12 @@ class FilterGroupsConfig:
         'per-sample value whose spread decides: reward / seq_reward (summed token_level_scores), seq_final_reward '
         '(summed token_level_rewards), or a reward_extra_info field (acc, score, ...)')
     max_num_gen_batches: int = key(0, 'error after this many gen batches in one step without a full batch; 0 = no limit')
-    max_inflight_gen_batches: int = key(1, 'gen batches generated concurrently (verl: sync DAPO prefetch)',
-        only=(1,), why='the driver generates one gen batch at a time')
+    max_inflight_gen_batches: int = key(1, "verl's V1 trainer: prompts pending or generating at once in its replay "
+        'buffer, in data.train_batch_size units', only=(1,),
+        why="verl 0.9.1 reads it only in the V1 trainer's ReplayBuffer (trainer.use_v1, over TransferQueue, a data "
+            "plane this project does not have), which dispatches DAPO prompts one by one and drains the surplus; "
+            "its classic RayPPOTrainer does not read it, and this driver's DAPO (one gen batch after another, "
+            "rlhf_core/trainer/dynamic_sampling.py) has no replay buffer to bound")
 
     def __post_init__(self) -> None:
         errors = []
