@@ -35,6 +35,24 @@ def one_step_config_errors(config: Any, mode: str = "one_step_off_policy") -> li
     return errors
 
 
+def fully_async_only_errors(config: Any) -> list[str]:
+    """Keys read by the fully async driver alone (``async_training.use_trainer_do_validate``,
+    ``skip.async_rollout.enable``) set under another ``async_training.mode``, one line each (verl ignores them there;
+    here they would do nothing, so they are refused)."""
+    mode = config.async_training.mode
+    if mode == "fully_async":
+        return []
+    errors = []
+    if config.async_training.use_trainer_do_validate is True:
+        errors.append(f"async_training.use_trainer_do_validate=True moves the fully asynchronous trainer's validation "
+                      f"from its rollout group to its actor group, but async_training.mode={mode}: set "
+                      f"async_training.mode=fully_async or leave it False.")
+    if config.skip.async_rollout.enable is True:
+        errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "
+                      f"async_training.mode={mode}: set async_training.mode=fully_async, or use skip.rollout.")
+    return errors
+
+
 class FullyAsyncBatchNotice(UserWarning):
     """``data.train_batch_size`` unset (0 or null) in a fully async run was read as the trainer's step size."""
 

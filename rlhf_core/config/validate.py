@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
 from .distillation import distillation_errors
-from .off_policy import fully_async_config_errors, one_step_config_errors
+from .off_policy import fully_async_config_errors, fully_async_only_errors, one_step_config_errors
 from .prefix_grouper import prefix_grouper_errors
 
 A = "actor_rollout_ref"
@@ -282,17 +282,7 @@ def ppo_static_errors(cfg: DictConfig) -> list[str]:
     if rate and 0 < rate < 1 and counts and int(tbs * n * (1 - rate)) < 1:
         errors.append(f"{A}.rollout.over_sample_rate={rate} keeps int({tbs * n} × (1 − {rate})) = 0 of the {tbs * n} "
                       f"responses of a step (data.train_batch_size × {A}.rollout.n): every response would be aborted.")
-    if _get(cfg, "reward_model.reward_loop_source") == "importlib" and not _get(cfg, "reward_model.reward_loop_module_path"):
-        errors.append("reward_model.reward_loop_source=importlib needs reward_model.reward_loop_module_path (the python "
-                      "file holding the reward manager class).")
-    mode = _get(cfg, "async_training.mode")
-    if _get(cfg, "async_training.use_trainer_do_validate") is True and mode != "fully_async":
-        errors.append(f"async_training.use_trainer_do_validate=True moves the fully asynchronous trainer's validation "
-                      f"from its rollout group to its actor group, but async_training.mode={mode}: set "
-                      f"async_training.mode=fully_async or leave it False.")
-    if _get(cfg, "skip.async_rollout.enable") is True and mode != "fully_async":
-        errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "
-                      f"async_training.mode={mode}: set async_training.mode=fully_async, or use skip.rollout.")
+    errors += fully_async_only_errors(cfg)
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv in ("rloo", "rloo_vectorized", "grpo_passk") and n is not None and n < 2:
         errors.append(f"algorithm.adv_estimator={adv} needs {A}.rollout.n >= 2 (the baseline is the other samples "

@@ -314,6 +314,11 @@ class RewardModelConfig:
     rollout: RewardModelRolloutConfig = section(RewardModelRolloutConfig,
         'engine of a generative reward model (not supported)')
 
+    def __post_init__(self) -> None:
+        check_section(["{section}.reward_loop_source=importlib needs {section}.reward_loop_module_path (the python "
+                       "file holding the reward manager class)."]
+                      if self.reward_loop_source == "importlib" and not self.reward_loop_module_path else [])
+
 
 @dataclass
 class CustomRewardConfig:
