@@ -39,19 +39,21 @@ def reward_manager_cls(config: Any) -> type:
         the key). AttributeError: the file has no such class. TypeError: the class's instances are not callable
         (a manager is called as ``manager(batch, return_dict=True)``).
     """
-    name, source = str(config.reward_model.reward_manager), config.reward.reward_manager.source
-    module_cfg = config.reward.reward_manager.module
-    path_key, name_key = MODULE_KEY, "reward.reward_manager.name (reward_model.reward_manager)"
-    path, module_name = module_cfg.path, str(module_cfg.name)
-    loop = config.reward_model
-    if loop.reward_loop_source is not None:
-        source, path, path_key = loop.reward_loop_source, loop.reward_loop_module_path, LOOP_PATH_KEY
-        if loop.reward_loop_class_name is not None:
-            name, name_key = str(loop.reward_loop_class_name), "reward_model.reward_loop_class_name"
+    name, loop = str(config.reward_model.reward_manager), config.reward_model
+    legacy = loop.reward_loop_source is not None
+    source = loop.reward_loop_source if legacy else config.reward.reward_manager.source
     if source == "register":
         return get_reward_manager_cls(name)
+    module_cfg = config.reward.reward_manager.module  # read only here: the register path reads no module key
+    name_key = "reward.reward_manager.name (reward_model.reward_manager)"
+    if legacy:
+        path, path_key = loop.reward_loop_module_path, LOOP_PATH_KEY
+        if loop.reward_loop_class_name is not None:
+            name, name_key = str(loop.reward_loop_class_name), "reward_model.reward_loop_class_name"
+    else:
+        path, path_key = module_cfg.path, MODULE_KEY
     resolved = resolve_user_file(str(path), path_key)
-    module = exec_user_file(resolved, path_key, module_name)
+    module = exec_user_file(resolved, path_key, str(module_cfg.name))
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise AttributeError(f"{name_key}={name!r}: {resolved!r} has no class of that name ({path_key})")
