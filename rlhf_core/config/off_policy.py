@@ -6,6 +6,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from omegaconf import OmegaConf
+
 
 def one_step_config_errors(config: Any, mode: str = "one_step_off_policy") -> list[str]:
     """What the one-step driver (and the fully async one, which shares its rollout group: ``mode``) cannot run,
@@ -42,12 +44,12 @@ def fully_async_only_errors(config: Any) -> list[str]:
     mode = config.async_training.mode
     if mode == "fully_async":
         return []
-    errors = []
-    if config.async_training.use_trainer_do_validate is True:
+    errors = []  # OmegaConf.select: a check, not a read (rlhf_core/config/reads.py; the fully async driver reads them)
+    if OmegaConf.select(config, "async_training.use_trainer_do_validate") is True:
         errors.append(f"async_training.use_trainer_do_validate=True moves the fully asynchronous trainer's validation "
                       f"from its rollout group to its actor group, but async_training.mode={mode}: set "
                       f"async_training.mode=fully_async or leave it False.")
-    if config.skip.async_rollout.enable is True:
+    if OmegaConf.select(config, "skip.async_rollout.enable") is True:
         errors.append(f"skip.async_rollout.enable=True dumps/replays the fully asynchronous rollouter's prompts, but "
                       f"async_training.mode={mode}: set async_training.mode=fully_async, or use skip.rollout.")
     return errors
