@@ -370,7 +370,7 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
     errors += _micro_errors(cfg, _PPO_MICRO)
     errors += sequence_parallel_errors(cfg, world)
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world, "fsdp_config")
-    errors += prefix_grouper_errors(cfg, world, need_ref(cfg))
+    errors += prefix_grouper_errors(cfg)
     if use_critic(cfg):
         errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world, "fsdp")
     return errors + vllm_tp_errors(cfg, world)

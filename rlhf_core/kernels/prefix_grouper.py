@@ -19,9 +19,11 @@ slot sits at the same columns in every group, the LM head runs on the same ``1 +
 group (``logits_to_keep`` as an index tensor). Unlike the KV-cache shared prefix (``shared_prefix.py``) this is a
 single forward, so it also runs with activation checkpointing.
 
-Groups are the runs of consecutive rows with the same ``uid`` (verl's ``build_pg_from_micro_batch``), or without a
-``uid`` column the runs of consecutive rows with the same prompt columns; rows of one ``uid`` whose prompts differ
-are refused (verl would silently use the first row's prompt for all of them).
+Groups are the rows of one ``uid`` wherever they sit in the micro-batch (verl's ``build_pg_from_micro_batch`` takes
+runs of consecutive rows; a dynamic-bsz partition or ``actor.shuffle`` may interleave them), or without a ``uid``
+column the rows with the same prompt columns; the logits come back in the micro-batch's row order. A group cut over
+two micro-batches is two smaller groups, as exact, its prompt run once per piece. Rows of one ``uid`` whose prompts
+differ are refused (verl would silently use the first row's prompt for all of them).
 """
 from __future__ import annotations
 
@@ -45,9 +47,13 @@ def check_attention(model: nn.Module) -> None:
                          f"takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); the model uses {impl!r}")
 
 
-def group_runs(prompt_key: torch.Tensor, uids: Sequence | None) -> list[tuple[int, int]]:
-    """The groups of a micro-batch: ``[(start, end), ...]``, runs of consecutive rows with equal ``uids`` (or,
-    without uids, with equal ``prompt_key`` rows).
+def uid_groups(prompt_key: torch.Tensor, uids: Sequence | None) -> list[list[int]]:
+    """The groups of a micro-batch: ``[[row, ...], ...]``, the rows of each ``uid`` wherever they sit (or, without
+    uids, the rows with equal ``prompt_key``), groups in the order of their first row, rows ascending.
+
+    Rows need not be consecutive: a dynamic-bsz partition, ``actor.shuffle`` or a balance that moves rows may
+    interleave groups, and a group cut over two micro-batches is two smaller groups (each exact, its prompt run
+    once per piece).
 
     Args:
         prompt_key: ``(b, K)`` a row's prompt (its prompt columns of ``input_ids``, ``attention_mask`` and
@@ -55,50 +61,46 @@ def group_runs(prompt_key: torch.Tensor, uids: Sequence | None) -> list[tuple[in
         uids: the micro-batch's ``uid`` column (length ``b``), or ``None``.
 
     Raises:
-        ValueError: two rows of one uid run whose prompts differ (naming the rows and the uid); a uid whose rows are
-            not consecutive (naming the keys that keep them together).
+        ValueError: two rows of one uid whose prompts differ (naming the rows and the uid).
     """
     b = prompt_key.shape[0]
-    same = (prompt_key[1:] == prompt_key[:-1]).all(dim=1).tolist() if b > 1 else []
-    runs, start, seen = [], 0, set()
-    for i in range(1, b):
-        joined = (str(uids[i]) == str(uids[i - 1])) if uids is not None else same[i - 1]
-        if joined and not same[i - 1]:
-            raise ValueError(f"use_prefix_grouper: rows {i - 1} and {i} of a micro-batch share uid {uids[i]!r} but "
-                             "not their prompt; a group's rows must hold the same prompt")
-        if not joined:
-            runs.append((start, i))
-            start = i
-            if uids is not None and str(uids[i]) in seen:
-                raise ValueError(f"use_prefix_grouper: the rows of uid {uids[i]!r} are not consecutive in a "
-                                 f"micro-batch (row {i} follows another uid's): a group's responses must stay "
-                                 "together (actor_rollout_ref.actor.shuffle=False; trainer.balance_batch moves "
-                                 "whole groups)")
-        if uids is not None:
-            seen.add(str(uids[i - 1]))
-    if b:
-        runs.append((start, b))
-    return runs
+    if uids is None:
+        _, labels = torch.unique(prompt_key, dim=0, return_inverse=True)
+        labels = labels.tolist()
+    else:
+        labels = [str(u) for u in uids]
+    by_label: dict = {}
+    for i in range(b):
+        by_label.setdefault(labels[i], []).append(i)
+    groups = list(by_label.values())  # dicts keep insertion order: the order of each group's first row
+    if uids is not None:
+        for rows in groups:
+            first = prompt_key[rows[0]]
+            for r in rows[1:]:
+                if not bool((prompt_key[r] == first).all()):
+                    raise ValueError(f"use_prefix_grouper: rows {rows[0]} and {r} of a micro-batch share uid "
+                                     f"{uids[r]!r} but not their prompt; a group's rows must hold the same prompt")
+    return groups
 
 
 def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                 response_length: int, runs: list[tuple[int, int]]):
+                 response_length: int, groups: list[list[int]]):
     """The grouped rows: ``(ids, valid, pos, slot)`` each ``(G, P + m·T)`` and ``m`` (the largest group).
 
     Row ``g`` is the prompt columns ``[:P]`` of the group's first row, then for ``j < m`` the response columns
-    ``[P:]`` of the group's row ``j`` (all padding, ``valid`` 0, when the group has fewer rows). ``slot`` is ``-1``
-    on prompt columns and ``j`` on slot ``j``."""
+    ``[P:]`` of the group's ``j``-th row, ``groups[g][j]`` (all padding, ``valid`` 0, when the group has fewer rows).
+    ``slot`` is ``-1`` on prompt columns and ``j`` on slot ``j``."""
     T = int(response_length)
     P = input_ids.shape[1] - T
-    m = max(e - s for s, e in runs)
-    G, dev = len(runs), input_ids.device
-    firsts = torch.tensor([s for s, _ in runs], device=dev)
+    m = max(len(rows) for rows in groups)
+    G, dev = len(groups), input_ids.device
+    firsts = torch.tensor([rows[0] for rows in groups], device=dev)
     # the row in slot j of group g (a valid index: the group's first row where the group is shorter)
-    rows = torch.tensor([[s + j if s + j < e else s for j in range(m)] for s, e in runs], device=dev)
-    present = torch.tensor([[s + j < e for j in range(m)] for s, e in runs], device=dev)
+    slots = torch.tensor([[rows[j] if j < len(rows) else rows[0] for j in range(m)] for rows in groups], device=dev)
+    present = torch.tensor([[j < len(rows) for j in range(m)] for rows in groups], device=dev)
 
     def lay(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x[firsts, :P], x[rows.flatten(), P:].view(G, m * T)], 1)
+        return torch.cat([x[firsts, :P], x[slots.flatten(), P:].view(G, m * T)], 1)
 
     valid = lay(attention_mask.bool())
     valid[:, P:] &= present.repeat_interleave(T, 1)
@@ -139,7 +141,7 @@ def prefix_grouped_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
     Raises:
         ValueError: a prompt without a token in its last column (not this project's left-padded layout), 3-D
             ``position_ids``, an attention implementation that does not take a 4-D mask (``MASKED_ATTENTION``), and
-            from :func:`group_runs`.
+            from :func:`uid_groups`.
     """
     T = int(response_length)
     P = input_ids.shape[1] - T
@@ -152,8 +154,8 @@ def prefix_grouped_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
         raise ValueError("use_prefix_grouper: every prompt must end in its last column (left padding); a row's "
                          f"column {P - 1} is padding")
     b = input_ids.shape[0]
-    runs = group_runs(torch.cat([input_ids[:, :P], attention_mask[:, :P], position_ids[:, :P]], 1), uids)
-    ids, valid, pos, slot, m = group_layout(input_ids, attention_mask, position_ids, T, runs)
+    groups = uid_groups(torch.cat([input_ids[:, :P], attention_mask[:, :P], position_ids[:, :P]], 1), uids)
+    ids, valid, pos, slot, m = group_layout(input_ids, attention_mask, position_ids, T, groups)
     mask = block_mask(valid, slot)
     if impl == "eager":  # eager adds the mask to the scores: 0 where attended, the dtype's minimum elsewhere
         dtype = model.get_input_embeddings().weight.dtype
@@ -169,10 +171,10 @@ def prefix_grouped_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
     K = logits.shape[1]  # 1 + m·(T-1)
     # for row r (group g, slot j): the group's column 0 then the slot's T-1 columns, as indices into (G·K)
     index = torch.empty(b, T, dtype=torch.long)
-    for g, (s, e) in enumerate(runs):
-        for j in range(e - s):
-            index[s + j, 0] = g * K
-            index[s + j, 1:] = g * K + 1 + j * (T - 1) + torch.arange(T - 1)
+    for g, rows in enumerate(groups):
+        for j, r in enumerate(rows):
+            index[r, 0] = g * K
+            index[r, 1:] = g * K + 1 + j * (T - 1) + torch.arange(T - 1)
     out = logits.reshape(-1, logits.shape[-1]).index_select(0, index.flatten().to(logits.device))
     out = out.view(b, T, -1)
     # response token t (t ≥ 1) is predicted by token t-1, padding where the response ended: zero logits there

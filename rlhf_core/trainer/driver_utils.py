@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from rlhf_core.metrics.training import reduce_metrics
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.batching import uid_runs
 
 
 @contextmanager
@@ -75,17 +76,6 @@ def mean_rank_metrics(outputs: list[Any]) -> dict[str, float]:
     return reduce_metrics(dicts)
 
 
-def _runs(uids: Any) -> list[list[int]]:
-    """Runs of consecutive rows with the same uid, as row-index lists."""
-    runs: list[list[int]] = []
-    for i, u in enumerate(uids):
-        if runs and str(uids[i - 1]) == str(u):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
-
-
 def balance_batch(batch: Batch, world_size: int, keep_groups: bool = False) -> tuple[Batch, dict[str, float]]:
     """Reorder rows so that each of the ``world_size`` equal contiguous shards gets a similar number of valid
     tokens (verl ``trainer.balance_batch``). Greedy: longest sequence first, into the shard with the fewest tokens
@@ -93,28 +83,32 @@ def balance_batch(batch: Batch, world_size: int, keep_groups: bool = False) -> t
     per-shard token totals before and after balancing.
 
     ``keep_groups`` (``actor.use_prefix_grouper``; verl's ``get_group_balanced_partitions``): the units moved are the
-    runs of consecutive rows with the same ``uid`` instead of rows, each kept whole and in order.
-
-    Raises:
-        ValueError: with ``keep_groups``, groups of unequal sizes that fill no equal shards (naming the keys)."""
+    runs of consecutive rows with the same ``uid`` instead of rows, each kept whole and in order. A group that fits
+    no shard's remaining room (group counts or sizes that do not fill the equal shards; verl raises then) is cut into
+    the fewest pieces, each into the shard with the most rows free: the prefix-grouped forward runs each piece as a
+    smaller group (exact, less saving)."""
     seqlens = batch["attention_mask"].sum(-1).tolist()
     n = len(seqlens)
     if world_size <= 1 or n % world_size:
         return batch, {}
     size = n // world_size
     before = [sum(seqlens[r * size:(r + 1) * size]) for r in range(world_size)]
-    units = _runs(batch["uid"]) if keep_groups and "uid" in batch else [[i] for i in range(n)]
+    units = uid_runs(batch["uid"] if keep_groups and "uid" in batch else None, n)
     parts: list[list[int]] = [[] for _ in range(world_size)]
     totals = [0] * world_size
     for unit in sorted(units, key=lambda u: (-sum(seqlens[j] for j in u), u[0])):
         room = [r for r in range(world_size) if len(parts[r]) + len(unit) <= size]
-        if not room:
-            raise ValueError(f"trainer.balance_batch with actor_rollout_ref.actor.use_prefix_grouper: uid groups of "
-                             f"sizes {sorted({len(u) for u in units})} do not fill {world_size} shards of {size} "
-                             "rows; set trainer.balance_batch=False")
-        r = min(room, key=lambda r: (totals[r], r))
-        parts[r].extend(unit)
-        totals[r] += sum(seqlens[j] for j in unit)
+        if room:
+            pieces = [(min(room, key=lambda r: (totals[r], r)), unit)]
+        else:  # cut: the shard with the most rows free first (it fills), until the rest fits
+            pieces, rest, free = [], list(unit), [size - len(p) for p in parts]
+            while rest:
+                r = min(range(world_size), key=lambda r: (-free[r], totals[r], r))
+                pieces.append((r, rest[:free[r]]))
+                rest, free[r] = rest[free[r]:], 0
+        for r, piece in pieces:
+            parts[r].extend(piece)
+            totals[r] += sum(seqlens[j] for j in piece)
     order = [i for part in parts for i in sorted(part)]
     metrics = {"global_seqlen/min": float(min(before)), "global_seqlen/max": float(max(before)),
                "global_seqlen/minmax_diff": float(max(before) - min(before)),

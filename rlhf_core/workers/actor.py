@@ -358,7 +358,7 @@ class DataParallelPPOActor:
         batch = gather_rows(batch, self.sp)  # sequence parallelism: the SP group's rows on each of its ranks
         lps, ents, spps = [], [], []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
-                                         "log_prob_max_token_len_per_gpu"):
+                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper):
             lp, ent, *logits = self._log_prob_entropy(mb, temperature, calculate_entropy,
                                                       return_logits=calculate_sum_pi_squared)
             lps.append(lp.float().cpu())
@@ -385,7 +385,7 @@ class DataParallelPPOActor:
         batch = gather_rows(batch, self.sp)
         out = []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
-                                         "log_prob_max_token_len_per_gpu"):
+                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper):
             logits = tempered(forward_response_logits(self.model, mb, mb["responses"].shape[-1],
                                                       path=self._path), temperature)
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())
@@ -428,7 +428,7 @@ class DataParallelPPOActor:
             max_token_len=cfg.ppo_max_token_len_per_gpu, shuffle=bool(cfg.shuffle),
             seed=0 if cfg.data_loader_seed is None else int(cfg.data_loader_seed), grad_clip=cfg.grad_clip,
             activation_offload=self.activation_offload,
-            no_sync=bool(cfg.fsdp_config.use_no_sync_for_gradient_accumulation),
+            no_sync=bool(cfg.fsdp_config.use_no_sync_for_gradient_accumulation), keep_uids=self.prefix_grouper,
             sp_size=1 if self.sp is None else self.sp.size)
         out = run_update("actor", self.model, self.optimizer, batch, schedule,
                          lambda mb, n_tok, n_seq: self._micro_loss(mb, temperature, n_tok, n_seq, bypass),

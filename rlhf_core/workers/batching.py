@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,32 +20,59 @@ import torch.distributed as dist
 from rlhf_core.protocol import Batch
 
 
-def token_budget_partition(seq_lens: list[int], max_token_len: int, key: str = "max_token_len") -> list[list[int]]:
+def uid_runs(uids: Sequence | None, n: int) -> list[list[int]]:
+    """The runs of consecutive rows with the same ``uid`` as row-index lists (each row its own run without uids)."""
+    if uids is None:
+        return [[i] for i in range(n)]
+    runs: list[list[int]] = []
+    for i in range(n):
+        if runs and str(uids[i]) == str(uids[i - 1]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def token_budget_partition(seq_lens: list[int], max_token_len: int, key: str = "max_token_len",
+                           uids: Sequence | None = None) -> list[list[int]]:
     """Consecutive groups of row indices whose summed ``seq_lens`` stay ``<= max_token_len``.
+
+    ``uids`` (``actor.use_prefix_grouper``): a run of consecutive rows with the same uid that fits the budget is
+    not cut; the micro-batch closes before it instead (rows stay in order; a run longer than the budget is cut where
+    it fills, and the prefix grouper then runs each piece as a smaller group). Without ``uids`` every row is its own
+    run.
 
     Raises ``ValueError`` naming ``key`` when a single row is longer than the budget (verl asserts the same)."""
     groups: list[list[int]] = []
     current: list[int] = []
     used = 0
-    for i, n in enumerate(seq_lens):
-        if n > max_token_len:
-            raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {n} tokens; raise it to at least "
-                             f"the longest prompt + response")
-        if current and used + n > max_token_len:
+    for run in uid_runs(uids, len(seq_lens)):
+        for i in run:
+            if seq_lens[i] > max_token_len:
+                raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {seq_lens[i]} tokens; raise it "
+                                 "to at least the longest prompt + response")
+        tokens = sum(seq_lens[i] for i in run)
+        if current and used + tokens > max_token_len >= tokens:  # the whole run fits a micro-batch of its own
             groups.append(current)
             current, used = [], 0
-        current.append(i)
-        used += n
+        for i in run:
+            if current and used + seq_lens[i] > max_token_len:
+                groups.append(current)
+                current, used = [], 0
+            current.append(i)
+            used += seq_lens[i]
     if current:
         groups.append(current)
     return groups
 
 
-def split_to_count(groups: list[list[int]], seq_lens: list[int], count: int) -> list[list[int]]:
+def split_to_count(groups: list[list[int]], seq_lens: list[int], count: int,
+                   uids: Sequence | None = None) -> list[list[int]]:
     """``groups`` (consecutive row indices, from :func:`token_budget_partition`) split further until there are
     ``count`` of them: each split halves, at the row boundary nearest its token midpoint, the group with the most
-    tokens among those of two or more rows (the first such on a tie). Order is kept and no group grows, so every
-    group stays within the budget it was cut for.
+    tokens among those of two or more rows (the first such on a tie); with ``uids``, at the boundary between two
+    uids nearest the midpoint when the group has one. Order is kept and no group grows, so every group stays within
+    the budget it was cut for.
 
     Raises:
         ValueError: ``count`` exceeds the number of rows (a micro-batch needs at least one row)."""
@@ -60,8 +87,9 @@ def split_to_count(groups: list[list[int]], seq_lens: list[int], count: int) -> 
         cuts = []
         for c in range(1, len(g)):
             running += seq_lens[g[c - 1]]
-            cuts.append((abs(tokens[i] - 2 * running), c))
-        cut = min(cuts)[1]
+            inside = uids is not None and str(uids[g[c]]) == str(uids[g[c - 1]])  # the cut would split a uid
+            cuts.append((inside, abs(tokens[i] - 2 * running), c))
+        cut = min(cuts)[2]
         groups[i:i + 1] = [g[:cut], g[cut:]]
     return groups
 
@@ -79,9 +107,11 @@ def _all_reduce(values: list[float], dtype: torch.dtype, op=dist.ReduceOp.SUM) -
 
 
 def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                  max_token_len: int | None = None, key: str = "max_token_len") -> list[Batch]:
+                  max_token_len: int | None = None, key: str = "max_token_len", keep_uids: bool = False) -> list[Batch]:
     """Split ``batch`` into micro-batches in order (by count, or by token budget when ``use_dynamic_bsz``; then
     every rank makes the largest rank's number of micro-batches, :func:`split_to_count`, so call it on all ranks).
+    ``keep_uids`` (``actor.use_prefix_grouper``): the token-budget cuts avoid splitting a run of one ``uid`` where
+    they can (:func:`token_budget_partition`); no effect without a ``uid`` column or ``use_dynamic_bsz``.
 
     Raises ``ValueError`` when neither a positive ``micro_batch_size`` nor a dynamic budget is given, and from
     :func:`token_budget_partition` / :func:`split_to_count`."""
@@ -89,8 +119,9 @@ def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: b
         if not max_token_len or max_token_len <= 0:
             raise ValueError(f"use_dynamic_bsz needs a positive {key}")
         lens = [int(n) for n in batch["attention_mask"].sum(dim=-1).tolist()]
+        uids = batch["uid"] if keep_uids and "uid" in batch else None
         try:
-            groups, error = token_budget_partition(lens, int(max_token_len), key), None
+            groups, error = token_budget_partition(lens, int(max_token_len), key, uids), None
         except ValueError as exc:  # still join the all-reduce, so the other ranks fail too instead of waiting
             groups, error = [], exc
         count, failed = _all_reduce([len(groups), int(error is not None)], torch.int64, dist.ReduceOp.MAX)
@@ -99,7 +130,7 @@ def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: b
         if failed:
             raise ValueError(f"{key}={max_token_len} is smaller than a sequence on another rank; raise it to at "
                              "least the longest prompt + response")
-        return [batch.index(g) for g in split_to_count(groups, lens, count)]
+        return [batch.index(g) for g in split_to_count(groups, lens, count, uids)]
     if not micro_batch_size or micro_batch_size <= 0:
         raise ValueError("a micro-batch size per GPU must be set when use_dynamic_bsz is False")
     return batch.split(int(micro_batch_size))

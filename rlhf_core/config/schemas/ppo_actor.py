@@ -305,8 +305,9 @@ class ActorConfig:
         'actor/entropy_loss metric (no gradient flows through it then)')
     use_prefix_grouper: bool = key(False, "verl's prefix-grouped forward: the actor's (and reference's) log-prob and "
         'update passes run each uid group (the rollout.n responses of a prompt) as one sequence, the prompt once, '
-        'with a block attention mask; the same log-probs and gradients. Needs use_remove_padding, use_dynamic_bsz '
-        'and actor.shuffle off and micro-batch sizes that are multiples of rollout.n')
+        'with a block attention mask; the same log-probs and gradients. Needs model.use_remove_padding=False; with '
+        'dynamic bsz, actor.shuffle or sizes that cut groups each piece of a group runs its prompt once (exact, '
+        'less saving)')
     entropy_from_logits_chunk_size: int = key(2048, 'rows per chunk with entropy_from_logits_with_chunking')
     pad_to_length: bool = key(False, PAD_TO_LENGTH)
     qat: QATConfig = section(QATConfig, 'quantization-aware training (not supported)')

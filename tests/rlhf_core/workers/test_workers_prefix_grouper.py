@@ -17,7 +17,7 @@ from tests.rlhf_core.workers.test_workers_shared_prefix import tiny_lm  # noqa: 
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits  # noqa: E402
 from rlhf_core.config import ConfigError, load_config  # noqa: E402
 from rlhf_core.distributed import LocalWorkerGroup  # noqa: E402
-from rlhf_core.kernels.prefix_grouper import block_mask, group_layout, group_runs, prefix_grouped_logits  # noqa: E402
+from rlhf_core.kernels.prefix_grouper import block_mask, group_layout, prefix_grouped_logits, uid_groups  # noqa: E402
 from rlhf_core.protocol import Batch  # noqa: E402
 from rlhf_core.trainer.driver_utils import balance_batch  # noqa: E402
 from rlhf_core.workers import actor as actor_module  # noqa: E402
@@ -54,9 +54,9 @@ def test_block_mask_of_a_two_response_group_by_hand():
     ids = torch.tensor([[0, 11, 12, 20, 21, 22], [0, 11, 12, 30, 31, 0]])
     mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    runs = group_runs(torch.cat([ids[:, :3], mask[:, :3], pos[:, :3]], 1), ["x", "x"])
-    assert runs == [(0, 2)]
-    lay_ids, valid, lay_pos, slot, m = group_layout(ids, mask, pos, 3, runs)
+    groups = uid_groups(torch.cat([ids[:, :3], mask[:, :3], pos[:, :3]], 1), ["x", "x"])
+    assert groups == [[0, 1]]
+    lay_ids, valid, lay_pos, slot, m = group_layout(ids, mask, pos, 3, groups)
     assert m == 2 and lay_ids.tolist() == [[0, 11, 12, 20, 21, 22, 30, 31, 0]]
     assert lay_pos.tolist() == [[0, 0, 1, 2, 3, 4, 2, 3, 3]]  # each response keeps its own positions 2, 3, ...
     expected = torch.tensor([
@@ -120,12 +120,8 @@ def test_groups_that_break_the_layout_are_refused():
     args = (b["input_ids"], b["attention_mask"], b["position_ids"], T)
     uid = b["uid"].copy()
     uid[3] = "u0"  # row 3 holds prompt 1 under uid u0 (rows 0-2)
-    with pytest.raises(ValueError, match="rows 2 and 3 of a micro-batch share uid 'u0' but not their prompt"):
+    with pytest.raises(ValueError, match="rows 0 and 3 of a micro-batch share uid 'u0' but not their prompt"):
         prefix_grouped_logits(model, *args, uid)
-    uid = b["uid"].copy()
-    uid[1], uid[3] = "u1", "u0"  # u0's rows 0 and 2 are split by u1's row 1
-    with pytest.raises(ValueError, match="rows of uid 'u0' are not consecutive.*actor.shuffle=False"):
-        group_runs(torch.zeros(8, 1, dtype=torch.long), uid)
     right = b["attention_mask"].clone()
     right[0, P - 1] = 0
     with pytest.raises(ValueError, match="every prompt must end in its last column"):
@@ -135,28 +131,27 @@ def test_groups_that_break_the_layout_are_refused():
     with pytest.raises(ValueError, match="use_prefix_grouper=True needs an attention implementation that takes a "
                                          "4-D mask.*'flash_attention_2'"):
         actor_module.choose_response_forward(flash, False, None, True)
-    # without a uid column the runs of equal prompts are the groups
+    # without a uid column the rows of equal prompts are the groups, wherever they sit
     key = torch.cat([b["input_ids"][:, :P], b["attention_mask"][:, :P]], 1)
-    assert group_runs(key, None) == [(0, 3), (3, 7), (7, 8)]
+    assert uid_groups(key, None) == [[0, 1, 2], [3, 4, 5, 6], [7]]
+    assert uid_groups(key[[3, 0, 7, 4, 1]], None) == [[0, 3], [1, 4], [2]]
 
 
-def test_config_refuses_what_the_grouped_forward_cannot_run(tiny_model_dir):
+def test_config_refuses_only_what_the_grouped_forward_cannot_run(tiny_model_dir):
     on = A + "actor.use_prefix_grouper=True"
     with pytest.raises(ConfigError) as info:
-        ppo_config(tiny_model_dir, on, A + "model.use_remove_padding=True", A + "actor.shuffle=True",
-                   A + "rollout.n=4", A + "rollout.log_prob_use_dynamic_bsz=True")
-    msg = str(info.value)
-    assert f"{A}model.use_remove_padding=True" in msg and f"{A}actor.shuffle=True" in msg
-    assert f"{A}rollout.log_prob_use_dynamic_bsz=True" in msg
-    # ppo_config's micro-batches hold 2 rows: not a multiple of rollout.n=4
-    assert (f"{A}actor.ppo_micro_batch_size_per_gpu gives 2 rows per micro-batch, not a multiple of "
-            f"{A}rollout.n=4") in msg
-    # 3 prompts × 2 responses = 6 rows split over 2 ranks as 3 + 3: prompt 1's pair would straddle the ranks
-    with pytest.raises(ConfigError, match=r"data.train_batch_size=3 prompts do not split into whole groups over "
-                                          r"world size 2"):
-        ppo_config(tiny_model_dir, on, "trainer.n_gpus_per_node=2", A + "actor.ppo_mini_batch_size=3",
-                   "data.train_batch_size=3", A + "rollout.n=2")
-    assert ppo_config(tiny_model_dir, on, A + "rollout.n=2").actor_rollout_ref.actor.use_prefix_grouper
+        ppo_config(tiny_model_dir, on, A + "model.use_remove_padding=True")
+    assert f"{A}model.use_remove_padding=True: the grouped forward runs the padded layout" in str(info.value)
+    # what only cuts groups (each piece exact, its prompt once): dynamic bsz (verl's example sets all three),
+    # shuffle, micro-batches of 2 rows with rollout.n=4, 3 prompts x 2 responses over 2 ranks (3 + 3 rows)
+    cfg = ppo_config(tiny_model_dir, on, A + "actor.shuffle=True", A + "rollout.n=4",
+                     A + "actor.use_dynamic_bsz=True", A + "rollout.log_prob_use_dynamic_bsz=True",
+                     A + "ref.log_prob_use_dynamic_bsz=True", A + "actor.use_kl_loss=True")
+    assert cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.actor_rollout_ref.actor.shuffle
+    assert ppo_config(tiny_model_dir, on, A + "rollout.n=4").actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 2
+    assert ppo_config(tiny_model_dir, on, "trainer.n_gpus_per_node=2", A + "actor.ppo_mini_batch_size=3",
+                      A + "actor.ppo_micro_batch_size_per_gpu=3", "data.train_batch_size=3", A + "rollout.n=2",
+                      "algorithm.adv_estimator=grpo").trainer.n_gpus_per_node == 2
 
 
 def test_balance_batch_moves_whole_groups():
@@ -169,6 +164,13 @@ def test_balance_batch_moves_whole_groups():
     assert metrics["global_seqlen/balanced_max"] == 12.0
     per_row, _ = balance_batch(batch, 2)  # rows moved one by one split the groups
     assert per_row["row"].tolist() != out["row"].tolist()
+    # 3 groups of 2 rows do not fill 2 shards of 3 rows (verl raises): the last group (2 tokens) is cut, a row each
+    three = Batch({"attention_mask": mask[:6], "row": torch.arange(6)}, {"uid": ["a", "a", "b", "b", "c", "c"]})
+    out, metrics = balance_batch(three, 2, keep_groups=True)
+    # by tokens: a (10) -> shard 0, c (8) -> shard 1; b (2 rows) fits neither (one row free each): cut, its row 2
+    # to the shard with fewer tokens (1: 8 < 10), row 3 to shard 0 -> shards [0, 1, 3] (11) | [2, 4, 5] (9)
+    assert out["row"].tolist() == [0, 1, 3, 2, 4, 5] and out.non_tensors["uid"].tolist() == list("aabbcc")
+    assert metrics["global_seqlen/balanced_min"] == 9.0 and metrics["global_seqlen/balanced_max"] == 11.0
 
 
 def test_worker_log_probs_and_update_equal_the_plain_forward(tiny_model_dir, monkeypatch):
