@@ -46,6 +46,8 @@ EXPECTED = {
     "recipe_dapo__run_dapo_qwen2.5_32b.sh": ("DAPO dynamic sampling (algorithm.filter_groups), $((arithmetic))",
                                              "ppo", "grpo"),
     "tuning_lora__run_qwen3_8b_fsdp.sh": ("GRPO with LoRA", "ppo", "grpo"),
+    "prefix_grouper__run_qwen3_8b_fsdp.sh": ("prefix-grouped forward (use_prefix_grouper) with dynamic bsz", "ppo",
+                                             "grpo"),
     "recipe_retool__run_qwen2_7b_dapo.sh": ("multi-turn tools (ReTool, a sandbox code tool), DAPO loss", "ppo", "grpo"),
     "one_step_off_policy__grpo_0.6b_gsm8k_fsdp2_2_6.sh": ("one-step off-policy trainer", "ppo", "grpo"),
     "fully_async_policy__dapo_7b_async_retool.sh": ("fully async trainer, multi-turn tools", "ppo", "grpo"),
