@@ -1,10 +1,12 @@
-"""Three of verl 0.9's own launch scripts (GRPO with LoRA, RLOO, CISPO) train a few steps here (tests/data/verl09_examples/, README there).
+"""Four of verl 0.9's own launch scripts (GRPO with LoRA, RLOO, CISPO, the prefix grouper) train a few steps here
+(tests/data/verl09_examples/, README there).
 
 Each script's verl command is read as a shell would (``DEVICE=gpu``), the CPU user's swaps of
 ``tests/flows/test_verl09_examples.py::cpu_args`` are applied (local tiny model and GSM8K rows, CPU worker counts, HF
 rollout), and then the sizes of a smoke run replace the script's production sizes (:data:`SMOKE`: 2 prompts x 2
-samples, 8 response tokens, 2 steps, one worker, no validation). Everything else the script sets, its algorithm
-above all (estimator, policy loss, LoRA, dynamic sampling, rollout correction), is trained as written.
+samples, 8 response tokens, 2 steps, one worker, no validation; :data:`SCRIPT_SMOKE`: a script's own batching at
+smoke size). Everything else the script sets, its algorithm above all (estimator, policy loss, LoRA, dynamic
+sampling, rollout correction, the prefix-grouped forward), is trained as written.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from flows.verl_script import read_script
 from rlhf_core.trainer.tracking import read_metrics_jsonl
@@ -57,13 +60,25 @@ SMOKE = {
     "trainer.total_epochs": "1", "trainer.test_freq": "-1", "trainer.val_before_train": "False",
     "trainer.save_freq": "-1", "trainer.logger": "[console,file]", "ray_init.num_cpus": "2",
 }
-RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh", "cispo_trainer__run_qwen3_8b_fsdp.sh")
+RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh", "cispo_trainer__run_qwen3_8b_fsdp.sh",
+        "prefix_grouper__run_qwen3_8b_fsdp.sh")
+# a script whose point is its batching keeps it, at smoke size: the prefix-grouper example's dynamic bsz on all three
+# passes, budgets of 150 tokens (GSM8K prompts cut to 64 tokens + 8: two rows, one group, per micro-batch; checked
+# once by hand: the ref and update passes ran the grouped forward on (2, 72) micro-batches of one uid each)
+SCRIPT_SMOKE = {"prefix_grouper__run_qwen3_8b_fsdp.sh": {
+    "actor_rollout_ref.actor.use_dynamic_bsz": "True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "150",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "True",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "150",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "True",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "150"}}
 
 
-def smoke_args(args: list[str], out: Path) -> list[str]:
-    """``args`` with :data:`SMOKE`'s values (set or added) and the run's folders under ``out``."""
-    sizes = dict(SMOKE, **{"trainer.default_local_dir": str(out), "trainer.validation_data_dir": str(out / "val"),
-                           "trainer.project_name": "t", "trainer.experiment_name": "e"})
+def smoke_args(args: list[str], out: Path, script: str = "") -> list[str]:
+    """``args`` with :data:`SMOKE`'s values and the script's :data:`SCRIPT_SMOKE` (set or added) and the run's
+    folders under ``out``."""
+    sizes = dict(SMOKE, **SCRIPT_SMOKE.get(script, {}),
+                 **{"trainer.default_local_dir": str(out), "trainer.validation_data_dir": str(out / "val"),
+                    "trainer.project_name": "t", "trainer.experiment_name": "e"})
     kept = [a for a in args if re.sub(r"^\+*", "", a.split("=", 1)[0]) not in sizes]
     return kept + [f"{k}={v}" for k, v in sizes.items()]
 
@@ -84,7 +99,9 @@ def test_a_verl_09_script_trains_two_steps_on_cpu(script, tiny_model_dir, gsm8k_
     args += [f"custom_reward_function.path={reward}"] if not any("custom_reward_function.path" in a
                                                                  for a in args) else []
     out = tmp_path / "run"
-    cfg = load_config("ppo_trainer", smoke_args(args, out))
+    cfg = load_config("ppo_trainer", smoke_args(args, out, script))
+    for key, value in SCRIPT_SMOKE.get(script, {}).items():  # trained as the script sets it, at smoke size
+        assert str(OmegaConf.select(cfg, key)) == value, key
     assert run_ppo(cfg)["global_step"] == 2
     m = read_metrics_jsonl(str(out / "metrics.jsonl"))
     for step in (1, 2):
