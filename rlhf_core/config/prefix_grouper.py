@@ -13,7 +13,7 @@ lower the saving. The token-budget micro-batches avoid cutting a ``uid`` run whe
 
 Refused: ``model.use_remove_padding``, because the grouped forward runs the padded layout and a packed (varlen)
 grouped forward does not exist here (verl runs the plain forward then, silently: its legacy ``dp_actor`` fell back
-to it, and verl 0.9.0's engine workers never read the key, only ``balance_batch`` does); fused kernels and Ulysses
+to it, and verl 0.9.0 reads the key only in the trainer's ``balance_batch``); fused kernels and Ulysses
 sequence parallelism are refused for every run already.
 """
 from __future__ import annotations
