@@ -60,8 +60,8 @@ SMOKE = {
     "trainer.total_epochs": "1", "trainer.test_freq": "-1", "trainer.val_before_train": "False",
     "trainer.save_freq": "-1", "trainer.logger": "[console,file]", "ray_init.num_cpus": "2",
 }
-RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh", "cispo_trainer__run_qwen3_8b_fsdp.sh",
-        "prefix_grouper__run_qwen3_8b_fsdp.sh")
+RUNS = ("tuning_lora__run_qwen3_8b_fsdp.sh", "rloo_trainer__run_qwen3_8b_fsdp.sh",
+        "cispo_trainer__run_qwen3_8b_fsdp.sh", "prefix_grouper__run_qwen3_8b_fsdp.sh")
 # a script whose point is its batching keeps it, at smoke size: the prefix-grouper example's dynamic bsz on all three
 # passes, budgets of 150 tokens (GSM8K prompts cut to 64 tokens + 8: two rows, one group, per micro-batch; checked
 # once by hand: the ref and update passes ran the grouped forward on (2, 72) micro-batches of one uid each)
