@@ -1,11 +1,13 @@
 """verl's prefix-grouped forward (``actor_rollout_ref.actor.use_prefix_grouper``): one model call per group of rows
 that share a prompt, the prompt's tokens in it once.
 
-GRPO-style batches hold each prompt ``rollout.n`` times, consecutive rows with the same ``uid``. verl 0.9
-(``verl/trainer/ppo/prefix_grouper_utils.py``, with the external ``prefix_grouper`` package patched into the
+GRPO-style batches hold each prompt ``rollout.n`` times, consecutive rows with the same ``uid``. verl 0.9's
+``verl/trainer/ppo/prefix_grouper_utils.py`` (with the external ``prefix_grouper`` package patched into the
 attention functions) concatenates a group into one sequence ``[prompt, r_1, r_2, ...]`` in which the prompt
 attends causally to itself ("prefix self-attention") and each response to the whole prompt and causally to itself
-("suffix concat-attention"), so the prompt's tokens run through the layers once instead of ``n`` times.
+("suffix concat-attention"), so the prompt's tokens run through the layers once instead of ``n`` times. (In verl 0.9.0 no training worker
+calls it: its legacy actor that did was removed, and the key only makes ``balance_batch`` move whole groups; here
+the actor's and reference's passes run it, docs/SEMANTICS.md.)
 
 Here the same sequence is built for transformers' own attention by a 4-D mask (transformers 5 passes a 4-D
 ``attention_mask`` to the attention functions as it is: ``masking_utils``): :func:`group_layout` lays group ``g``
