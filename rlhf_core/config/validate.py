@@ -18,6 +18,7 @@ from .errors import ConfigError
 from .distillation import distillation_errors
 from .off_policy import fully_async_config_errors, fully_async_only_errors, one_step_config_errors
 from .prefix_grouper import prefix_grouper_errors
+from .sequence_parallel import sequence_parallel_errors
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -368,37 +369,12 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
         errors.append(f"data.gen_batch_size={gen} x {A}.rollout.n={n} = {gen * n} sequences is not divisible by "
                       f"world size {world} (trainer.nnodes x trainer.n_gpus_per_node).")
     errors += _micro_errors(cfg, _PPO_MICRO)
-    errors += sequence_parallel_errors(cfg, world)
+    errors += sequence_parallel_errors(cfg, world, critic=use_critic(cfg), ref=need_ref(cfg))
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world, "fsdp_config")
     errors += prefix_grouper_errors(cfg)
     if use_critic(cfg):
         errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world, "fsdp")
     return errors + vllm_tp_errors(cfg, world)
-
-
-_SP_ROLES = ((f"{A}.actor", "fsdp_config", f"{A}.model.use_remove_padding", "actor"),
-             (f"{A}.ref", "fsdp_config", f"{A}.model.use_remove_padding", "ref"),
-             ("critic", "fsdp", "critic.model.use_remove_padding", "critic"))
-
-
-def sequence_parallel_errors(cfg: DictConfig, world: int) -> list[str]:
-    """verl's Ulysses rules for each role in use with ``ulysses_sequence_parallel_size`` (or its fsdp copy) above 1:
-    it divides the world size and ``use_remove_padding`` is on (the sequence is split as one packed row). The head
-    counts are checked against the model when the workers load it (``distributed/ulysses.py``)."""
-    errors = []
-    for section, fsdp, rmpad_key, role in _SP_ROLES:
-        if (role == "critic" and not use_critic(cfg)) or (role == "ref" and not need_ref(cfg)):
-            continue
-        for key in (f"{section}.ulysses_sequence_parallel_size", f"{section}.{fsdp}.ulysses_sequence_parallel_size"):
-            size = _get(cfg, key, 1)
-            if not isinstance(size, int) or size <= 1:
-                continue
-            if world % size:
-                errors.append(f"{key}={size} does not divide world size {world} "
-                              "(trainer.nnodes x trainer.n_gpus_per_node).")
-            if not _get(cfg, rmpad_key):
-                errors.append(f"{key}={size} needs {rmpad_key}=True (Ulysses splits the packed sequence).")
-    return errors
 
 
 def vllm_tp_errors(cfg: DictConfig, world: int) -> list[str]:
