@@ -143,7 +143,8 @@ def _expand_cache(cache: DynamicCache, index: torch.Tensor, extra: int) -> None:
         layer.__class__ = _PreallocatedLayer
 
 
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
+                       generators: Sequence[torch.Generator] | None = None) -> torch.Tensor:
     """One draw per row from ``probs (..., V)`` (non-negative, any positive sum: normalised here), by inverse
     transform sampling: ``u ~ U[0, sum)``, the token is the first index whose cumulative sum exceeds ``u``.
 
@@ -152,7 +153,9 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     sum equals its predecessor's, so it is never the *first* to exceed ``u``; ``u`` is kept strictly below the
     total). Uses one uniform per row from ``generator`` (the global torch RNG when None) where
     ``torch.multinomial`` on CPU draws one exponential per entry, the cost that dominated a small model's decode
-    step (module docstring).
+    step (module docstring). ``generators`` (one per row of a ``(b, V)`` ``probs``): row ``i``'s uniform comes from
+    ``generators[i]`` instead (one ``torch.rand((1,))`` draw each), so a row's draws do not depend on the other rows
+    (the per-request streams of the continuous engine, ``hf_continuous.py``).
 
     Returns: ``(...)`` int64 token ids.
 
@@ -165,7 +168,14 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((probs.amin(-1) < 0).any()):
         raise ValueError("sample_categorical: every row of probabilities must be finite and non-negative with a "
                          "positive sum (a NaN or inf in the logits or the weights?)")
-    u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
+    if generators is None:
+        u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
+    else:
+        if probs.dim() != 2 or len(generators) != probs.shape[0]:
+            raise ValueError(f"sample_categorical: {len(generators)} generators for probabilities of shape "
+                             f"{tuple(probs.shape)} (one per row of a (b, V) tensor)")
+        u = torch.cat([torch.rand((1,), generator=g, dtype=cdf.dtype) for g in generators]).to(cdf.device)
+        u = u[:, None] * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
@@ -179,7 +189,8 @@ def next_token_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torc
 def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            eos_ids: Sequence[int], pad_token_id: int, do_sample: bool, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, output_logits: bool = False, pack_prompts: bool = False,
-           should_stop: Callable[[], bool] | None = None, fast: bool = True):
+           should_stop: Callable[[], bool] | None = None, fast: bool = True,
+           generators: Sequence[torch.Generator] | None = None):
     """Generate up to ``max_new_tokens`` tokens after left-padded prompts, as ``model.generate`` would (greedy: the
     same tokens; sampled: from the same distributions).
 
@@ -196,6 +207,8 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             packed per sequence and some prompt is padded; the padded prefill otherwise.
         should_stop: asked after every step (once per token, never before the first): True stops the loop there,
             every row keeping the tokens sampled so far (the partial rollout's interrupt, ``hf_partial.py``).
+        generators: one ``torch.Generator`` per row: row ``i`` draws its uniforms from ``generators[i]`` (per-request
+            streams, as :mod:`~rlhf_core.workers.rollout.hf_continuous` samples) instead of the global RNG.
         fast: on a Llama-form SDPA model, run the decode steps on the grouped cache layout (``grouped_attention.py``;
             distinct prompts are groups of one row) and, for a stock Llama/Qwen2/Mistral model, through
             ``decode_step`` with the reordered weights: logits equal to float rounding. False: the reference path,
@@ -260,7 +273,7 @@ def decode(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
             if raw is not None:
                 raw.append(logits)
             if do_sample:
-                nxt = sample_categorical(next_token_probs(logits, warpers))
+                nxt = sample_categorical(next_token_probs(logits, warpers), generators=generators)
             else:
                 nxt = torch.argmax(logits, dim=-1)
             if has_eos:
