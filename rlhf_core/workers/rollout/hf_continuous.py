@@ -43,6 +43,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlhf_core import kernels
 from rlhf_core.kernels.grouped_attention import sdpa_full_attention
 from rlhf_core.workers.rollout.hf_decode import next_token_probs, sample_categorical, sampling_warpers
 
@@ -108,6 +109,7 @@ class ContinuousDecoder:
 
     def __init__(self, model: nn.Module, slots: int, eos_ids: Sequence[int], do_sample: bool,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, output_logits: bool = False) -> None:
+        kernels.install()  # "sdpa" as the rollout runs it (transformers' own in float32; by products for bf16 on CPU)
         if slots < 1:
             raise ValueError(f"continuous batching needs at least one slot, got {slots}")
         if not sdpa_full_attention(model):
