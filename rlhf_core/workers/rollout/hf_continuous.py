@@ -24,6 +24,13 @@ seeded sampling give its tokens row for row (logits equal to float rounding: the
 differ; ``tests/rlhf_core/workers/test_hf_continuous.py``). ``decode`` without ``generators`` (the rollout's
 existing path) still draws every row from the call's one seeded global stream, unchanged.
 
+The rollout's existing streams. ``decode`` without ``generators`` draws, at step ``t``, ``torch.rand((b, 1))`` from
+the call's seeded global stream, so row ``i`` at step ``t`` uses value ``t·b + i`` of that stream whatever the
+other rows do (a finished row still draws). :func:`call_uniforms` draws those same values beforehand, and a
+request submitted with ``uniforms`` = its row uses its ``t``-th value for its ``t``-th token: the call's tokens are
+then ``decode``'s (and ``HFRollout.generate_sequences``' with the same seed) row for row, while each request's
+tokens still do not depend on its slot or neighbours.
+
 Weights may change between two steps (:meth:`ContinuousDecoder.reprefill`): every open request's cache is then
 recomputed from ``prompt + tokens so far`` under the new weights (as ``hf_partial.py`` resumes an interrupted
 generation, and verl's vLLM resume drops its cache); its generator continues its stream.
@@ -82,11 +89,22 @@ class Finished:
     slot: int
 
 
+def call_uniforms(seed: int, rows: int, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(rows, steps)`` float32: the uniforms ``decode`` (without ``generators``) draws for a call of ``rows`` rows
+    after ``torch.manual_seed(seed)`` — one ``torch.rand((rows, 1))`` per step — drawn here on a forked RNG (the
+    global stream is left as it was)."""
+    devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        return torch.cat([torch.rand((rows, 1), device=device) for _ in range(steps)], dim=1)
+
+
 @dataclass
 class _Request:
     prompt: torch.Tensor
     max_new_tokens: int
-    generator: torch.Generator
+    generator: torch.Generator | None
+    uniforms: torch.Tensor | None = None
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     entered: int = -1
@@ -133,17 +151,23 @@ class ContinuousDecoder:
         self.last = torch.zeros(0, dtype=torch.long)  # each row's last sampled token (fed at the next step)
 
     # ---- requests ---------------------------------------------------------------------------------------------
-    def submit(self, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0) -> int:
+    def submit(self, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
+               uniforms: torch.Tensor | None = None) -> int:
         """Queue one request: ``prompt (p,)`` int64 token ids (no padding, p ≥ 1), up to ``max_new_tokens`` (≥ 1),
-        sampled with ``torch.Generator().manual_seed(seed)``. Returns its index (submission order).
+        sampled with ``torch.Generator().manual_seed(seed)``, or with ``uniforms (≥ max_new_tokens,)`` (its ``t``-th
+        token drawn with ``uniforms[t]``: a row of :func:`call_uniforms`). Returns its index (submission order).
 
         Raises:
-            ValueError: an empty or non-1-D prompt, or ``max_new_tokens < 1``."""
+            ValueError: an empty or non-1-D prompt, ``max_new_tokens < 1``, or fewer uniforms than tokens."""
         prompt = torch.as_tensor(prompt, dtype=torch.long).cpu()
         if prompt.dim() != 1 or prompt.numel() == 0 or int(max_new_tokens) < 1:
             raise ValueError(f"a request needs a non-empty 1-D prompt and max_new_tokens >= 1, got prompt shape "
                              f"{tuple(prompt.shape)} and max_new_tokens={max_new_tokens}")
-        self.requests.append(_Request(prompt, int(max_new_tokens), torch.Generator().manual_seed(int(seed))))
+        if uniforms is not None and (uniforms.dim() != 1 or uniforms.numel() < int(max_new_tokens)):
+            raise ValueError(f"a request of max_new_tokens={max_new_tokens} needs as many uniforms, got shape "
+                             f"{tuple(uniforms.shape)}")
+        generator = torch.Generator().manual_seed(int(seed)) if uniforms is None else None
+        self.requests.append(_Request(prompt, int(max_new_tokens), generator, uniforms))
         self.waiting.append(len(self.requests) - 1)
         return len(self.requests) - 1
 
@@ -190,9 +214,11 @@ class ContinuousDecoder:
             self.prefill_rows.clear()
         open_rows = [i for i, r in enumerate(self.rows) if r is not None]
         lg = logits[open_rows].float()
-        gens = [self.requests[self.rows[i]].generator for i in open_rows]
         if self.do_sample:
-            nxt = sample_categorical(next_token_probs(lg, self.warpers), generators=gens)
+            reqs = [self.requests[self.rows[i]] for i in open_rows]
+            u = torch.cat([r.uniforms[len(r.tokens)].reshape(1).float() if r.uniforms is not None
+                           else torch.rand((1,), generator=r.generator) for r in reqs])
+            nxt = sample_categorical(next_token_probs(lg, self.warpers), uniforms=u)
         else:
             nxt = torch.argmax(lg, dim=-1)
         nxt = nxt.cpu()

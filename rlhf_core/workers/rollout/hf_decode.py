@@ -144,7 +144,8 @@ def _expand_cache(cache: DynamicCache, index: torch.Tensor, extra: int) -> None:
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
-                       generators: Sequence[torch.Generator] | None = None) -> torch.Tensor:
+                       generators: Sequence[torch.Generator] | None = None,
+                       uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row from ``probs (..., V)`` (non-negative, any positive sum: normalised here), by inverse
     transform sampling: ``u ~ U[0, sum)``, the token is the first index whose cumulative sum exceeds ``u``.
 
@@ -155,7 +156,8 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     ``torch.multinomial`` on CPU draws one exponential per entry, the cost that dominated a small model's decode
     step (module docstring). ``generators`` (one per row of a ``(b, V)`` ``probs``): row ``i``'s uniform comes from
     ``generators[i]`` instead (one ``torch.rand((1,))`` draw each), so a row's draws do not depend on the other rows
-    (the per-request streams of the continuous engine, ``hf_continuous.py``).
+    (the per-request streams of the continuous engine, ``hf_continuous.py``); ``uniforms (b,)`` in ``[0, 1)``: row
+    ``i`` uses ``uniforms[i]`` (drawn beforehand).
 
     Returns: ``(...)`` int64 token ids.
 
@@ -168,14 +170,15 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((probs.amin(-1) < 0).any()):
         raise ValueError("sample_categorical: every row of probabilities must be finite and non-negative with a "
                          "positive sum (a NaN or inf in the logits or the weights?)")
-    if generators is None:
+    if generators is not None:
+        uniforms = torch.cat([torch.rand((1,), generator=g, dtype=cdf.dtype) for g in generators])
+    if uniforms is None:
         u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
     else:
-        if probs.dim() != 2 or len(generators) != probs.shape[0]:
-            raise ValueError(f"sample_categorical: {len(generators)} generators for probabilities of shape "
-                             f"{tuple(probs.shape)} (one per row of a (b, V) tensor)")
-        u = torch.cat([torch.rand((1,), generator=g, dtype=cdf.dtype) for g in generators]).to(cdf.device)
-        u = u[:, None] * total
+        if probs.dim() != 2 or uniforms.shape != probs.shape[:1]:
+            raise ValueError(f"sample_categorical: {tuple(uniforms.shape)} uniforms or generators for probabilities "
+                             f"of shape {tuple(probs.shape)} (one per row of a (b, V) tensor)")
+        u = uniforms.to(device=cdf.device, dtype=cdf.dtype)[:, None] * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 

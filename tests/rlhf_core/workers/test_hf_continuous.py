@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlhf_core.workers.rollout.hf_continuous import ContinuousDecoder
+from rlhf_core.workers.rollout.hf_continuous import ContinuousDecoder, call_uniforms
 from rlhf_core.workers.rollout.hf_decode import decode
 
 PAD = 0
@@ -142,3 +142,28 @@ def test_refuses_bad_requests(model):
         engine.submit(torch.tensor([3, 4]), 0)
     with pytest.raises(ValueError, match="at least one slot"):
         ContinuousDecoder(model, 0, [], do_sample=False)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_call_uniforms_reproduce_the_existing_seeded_decode(model, fast):
+    """``decode`` as the rollout calls it today (one seeded global stream for the call, default fast path): the
+    continuous engine with each request's row of ``call_uniforms(seed, b, T)`` gives its tokens row for row, with 3
+    slots for 8 requests (refilled) and EOS mid-batch."""
+    prompts = _prompts()
+    ids, mask = _left_pad(prompts)
+    T = 12
+    eos = [_eos_mid_batch(model, ids, mask, T)]
+    torch.manual_seed(123)
+    want, _ = decode(model, ids, mask, T, eos, PAD, do_sample=True, temperature=0.8, fast=fast)
+    u = call_uniforms(123, len(prompts), T)
+    engine = ContinuousDecoder(model, 3, eos, do_sample=True, temperature=0.8)
+    for i, p in enumerate(prompts):
+        engine.submit(p, T, uniforms=u[i])
+    done = {f.request: f for f in engine.run()}
+    assert max(f.entered for f in done.values()) > 0 and len({len(f.tokens) for f in done.values()}) > 1
+    for i in range(len(prompts)):
+        n = len(done[i].tokens)
+        assert torch.equal(done[i].tokens, want[i, :n]) and (want[i, n:] == PAD).all(), i
+    # and the per-request streams differ from it: the test would see a wrong stream
+    _, other = _continuous(model, prompts, T, eos, 3, True, list(range(len(prompts))), temperature=0.8)
+    assert any(not torch.equal(o.tokens, want[i, :len(o.tokens)]) for i, o in enumerate(other))
