@@ -87,6 +87,8 @@ class Finished:
     entered: int
     finished: int
     slot: int
+    log_probs: torch.Tensor | None = None  # (n,) float32, from ``logprob_fn`` when given
+    versions: tuple[int, int] = (0, 0)  # ``ContinuousDecoder.version`` at its first and at its last token
 
 
 def call_uniforms(seed: int, rows: int, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -107,6 +109,8 @@ class _Request:
     uniforms: torch.Tensor | None = None
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    first_version: int = 0
     entered: int = -1
     slot: int = -1
 
@@ -120,13 +124,20 @@ class ContinuousDecoder:
         eos_ids: a request ends after emitting one of these (empty: only ``max_new_tokens`` ends it).
         do_sample, temperature, top_k, top_p: ``generate``'s warpers (``sampling_warpers``); greedy = argmax.
         output_logits: keep every step's raw float32 logits per request.
+        logprob_fn: ``(logits (r, V) float32, tokens (r,) int64) -> (r,)`` evaluated at every step on the rows that
+            sampled (e.g. ``token_log_probs`` for ``rollout.logprobs_mode``); kept per request (``Finished.log_probs``)
+            without keeping the logits.
+
+    ``version`` (an int the owner sets, e.g. the weight loads so far) is recorded at each request's first and last
+    token (``Finished.versions``).
 
     Raises:
         ValueError: ``slots < 1``, or a model whose attention is not SDPA over full-attention layers only.
     """
 
     def __init__(self, model: nn.Module, slots: int, eos_ids: Sequence[int], do_sample: bool,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, output_logits: bool = False) -> None:
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, output_logits: bool = False,
+                 logprob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         kernels.install()  # "sdpa" as the rollout runs it (transformers' own in float32; by products for bf16 on CPU)
         if slots < 1:
             raise ValueError(f"continuous batching needs at least one slot, got {slots}")
@@ -138,6 +149,8 @@ class ContinuousDecoder:
         self.eos = torch.tensor(sorted({int(e) for e in eos_ids}), dtype=torch.long)
         self.do_sample, self.output_logits = bool(do_sample), bool(output_logits)
         self.warpers = sampling_warpers(do_sample, temperature, top_k, top_p)
+        self.logprob_fn = logprob_fn
+        self.version = 0
         self.requests: list[_Request] = []
         self.waiting: deque[int] = deque()
         self.rows: list[int | None] = []  # row → request index (None: free this step)
@@ -221,12 +234,17 @@ class ContinuousDecoder:
             nxt = sample_categorical(next_token_probs(lg, self.warpers), uniforms=u)
         else:
             nxt = torch.argmax(lg, dim=-1)
+        lps = self.logprob_fn(lg, nxt).float().cpu() if self.logprob_fn is not None else None
         nxt = nxt.cpu()
         finished = []
         for j, i in enumerate(open_rows):
             req = self.requests[self.rows[i]]
             tok = int(nxt[j])
+            if not req.tokens:
+                req.first_version = self.version
             req.tokens.append(tok)
+            if lps is not None:
+                req.log_probs.append(float(lps[j]))
             if self.output_logits:
                 req.logits.append(lg[j].cpu())
             if bool((self.eos == tok).any()) or len(req.tokens) >= req.max_new_tokens:
@@ -244,8 +262,9 @@ class ContinuousDecoder:
         self.events.append((self.step_index, "finish", index, req.slot))
         logits = torch.stack(req.logits) if self.output_logits else None
         req.logits = []
+        log_probs = torch.tensor(req.log_probs, dtype=torch.float32) if self.logprob_fn is not None else None
         return Finished(index, torch.tensor(req.tokens, dtype=torch.long), logits, req.entered, self.step_index,
-                        req.slot)
+                        req.slot, log_probs, (req.first_version, self.version))
 
     def _admit(self) -> None:
         """Free rows (lowest first), then new rows up to ``slots``, take waiting requests in submission order."""

@@ -74,6 +74,7 @@ class HFRollout:
         self.use_remove_padding = False  # actor_rollout_ref.model.use_remove_padding (packed prefill), set by the worker
         self._interrupt = threading.Event()  # set by interrupt() from another thread, cleared by sync_weights
         self.partial: PartialGeneration | None = None  # the interruptible generation in flight (hf_partial.py)
+        self.stream = None  # a continuous-batching session (hf_stream.RolloutStream), told of every weight load
 
     @torch.no_grad()
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -82,6 +83,8 @@ class HFRollout:
         Raises ``RuntimeError`` (from ``load_state_dict``) on missing or unexpected keys."""
         dev = next(self.module.parameters()).device
         self.module.load_state_dict({k: v.to(dev) for k, v in state_dict.items()}, strict=True)
+        if self.stream is not None:  # its open rows continue under the new weights (caches recomputed)
+            self.stream.weights_loaded()
         self._interrupt.clear()  # the sync an interrupt asked for has happened
 
     # ---- partial rollouts (async_training.partial_rollout, hf_partial.py) --------------------------------------
