@@ -58,14 +58,20 @@ def _continuous(model, prompts, T, eos, slots, do_sample, seeds, max_new=None, *
     return engine, [done[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("do_sample,warp", [(False, {}), (True, {}),
-                                            (True, {"temperature": 0.7, "top_k": 20, "top_p": 0.9})])
-@pytest.mark.parametrize("slots", [3, 8])
-def test_equals_the_batched_decode_row_for_row(model, do_sample, warp, slots):
+@pytest.fixture(scope="module")
+def eos(model):
+    ids, mask = _left_pad(_prompts())
+    return [_eos_mid_batch(model, ids, mask, 12)]
+
+
+WARP = {"temperature": 0.7, "top_k": 20, "top_p": 0.9}
+
+
+@pytest.mark.parametrize("slots,do_sample,warp", [(3, False, {}), (3, True, {}), (3, True, WARP), (8, True, WARP)])
+def test_equals_the_batched_decode_row_for_row(model, eos, slots, do_sample, warp):
     prompts = _prompts()
     ids, mask = _left_pad(prompts)
     T = 12
-    eos = [_eos_mid_batch(model, ids, mask, T)]
     seeds = [100 + i for i in range(len(prompts))]
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     want, want_logits = decode(model, ids, mask, T, eos, PAD, do_sample=do_sample, output_logits=True, fast=False,
@@ -144,17 +150,15 @@ def test_refuses_bad_requests(model):
         ContinuousDecoder(model, 0, [], do_sample=False)
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_call_uniforms_reproduce_the_existing_seeded_decode(model, fast):
+def test_call_uniforms_reproduce_the_existing_seeded_decode(model, eos):
     """``decode`` as the rollout calls it today (one seeded global stream for the call, default fast path): the
     continuous engine with each request's row of ``call_uniforms(seed, b, T)`` gives its tokens row for row, with 3
     slots for 8 requests (refilled) and EOS mid-batch."""
     prompts = _prompts()
     ids, mask = _left_pad(prompts)
     T = 12
-    eos = [_eos_mid_batch(model, ids, mask, T)]
     torch.manual_seed(123)
-    want, _ = decode(model, ids, mask, T, eos, PAD, do_sample=True, temperature=0.8, fast=fast)
+    want, _ = decode(model, ids, mask, T, eos, PAD, do_sample=True, temperature=0.8)
     u = call_uniforms(123, len(prompts), T)
     engine = ContinuousDecoder(model, 3, eos, do_sample=True, temperature=0.8)
     for i, p in enumerate(prompts):
