@@ -171,3 +171,21 @@ def test_call_uniforms_reproduce_the_existing_seeded_decode(model, eos):
     # and the per-request streams differ from it: the test would see a wrong stream
     _, other = _continuous(model, prompts, T, eos, 3, True, list(range(len(prompts))), temperature=0.8)
     assert any(not torch.equal(o.tokens, want[i, :len(o.tokens)]) for i, o in enumerate(other))
+
+
+def test_requests_submitted_after_the_batch_drained_reuse_the_engine(model):
+    """Submitting after every row left (the rows dropped, the cache kept) and while others decode: each request's
+    tokens are those it gets in a fresh engine (greedy: a wrong cache row or position would change them)."""
+    prompts = _prompts()
+    engine = ContinuousDecoder(model, 2, [], do_sample=False)
+    engine.submit(prompts[0], 5)
+    engine.run()
+    assert engine.rows == []  # drained: rows dropped
+    later = [engine.submit(prompts[i], 7) for i in (1, 2)]
+    engine.step()
+    engine.step()
+    later.append(engine.submit(prompts[3], 4))  # waits for a slot while 1 and 2 decode
+    got = {f.request: f.tokens for f in engine.run()}
+    for index, i in zip(later, (1, 2, 3)):
+        _, fresh = _continuous(model, [prompts[i]], 7 if i < 3 else 4, [], 1, False, [0])
+        assert torch.equal(got[index], fresh[0].tokens), i
