@@ -14,7 +14,9 @@ keeps its slot until the sub-batch ends, as at an EOS; every sub-batch here hold
 temperature 1, no EOS. Variants: ``continuous``; ``subbatch`` (``decode(fast=False)``: the model's own forward, as
 the continuous engine runs it); ``subbatch_fast`` (``decode``'s default grouped-attention / reordered-weight step,
 which the continuous engine does not have). Prints, per variant, median / min / max seconds over ``--reps`` runs of
-all requests (one warm-up each, variants taken in turn) and responses/s at the median, then ``uptime``.
+all requests (one warm-up each, variants taken in turn) and responses/s at the median; the rate ratios per rep
+(variants of one rep run back to back, so a shared machine's load drifts less between them) and of the medians;
+then ``uptime``.
 """
 from __future__ import annotations
 
@@ -110,9 +112,11 @@ def main() -> None:
         med = statistics.median(ts)
         print(f"{k:>14}: {steps[k]:4d} steps  median {med:7.3f} s  (min {min(ts):.3f}, max {max(ts):.3f})  "
               f"{len(requests) / med:7.2f} responses/s")
-    base = statistics.median(times["subbatch"])
-    print(f"continuous / subbatch: {base / statistics.median(times['continuous']):.2f}x; continuous / subbatch_fast: "
-          f"{statistics.median(times['subbatch_fast']) / statistics.median(times['continuous']):.2f}x")
+    for peer in ("subbatch", "subbatch_fast"):  # per rep: the two variants ran back to back (less load drift)
+        ratios = sorted(p / c for p, c in zip(times[peer], times["continuous"]))
+        print(f"continuous rate / {peer} rate: median {statistics.median(ratios):.2f}x of the per-rep ratios "
+              f"({', '.join(f'{r:.2f}' for r in ratios)}); of the medians "
+              f"{statistics.median(times[peer]) / statistics.median(times['continuous']):.2f}x")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
