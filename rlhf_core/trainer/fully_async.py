@@ -80,6 +80,7 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
 from rlhf_core.trainer.fully_async_skip import AsyncRolloutDump, generate_with_dumps
+from rlhf_core.trainer.fully_async_rollouter import stream_rollout_loop
 from rlhf_core.trainer.fully_async_stream import Group, assemble_step, split_groups, sub_batch_bounds, sub_batch_size
 from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.off_policy_sampler import eviction_metrics, spans, stale_groups
@@ -158,6 +159,13 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._evicted: dict[str, float] = {}
         self.async_dump = AsyncRolloutDump.from_config(config)  # skip.async_rollout (rlhf_core/trainer/fully_async_skip.py)
         self._feed = 0  # prompts fed so far: the next prompt's feed index is _feed + 1
+        # continuous batching (fully_async_rollouter.py): entry g = the version of the ranks' g-th load since their
+        # session opened; a sync without partial_rollout waits until no row is open (_stream_idle)
+        self._stream_versions: list[int] | None = None
+        self._stream_idle = threading.Event()
+        self._stream_idle.set()
+        self._sync_wanted = threading.Event()
+        self._sync_done = threading.Event()
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -199,18 +207,28 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 raise
             self.queue.reset_staleness()
             return
+        streaming = self._stream_versions is not None and self.rollout_version != self.param_version
         if interrupt:
             self._sync_idle.clear()
             self.rollout_wg.execute_all("interrupt_generation")  # a second thread of each rank's actor
+        elif streaming:  # no partial rollouts: the rows in flight end under the weights that started them
+            self._sync_done.clear()
+            self._sync_wanted.set()
+            self._stream_idle.wait()
         try:
             with self.gen_lock:
+                before = self.rollout_version
                 super().sync_rollout()  # load_rollout_weights clears the interrupt on every rank
+                if self._stream_versions is not None and self.rollout_version != before:
+                    self._stream_versions.append(self.rollout_version)  # the ranks' sessions counted this load
         except BaseException:
             if interrupt:  # the load did not come: the chunk in flight must not stop after every token
                 self.rollout_wg.execute_all("release_generation")
             raise
         finally:
             self._sync_idle.set()
+            self._sync_wanted.clear()
+            self._sync_done.set()
         self.queue.reset_staleness()
 
     # ---- the rollouter -----------------------------------------------------------------------------
@@ -221,6 +239,9 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         n = int(self.config.actor_rollout_ref.rollout.n)
         self._feed = first_step * int(self.config.data.train_batch_size)  # a resumed run goes on counting
         try:
+            if self._can_stream():  # continuous batching on the rollout ranks (fully_async_rollouter.py)
+                stream_rollout_loop(self, stream, first_step)
+                return
             for i, (epoch, prompts) in enumerate(stream):
                 # the loader's position right after this batch was drawn, read on the thread that draws (a
                 # checkpoint of the step training this batch resumes after it, not after the batches queued since)
@@ -235,9 +256,20 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                         version = int(group[MIN_KEY].min())  # the group's earliest token's version
                         last = g == len(groups) - 1
                         prompt = sub.index(slice(g, g + 1)) if self._keep_prompts else None  # for a v1 drop
-                        self.queue.put(1, version, Group(group, epoch, i, seconds if last else 0.0, position, prompt))
+                        self.queue.put(1, version, Group(group, epoch, i, seconds if last else 0.0, position, prompt,
+                                                         lo + g))
         finally:
             self.queue.close()
+
+    def _can_stream(self) -> bool:
+        """The rollouter batches continuously: the hf engine without agent loops on every rollout rank
+        (``stream_supported``), no ``rollout.over_sample_rate`` (it cuts a whole batch's slowest responses) and no
+        ``skip.rollout`` / ``skip.async_rollout`` dump or replay (they go through :meth:`_generate_sub_batch`)."""
+        rollout = self.config.actor_rollout_ref.rollout
+        if (str(rollout.name) != "hf" or uses_agent_loop(rollout) or float(rollout.over_sample_rate) > 0
+                or self.rollout_dump or self.async_dump is not None):
+            return False
+        return all(self.rollout_wg.execute_all("stream_supported"))
 
     def _generate_sub_batch(self, prompts: Batch, n: int, step: int) -> tuple[list[Batch], float]:
         """``prompts`` (with uids) → their groups of ``n`` responses, each response tagged with its versions; and
@@ -351,7 +383,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         groups, versions = list(groups), list(versions)
         for i, group in zip(stale, fresh):
             old = groups[i]
-            groups[i] = Group(group, old.epoch, old.loader_batch, old.seconds, old.position, old.prompt)
+            groups[i] = Group(group, old.epoch, old.loader_batch, old.seconds, old.position, old.prompt, old.index)
             versions[i] = int(group[MIN_KEY].min())
         return groups, versions, eviction_metrics(evicted)
 

@@ -120,6 +120,12 @@ class RolloutQueue:
             self.staleness_samples = self._queued + self._active
             self._cond.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        with self._cond:
+            return self._closed
+
     def close(self) -> None:
         """No more samples: wakes both sides (the rollouter's :meth:`acquire` returns False)."""
         with self._cond:

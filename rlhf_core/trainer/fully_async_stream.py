@@ -75,6 +75,8 @@ class Group:
         position: the loader's ``state_dict()`` right after its loader batch was drawn.
         prompt: its prompt's row (with ``uid``) as drawn, to generate it again (verl's v1 ``drop``,
             :mod:`rlhf_core.trainer.off_policy_sampler`); None when not kept.
+        index: its prompt's index in its loader batch (groups may be queued in finishing order; a step puts them
+            back in loader order).
     """
     batch: Batch
     epoch: int
@@ -82,6 +84,7 @@ class Group:
     seconds: float
     position: Any
     prompt: Batch | None = None
+    index: int = 0
 
 
 def split_groups(batch: Batch, n: int) -> list[Batch]:
@@ -123,6 +126,7 @@ def assemble_step(groups: Sequence[Group], required_samples: int) -> tuple[Batch
     if len(batches) != 1:
         raise RuntimeError(f"a fully async step took groups of loader batches {batches}; a step must be one loader "
                            "batch (a dropped or reordered sample would skip or repeat prompts on resume)")
+    groups = sorted(groups, key=lambda g: g.index)  # loader order (stable: the sub-batch path's are in order)
     batch = Batch.concat([g.batch for g in groups])
     batch.meta = dict(groups[0].batch.meta)
     if "attention_mask" in batch:

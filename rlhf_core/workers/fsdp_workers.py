@@ -209,6 +209,35 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """This rank's ended rollout: ``generate_sequences``' batch plus ``rollout_last_segment (B,)``."""
         return self._partial_engine().finish_partial()
 
+    # ---- continuous batching (fully async rollouter on the hf engine; hf_stream.RolloutStream) -------------------
+    def stream_supported(self) -> bool:
+        """Whether this rank's engine batches continuously: the hf engine without agent loops, on a model
+        ``ContinuousDecoder`` runs (SDPA, full attention only, the lean decode's forward)."""
+        from rlhf_core.kernels.grouped_attention import sdpa_full_attention
+
+        engine = self.rollout
+        return isinstance(engine, HFRollout) and engine.lean_decode and sdpa_full_attention(engine.module)
+
+    def stream_submit(self, batch: Batch, slots: int) -> None:
+        """Queue this rank's rows in its continuous-batching session (``hf_stream.RolloutStream``, opened with
+        ``slots`` rows at the first call): one sampling call of the engine, as ``generate_sequences``."""
+        fault_point("generate", batch.meta.get("global_steps"))  # test-only (RLHF_FAULT); free when unset
+        from rlhf_core.workers.rollout.hf_stream import RolloutStream
+
+        engine = self._partial_engine()
+        if engine.stream is None:
+            engine.stream = RolloutStream(engine, slots)
+        engine.stream.submit(batch)
+
+    def stream_advance(self) -> tuple[Batch | None, int, int]:
+        """Decode this rank's session until a row ends or :meth:`interrupt_generation` (the rows that ended or None,
+        rows still open, rows waiting for a slot)."""
+        stream = self._partial_engine().stream
+        if stream is None:
+            return None, 0, 0
+        rows = stream.advance(self.rollout._interrupt.is_set)
+        return rows, stream.open, len(stream.decoder.waiting) if stream.decoder is not None else 0
+
     def interrupt_generation(self) -> None:
         """Stop this rank's partial rollout after its current token (called from another thread of the actor while
         it generates: the rollout group runs with ``max_concurrency=2``); cleared by the next weight load. An agent-loop

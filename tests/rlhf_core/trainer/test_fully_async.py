@@ -160,6 +160,9 @@ class _FailingRolloutGroup:
     def execute_dp(self, method, batch):
         raise ValueError(f"{method}: engine down")
 
+    def execute_all(self, method, *args):
+        raise ValueError(f"{method}: engine down")
+
     def shutdown(self):
         pass
 
@@ -174,7 +177,8 @@ def test_a_failing_rollouter_fails_the_step_waiting_for_samples(tmp_path):
     try:
         with pytest.raises(RuntimeError, match="the fully async rollouter failed") as info:
             next(trainer.train_batches(1, 3))
-        assert str(info.value.__cause__) == "generate_sequences: engine down"  # the engine's own error, chained
+        # the engine's own error, chained (its first call: whether the ranks batch continuously)
+        assert str(info.value.__cause__) == "stream_supported: engine down"
     finally:
         trainer.shutdown()
 
@@ -235,19 +239,30 @@ def test_staleness_threshold_one_keeps_every_update_within_one_version(tiny_mode
 @pytest.mark.slow
 def test_partial_rollout_resumes_the_chunk_a_sync_interrupted(tiny_model_dir, tmp_path, monkeypatch):
     """partial_rollout=True (verl's default), staleness_threshold=1, a sync every step: the rollouter runs one chunk
-    ahead, so the syncs after steps 1 and 2 find chunks 2 and 3 in flight. Those chunks hold their first segment
-    until the sync's interrupt is set (so it lands after their first token, not by timing luck): each response
-    that had not ended at its first token starts under version v and is resumed under v + 1."""
-    from rlhf_core.workers.rollout.hf_rollout import HFRollout
+    ahead (continuous batching: chunk k+1's rows take the slots chunk k's rows free), so the syncs after steps 1 and
+    2 find chunks 2 and 3 in flight. Once every row of chunk 2 (3) has its first token, the decode holds until the
+    sync's interrupt is set (so the sync lands there, not by timing luck): each response that had not ended by
+    then starts under version v and goes on under v + 1 (its cache recomputed)."""
+    from rlhf_core.workers.rollout.hf_continuous import ContinuousDecoder
+    from rlhf_core.workers.rollout.hf_stream import RolloutStream
 
-    start = HFRollout.start_partial
+    submit, step, held = RolloutStream.submit, ContinuousDecoder.step, set()
 
-    def start_once_interrupted(self, batch):
-        if self.calls >= 1:  # chunks 2 and 3
-            assert self._interrupt.wait(120), f"no sync interrupted chunk {self.calls + 1}"
-        return start(self, batch)
+    def submit_noting_the_interrupt(self, batch):
+        submit(self, batch)
+        self.decoder.interrupt_event = self.engine._interrupt
 
-    monkeypatch.setattr(HFRollout, "start_partial", start_once_interrupted)
+    def step_then_hold(self):
+        finished = step(self)
+        for chunk in (1, 2):  # chunks 2 and 3: requests 4·chunk .. 4·chunk + 3 of the one rollout rank
+            ids = range(4 * chunk, 4 * chunk + 4)
+            if chunk not in held and len(self.requests) > ids[-1] and all(self.requests[i].tokens for i in ids):
+                held.add(chunk)
+                assert self.interrupt_event.wait(120), f"no sync interrupted chunk {chunk + 1}"
+        return finished
+
+    monkeypatch.setattr(RolloutStream, "submit", submit_noting_the_interrupt)
+    monkeypatch.setattr(ContinuousDecoder, "step", step_then_hold)
     from rlhf_core.trainer.fully_async import FullyAsyncTrainer
     trained = {}  # step -> the batch its update used
     update = FullyAsyncTrainer.update_actor
@@ -261,10 +276,11 @@ def test_partial_rollout_resumes_the_chunk_a_sync_interrupted(tiny_model_dir, tm
     cfg = _config(tmp_path, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
                   "async_training.trigger_parameter_sync_step=1", "actor_rollout_ref.rollout.calculate_log_probs=True")
     steps, _, trainer = _run(cfg, tiny_model_dir, True)
-    # per response: chunk k (k = 2, 3) starts under version k-2, its first segment stops after one token (the sync
-    # after step k-1 set the interrupt before it began) and the rest runs under k-1. So min_global_steps = k-2 for
-    # every response; max_global_steps = k-1 for a response longer than one token, k-2 for one that ended at its
-    # first token (EOS). Chunk 1 ran unbroken under version 0.
+    assert held == {1, 2}  # the continuous path ran, and both syncs landed after those chunks' first tokens
+    # per response: chunk k (k = 2, 3) starts under version k-2, its rows hold after their first token (chunk 1's
+    # rows all run to the response length, so chunk k's enter together) until the sync after step k-1, and the
+    # rest runs under k-1. So min_global_steps = k-2 for every response; max_global_steps = k-1 for a response
+    # longer than one token, k-2 for one that ended at its first token (EOS). Chunk 1 ran unbroken under version 0.
     for k in (1, 2, 3):
         b = trained[k]
         longer = (b["response_mask"].sum(-1) > 1).long()
