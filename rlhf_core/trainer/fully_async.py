@@ -13,7 +13,9 @@ Schedule (verl's ``FullyAsyncRollouter`` / ``FullyAsyncTrainer``), parameter ver
   min(rollout ranks × concurrent_samples_per_replica, required_samples)`` prompts (verl's
   ``max_concurrent_samples``), generates ``rollout.n`` responses each with the version the rollout group holds,
   and puts each prompt's group, tagged with its earliest token's version, into the bounded
-  :class:`~rlhf_core.trainer.fully_async_queue.RolloutQueue` as soon as its sub-batch is done; before a sub-batch
+  :class:`~rlhf_core.trainer.fully_async_queue.RolloutQueue` as soon as its sub-batch is done — on the HF engine
+  without agent loops as soon as its last response ends, the ranks batching continuously
+  (:mod:`rlhf_core.trainer.fully_async_rollouter`); before a sub-batch
   it pauses while the samples generated since the last sync would pass ``max_required_samples`` (verl's rule,
   ``staleness_threshold``);
 * the *trainer* takes ``require_batches × ppo_mini_batch_size`` groups per step (one loader batch: the config check

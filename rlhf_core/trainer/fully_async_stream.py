@@ -9,10 +9,11 @@ require_batches`` groups per step, whatever parameter versions generated them.
 
 Here the loader still draws batches of ``data.train_batch_size`` = ``required_samples`` prompts (one trainer step's;
 the config check holds them equal). The rollouter cuts each into *sub-batches* of at most
-:func:`sub_batch_size` prompts (``k``), generates one sub-batch at a time (the HF engine decodes a sub-batch as
-one batched call: a slot freed by a short response is not refilled until the sub-batch ends, unlike verl's
-continuous batching), and queues each prompt's group as soon as its sub-batch is done, tagged with the version of
-its earliest token. A parameter sync between two sub-batches of one loader batch gives that batch's groups
+:func:`sub_batch_size` prompts (``k``). On the HF engine without agent loops it submits them to continuous batching
+and queues each prompt's group as soon as its last response ends (``fully_async_rollouter.py``); otherwise it
+generates one sub-batch at a time as one batched call (a slot freed by a short response is not refilled until the
+sub-batch ends) and queues each prompt's group when its sub-batch is done; either way tagged with the version of its
+earliest token. A parameter sync between two sub-batches of one loader batch gives that batch's groups
 different versions, so a step trains groups of several versions (each response's ``min_global_steps`` /
 ``max_global_steps`` record them, ``rlhf_core/trainer/response_versions.py``).
 
