@@ -164,6 +164,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         # continuous batching (fully_async_rollouter.py): entry g = the version of the ranks' g-th load since their
         # session opened; a sync without partial_rollout waits until no row is open (_stream_idle)
         self._stream_versions: list[int] | None = None
+        self._stream_active = False  # the rollouter runs on continuous batching (set by its loop)
         self._stream_idle = threading.Event()
         self._stream_idle.set()
         self._sync_wanted = threading.Event()
@@ -209,7 +210,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                 raise
             self.queue.reset_staleness()
             return
-        streaming = self._stream_versions is not None and self.rollout_version != self.param_version
+        streaming = self._stream_active and self.rollout_version != self.param_version
         if interrupt:
             self._sync_idle.clear()
             self.rollout_wg.execute_all("interrupt_generation")  # a second thread of each rank's actor

@@ -43,7 +43,16 @@ class _Pending:
 
 def stream_rollout_loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None:
     """Run the rollouter of ``trainer`` (a ``FullyAsyncTrainer`` whose rollout ranks answer ``stream_supported``)
-    over continuous batching (module docstring) until ``stream`` ends or the queue is closed."""
+    over continuous batching (module docstring) until ``stream`` ends or the queue is closed. On return (or an
+    error) ``trainer._stream_idle`` is set, so a sync waiting for the open rows never waits for a dead rollouter."""
+    trainer._stream_active = True
+    try:
+        _loop(trainer, stream, first_step)
+    finally:
+        trainer._stream_idle.set()
+
+
+def _loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None:
     cfg = trainer.config
     n = int(cfg.actor_rollout_ref.rollout.n)
     ranks = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)

@@ -62,7 +62,7 @@ def _trainer(group, required=2, k=1, n=2, threshold=2.0):
     t.gen_lock, t.gen_clock = threading.Lock(), OverlapClock()
     t._sync_wanted, t._sync_done, t._sync_idle, t._stream_idle = (threading.Event() for _ in range(4))
     t._sync_idle.set()
-    t.rollout_version, t._stream_versions = 0, None
+    t.rollout_version, t._stream_versions, t._stream_active = 0, None, False
     t.train_dataloader = types.SimpleNamespace(state_dict=lambda: {"at": "pos"})
     return t
 
