@@ -60,7 +60,7 @@ def _loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None
     subs: deque = deque()  # (pending loader batch, lo, hi, prompts)
     pending: deque[_Pending] = deque()
     rows: dict[str, list[tuple[int, int, Batch]]] = {}  # uid -> (rank, row, output row)
-    prompt_of: dict[str, tuple[_Pending, int, Batch]] = {}  # uid -> (loader batch, prompt index, repeated rows)
+    prompt_of: dict[str, tuple] = {}  # uid -> (loader batch, prompt index, its n rows, its prompt row or None)
     open_rows = waiting = 0
     seconds = 0.0
     exhausted = False
@@ -98,7 +98,8 @@ def _loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None
                     trainer._stream_versions = [trainer.rollout_version]
                 trainer.rollout_wg.execute_dp("stream_submit", batch, slots=slots)
             for j, uid in enumerate(batch.non_tensors["uid"][::n]):
-                prompt_of[str(uid)] = (p, lo + j, batch.index(slice(j * n, (j + 1) * n)))
+                keep = prompts.index(slice(lo + j, lo + j + 1)) if getattr(trainer, "_keep_prompts", False) else None
+                prompt_of[str(uid)] = (p, lo + j, batch.index(slice(j * n, (j + 1) * n)), keep)  # keep: a v1 drop
             open_rows += len(batch)
             waiting += len(batch)
         if open_rows == 0:
@@ -134,14 +135,14 @@ def _group_done(trainer, uid, parts, prompt, versions, pending, seconds) -> floa
     """Tag the group's responses with their versions, merge them into its prompt rows, and queue what may go: the
     oldest pending loader batch's finished groups (as they end), then, once it is complete, the next batch's.
     Returns the generation seconds not yet attributed to a queued group."""
-    p, index, prompt_rows = prompt
+    p, index, prompt_rows, keep = prompt
     out = Batch.concat([r for _, _, r in sorted(parts, key=lambda x: (x[0], x[1]))])
     first, last = out.tensors.pop("rollout_first_load"), out.tensors.pop("rollout_last_load")
     out.tensors.pop("stream_row")
     group = ensure_response_mask(prompt_rows.merge(out, "rollout stream_advance"))
     group.meta["global_token_num"] = group["attention_mask"].sum(-1).tolist()
     tag_versions(group, versions[first], versions[last])
-    p.done[index] = Group(group, p.epoch, p.batch_index, 0.0, p.position, index)
+    p.done[index] = Group(group, p.epoch, p.batch_index, 0.0, p.position, keep, index)
     while pending:
         head = pending[0]
         for i in [i for i in head.done if i not in head.queued]:
