@@ -27,6 +27,9 @@ class Engine(FakeActor):
     def load_rollout_weights(self, weights):
         self.theta = weights["theta"]
 
+    def stream_supported(self):
+        return False  # no continuous-batching session: the rollouter takes its sub-batch path
+
     def generate_sequences(self, batch):
         if batch.meta.get("validate"):
             self.validated.append(round(self.theta, 6))
