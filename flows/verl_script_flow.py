@@ -11,7 +11,8 @@ read (its assignments and commands are skipped). A test it cannot decide (a word
 A test guarding one command (``[ "$X" = 1 ] && ARGS+=(...)``, ``|| ...``) is decided the same way. Supported tests:
 ``[ ... ]``, ``[[ ... ]]`` and ``test ...`` with ``=``, ``==``, ``!=``, ``-z``, ``-n``, ``-eq``,
 ``-ne``, ``-lt``, ``-le``, ``-gt``, ``-ge``, ``!`` and a single word; tests joined by ``&&``/``||`` (left to right, as
-bash). ``case`` patterns are glob patterns (``gpu | npu)``, ``*)``); the first clause that matches is taken.
+bash), ``{ ...; }`` and ``( ... )`` groups of them. ``case`` patterns are glob patterns (``gpu | npu)``, ``*)``);
+the first clause that matches is taken.
 """
 from __future__ import annotations
 
@@ -61,12 +62,18 @@ def _test(words: list[str]) -> bool | None:
     return None  # file tests (-f, -d), regex (=~), anything else
 
 
+_GROUPS = {"{": "}", "(": ")"}
+
+
 def condition(tokens: list[str]) -> bool | None:
-    """The value of an ``if``/``elif`` condition (its tokens between ``if`` and ``then``, separators included)."""
+    """The value of an ``if``/``elif`` condition (its tokens between ``if`` and ``then``, separators included).
+    A ``{ ...; }`` or ``( ... )`` group is one operand, decided inside first, as bash does: verl 0.9's
+    ``[ "$VERL_USE_UV" != 0 ] && [ "$DEVICE" = gpu ] && { [ "$B" = vllm ] || [ "$B" = sglang ]; }`` is false with
+    ``VERL_USE_UV=0`` (cut at the ``||`` inside the braces too, it was read as undecided)."""
     result: bool | None = None
     op = None
     for part, sep in _split(tokens, ("&&", "||")):
-        value = _one(part)
+        value = _group(part)
         if op is None:
             result = value
         elif op == "&&":
@@ -75,6 +82,17 @@ def condition(tokens: list[str]) -> bool | None:
             result = True if (result is True or value is True) else (None if None in (result, value) else False)
         op = sep
     return result
+
+
+def _group(words: list[str]) -> bool | None:
+    """One operand of a condition: ``! X``, a ``{ ...; }`` / ``( ... )`` group (its inside decided by
+    :func:`condition`), or a test (:func:`_one`)."""
+    if words[:1] == ["!"]:
+        inner = _group(words[1:])
+        return None if inner is None else not inner
+    if len(words) >= 2 and _GROUPS.get(words[0]) == words[-1]:
+        return condition([w for w in words[1:-1] if w != ";"])
+    return _one(words)
 
 
 def _one(words: list[str]) -> bool | None:
@@ -89,9 +107,11 @@ def _one(words: list[str]) -> bool | None:
 
 
 def _split(tokens: list[str], seps: tuple[str, ...]) -> list[tuple[list[str], str | None]]:
-    parts, current = [], []
+    """``tokens`` cut at each separator in ``seps`` outside ``{ }`` / ``( )`` groups: (part, the separator after it)."""
+    parts, current, depth = [], [], 0
     for t in tokens:
-        if t in seps:
+        depth += (t in _GROUPS) - (t in _GROUPS.values())
+        if t in seps and depth == 0:
             parts.append((current, t))
             current = []
         else:

@@ -183,3 +183,25 @@ def test_set_wins_over_the_scripts_own_assignment_with_a_notice():
     assert script.assignments == ["--set N_GPUS='1' overrides the script's N_GPUS='8' (line 1)"]
     conv = convert(text, "s.sh", {"N_GPUS": "1"})
     assert "--set N_GPUS='1' overrides the script's N_GPUS='8' (line 1)" in conv.notes
+
+
+UV_LAUNCH = r"""
+B=${B:-vllm}
+RAY=(ray_kwargs.ray_init.runtime_env.py_executable=null)
+if [ "${VERL_USE_UV:-1}" != 0 ] && [ "${DEVICE:-gpu}" = gpu ] && { [ "${B}" = vllm ] || [ "${B}" = sglang ]; }; then
+    RAY=(ray_kwargs.ray_init.runtime_env.py_executable="uv run")
+fi
+python3 -m verl.trainer.main_ppo "${RAY[@]}"
+"""
+
+
+@pytest.mark.parametrize("given, value", [
+    ({"VERL_USE_UV": "0"}, "null"),           # bash: false && ... -> the if is not taken
+    ({"B": "hf"}, "null"),                    # true && true && { false || false; } -> not taken
+    ({"B": "sglang"}, "uv run"),              # true && true && { false || true; } -> taken
+    ({}, "uv run")])                          # the defaults: 1 != 0, gpu = gpu, vllm = vllm -> taken
+def test_a_braced_group_in_a_condition_is_one_operand(given, value):
+    # verl 0.9's run_qwen3_8b_fsdp.sh launch block (abridged); the group was cut at its `||` and read undecided
+    script = read_script(UV_LAUNCH, "u.sh", given)
+    assert script.commands[0].args == [f"ray_kwargs.ray_init.runtime_env.py_executable={value}"]
+    assert script.branches == []
