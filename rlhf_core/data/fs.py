@@ -9,10 +9,11 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Sequence
 
 import fsspec
 from filelock import FileLock
+from omegaconf import OmegaConf
 
 from rlhf_core.atomic import atomic_directory, atomic_write, atomic_write_text
 
@@ -100,3 +101,19 @@ def _copy_atomically(fs: fsspec.AbstractFileSystem, path: str, dest: str) -> Non
         return
     with atomic_write(dest) as out, fs.open(path, "rb") as inp:
         shutil.copyfileobj(inp, out, length=1 << 20)
+
+
+def check_local_files(config: Any, keys: Sequence[str]) -> None:
+    """Refuse a local data file that does not exist, for each config key in ``keys`` (a path or a list of paths;
+    null or empty: skipped). Remote URLs are left to the reader. Runs before the trainer's torch/Ray imports
+    (7-30 s on 2 cores), so ``rlhf ppo data.train_files=typo.parquet`` answers in seconds, not after them.
+
+    Raises:
+        FileNotFoundError: ``"<key>: data file <path> does not exist"``, the path as given.
+    """
+    for key in keys:
+        value = OmegaConf.select(config, key, default=None)
+        paths = [value] if isinstance(value, str) else list(value or [])
+        for path in map(str, paths):
+            if path and is_local(path) and not os.path.exists(copy_to_local(path)):
+                raise FileNotFoundError(f"{key}: data file {path} does not exist")

@@ -66,8 +66,10 @@ def metrics_file_in_output(config: DictConfig) -> Iterator[str]:
 
 
 def _run_ppo(config: DictConfig) -> dict[str, Any]:
+    from rlhf_core.data.fs import check_local_files
     from rlhf_core.models.hub import check_hub_models, ppo_model_keys
 
+    check_local_files(config, ("data.train_files", "data.val_files"))
     check_hub_models(config, ppo_model_keys(config) + ["data.tokenizer"])  # before 10 s of imports
     from rlhf_core.trainer.main_ppo import run_ppo
 
@@ -76,8 +78,10 @@ def _run_ppo(config: DictConfig) -> dict[str, Any]:
 
 
 def _run_sft(config: DictConfig) -> dict[str, Any]:
+    from rlhf_core.data.fs import check_local_files
     from rlhf_core.models.hub import check_hub_model
 
+    check_local_files(config, ("data.train_files", "data.val_files"))
     check_hub_model("model.partial_pretrain", str(config.model.partial_pretrain))
     from rlhf_core.trainer.sft_trainer import run_sft
 
@@ -85,8 +89,10 @@ def _run_sft(config: DictConfig) -> dict[str, Any]:
 
 
 def _run_generation(config: DictConfig) -> str:
+    from rlhf_core.data.fs import check_local_files
     from rlhf_core.models.hub import check_hub_model
 
+    check_local_files(config, ("data.path",))
     check_hub_model("model.path", str(config.model.path))  # before 10 s of imports
     from rlhf_core.trainer.main_generation import run_generation
 

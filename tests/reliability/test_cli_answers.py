@@ -91,6 +91,20 @@ def test_help_and_argument_errors_import_no_torch_ray_or_transformers(args, tmp_
         assert proc.stdout.splitlines()[-1] == "[]", (args, proc.stdout[-500:])
 
 
+@pytest.mark.parametrize("name", ["ppo", "sft"])
+def test_a_missing_data_file_is_refused_before_torch_is_imported(name, tmp_path):
+    """A new user's `rlhf ppo data.train_files=<typo>` answered after 26-58 s at load 13 (torch, peft, transformers
+    imported and Ray started first); the file is now looked up before those imports: one line, no heavy module."""
+    code = ("import sys, rlhf_cli\ncode = rlhf_cli.main(sys.argv[1:])\n"
+            "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))\nsys.exit(code)")
+    missing = tmp_path / "typo.parquet"
+    proc = subprocess.run([sys.executable, "-c", code, name, f"data.train_files={missing}"], capture_output=True,
+                          text=True, env=plain_env(PYTHONPATH=str(REPO)), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == f"rlhf {name}: error: data.train_files: data file {missing} does not exist"
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
 # ------------------------------------------------------------------ a hub id that cannot load here
 def fake_hub_cache(hub_cache: Path, repo_id: str, model_dir: str) -> None:
     """``repo_id`` in a Hugging Face hub cache, laid out as ``huggingface_hub`` writes it (refs/main → a

@@ -135,3 +135,18 @@ def test_two_processes_copy_the_same_url_once(http_server, tmp_path):
     # the lock made the second process find the first one's copy: the body was downloaded once in all
     assert server.counts["GET"] == 2 * gets_per_copy
     assert [n for n in os.listdir(os.path.dirname(paths[0])) if n.startswith(".tmp")] == []
+
+
+def test_check_local_files_names_the_key_and_the_missing_file(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlhf_core.data.fs import check_local_files
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "a.parquet").write_bytes(b"x")
+    ok = OmegaConf.create({"data": {"train_files": ["~/a.parquet", f"file://{tmp_path}/a.parquet"],
+                                    "val_files": None, "path": "s3://bucket/never-looked-up.parquet"}})
+    check_local_files(ok, ("data.train_files", "data.val_files", "data.path"))  # ~ and file:// exist; URL skipped
+    bad = OmegaConf.create({"data": {"train_files": "~/a.parquet", "val_files": ["~/a.parquet", "~/typo.parquet"]}})
+    with pytest.raises(FileNotFoundError, match=r"^data.val_files: data file ~/typo.parquet does not exist$"):
+        check_local_files(bad, ("data.train_files", "data.val_files"))
