@@ -332,6 +332,15 @@ def test_countdown_experiment_sets_generator_and_sizes_params_still_win():
     assert resolve_settings({}).generator == "gsm8k"  # the default experiment keeps GSM8K
 
 
+@pytest.mark.parametrize("name", ["countdown", "gsm8k_tiny", "gsm8k_tools"])
+def test_shipped_experiments_print_one_line_per_ppo_step(name):
+    # the flow logs one short line per PPO step (tasks/progress.py); a `console` sink in the PPO stage added verl's
+    # ~1.5 kB metrics line per step beside it: 164 of them in a new user's `make demo` log (320 kB in all)
+    s = resolve_settings({"experiment_file": str(REPO / "experiments" / f"{name}.yaml")})
+    [logger] = [o.partition("=")[2] for o in s.experiment_ppo if o.startswith("trainer.logger=")]
+    assert "console" not in logger and "mlflow" in logger, logger
+
+
 def test_tools_experiment_is_valid_and_its_tool_config_loads_from_the_checkout():
     from flows.settings import validate_overrides
     from rlhf_core.config import load_config
