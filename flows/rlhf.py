@@ -308,7 +308,12 @@ def pipeline_params(argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``rlhf pipeline [--option value ...]`` (or ``python -m flows.rlhf``): run the flow locally and say where
-    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
+    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`). Progress bars
+    of model loads are off when stderr is redirected, as under ``rlhf`` (``make demo`` calls this module directly)."""
+    from rlhf_cli import quiet_progress_bars_when_redirected
+
+    quiet_progress_bars_when_redirected()  # before Ray starts: its workers inherit the setting
+
     def command(args: list[str]) -> int:
         params = pipeline_params(args)
         if params.pop("dry_run", None):

@@ -234,3 +234,13 @@ def test_progress_bars_are_off_when_stderr_is_redirected(monkeypatch):
     assert quiet_progress_bars_when_redirected(io.StringIO()) and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
     assert not quiet_progress_bars_when_redirected(io.StringIO()) and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_python_m_flows_rlhf_turns_the_bars_off_too(monkeypatch, capsys):
+    # `make demo` runs `python -m flows.rlhf`, not `rlhf pipeline`: its redirected log still had 9 "Loading weights" /
+    # "Writing model shards" bars from the Ray workers (new-user trial); capsys's stderr is not a terminal
+    import flows.rlhf
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert flows.rlhf.main(["--ppo-steps", "not-a-number"]) == 2  # an argument error: nothing else runs
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
