@@ -161,6 +161,9 @@ def _check_type(spec: KeySpec, value: Any) -> tuple[str | None, Any]:
         return None, value
     if str in types and isinstance(value, (int, float)):
         return None, str(value)  # a name like experiment_name=123 is a string, as in a structured config
+    if value == "":  # `KEY=$VAR` in a launch script whose VAR is unset (verl 0.6's data.return_raw_chat=$return_raw_chat)
+        return (f"{path}='': expected {_type_name(types)}, got an empty value (a shell variable the launch script "
+                f"leaves unset?); write the value, or leave the key out for its default"), value
     return f"{path}={value!r}: expected {_type_name(types)}, got {type(value).__name__}", value
 
 

@@ -182,6 +182,9 @@ def test_megatron_optim_keys_accepted_at_default():
 @pytest.mark.parametrize("override,expected", [
     ("data.train_batch_size=abc", "data.train_batch_size='abc': expected int, got str"),
     ("data.shuffle=1", "data.shuffle=1: expected bool, got int"),
+    # verl 0.6's run_qwen2-7b_seq_balance.sh passes data.return_raw_chat=$return_raw_chat, unset in its sync mode
+    ("data.return_raw_chat=", "data.return_raw_chat='': expected bool, got an empty value (a shell variable"),
+    ("data.max_prompt_length=", "data.max_prompt_length='': expected int, got an empty value"),
     ("data.max_prompt_length=null", "data.max_prompt_length=null: this key cannot be null"),
     (f"{A}.actor.loss_agg_mode=tokenmean", "loss_agg_mode='tokenmean' is not one of ['token-mean',"),
     (f"{A}.actor.loss_agg_mode=tokenmean", "Did you mean 'token-mean'?"),
