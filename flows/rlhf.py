@@ -29,10 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from infra.home import configure_environment
+from rlhf_cli import quiet_progress_bars_when_redirected
 from rlhf_core.redact import install_log_redaction
 
 configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults; user settings kept)
 install_log_redaction()  # every record of this process, Prefect's run logs included, is scrubbed of secrets
+# stderr redirected (make demo > log, a Prefect worker's flow-run process): no model-load bars from the Ray workers,
+# which inherit this when the flow starts Ray; `rlhf pipeline` set it already (rlhf_cli)
+quiet_progress_bars_when_redirected()
 
 from prefect import flow  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
@@ -308,12 +312,7 @@ def pipeline_params(argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``rlhf pipeline [--option value ...]`` (or ``python -m flows.rlhf``): run the flow locally and say where
-    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`). Progress bars
-    of model loads are off when stderr is redirected, as under ``rlhf`` (``make demo`` calls this module directly)."""
-    from rlhf_cli import quiet_progress_bars_when_redirected
-
-    quiet_progress_bars_when_redirected()  # before Ray starts: its workers inherit the setting
-
+    the results are; returns the exit code (input errors one line, exit 1; see :mod:`rlhf_core.cli`)."""
     def command(args: list[str]) -> int:
         params = pipeline_params(args)
         if params.pop("dry_run", None):
