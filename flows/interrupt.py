@@ -168,6 +168,16 @@ def _stop_children() -> None:
     psutil.wait_procs(list(seen.values()), timeout=5)
 
 
+def interrupt_line(prog: str, crashed: str | None) -> str:
+    """The one line a Ctrl-C of the pipeline prints: ``crashed`` is :func:`_crashed_within`'s part naming the flow
+    run and its state (None: the flow run had not started), with how to continue it (``--resume``, flows/resume.py),
+    as ``rlhf ppo``'s line names its checkpoint and how to resume."""
+    if crashed is None:
+        return f"{prog}: interrupted; before the flow run started; stopping Ray and the temporary Prefect server"
+    return (f"{prog}: interrupted; {crashed}; stopping Ray and the temporary Prefect server; to continue it, run the "
+            f"same command with --resume")
+
+
 def stop(prog: str = "rlhf pipeline") -> None:
     """After a Ctrl-C in the flow (the record of the flow's own outcome already written by the caller): a second
     Ctrl-C is ignored; the flow run is marked Crashed; one line is printed; every child process (Ray's embedded
@@ -177,13 +187,11 @@ def stop(prog: str = "rlhf pipeline") -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.disable(logging.CRITICAL)  # the stage's thread fails as Ray stops: no tracebacks from it
-    what = "before the flow run started"
-    if _flow_run:
-        what = _crashed_within(_flow_run, MARK_TIMEOUT_S)
+    what = _crashed_within(_flow_run, MARK_TIMEOUT_S) if _flow_run else None
     # first (Ray's core worker may end this process as soon as its raylet goes), and to file descriptor 2 itself:
     # inside the flow, print and sys.stderr may be Prefect's or Ray's (logging is off by now)
     sys.stdout.flush()
-    os.write(2, f"{prog}: interrupted; {what}; stopping Ray and the temporary Prefect server\n".encode())
+    os.write(2, (interrupt_line(prog, what) + "\n").encode())
     try:
         _stop_children()
     finally:

@@ -78,3 +78,14 @@ def test_a_hung_server_delays_the_message_by_the_timeout_only(monkeypatch):
     assert text == "flow run 'run-a' (f1) its state was not recorded (no answer from the server in 0.5 s)"
     monkeypatch.setattr(interrupt, "_mark_crashed", lambda _id: "Crashed")
     assert interrupt._crashed_within({"id": "f1", "name": "run-a"}, 5) == "flow run 'run-a' (f1) is Crashed"
+
+
+def test_the_interrupt_line_says_how_to_continue_a_started_flow_run():
+    # a new user's Ctrl-C of `rlhf pipeline` named the Crashed flow run but not how to go on (`rlhf ppo`'s line does)
+    crashed = "flow run 'piquant-rooster' (d0b81cb7) is Crashed"
+    assert interrupt.interrupt_line("rlhf pipeline", crashed) == (
+        "rlhf pipeline: interrupted; flow run 'piquant-rooster' (d0b81cb7) is Crashed; stopping Ray and the temporary "
+        "Prefect server; to continue it, run the same command with --resume")
+    # nothing to continue before the flow run exists
+    assert interrupt.interrupt_line("rlhf pipeline", None) == (
+        "rlhf pipeline: interrupted; before the flow run started; stopping Ray and the temporary Prefect server")
