@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo")
+    from rlhf_core.distributed.worker_group import rendezvous_store
+
+    dist.init_process_group("gloo", store=rendezvous_store(0, 1, "127.0.0.1", int(os.environ["MASTER_PORT"])),
+                            rank=0, world_size=1)
     for variant in args.variants.split(","):
         model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
         if variant != "plain":

@@ -83,7 +83,9 @@ def bench_adamw(reps: int) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29541")
     if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        from rlhf_core.distributed.worker_group import free_port, rendezvous_store
+
+        dist.init_process_group("gloo", store=rendezvous_store(0, 1, "127.0.0.1", free_port()), rank=0, world_size=1)
     sizes = {"1m": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2),
              "20m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=11, num_attention_heads=6,

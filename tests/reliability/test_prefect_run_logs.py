@@ -171,7 +171,9 @@ import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen2Config
 from rlhf_core.workers.fsdp_utils import apply_fsdp2
 from rlhf_core.kernels.onednn_linear import use_onednn_linears
-dist.init_process_group("gloo")
+from rlhf_core.distributed.worker_group import rendezvous_store
+store = rendezvous_store(0, 1, "127.0.0.1", int(os.environ["PORT"]))  # 127.0.0.1 only; env:// listens on all
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 torch.manual_seed(0)
 cfg = Qwen2Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, tie_word_embeddings=True)

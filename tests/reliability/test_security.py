@@ -71,6 +71,31 @@ def test_no_source_binds_all_interfaces():
     assert bad == []
 
 
+def _calls(text: str, name: str) -> list[str]:
+    """Each ``name(...)`` in ``text`` (code or a script in a string), up to its balanced closing parenthesis."""
+    out, start = [], text.find(name + "(")
+    while start >= 0:
+        depth, k = 0, start + len(name)
+        for k in range(start + len(name), len(text)):
+            depth += {"(": 1, ")": -1}.get(text[k], 0)
+            if depth == 0:
+                break
+        out.append(text[start:k + 1])
+        start = text.find(name + "(", k)
+    return out
+
+
+def test_no_process_group_in_tests_or_benchmarks_rendezvouses_on_all_interfaces():
+    """``init_process_group`` without a ``store`` (env:// or tcp://) serves its TCPStore on every interface, whatever
+    MASTER_ADDR says (seen with ``ss -ltnp`` as ``*:PORT`` during test runs of a new-user trial):
+    ``rendezvous_store`` (rlhf_core/distributed/worker_group.py) binds 127.0.0.1 itself. Every call passes one."""
+    files = [p for d in ("rlhf_core", "tests", "bench") for p in (REPO / d).rglob("*.py") if p.name != "test_security.py"]
+    calls = [(p, c) for p in files for c in _calls(p.read_text(), "init_process_group")]
+    assert len(calls) >= 6, calls  # worker_group.py, 3 test helpers, 2 benchmarks
+    bad = [f"{p.relative_to(REPO)}: {c[:100]}" for p, c in calls if "store=" not in c]
+    assert bad == []
+
+
 def _listening(pids: set[int]) -> set[tuple[str, int]]:
     return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN and c.pid in pids}

@@ -52,8 +52,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     log = open(os.path.join(out, f"rank_{rank}.log"), "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from rlhf_core.distributed.worker_group import rendezvous_store
+
+    # the store on 127.0.0.1 only (env:// would listen on every interface)
+    dist.init_process_group("gloo", store=rendezvous_store(rank, world, "127.0.0.1", port), rank=rank, world_size=world)
     try:
         model = apply_fsdp2(_model(), {"wrap_policy": {"min_num_params": 0}}, "actor")
         ids, mask = _rows(rank)
