@@ -42,7 +42,8 @@ TRACKED: dict[str, tuple[str, str]] = {"ppo": ("rlhf_cli.tracked", "ppo_main"),
 
 def _usage() -> str:
     lines = ["usage: rlhf <command> [args]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
+    width = max(map(len, SUBCOMMANDS))  # "experiment" ran into its help at a fixed 9
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
     lines += ["", "rlhf <command> --help shows a command's arguments."]
     return "\n".join(lines)
 

@@ -248,3 +248,12 @@ def test_the_flow_module_turns_the_bars_off_when_redirected():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-1] == expected
+
+
+def test_usage_lists_every_command_in_one_column(capsys):
+    # `rlhf --help` printed "experiment experiment files: ..." (the name ran into its help at a fixed width 9)
+    assert rlhf_cli.main(["--help"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  ")]
+    assert [r.split()[0] for r in rows] == list(rlhf_cli.SUBCOMMANDS)
+    width = len("  experiment  ")  # the longest name and two spaces
+    assert all(r[width - 2:width] == "  " and r[width] != " " for r in rows), rows
