@@ -57,7 +57,7 @@ class DataParallelPPOCritic:
     def use_remove_padding(self, value: bool) -> None:
         self._use_remove_padding = bool(value)
         self._path = choose_response_forward(self.model, self._use_remove_padding, pad_bucket_of(self.config.fsdp),
-                                             self.sp)
+                                             sp=self.sp)
 
     def _values(self, mb: Batch) -> torch.Tensor:
         T = mb["responses"].shape[-1]

@@ -40,7 +40,7 @@ from rlhf_core.reward.genrm import engine_settings
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"  # never 0.0.0.0: the judge answers this machine only
+HOST = "127.0.0.1"  # loopback only: the judge answers this machine, never the network
 UNSUPPORTED = ("stream", "tools", "logprobs", "top_logprobs", "stop", "response_format", "logit_bias")
 
 

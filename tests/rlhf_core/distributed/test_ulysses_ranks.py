@@ -142,8 +142,9 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from rlhf_core.distributed.worker_group import rendezvous_store
+
+    dist.init_process_group("gloo", store=rendezvous_store(rank, world, "127.0.0.1", port), rank=rank, world_size=world)
     try:
         sp = build_sequence_parallel(2, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
         result = {"layout": layout_results(sp, rank), **_run(sp, rank, world),
