@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.home import configure_environment
-from rlhf_cli import quiet_progress_bars_when_redirected
+from rlhf_core.progress import quiet_progress_bars_when_redirected
 from rlhf_core.redact import install_log_redaction
 
 configure_environment()  # before prefect reads PREFECT_HOME (embedded defaults; user settings kept)

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlhf_core.cli import INTERRUPTED, exit_now, run_command
 from rlhf_core.distributed.threads import OMP_WAIT_POLICY
+from rlhf_core.progress import quiet_progress_bars_when_redirected
 
 # subcommand -> (module, function, one-line help); the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -62,19 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and code == INTERRUPTED and args[:1] and args[0] in QUICK_EXIT:
         exit_now(code)
     return code
-
-
-def quiet_progress_bars_when_redirected(stream: Any = None) -> bool:
-    """Set ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (huggingface_hub's switch, which transformers' own bars follow, read
-    when they are imported) unless the user set it, when ``stream`` (default: stderr, where the bars draw) is not a
-    terminal: a redirected ``rlhf ppo > run.log`` got a "Loading weights" bar redrawn into the file for every model
-    load (a new user's trial). Ray workers started from here inherit it. Returns whether it set it."""
-    stream = sys.stderr if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ or (callable(isatty) and isatty()):
-        return False
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    return True
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -51,3 +51,16 @@ def progress(iterable: Iterable[T], desc: str, total: int | None = None, unit: s
         yield from bar
     finally:
         bar.close()
+
+
+def quiet_progress_bars_when_redirected(stream: IO[str] | None = None) -> bool:
+    """Set ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (huggingface_hub's switch, which transformers' own bars follow, read
+    when they are imported) unless the user set it, when ``stream`` (default: stderr, where the bars draw) is not a
+    terminal: a redirected ``rlhf ppo > run.log`` got a "Loading weights" bar redrawn into the file for every model
+    load (a new user's trial). Ray workers started from here inherit it. Returns whether it set it."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ or (callable(isatty) and isatty()):
+        return False
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return True

@@ -12,7 +12,7 @@ _SP_ROLES = ((f"{A}.actor", "fsdp_config", f"{A}.model.use_remove_padding", "act
 def sequence_parallel_errors(cfg: DictConfig, world: int, critic: bool, ref: bool) -> list[str]:
     """verl's Ulysses rules for each role in use with ``ulysses_sequence_parallel_size`` (or its fsdp copy) above 1:
     it divides the world size and ``use_remove_padding`` is on (the sequence is split as one packed row). The head
-    counts are checked against the model when the workers load it (``distributed/ulysses.py``). ``critic`` / ``ref``:
+    counts are checked against the model when the workers load it (``workers/ulysses.py``). ``critic`` / ``ref``:
     whether the run builds that role (``validate.use_critic`` / ``validate.need_ref``)."""
     errors = []
     for section, fsdp, rmpad_key, role in _SP_ROLES:

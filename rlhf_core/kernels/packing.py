@@ -39,7 +39,7 @@ from rlhf_core.kernels.matmul_attention import matmul_attention, prefers_matmul_
 from rlhf_core.kernels.model_support import PACKED_MODEL_TYPES, support  # noqa: F401 - PACKED_MODEL_TYPES re-exported
 
 LAYOUT_KWARG = "rlhf_varlen_layout"  # the forward keyword that carries a pack's layout down to the attention
-ULYSSES_KWARG = "rlhf_ulysses"  # ... and a sequence-parallel group's (rlhf_core/distributed/ulysses.py)
+ULYSSES_KWARG = "rlhf_ulysses"  # ... and a sequence-parallel group's (rlhf_core/workers/ulysses.py)
 
 
 def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
@@ -126,16 +126,14 @@ def varlen_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     gathered into ``(b, ·, max_len, d)`` by the layout and run through :func:`sdpa` with ``is_causal=True`` and
     no mask (GQA, scaling and dropout as the model's own); the outputs are gathered back to packed order.
     ``attention_mask`` is then the empty placeholder :func:`packed_forward` passes and is not read. With the
-    ``rlhf_ulysses`` keyword (a :class:`~rlhf_core.distributed.ulysses.SequenceParallel`) the query, key and value
-    hold this rank's slice of the pack and go through :func:`~rlhf_core.distributed.ulysses.ulysses_attention`.
+    ``rlhf_ulysses`` keyword (a :class:`~rlhf_core.workers.ulysses.SequenceParallel`) the query, key and value
+    hold this rank's slice of the pack and go through :func:`~rlhf_core.workers.ulysses.ulysses_attention`.
 
     Raises:
         RuntimeError: a layout whose token count is not the query's (a layout passed to another forward)."""
     sp = kwargs.pop(ULYSSES_KWARG, None)
     if sp is not None:  # a sequence-parallel slice: all-to-all to every token, this rank's heads, and back
-        from rlhf_core.distributed.ulysses import ulysses_attention
-
-        return ulysses_attention(varlen_sdpa, module, query, key, value, attention_mask, *args, sp=sp, **kwargs)
+        return sp.attend(varlen_sdpa, module, query, key, value, attention_mask, *args, **kwargs)
     layout = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)

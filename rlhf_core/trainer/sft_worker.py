@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from rlhf_core.config.structured import full_key
-from rlhf_core.distributed.ulysses import (build_sequence_parallel, check_sequence_parallel, gather_rows,
+from rlhf_core.workers.ulysses import (build_sequence_parallel, check_sequence_parallel, gather_rows,
                                            sp_size_of, ulysses_next_token_ce)
 from rlhf_core.kernels.packing import packed_next_token_ce
 from rlhf_core.models.loading import enable_activation_checkpointing, load_causal_lm, local_path, to_torch_dtype
@@ -93,7 +93,7 @@ class SFTWorker(ProfiledWorker):
 
     def _sequence_parallel(self, model):
         """``ulysses_sequence_parallel_size`` (alias ``engine.ulysses_sequence_parallel_size``) > 1: this rank's
-        :class:`~rlhf_core.distributed.ulysses.SequenceParallel` (collective), else ``None``.
+        :class:`~rlhf_core.workers.ulysses.SequenceParallel` (collective), else ``None``.
 
         Raises:
             ValueError: naming the key, for a size that does not divide the world, an unpacked run

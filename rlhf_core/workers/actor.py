@@ -22,7 +22,7 @@ from torch import nn
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
-from rlhf_core.distributed.ulysses import gather_rows, own_rows, ulysses_packed_logits
+from rlhf_core.workers.ulysses import gather_rows, own_rows, ulysses_packed_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor_loss import actor_micro_loss
@@ -100,7 +100,7 @@ class ResponseForward:
             ``fsdp_config.pad_to_length_bucket`` (:func:`pad_pack_to_bucket`); ``None``: off.
         prefix_grouper: ``actor.use_prefix_grouper``: every micro-batch runs verl's prefix-grouped forward, one
             model call with each group's prompt once (:func:`~rlhf_core.kernels.prefix_grouper.prefix_grouped_logits`).
-        sp: the role's :class:`~rlhf_core.distributed.ulysses.SequenceParallel` (``ulysses_sequence_parallel_size``
+        sp: the role's :class:`~rlhf_core.workers.ulysses.SequenceParallel` (``ulysses_sequence_parallel_size``
             > 1): the packed forward is split over its group (no shared prefix); ``None``: one rank runs it whole.
     """
     shared_prefix: bool
@@ -229,7 +229,7 @@ class DataParallelPPOActor:
         prefix_grouper: ``actor.use_prefix_grouper``, for the policy and its reference alike (verl copies the
             actor's key to the reference): verl's prefix-grouped forward (:class:`ResponseForward`).
         sp: ``ulysses_sequence_parallel_size`` > 1: this rank's
-            :class:`~rlhf_core.distributed.ulysses.SequenceParallel`. Each call then gathers the SP group's rows,
+            :class:`~rlhf_core.workers.ulysses.SequenceParallel`. Each call then gathers the SP group's rows,
             runs each packed micro-batch split over the group and returns this rank's rows
             (docs/PARALLELISM.md); ``use_remove_padding`` must be on.
 
@@ -250,7 +250,7 @@ class DataParallelPPOActor:
                  use_remove_padding: bool = False, prefix_grouper: bool = False, sp: Any = None) -> None:
         self.config = config
         self.prefix_grouper = bool(prefix_grouper)
-        self.sp = sp  # ulysses_sequence_parallel_size > 1: this rank's SequenceParallel (distributed/ulysses.py)
+        self.sp = sp  # ulysses_sequence_parallel_size > 1: this rank's SequenceParallel (workers/ulysses.py)
         self.activation_offload = bool(activation_offload)
         # verl 0.6's legacy worker reads the role's key, verl 0.9.1's engine fsdp_config's copy: either False is eager
         self._logprobs_fn, self._entropy_fn = hot_functions(bool(config.use_torch_compile)

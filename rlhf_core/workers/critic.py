@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rlhf_core.algos.policy_loss import compute_value_loss
-from rlhf_core.distributed.ulysses import gather_rows, own_rows
+from rlhf_core.workers.ulysses import gather_rows, own_rows
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor import choose_response_forward, forward_response_logits, pad_bucket_of
@@ -30,7 +30,7 @@ class DataParallelPPOCritic:
         micro_batch_size: sequences per micro-batch on this rank (``ppo_micro_batch_size_per_gpu``).
         activation_offload: ``critic.model.enable_activation_offload``: the training forward runs under
             ``save_on_cpu(pin_memory=True)`` on CUDA (a no-op on CPU).
-        sp: ``critic.ulysses_sequence_parallel_size`` > 1: the :class:`~rlhf_core.distributed.ulysses.SequenceParallel`
+        sp: ``critic.ulysses_sequence_parallel_size`` > 1: the :class:`~rlhf_core.workers.ulysses.SequenceParallel`
             (each call gathers the SP group's rows, the packed forward is split over it, outputs are this rank's).
     """
 

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlhf_core.algos.advantages_token_baseline import needs_sum_pi_squared
-from rlhf_core.distributed.ulysses import role_sequence_parallel, sp_size_of
+from rlhf_core.workers.ulysses import role_sequence_parallel, sp_size_of
 from rlhf_core.faults import fault_point
 from rlhf_core.models.loading import load_tokenizer, model_tokenizer_path
 from rlhf_core.protocol import Batch
@@ -93,7 +93,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.tokenizer = load_tokenizer(model_tokenizer_path(mcfg), bool(mcfg.trust_remote_code),
                                         mcfg.custom_chat_template)
         n = int(self.arr.rollout.n)
-        self.actor_sp = self.ref_sp = None  # ulysses_sequence_parallel_size > 1: distributed/ulysses.py
+        self.actor_sp = self.ref_sp = None  # ulysses_sequence_parallel_size > 1: workers/ulysses.py
         if self._is_actor:
             note_unsupported(mcfg, bool(acfg.use_torch_compile), "actor")
             apply_engine_determinism(acfg.fsdp_config)

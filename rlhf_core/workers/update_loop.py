@@ -58,7 +58,7 @@ class UpdateSchedule:
             0.9's engine): the unsharded gradients accumulate locally and are reduced once; the same update, less
             communication, more memory held.
         sp_size: ``ulysses_sequence_parallel_size``: each row is held by this many ranks (one SP group), so the
-            global counts and the metric sums over all ranks are divided by it (rlhf_core/distributed/ulysses.py).
+            global counts and the metric sums over all ranks are divided by it (rlhf_core/workers/ulysses.py).
         keep_uids: ``actor.use_prefix_grouper``: token-budget micro-batches avoid cutting a run of one ``uid``
             (:func:`~rlhf_core.workers.batching.token_budget_partition`); the results do not depend on it.
     """

@@ -223,7 +223,7 @@ def test_progress_bars_are_off_when_stderr_is_redirected(monkeypatch):
     # keeps it, and a user's own setting wins
     import io
 
-    from rlhf_cli import quiet_progress_bars_when_redirected
+    from rlhf_core.progress import quiet_progress_bars_when_redirected
 
     class Tty(io.StringIO):
         def isatty(self):

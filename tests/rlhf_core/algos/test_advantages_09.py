@@ -296,6 +296,7 @@ def test_worker_returns_sum_pi_squared_when_the_key_or_the_estimator_asks(estima
             return (z, z, z + 0.25) if calculate_sum_pi_squared else (z, z)
 
     worker = SimpleNamespace(actor=Actor(), arr=cfg.actor_rollout_ref, config=cfg, role="actor_rollout",
+                             actor_sp=None,  # no sequence parallelism
                              _temperature=lambda b: ActorRolloutRefWorker._temperature(worker, b))
     out = ActorRolloutRefWorker.compute_log_prob(worker, Batch({"responses": torch.zeros(2, 3)}))
     assert ("sum_pi_squared" in out) is returned

@@ -1,11 +1,11 @@
-"""Ulysses' refusals before any data runs (rlhf_core/distributed/ulysses.py), in one process: each names the key
+"""Ulysses' refusals before any data runs (rlhf_core/workers/ulysses.py), in one process: each names the key
 and the values. The two-rank equivalence tests are in test_ulysses_ranks.py."""
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from rlhf_core.distributed.ulysses import build_sequence_parallel, check_sequence_parallel, role_sp_size
+from rlhf_core.workers.ulysses import build_sequence_parallel, check_sequence_parallel, role_sp_size
 
 KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 RMPAD = "actor_rollout_ref.model.use_remove_padding"

@@ -135,7 +135,7 @@ def _sft(config, rows: Batch) -> dict:
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from rlhf_core.distributed.ulysses import build_sequence_parallel
+    from rlhf_core.workers.ulysses import build_sequence_parallel
     from tests.rlhf_core.distributed.ulysses_layout import layout_results
 
     log = open(os.path.join(out, f"rank_{rank}.log"), "w")  # own file per rank (see test_workers_dynamic_bsz_ranks)

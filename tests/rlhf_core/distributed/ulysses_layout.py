@@ -39,7 +39,7 @@ def layout_results(sp, rank: int) -> dict:
     """This rank's side of the layout checks (run inside test_ulysses_ranks.py's two spawned ranks: one start-up
     of two processes for every Ulysses test)."""
     from rlhf_core import kernels
-    from rlhf_core.distributed.ulysses import (gather_kept, gather_rows, heads_to_seq, own_rows, seq_to_heads,
+    from rlhf_core.workers.ulysses import (gather_kept, gather_rows, heads_to_seq, own_rows, seq_to_heads,
                                                ulysses_packed_logits)
     from rlhf_core.protocol import Batch
 

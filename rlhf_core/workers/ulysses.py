@@ -46,6 +46,13 @@ class SequenceParallel:
     group: Any
     dp_size: int
 
+    def attend(self, inner, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask, *args, **kwargs):
+        """:func:`ulysses_attention` over this group: the packed attention
+        (:func:`~rlhf_core.kernels.packing.varlen_sdpa`) calls it on the object it is handed, so the kernels,
+        which sit below the workers, import nothing of this module."""
+        return ulysses_attention(inner, module, query, key, value, attention_mask, *args, sp=self, **kwargs)
+
 
 def build_sequence_parallel(size: int, key: str) -> SequenceParallel | None:
     """The SP group of this rank for ``key`` = ``size`` (``None`` for size 1: no sequence parallelism).
