@@ -135,15 +135,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
         seed_rank(self.config)
 
     def _init_teachers(self) -> None:
-        """``distillation.enabled``: load the teachers on this rank (:class:`~rlhf_core.workers.teacher.
-        TeacherScorer`) and hand the actor its distillation loss settings."""
-        from rlhf_core.algos.distillation import uses_topk
-        from rlhf_core.workers.teacher import TeacherScorer
+        """``distillation.enabled``: load the teachers on this rank (``teacher.build_teachers``) and hand the actor
+        its distillation loss settings."""
+        from rlhf_core.workers.teacher import build_teachers
 
-        loss_cfg = self.config.distillation.distillation_loss
-        topk = int(loss_cfg.topk) if uses_topk(loss_cfg.loss_mode) else None
-        self.teachers = TeacherScorer(self.config, bool(self.arr.model.use_remove_padding), topk)
-        self.actor.distillation = loss_cfg
+        self.teachers = build_teachers(self.config, bool(self.arr.model.use_remove_padding))
+        self.actor.distillation = self.config.distillation.distillation_loss
 
     def _init_rollout(self) -> None:
         rcfg = self.arr.rollout
@@ -359,17 +356,21 @@ class ActorRolloutRefWorker(ProfiledWorker):
     @profiled_stage("compute_teacher_log_prob")
     def compute_teacher_log_prob(self, batch: Batch) -> Batch:
         """The distillation teachers' log-probs of this rank's responses (``teacher_log_probs (B, T)``, or
-        ``teacher_topk_log_probs``/``teacher_topk_ids (B, T, k)`` for ``forward_kl_topk``), micro-batched by
-        ``rollout.log_prob_micro_batch_size_per_gpu`` (all rows at once when null).
+        ``teacher_topk_log_probs``/``teacher_topk_ids (B, T, k)`` for ``forward_kl_topk``), batched as
+        :meth:`compute_log_prob` (``rollout.log_prob_micro_batch_size[_per_gpu]``, or ``log_prob_use_dynamic_bsz``
+        with ``log_prob_max_token_len_per_gpu``; ``TeacherScorer.score``).
 
         Raises:
             RuntimeError: when this worker has no teacher (``distillation.enabled`` false, or no actor).
+            ValueError: from ``micro_per_rank`` / ``TeacherScorer.score``, naming the key.
         """
         if getattr(self, "teachers", None) is None:
             raise RuntimeError(f"role {self.role!r} has no distillation teacher (distillation.enabled and an actor)")
         rcfg = self.arr.rollout
-        micro = rcfg.log_prob_micro_batch_size_per_gpu
-        return self.teachers.score(batch, None if micro is None else int(micro))
+        dynamic = bool(rcfg.log_prob_use_dynamic_bsz)
+        micro = micro_per_rank(rcfg, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", dynamic,
+                               sp_size_of(self.actor_sp))
+        return self.teachers.score(batch, micro, dynamic, rcfg.log_prob_max_token_len_per_gpu)
 
     @profiled_stage("update_actor", scheduled=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:

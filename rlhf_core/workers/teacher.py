@@ -22,6 +22,7 @@ import torch
 from rlhf_core.config.distillation import resolve_teachers
 from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
 from rlhf_core.protocol import Batch
+from rlhf_core.workers.batching import token_budget_partition
 from rlhf_core.workers.fsdp_utils import device
 from rlhf_core.workers.model_setup import prepare_role_model
 
@@ -112,30 +113,59 @@ class TeacherScorer:
             self.paths[key] = choose_response_forward(model, use_remove_padding)
 
     @torch.no_grad()
-    def score(self, batch: Batch, micro_batch_size: int | None) -> Batch:
+    def score(self, batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
+              max_token_len: int | None = None) -> Batch:
         """The teachers' log-probs of this rank's rows (:func:`teacher_outputs`), rows in order; padding positions
         hold whatever the teacher says there (the loss masks them).
 
+        Each teacher's rows run in forwards of ``micro_batch_size`` rows, or with ``use_dynamic_bsz`` of consecutive
+        rows whose valid tokens (``attention_mask`` sums) stay within ``max_token_len``
+        (``rollout.log_prob_max_token_len_per_gpu``; verl's ``log_prob_*`` batching). The cut is local to this rank
+        (:func:`~rlhf_core.workers.batching.token_budget_partition`, no all-reduce: the teachers are unsharded
+        copies and each rank's routes differ); with neither, one forward per teacher. The outputs do not depend on
+        the cut (row-wise forwards).
+
         Raises:
-            ValueError: from :func:`route_rows`.
+            ValueError: from :func:`route_rows`; with ``use_dynamic_bsz``, a ``max_token_len`` that is not positive
+                or is shorter than a row (naming ``actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu``).
         """
         from rlhf_core.workers.actor import forward_response_logits
 
+        key_name = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+        if use_dynamic_bsz and (not max_token_len or int(max_token_len) <= 0):
+            raise ValueError(f"log_prob_use_dynamic_bsz needs a positive {key_name}, got {max_token_len!r}")
         routes = route_rows(batch.non_tensors.get(self.teacher_key), len(batch), list(self.models), self.teacher_key)
         responses = batch["responses"]
         B, T = responses.shape
         out: dict[str, torch.Tensor] = {}
         for key, rows in routes.items():
             sub = batch.index(rows)
-            size = int(micro_batch_size) if micro_batch_size else max(len(sub), 1)
+            if use_dynamic_bsz:
+                lens = [int(n) for n in sub["attention_mask"].sum(dim=-1).tolist()]
+                pieces = [sub.index(g) for g in token_budget_partition(lens, int(max_token_len), key_name)]
+            else:
+                pieces = sub.split(int(micro_batch_size) if micro_batch_size else max(len(sub), 1))
             parts = [teacher_outputs(forward_response_logits(self.models[key], mb, T, path=self.paths[key]),
-                                     mb["responses"].to(device()), self.topk) for mb in sub.split(size)]
+                                     mb["responses"].to(device()), self.topk) for mb in pieces]
             for name in parts[0] if parts else ():
                 value = torch.cat([p[name] for p in parts]).cpu()
                 if name not in out:
                     out[name] = torch.zeros((B, *value.shape[1:]), dtype=value.dtype)
                 out[name][torch.as_tensor(rows, dtype=torch.long)] = value
         return Batch(out)
+
+
+def build_teachers(config: Any, use_remove_padding: bool) -> TeacherScorer:
+    """This rank's :class:`TeacherScorer` (``distillation.enabled``), with ``topk`` from
+    ``distillation.distillation_loss.topk`` when its ``loss_mode`` uses top-k log-probs (else None).
+
+    Raises:
+        OSError / FileNotFoundError: from :class:`TeacherScorer`.
+    """
+    from rlhf_core.algos.distillation import uses_topk
+
+    loss_cfg = config.distillation.distillation_loss
+    return TeacherScorer(config, use_remove_padding, int(loss_cfg.topk) if uses_topk(loss_cfg.loss_mode) else None)
 
 
 def check_teachers(config: Any) -> None:

@@ -73,3 +73,72 @@ def test_dtype_topk_and_temperature(teacher_dir, caplog):
     assert torch.allclose(out["teacher_topk_log_probs"], ref["teacher_topk_log_probs"])
     # the top-1 log-prob is the maximum of the teacher's own log-softmax at each position
     assert torch.all(ref["teacher_topk_log_probs"][..., 0] >= _own_forward(teacher_dir, batch) - 1e-5)
+
+
+def _ragged_batch(n):
+    """``n`` rows of P + T tokens, row i with its last i % T response tokens padded out (valid lengths 7, 6, 5, 7,
+    6, ...): the token budget then cuts them unevenly."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 900, (n, P + T), generator=g)
+    mask = torch.ones_like(ids)
+    for i in range(n):
+        mask[i, P + T - i % T:] = 0
+    ids = ids * mask
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0),
+                  "responses": ids[:, P:], "response_mask": mask[:, P:]},
+                 {"data_source": np.array(["a"] * n, dtype=object)})
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_dynamic_bsz_splits_the_forwards_and_not_the_results(teacher_dir, monkeypatch, remove_padding):
+    """``log_prob_use_dynamic_bsz`` with no micro size (verl's OPD example): the teacher's rows run in token-budget
+    forwards, not all at once, and every output equals the one-forward result (float32 rounding only)."""
+    import rlhf_core.workers.actor as actor_mod
+
+    scorer = TeacherScorer(_config(f"{D}teacher_models.teacher_model.model_path={teacher_dir}"), remove_padding, 4)
+    batch = _ragged_batch(6)  # valid lengths 7, 6, 5, 7, 6, 5
+    calls = []
+    real = actor_mod.forward_response_logits
+    monkeypatch.setattr(actor_mod, "forward_response_logits", lambda m, mb, *a, **k: calls.append(len(mb)) or
+                        real(m, mb, *a, **k))
+    whole = scorer.score(batch, None)
+    assert calls == [6]
+    calls.clear()
+    # budget 13: 7+6 | 5+7 | 6+5 (consecutive rows, each group <= 13 tokens)
+    split = scorer.score(batch, None, use_dynamic_bsz=True, max_token_len=13)
+    assert calls == [2, 2, 2]
+    for name in ("teacher_topk_log_probs", "teacher_topk_ids"):
+        assert split[name].shape == whole[name].shape == (6, T, 4)
+    valid = batch["response_mask"].bool()  # padding positions hold whatever the teacher says there
+    assert torch.equal(split["teacher_topk_ids"][valid], whole["teacher_topk_ids"][valid])
+    assert torch.allclose(split["teacher_topk_log_probs"][valid], whole["teacher_topk_log_probs"][valid], atol=1e-5)
+    with pytest.raises(ValueError, match=r"log_prob_max_token_len_per_gpu=6 is smaller than a sequence of 7"):
+        scorer.score(batch, None, use_dynamic_bsz=True, max_token_len=6)
+    with pytest.raises(ValueError, match=r"needs a positive actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"):
+        scorer.score(batch, None, use_dynamic_bsz=True, max_token_len=None)
+
+
+def test_the_worker_reads_the_log_prob_batching_keys(monkeypatch):
+    """``compute_teacher_log_prob`` batches as ``compute_log_prob``: dynamic bsz with its budget and no micro size,
+    the micro size per GPU, or the deprecated global one ÷ world size (neither: the config loader refuses it)."""
+    from types import SimpleNamespace
+
+    from rlhf_core.workers.fsdp_workers import ActorRolloutRefWorker
+
+    seen = []
+    teachers = SimpleNamespace(score=lambda batch, *args: seen.append(args))
+    R = "actor_rollout_ref.rollout."
+
+    def run(*overrides):
+        cfg = load_config("ppo_trainer", list(overrides))
+        worker = SimpleNamespace(teachers=teachers, arr=cfg.actor_rollout_ref, actor_sp=None, role="actor_rollout")
+        ActorRolloutRefWorker.compute_teacher_log_prob(worker, None)
+        return seen[-1]
+
+    none = f"{R}log_prob_micro_batch_size_per_gpu=null"  # the shipped default is 16
+    dynamic = (f"{R}log_prob_use_dynamic_bsz=true", f"{R}log_prob_max_token_len_per_gpu=4096")
+    assert run(none, *dynamic) == (None, True, 4096)
+    assert run(f"{R}log_prob_micro_batch_size_per_gpu=3")[:2] == (3, False)
+    # the loader converts the deprecated global size: 8 / world size (trainer.n_gpus_per_node 2 × nnodes 1) = 4
+    with pytest.warns(DeprecationWarning, match=r"log_prob_micro_batch_size_per_gpu=4 \(8 / world size 2\)"):
+        assert run(none, f"{R}log_prob_micro_batch_size=8", "trainer.n_gpus_per_node=2")[:2] == (4, False)
