@@ -97,6 +97,22 @@ def seed_all(seed: int) -> None:
     random.seed(int(seed))
 
 
+def run_seed(config) -> int:
+    """The run's seed: ``actor_rollout_ref.rollout.seed``, else ``data.seed`` (an explicit 0 stays 0), else 0.
+
+    It seeds the rollout engine, and each rank's global RNGs (dropout...) through
+    :func:`derive_seed` (step 0 at start-up; the resumed step after an elastic resume)."""
+    seed = config.actor_rollout_ref.rollout.seed
+    seed = config.data.seed if seed is None else seed
+    return 0 if seed is None else int(seed)
+
+
+def seed_rank(config) -> None:
+    """Seed this rank's global torch/numpy/python RNGs for a fresh run (global step 0). Called once the models are
+    built: a LoRA adapter or any other random initialisation happens before, identically on every rank."""
+    seed_all(derive_seed(run_seed(config), rank(), 0))
+
+
 def _check_contents(contents: Sequence[str], key: str) -> list[str]:
     bad = [c for c in contents if c not in CONTENTS]
     if bad:

@@ -19,14 +19,15 @@ from rlhf_core.models.loading import load_tokenizer, model_tokenizer_path
 from rlhf_core.protocol import Batch
 from rlhf_core.trainer.mfu import rank_peak_flops
 from rlhf_core.workers.actor import DataParallelPPOActor
-from rlhf_core.workers.checkpoint import FSDPCheckpointManager, derive_seed, seed_all
+from rlhf_core.workers.checkpoint import FSDPCheckpointManager, run_seed, seed_rank
 from rlhf_core.workers.critic import DataParallelPPOCritic
 from rlhf_core.workers.determinism import apply_engine_determinism
-from rlhf_core.workers.fsdp_utils import full_state_dict, is_sharded, rank
+from rlhf_core.workers.fsdp_utils import full_state_dict, is_sharded
 from rlhf_core.workers.model_setup import build_model, build_optim, micro_per_rank, note_unsupported, update_sizes
 from rlhf_core.workers.profiler import ProfiledWorker, profiled_stage, union_profiler_configs
-from rlhf_core.workers.rollout.engine_copy import build_engine_copy, compute_dtype
+from rlhf_core.workers.rollout.engine_copy import compute_dtype
 from rlhf_core.workers.rollout.hf_rollout import HFRollout
+from rlhf_core.workers.rollout_setup import build_rollout
 from rlhf_core.workers.on_policy import first_forward_is_old_log_prob, merge_old_log_probs
 from rlhf_core.user_code import import_extensions
 
@@ -36,22 +37,6 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 def _listed(value: Any) -> list | None:
     return None if value is None else list(value)
-
-
-def run_seed(config) -> int:
-    """The run's seed: ``actor_rollout_ref.rollout.seed``, else ``data.seed`` (an explicit 0 stays 0), else 0.
-
-    It seeds the rollout engine, and each rank's global RNGs (dropout...) through
-    :func:`rlhf_core.workers.checkpoint.derive_seed` (step 0 at start-up; the resumed step after an elastic resume)."""
-    seed = config.actor_rollout_ref.rollout.seed
-    seed = config.data.seed if seed is None else seed
-    return 0 if seed is None else int(seed)
-
-
-def seed_rank(config) -> None:
-    """Seed this rank's global torch/numpy/python RNGs for a fresh run (global step 0). Called once the models are
-    built: a LoRA adapter or any other random initialisation happens before, identically on every rank."""
-    seed_all(derive_seed(run_seed(config), rank(), 0))
 
 
 class ActorRolloutRefWorker(ProfiledWorker):
@@ -143,34 +128,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.actor.distillation = self.config.distillation.distillation_loss
 
     def _init_rollout(self) -> None:
-        rcfg = self.arr.rollout
-        name = rcfg.name
-        seed = run_seed(self.config)  # rollout.seed, else data.seed; both null: 0, the engines need an int
-        if name == "hf":
-            module = build_engine_copy(self.arr.model, self.arr.actor.fsdp_config)
-            self.rollout = HFRollout(module, self.tokenizer, rcfg, seed=seed, rank=rank())
-            self.rollout.use_remove_padding = bool(self.arr.model.use_remove_padding)  # a packed prefill
-        elif name == "vllm":
-            # lazy: vllm is an optional dependency (requirements/vllm), needed only with rollout.name=vllm
-            from rlhf_core.workers.rollout.vllm_rollout import VLLMRollout
-
-            self.rollout = VLLMRollout(self.arr.model, self.tokenizer, rcfg, seed=seed, rank=rank(),
-                                       weights_from_actor=self.actor_module is not None)
-        else:
-            raise ValueError(f"actor_rollout_ref.rollout.name={name!r}: use 'hf' or 'vllm'")
-        from rlhf_core.workers.rollout.agent_rollout import AgentRollout, uses_agent_loop
-
-        if uses_agent_loop(rcfg):  # rollout.mode=async / multi_turn.enable: agent-loop trajectories
-            if name != "hf":
-                raise ValueError(f"actor_rollout_ref.rollout.mode=async / multi_turn.enable run on rollout.name=hf; got {name!r}")
-            from rlhf_core.workers.rollout.rollout_trace import rollout_tracer
-
-            self.rollout = AgentRollout(self.rollout, self.tokenizer, rcfg,
-                                        rollout_tracer(rcfg.trace, self.config.trainer, self.tokenizer))
-        elif rcfg.trace.backend is not None:
-            logger.warning("actor_rollout_ref.rollout.trace.backend=%r traces agent-loop trajectories only "
-                           "(rollout.mode=async or multi_turn.enable); this rollout writes no traces",
-                           rcfg.trace.backend)
+        """This rank's rollout engine (``rollout_setup.build_rollout``), loaded with the actor's weights."""
+        self.rollout = build_rollout(self.config, self.tokenizer, run_seed(self.config),  # both seeds null: 0
+                                     weights_from_actor=self.actor_module is not None)
         self.sync_rollout_weights()
 
     def sync_rollout_weights(self) -> None:
