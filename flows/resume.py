@@ -35,9 +35,12 @@ from rlhf_core.config import ConfigError
 from rlhf_core.redact import redact_json
 
 LAST = "last"
+"""``--resume`` without a value: the newest unfinished run of the same experiment and settings (none: a new run)."""
+
+logger = logging.getLogger(__name__)
+
 # flow-run statuses with nothing left to resume: FINISHED, or RESUMED (a run that continued it finished)
 DONE = ("FINISHED", "RESUMED")
-"""``--resume`` without a value: the newest unfinished run of the same experiment and settings (none: a new run)."""
 
 
 RESUMED_TAG = "rlhf.resumed_flow_run_id"
@@ -173,17 +176,32 @@ def mark_resumed(store: ResultsStore, flow_run_id: str) -> None:
         store.index_run(flow_run_id, flow_run_id, "flow", "RESUMED", started, now, params_json, name=name, kind="flow")
 
 
-def mark_interrupted(store: ResultsStore, flow_run_id: str) -> None:
-    """Record the resumed flow run as FAILED (ended now) when its ``runs`` row still says RUNNING: it was killed
-    without recording its end (a ``kill -9``), and a query of the store should not show it running."""
+def mark_interrupted(store: ResultsStore, flow_run_id: str) -> list[str]:
+    """Record the resumed flow run, and each of its stage runs, as FAILED (ended now) where its ``runs`` row still
+    says RUNNING: it was killed without recording its end (a ``kill -9``), and a query of the store should not show
+    it running. The stage runs' MLflow runs (their run ids are MLflow's) are ended ``KILLED`` as well. Returns the
+    stage run ids marked."""
     import datetime as dt
 
+    from mlflow.exceptions import MlflowException
+
+    from infra import lineage
+
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     _, rows = store.sql(f"SELECT name, status, params_json, started_at FROM runs WHERE kind = 'flow' "
                         f"AND run_id = '{flow_run_id}'")
     if rows and rows[0][1] == "RUNNING":
         name, _, params_json, started = rows[0]
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         store.index_run(flow_run_id, flow_run_id, "flow", "FAILED", started, now, params_json, name=name, kind="flow")
+    _, stages = store.sql(f"SELECT run_id, stage, name, params_json, started_at FROM runs WHERE kind = 'stage' "
+                          f"AND flow_run_id = '{flow_run_id}' AND status = 'RUNNING'")
+    for run_id, stage, name, params_json, started in stages:
+        store.index_run(run_id, flow_run_id, stage, "FAILED", started, now, params_json, name=name)
+        try:
+            lineage.end_run(run_id, "KILLED")
+        except MlflowException as exc:  # the store's row is what queries read; MLflow's status is a courtesy
+            logger.warning("stage run %s of the resumed flow run: its MLflow run was not ended (%s)", run_id, exc)
+    return [row[0] for row in stages]
 
 
 def lock_run_dir(folder: Path) -> Any:

@@ -132,6 +132,14 @@ def test_a_killed_pipeline_resumes_from_its_checkpoint_reusing_finished_stages(t
     _, flows = store.sql("SELECT run_id, status FROM runs WHERE kind = 'flow' ORDER BY started_at")
     # the killed one: RESUMED, since the run that continued it finished (FAILED until then); not offered again
     assert [s for _, s in flows] == ["RESUMED", "FINISHED"] and flows[0][0] == first_id
+    # the killed run's stages: none left RUNNING; its ppo stage, killed in the middle, FAILED (and KILLED in MLflow)
+    _, killed = store.sql(f"SELECT run_id, stage, status FROM runs WHERE kind = 'stage' AND flow_run_id = '{first_id}'")
+    assert "RUNNING" not in {s for _, _, s in killed} and ("FAILED" in {s for _, st, s in killed if st == "ppo"}), killed
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow.db'}")  # infra.home: the run home's store
+    ppo_run = next(r for r, st, _ in killed if st == "ppo")
+    assert mlflow.MlflowClient().get_run(ppo_run).info.status == "KILLED"
     _, stages = store.sql(f"SELECT stage FROM runs WHERE flow_run_id = '{flows[1][0]}' ORDER BY stage")
     assert stages == [("flow",), ("ppo",)]
     _, ppo = store.sql(f"SELECT DISTINCT step FROM metrics WHERE key = 'critic/score/mean' AND run_id IN "
