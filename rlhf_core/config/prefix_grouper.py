@@ -13,14 +13,18 @@ lower the saving. The token-budget micro-batches avoid cutting a ``uid`` run whe
 
 Refused: ``model.use_remove_padding``, because the grouped forward runs the padded layout and a packed (varlen)
 grouped forward does not exist here (verl runs the plain forward then, silently: its legacy ``dp_actor`` fell back
-to it, and verl 0.9.0 reads the key only in the trainer's ``balance_batch``); fused kernels and Ulysses
-sequence parallelism are refused for every run already.
+to it, and verl 0.9.0 reads the key only in the trainer's ``balance_batch``); and Ulysses sequence parallelism
+(``ulysses_sequence_parallel_size`` > 1 for the actor, or for the reference when the run builds one), which splits
+the packed forward only (``rlhf_core/workers/ulysses.py``), so a grouped forward would run whole on every rank of
+the SP group. Fused kernels are refused for every run already.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from .sequence_parallel import section_sp_size
 
 A = "actor_rollout_ref"
 
@@ -29,9 +33,10 @@ def _get(cfg: Any, path: str) -> Any:
     return OmegaConf.select(cfg, path, default=None)
 
 
-def prefix_grouper_errors(cfg: Any) -> list[str]:
+def prefix_grouper_errors(cfg: Any, ref: bool) -> list[str]:
     """What ``use_prefix_grouper=True`` cannot run with in the resolved PPO config ``cfg``, one line per key (empty
-    when off or runnable)."""
+    when off or runnable). ``ref``: whether the run builds the reference (``validate.need_ref``): it runs the
+    actor's forward path, so its Ulysses size counts too."""
     if not _get(cfg, f"{A}.actor.use_prefix_grouper"):
         return []
     pg = f"{A}.actor.use_prefix_grouper=True"
@@ -40,4 +45,12 @@ def prefix_grouper_errors(cfg: Any) -> list[str]:
         errors.append(f"{pg} with {A}.model.use_remove_padding=True: the grouped forward runs the padded layout, and "
                       "a packed grouped forward does not exist here (verl runs the plain forward then); set "
                       "use_remove_padding=False")
+    for section in (f"{A}.actor", f"{A}.ref")[:2 if ref else 1]:
+        try:
+            sp = section_sp_size(cfg, section, "fsdp_config")
+        except ValueError:  # the two size keys disagree: sequence_parallel_errors names them
+            continue
+        if sp > 1:
+            errors.append(f"{pg} with {section}.ulysses_sequence_parallel_size={sp} (or its fsdp_config copy): the "
+                          "grouped forward is not split over the SP group; set one of them off")
     return errors

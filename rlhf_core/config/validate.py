@@ -18,7 +18,7 @@ from .errors import ConfigError
 from .distillation import distillation_errors
 from .off_policy import fully_async_config_errors, fully_async_only_errors, one_step_config_errors
 from .prefix_grouper import prefix_grouper_errors
-from .sequence_parallel import sequence_parallel_errors
+from .sequence_parallel import section_sp_size, sequence_parallel_errors
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -165,12 +165,14 @@ def _micro_errors(cfg: DictConfig, table: tuple) -> list[str]:
 
 def _mini_batch_errors(cfg: DictConfig, section: str, n_key: str, world: int, fsdp_key: str) -> list[str]:
     """verl's worker normalisation: mini×n ÷ world per worker, then divisible by micro per GPU. With Ulysses
-    (``<section>.ulysses_sequence_parallel_size`` or its ``<fsdp_key>`` copy above 1, dividing the world) the
+    (:func:`~.sequence_parallel.role_sp_size` of the section above 1, dividing the world) the
     divisor is the data-parallel size ``world ÷ sp``: an SP group's ranks share their rows (verl's ``dp`` division)."""
     errors = []
-    sp = max(_get(cfg, f"{section}.ulysses_sequence_parallel_size", 1) or 1,
-             _get(cfg, f"{section}.{fsdp_key}.ulysses_sequence_parallel_size", 1) or 1)
-    if isinstance(sp, int) and sp > 1 and world % sp == 0:
+    try:
+        sp = section_sp_size(cfg, section, fsdp_key)
+    except ValueError:  # the two size keys disagree: sequence_parallel_errors names them, the split is unknown
+        return []
+    if sp > 1 and world % sp == 0:
         world = world // sp
     tbs, mini, n = _get(cfg, "data.train_batch_size"), _get(cfg, f"{section}.ppo_mini_batch_size"), _get(cfg, n_key)
     if mini is None or mini <= 0:
@@ -371,7 +373,7 @@ def ppo_resource_errors(cfg: DictConfig, world: int) -> list[str]:
     errors += _micro_errors(cfg, _PPO_MICRO)
     errors += sequence_parallel_errors(cfg, world, critic=use_critic(cfg), ref=need_ref(cfg))
     errors += _mini_batch_errors(cfg, f"{A}.actor", f"{A}.rollout.n", world, "fsdp_config")
-    errors += prefix_grouper_errors(cfg)
+    errors += prefix_grouper_errors(cfg, ref=need_ref(cfg))
     if use_critic(cfg):
         errors += _mini_batch_errors(cfg, "critic", "critic.rollout_n", world, "fsdp")
     return errors + vllm_tp_errors(cfg, world)
@@ -432,8 +434,8 @@ def validate_sft_config(cfg: DictConfig, world_size: int | None = None) -> None:
     if _get(cfg, "data.use_dynamic_bsz") and (_get(cfg, "data.max_token_len_per_gpu") or 0) <= 0:
         errors.append(f"data.use_dynamic_bsz=True needs data.max_token_len_per_gpu > 0, got "
                       f"{_get(cfg, 'data.max_token_len_per_gpu')}.")
-    sp = _get(cfg, "ulysses_sequence_parallel_size", 1)
-    if isinstance(sp, int) and sp > 1:
+    sp = int(cfg.ulysses_sequence_parallel_size)  # engine.ulysses_sequence_parallel_size is its alias
+    if sp > 1:
         if world > 0 and world % sp:
             errors.append(f"ulysses_sequence_parallel_size={sp} does not divide world size {world}.")
         if not _get(cfg, "use_remove_padding") and _get(cfg, "data.pad_mode") != "no_padding":

@@ -119,7 +119,15 @@ def choose_response_forward(model: nn.Module, use_remove_padding: bool,
     """The :class:`ResponseForward` of ``model``: packed when ``use_remove_padding``; the shared prefix where the
     model supports it, except packed on GPU (packed or not, on CPU a prompt that repeats runs once, rollout.n > 1:
     less arithmetic than packing saves, BENCHMARKS.md "`use_remove_padding`"; on GPU use_remove_padding packs as
-    verl does); ``prefix_grouper`` (``actor.use_prefix_grouper``) takes verl's prefix-grouped forward instead."""
+    verl does); ``prefix_grouper`` (``actor.use_prefix_grouper``) takes verl's prefix-grouped forward instead.
+
+    Raises:
+        ValueError: ``prefix_grouper`` with an ``sp`` (the grouped forward is not split over an SP group; the config
+            load refuses it first, ``config/prefix_grouper.py``); from ``check_attention`` under ``prefix_grouper``.
+    """
+    if prefix_grouper and sp is not None:
+        raise ValueError(f"actor_rollout_ref.actor.use_prefix_grouper=True with ulysses_sequence_parallel_size="
+                         f"{sp.size}: the grouped forward is not split over the SP group; set one of them off")
     described, dev = support(model), device()
     if prefix_grouper:  # refused at init, before any batch: the grouped forward needs a 4-D attention mask
         check_attention(model)

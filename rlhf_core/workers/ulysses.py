@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlhf_core.config.sequence_parallel import role_sp_size
+
 logger = logging.getLogger(__name__)
 
 
@@ -334,22 +336,6 @@ def own_rows(x, sp: SequenceParallel | None):
     if isinstance(x, torch.Tensor):
         return x.chunk(sp.size)[sp.rank]
     return x.chunk(sp.size)[sp.rank]
-
-
-def role_sp_size(role_cfg: Any, fsdp_key: str, role_key: str) -> int:
-    """A role's Ulysses size: ``<role>.ulysses_sequence_parallel_size`` (verl's legacy workers read it), else its
-    ``<role>.<fsdp_key>.ulysses_sequence_parallel_size`` copy (verl 0.9's engine reads that one) when only the copy
-    is set above 1.
-
-    Raises:
-        ValueError: both set above 1 to different values (naming both keys, ``role_key`` the role's dotted path).
-    """
-    own = int(role_cfg.ulysses_sequence_parallel_size)
-    copy = int(role_cfg[fsdp_key].ulysses_sequence_parallel_size)
-    if own > 1 and copy > 1 and own != copy:
-        raise ValueError(f"{role_key}.ulysses_sequence_parallel_size={own} and "
-                         f"{role_key}.{fsdp_key}.ulysses_sequence_parallel_size={copy} differ; set one of them")
-    return own if own > 1 else copy
 
 
 def sp_size_of(sp: SequenceParallel | None) -> int:

@@ -174,6 +174,45 @@ def test_ulysses_sizes_must_divide_the_world_and_need_remove_padding():
                         "critic.model.use_remove_padding=False"))
 
 
+def test_ulysses_size_and_its_fsdp_copy_must_agree_at_load():
+    packed = [f"{A}.model.use_remove_padding=True", "trainer.n_gpus_per_node=4"]
+    err = error_of(*packed, f"{A}.actor.ulysses_sequence_parallel_size=2",
+                   f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=4")
+    assert (f"{A}.actor.ulysses_sequence_parallel_size=2 and {A}.actor.fsdp_config.ulysses_sequence_parallel_size=4 "
+            "differ; set one of them" in err)
+    err = error_of(*packed, "algorithm.adv_estimator=gae", "critic.model.use_remove_padding=True",
+                   "critic.ulysses_sequence_parallel_size=4", "critic.fsdp.ulysses_sequence_parallel_size=2")
+    assert "critic.ulysses_sequence_parallel_size=4 and critic.fsdp.ulysses_sequence_parallel_size=2 differ" in err
+    # the copy alone sets the size: world 4 over SP 4 is one data-parallel rank, so mini 1 x n 1 = 1 sequence
+    # splits (over world 4 it would give 0 per worker); equal sizes agree
+    one = ["data.train_batch_size=4", f"{A}.actor.ppo_mini_batch_size=1", f"{A}.actor.ppo_micro_batch_size_per_gpu=1",
+           "critic.model.use_remove_padding=True", "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=1"]
+    ppo(*packed, *one, f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=4",
+        f"{A}.ref.ulysses_sequence_parallel_size=4", "critic.fsdp.ulysses_sequence_parallel_size=4")
+    err = error_of(*packed, *one, f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=4")
+    assert f"{A}.actor.ppo_mini_batch_size=1" not in err and "critic.ppo_mini_batch_size=1 x critic.rollout_n=1 = 1" in err
+    ppo(f"{A}.model.use_remove_padding=True", f"{A}.actor.ulysses_sequence_parallel_size=2",
+        f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size=2")
+
+
+def test_sft_ulysses_size_is_read_through_its_alias():
+    assert ("ulysses_sequence_parallel_size=3 does not divide world size 2"
+            in error_of("engine.ulysses_sequence_parallel_size=3", "use_remove_padding=True", "trainer.n_gpus_per_node=2",
+                        "data.train_batch_size=4", "data.micro_batch_size_per_gpu=1",
+                        name="sft_trainer", base=[]))
+
+
+def test_prefix_grouper_with_ulysses_is_refused_at_load():
+    err = error_of(f"{A}.actor.use_prefix_grouper=True", f"{A}.model.use_remove_padding=False",
+                   f"{A}.actor.ulysses_sequence_parallel_size=2")
+    assert (f"{A}.actor.use_prefix_grouper=True with {A}.actor.ulysses_sequence_parallel_size=2 (or its fsdp_config "
+            "copy): the grouped forward is not split over the SP group" in err)
+    err = error_of(f"{A}.actor.use_prefix_grouper=True", f"{A}.actor.use_kl_loss=True",
+                   f"{A}.ref.fsdp_config.ulysses_sequence_parallel_size=2")
+    assert f"{A}.actor.use_prefix_grouper=True with {A}.ref.ulysses_sequence_parallel_size=2" in err
+    assert f"{A}.actor.ulysses_sequence_parallel_size" not in err  # the actor runs whole: only the ref is named
+
+
 def test_megatron_optim_keys_accepted_at_default():
     cfg = ppo(f"{A}.actor.optim.clip_grad=1.0", f"{A}.actor.optim.min_lr=0.0", f"{A}.actor.optim.optimizer=adamw")
     assert cfg.actor_rollout_ref.actor.optim.lr_wsd_decay_style == "exponential"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rlhf_core.workers.ulysses import build_sequence_parallel, check_sequence_parallel, role_sp_size
+from rlhf_core.config.sequence_parallel import role_sp_size
+from rlhf_core.workers.ulysses import build_sequence_parallel, check_sequence_parallel
 
 KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 RMPAD = "actor_rollout_ref.model.use_remove_padding"

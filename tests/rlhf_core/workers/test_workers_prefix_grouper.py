@@ -4,6 +4,7 @@ through the FSDP2 worker's log-prob pass and update; what it needs is refused by
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -131,6 +132,11 @@ def test_groups_that_break_the_layout_are_refused():
     with pytest.raises(ValueError, match="use_prefix_grouper=True needs an attention implementation that takes a "
                                          "4-D mask.*'flash_attention_2'"):
         actor_module.choose_response_forward(flash, False, None, True)
+    sp = SimpleNamespace(size=2)  # an SP group of 2 (only its size is read before the refusal)
+    with pytest.raises(ValueError, match="use_prefix_grouper=True with ulysses_sequence_parallel_size=2: the grouped "
+                                         "forward is not split over the SP group"):
+        actor_module.choose_response_forward(tiny_lm(), True, None, True, sp)
+    assert actor_module.choose_response_forward(model, True, None, False, sp).sp is sp  # SP alone is accepted
     # without a uid column the rows of equal prompts are the groups, wherever they sit
     key = torch.cat([b["input_ids"][:, :P], b["attention_mask"][:, :P]], 1)
     assert uid_groups(key, None) == [[0, 1, 2], [3, 4, 5, 6], [7]]
