@@ -134,10 +134,11 @@ class SFTWorker(ProfiledWorker):
 
     def _micro_batches(self, batch: Batch) -> list[Batch]:
         """Micro-batches of ``micro_batch_size_per_gpu`` rows, or by token budget under ``data.use_dynamic_bsz``
-        (consecutive rows whose valid tokens stay within ``data.max_token_len_per_gpu``)."""
+        (consecutive rows whose valid tokens stay within ``data.max_token_len_per_gpu`` × the SP size: the rows are
+        the SP group's, their tokens split over it)."""
         data = self.config.data
         return micro_batches(batch, self._micro_batch_size(), bool(data.use_dynamic_bsz),
-                             int(data.max_token_len_per_gpu), "data.max_token_len_per_gpu")
+                             int(data.max_token_len_per_gpu), "data.max_token_len_per_gpu", sp_size=sp_size_of(self.sp))
 
     def _token_loss_sum(self, micro: Batch) -> torch.Tensor:
         """Σ over valid positions of the cross-entropy (a 0-d float32 tensor with grad); packed under

@@ -22,7 +22,7 @@ from torch import nn
 from rlhf_core.algos.kl import kl_penalty, kl_penalty_full
 from rlhf_core.algos.utils import entropy_from_logits, logprobs_from_logits
 from rlhf_core.algos.advantages_token_baseline import sum_pi_squared_from_logits
-from rlhf_core.workers.ulysses import gather_rows, own_rows, ulysses_packed_logits
+from rlhf_core.workers.ulysses import gather_rows, own_rows, sp_size_of, ulysses_packed_logits
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor_loss import actor_micro_loss
@@ -366,7 +366,8 @@ class DataParallelPPOActor:
         batch = gather_rows(batch, self.sp)  # sequence parallelism: the SP group's rows on each of its ranks
         lps, ents, spps = [], [], []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
-                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper):
+                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper,
+                                         sp_size=sp_size_of(self.sp)):
             lp, ent, *logits = self._log_prob_entropy(mb, temperature, calculate_entropy,
                                                       return_logits=calculate_sum_pi_squared)
             lps.append(lp.float().cpu())
@@ -393,7 +394,8 @@ class DataParallelPPOActor:
         batch = gather_rows(batch, self.sp)
         out = []
         for mb in batching.micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len,
-                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper):
+                                         "log_prob_max_token_len_per_gpu", keep_uids=self.prefix_grouper,
+                                         sp_size=sp_size_of(self.sp)):
             logits = tempered(forward_response_logits(self.model, mb, mb["responses"].shape[-1],
                                                       path=self._path), temperature)
             out.append(kl_penalty_full(logits, self.ref_response_logits(mb, temperature)).cpu())

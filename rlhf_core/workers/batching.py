@@ -107,17 +107,24 @@ def _all_reduce(values: list[float], dtype: torch.dtype, op=dist.ReduceOp.SUM) -
 
 
 def micro_batches(batch: Batch, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                  max_token_len: int | None = None, key: str = "max_token_len", keep_uids: bool = False) -> list[Batch]:
+                  max_token_len: int | None = None, key: str = "max_token_len", keep_uids: bool = False,
+                  sp_size: int = 1) -> list[Batch]:
     """Split ``batch`` into micro-batches in order (by count, or by token budget when ``use_dynamic_bsz``; then
     every rank makes the largest rank's number of micro-batches, :func:`split_to_count`, so call it on all ranks).
     ``keep_uids`` (``actor.use_prefix_grouper``): the token-budget cuts avoid splitting a run of one ``uid`` where
     they can (:func:`token_budget_partition`); no effect without a ``uid`` column or ``use_dynamic_bsz``.
+    ``sp_size`` (``ulysses_sequence_parallel_size``): ``batch`` holds the SP group's gathered rows and each
+    micro-batch's tokens are split over its ``sp_size`` ranks, so the budget is ``max_token_len × sp_size`` (verl
+    multiplies the same: 0.6 ``dp_actor.py`` and 0.9 ``workers/engine/utils.py``).
 
     Raises ``ValueError`` when neither a positive ``micro_batch_size`` nor a dynamic budget is given, and from
     :func:`token_budget_partition` / :func:`split_to_count`."""
     if use_dynamic_bsz:
         if not max_token_len or max_token_len <= 0:
             raise ValueError(f"use_dynamic_bsz needs a positive {key}")
+        if sp_size > 1:  # the error then names the key, its value and the SP factor
+            key = f"{key}={max_token_len} x ulysses_sequence_parallel_size={sp_size}: budget"
+            max_token_len = int(max_token_len) * sp_size
         lens = [int(n) for n in batch["attention_mask"].sum(dim=-1).tolist()]
         uids = batch["uid"] if keep_uids and "uid" in batch else None
         try:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rlhf_core.algos.policy_loss import compute_value_loss
-from rlhf_core.workers.ulysses import gather_rows, own_rows
+from rlhf_core.workers.ulysses import gather_rows, own_rows, sp_size_of
 from rlhf_core.protocol import Batch
 from rlhf_core.workers import batching
 from rlhf_core.workers.actor import choose_response_forward, forward_response_logits, pad_bucket_of
@@ -74,7 +74,7 @@ class DataParallelPPOCritic:
         fwd = cfg.forward_micro_batch_size_per_gpu  # null: the update's micro-batch size per rank
         for mb in batching.micro_batches(batch, self.micro_batch_size if fwd is None else fwd,
                                          bool(cfg.use_dynamic_bsz), cfg.forward_max_token_len_per_gpu,
-                                         "forward_max_token_len_per_gpu"):
+                                         "forward_max_token_len_per_gpu", sp_size=sp_size_of(self.sp)):
             out.append(self._values(mb).cpu() * mb["response_mask"].float())
         return own_rows(torch.cat(out), self.sp)
 

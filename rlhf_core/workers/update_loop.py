@@ -58,7 +58,8 @@ class UpdateSchedule:
             0.9's engine): the unsharded gradients accumulate locally and are reduced once; the same update, less
             communication, more memory held.
         sp_size: ``ulysses_sequence_parallel_size``: each row is held by this many ranks (one SP group), so the
-            global counts and the metric sums over all ranks are divided by it (rlhf_core/workers/ulysses.py).
+            global counts and the metric sums over all ranks are divided by it (rlhf_core/workers/ulysses.py), and
+            ``max_token_len`` is multiplied by it (the micro-batch's tokens are split over the group, as in verl).
         keep_uids: ``actor.use_prefix_grouper``: token-budget micro-batches avoid cutting a run of one ``uid``
             (:func:`~rlhf_core.workers.batching.token_budget_partition`); the results do not depend on it.
     """
@@ -128,7 +129,8 @@ def run_update(role: str, model: nn.Module, optimizer: torch.optim.Optimizer, ba
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             micros = batching.micro_batches(mini, schedule.micro_batch_size, schedule.use_dynamic_bsz,
-                                            schedule.max_token_len, schedule.max_token_len_key, schedule.keep_uids)
+                                            schedule.max_token_len, schedule.max_token_len_key, schedule.keep_uids,
+                                            schedule.sp_size)
             for i, mb in enumerate(micros):
                 with _gradient_sync(model, not schedule.no_sync or i == len(micros) - 1):
                     with activation_offload(schedule.activation_offload):
