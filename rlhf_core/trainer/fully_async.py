@@ -82,7 +82,8 @@ from rlhf_core.protocol import Batch
 from rlhf_core.trainer.driver_utils import add_uids, timer
 from rlhf_core.trainer.fully_async_queue import RolloutQueue
 from rlhf_core.trainer.fully_async_skip import AsyncRolloutDump, generate_with_dumps
-from rlhf_core.trainer.fully_async_rollouter import stream_rollout_loop
+from rlhf_core.trainer.fully_async_rollouter import (can_stream, hold_for_sync, init_stream_state,
+                                                     stream_rollout_loop, sync_ended)
 from rlhf_core.trainer.fully_async_stream import Group, assemble_step, split_groups, sub_batch_bounds, sub_batch_size
 from rlhf_core.trainer.overlap_clock import OverlapClock
 from rlhf_core.trainer.off_policy_sampler import eviction_metrics, spans, stale_groups
@@ -161,14 +162,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         self._evicted: dict[str, float] = {}
         self.async_dump = AsyncRolloutDump.from_config(config)  # skip.async_rollout (rlhf_core/trainer/fully_async_skip.py)
         self._feed = 0  # prompts fed so far: the next prompt's feed index is _feed + 1
-        # continuous batching (fully_async_rollouter.py): entry g = the version of the ranks' g-th load since their
-        # session opened; a sync without partial_rollout waits until no row is open (_stream_idle)
-        self._stream_versions: list[int] | None = None
-        self._stream_active = False  # the rollouter runs on continuous batching (set by its loop)
-        self._stream_idle = threading.Event()
-        self._stream_idle.set()
-        self._sync_wanted = threading.Event()
-        self._sync_done = threading.Event()
+        init_stream_state(self)  # continuous batching (fully_async_rollouter.py)
 
     def _build_dataloaders(self, train_dataset, val_dataset, collate_fn) -> None:
         """As the base, then verl's cap: the rollouter generates at most ``rollout.total_rollout_steps`` samples
@@ -215,9 +209,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
             self._sync_idle.clear()
             self.rollout_wg.execute_all("interrupt_generation")  # a second thread of each rank's actor
         elif streaming:  # no partial rollouts: the rows in flight end under the weights that started them
-            self._sync_done.clear()
-            self._sync_wanted.set()
-            self._stream_idle.wait()
+            hold_for_sync(self)
         try:
             with self.gen_lock:
                 before = self.rollout_version
@@ -230,8 +222,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
             raise
         finally:
             self._sync_idle.set()
-            self._sync_wanted.clear()
-            self._sync_done.set()
+            sync_ended(self)
         self.queue.reset_staleness()
 
     # ---- the rollouter -----------------------------------------------------------------------------
@@ -242,7 +233,7 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
         n = int(self.config.actor_rollout_ref.rollout.n)
         self._feed = first_step * int(self.config.data.train_batch_size)  # a resumed run goes on counting
         try:
-            if self._can_stream():  # continuous batching on the rollout ranks (fully_async_rollouter.py)
+            if can_stream(self):  # continuous batching on the rollout ranks (fully_async_rollouter.py)
                 stream_rollout_loop(self, stream, first_step)
                 return
             for i, (epoch, prompts) in enumerate(stream):
@@ -263,16 +254,6 @@ class FullyAsyncTrainer(OneStepOffPolicyTrainer):
                                                          lo + g))
         finally:
             self.queue.close()
-
-    def _can_stream(self) -> bool:
-        """The rollouter batches continuously: the hf engine without agent loops on every rollout rank
-        (``stream_supported``), no ``rollout.over_sample_rate`` (it cuts a whole batch's slowest responses) and no
-        ``skip.rollout`` / ``skip.async_rollout`` dump or replay (they go through :meth:`_generate_sub_batch`)."""
-        rollout = self.config.actor_rollout_ref.rollout
-        if (str(rollout.name) != "hf" or uses_agent_loop(rollout) or float(rollout.over_sample_rate) > 0
-                or self.rollout_dump or self.async_dump is not None):
-            return False
-        return all(self.rollout_wg.execute_all("stream_supported"))
 
     def _generate_sub_batch(self, prompts: Batch, n: int, step: int) -> tuple[list[Batch], float]:
         """``prompts`` (with uids) → their groups of ``n`` responses, each response tagged with its versions; and

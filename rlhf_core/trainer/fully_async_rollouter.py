@@ -15,10 +15,15 @@ prompt's group is queued as soon as its last response ends (verl's rollouter ove
 * Versions: each response's first and last token's parameter version (the rank counts weight loads; the driver maps
   the count to versions). ``partial_rollout=True``: a sync interrupts the decode at a token and loads; open rows go
   on under the new weights from ``prompt + tokens`` (caches recomputed). ``partial_rollout=False``: a sync waits
-  until no row is open, and no sub-batch is submitted while it waits.
+  until no row is open, and no sub-batch is submitted while it waits (:func:`hold_for_sync`: the sync raises its
+  flag and the rollouter checks it before a submit under the same lock, the generation lock).
+* State on the trainer (:func:`init_stream_state`): ``_stream_versions`` (entry g = the version of the ranks'
+  g-th load since their sessions opened), ``_stream_active``, ``_stream_idle`` (set while no row is open),
+  ``_sync_wanted`` / ``_sync_done`` (a sync without ``partial_rollout`` waits / has loaded).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, Iterator
@@ -26,6 +31,7 @@ from typing import Any, Iterator
 import torch
 
 from rlhf_core.protocol import Batch
+from rlhf_core.agent.registry import uses_agent_loop
 from rlhf_core.trainer.driver_utils import add_uids, ensure_response_mask
 from rlhf_core.trainer.fully_async_stream import Group, sub_batch_bounds
 from rlhf_core.trainer.response_versions import MIN_KEY, tag_versions
@@ -39,6 +45,44 @@ class _Pending:
         self.done: dict[int, Group] = {}
         self.queued: set[int] = set()
         self.batch_index = 0
+
+
+def init_stream_state(trainer) -> None:
+    """Set the continuous rollouter's state on ``trainer`` (module docstring): no session yet, no row open."""
+    trainer._stream_versions = None
+    trainer._stream_active = False  # the rollouter runs on continuous batching (set by its loop)
+    trainer._stream_idle = threading.Event()
+    trainer._stream_idle.set()
+    trainer._sync_wanted = threading.Event()
+    trainer._sync_done = threading.Event()
+
+
+def can_stream(trainer) -> bool:
+    """The rollouter of ``trainer`` batches continuously: the hf engine without agent loops on every rollout rank
+    (``stream_supported``), no ``rollout.over_sample_rate`` (it cuts a whole batch's slowest responses) and no
+    ``skip.rollout`` / ``skip.async_rollout`` dump or replay (they go through its ``_generate_sub_batch``)."""
+    rollout = trainer.config.actor_rollout_ref.rollout
+    if (str(rollout.name) != "hf" or uses_agent_loop(rollout) or float(rollout.over_sample_rate) > 0
+            or trainer.rollout_dump or trainer.async_dump is not None):
+        return False
+    return all(trainer.rollout_wg.execute_all("stream_supported"))
+
+
+def hold_for_sync(trainer) -> None:
+    """The sync's side without ``partial_rollout``: raise ``_sync_wanted`` under the generation lock, then wait until
+    no row is open. The rollouter checks the flag under that lock before each submit and clears ``_stream_idle``
+    there, so either its submit came first (the wait covers those rows) or it sees the flag and submits nothing
+    until :func:`sync_ended`. Blocks for at most one ``stream_advance`` to take the lock."""
+    trainer._sync_done.clear()
+    with trainer.gen_lock:
+        trainer._sync_wanted.set()
+    trainer._stream_idle.wait()
+
+
+def sync_ended(trainer) -> None:
+    """The sync loaded (or failed): the rollouter may submit again."""
+    trainer._sync_wanted.clear()
+    trainer._sync_done.set()
 
 
 def stream_rollout_loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None:
@@ -90,15 +134,19 @@ def _loop(trainer, stream: Iterator[tuple[int, Batch]], first_step: int) -> None
                 if trainer.queue.closed:
                     return
                 break
-            subs.popleft()
             batch = prompts.index(slice(lo, hi)).repeat_interleave(n)
             batch.meta.update({"global_steps": p.index, "validate": False})
-            with trainer.gen_lock:
+            with trainer.gen_lock:  # hold_for_sync raises _sync_wanted under this lock
+                if trainer._sync_wanted.is_set():  # raised since the check above: the sync loads first
+                    trainer.queue.release(hi - lo)
+                    break
+                trainer._stream_idle.clear()  # before the rows exist: a sync from now on waits for them
                 if trainer._stream_versions is None:
                     trainer._stream_versions = [trainer.rollout_version]
                 trainer.rollout_wg.execute_dp("stream_submit", batch, slots=slots)
+            subs.popleft()
             for j, uid in enumerate(batch.non_tensors["uid"][::n]):
-                keep = prompts.index(slice(lo + j, lo + j + 1)) if getattr(trainer, "_keep_prompts", False) else None
+                keep = prompts.index(slice(lo + j, lo + j + 1)) if trainer._keep_prompts else None
                 prompt_of[str(uid)] = (p, lo + j, batch.index(slice(j * n, (j + 1) * n)), keep)  # keep: a v1 drop
             open_rows += len(batch)
             waiting += len(batch)

@@ -60,6 +60,13 @@ def test_queue_pauses_at_max_required_samples_and_drops_the_oldest_when_full():
     assert [q.get(), q.get()] == [(1, "c"), (1, "d")]
     q.close()
     assert q.get() is None and not q.acquire(1)
+    # release: the inverse of acquire (a fresh queue, budget 4); more than is acquired and not put is refused
+    q = RolloutQueue(required_samples=2, staleness_threshold=1.0, trigger_parameter_sync_step=1)
+    assert q.acquire(3) and not q.acquire(2, timeout=0.05)  # 3 + 2 > 4
+    q.release(3)
+    assert q.staleness_samples == 0 and q.acquire(4)
+    with pytest.raises(ValueError, match=r"release\(5\): 4 samples are acquired and not yet put"):
+        q.release(5)
 
 
 @pytest.mark.parametrize("required,threshold,trigger", [(2, 0.0, 1), (2, 1.0, 1), (2, 0.5, 2), (1, 2.0, 3)])
