@@ -41,6 +41,7 @@ from rlhf_core.reward.genrm import engine_settings
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # loopback only: the judge answers this machine, never the network
+NO_CONTEXT_LIMIT = 1 << 30  # JudgeEngine.max_model_len when neither the config nor the judge's config names one
 UNSUPPORTED = ("stream", "tools", "logprobs", "top_logprobs", "stop", "response_format", "logit_bias")
 
 
@@ -77,10 +78,14 @@ class JudgeEngine:
         defaults: :class:`JudgeDefaults`. served_names: the ``model`` values a request may name (vLLM refuses
             others with 404); a request without ``model`` is served.
     Raises:
-        ValueError: ``defaults.max_model_len`` above the judge's ``max_position_embeddings`` (verl's check).
+        ValueError: ``defaults.max_model_len`` below 1 (before loading) or above the judge's
+            ``max_position_embeddings`` (verl's check).
     """
 
     def __init__(self, path: str, defaults: JudgeDefaults, served_names: tuple[str, ...] = ()) -> None:
+        if defaults.max_model_len is not None and defaults.max_model_len < 1:
+            raise ValueError(f"reward.reward_model.rollout.max_model_len={defaults.max_model_len} must be >= 1 "
+                             "(null: the judge's max_position_embeddings)")
         from rlhf_core import kernels
         from rlhf_core.models.loading import load_causal_lm, load_tokenizer
         from rlhf_core.workers.rollout.hf_decode import supports_lean_decode
@@ -97,7 +102,14 @@ class JudgeEngine:
         if defaults.max_model_len is not None and limit is not None and defaults.max_model_len > limit:
             raise ValueError(f"reward.reward_model.rollout.max_model_len={defaults.max_model_len} is above the judge's "
                              f"max_position_embeddings={limit} ({path})")
-        self.max_model_len = int(defaults.max_model_len or limit or 1 << 30)
+        # which bound applies: the configured max_model_len when set; else the judge's max_position_embeddings
+        # (verl's vLLM server); else (a config without it) no bound of ours, NO_CONTEXT_LIMIT
+        if defaults.max_model_len is not None:
+            self.max_model_len = int(defaults.max_model_len)
+        elif limit is not None:
+            self.max_model_len = int(limit)
+        else:
+            self.max_model_len = NO_CONTEXT_LIMIT
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(defaults.seed))
             self._rng_state = torch.get_rng_state()  # the engine's stream, kept apart from the caller's RNG
@@ -265,6 +277,10 @@ class GenRMServer:
 
     @property
     def address(self) -> str:
+        """``"127.0.0.1:<port>"``, the bound host and port (no scheme).
+
+        Raises:
+            RuntimeError: before :meth:`start` or after :meth:`stop`."""
         if self._httpd is None:
             raise RuntimeError("GenRMServer.address before start()")
         host, port = self._httpd.server_address[:2]

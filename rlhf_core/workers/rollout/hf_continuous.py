@@ -68,6 +68,10 @@ class _SlotLayer(DynamicLayer):
         self.keys, self.values = keys, values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write one decoding step's ``key_states`` / ``value_states`` ``(R, h, 1, d)`` (the buffers' dtype and
+        device) at column ``cols[r]`` of row ``r`` (``cols (R,)`` int64, set by the decoder before the forward) and
+        return ``(keys, values)``: views of the buffers' first ``width`` columns, ``(R, h, width, d)``. The other
+        arguments of transformers' ``DynamicLayer.update`` (cache kwargs) are ignored."""
         rows = torch.arange(key_states.shape[0], device=key_states.device)
         self.k_buf[rows, :, self.cols] = key_states[:, :, 0]
         self.v_buf[rows, :, self.cols] = value_states[:, :, 0]

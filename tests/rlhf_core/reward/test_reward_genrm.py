@@ -73,7 +73,10 @@ def test_a_verl_style_reward_function_scores_with_the_judges_greedy_reply(judge)
 
 def test_a_judge_that_answers_7_scores_12(tiny_model_dir, tmp_path):
     # the rewired judge's greedy reply is "7" twelve times (the function asks max_tokens=12): 12 digits, score 12
-    engine = JudgeEngine(constant_judge(tiny_model_dir, tmp_path / "judge"), JudgeDefaults(dtype="float32"))
+    folder = constant_judge(tiny_model_dir, tmp_path / "judge")
+    engine = JudgeEngine(folder, JudgeDefaults(dtype="float32"))
+    # max_model_len null: the judge's max_position_embeddings (1024 for the tiny model), not NO_CONTEXT_LIMIT
+    assert engine.max_model_len == json.loads((Path(folder) / "config.json").read_text())["max_position_embeddings"]
     with GenRMServer(engine) as server:
         fn = load_custom_reward_function(FN, "compute_score_genrm", genrm_kwargs(server))
         result = fn(data_source="x", solution_str="42", ground_truth="42", extra_info={"question": "6 * 7?"})
@@ -160,6 +163,9 @@ def test_bad_input_is_refused_before_any_model_loads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
     with pytest.raises(ConfigError, match="not a generative one"):
         check_judge_model(str(tmp_path))
+    # max_model_len 0 would refuse every request (it used to fall back to max_position_embeddings silently)
+    with pytest.raises(ValueError, match=r"max_model_len=0 must be >= 1"):
+        JudgeEngine(str(tmp_path), JudgeDefaults(max_model_len=0))  # tmp_path holds no model: nothing loaded
 
 
 @pytest.mark.parametrize("manager", ["naive", "remote", "rate_limited"])
