@@ -3,7 +3,8 @@ fully async driver under ``trainer.v1.trainer_mode=separate_async`` (rlhf_core/t
 
 Fast: the rule on hand-made versions; the driver's eviction on hand-made groups (the regeneration stubbed).
 Slow: a 3-step run whose rollouter is held two loader batches ahead: ``drop`` with threshold 1 evicts exactly the
-groups of span 2 and 3 and trains only span-1 groups; ``wait`` trains them as they are."""
+groups of span 2 and 3 and trains only span-1 groups; ``wait`` trains them as they are; ``drop`` again with
+``partial_rollout=True`` (verl's default) on the continuous rollouter."""
 from __future__ import annotations
 
 import time
@@ -86,9 +87,10 @@ def test_the_driver_regenerates_exactly_the_stale_groups(tmp_path):
         _config(tmp_path, *SA, "trainer.v1.sampler.max_off_policy_strategy=skip")
 
 
-def _held_ahead_run(tmp_path, tiny_model_dir, monkeypatch, strategy):
+def _held_ahead_run(tmp_path, tiny_model_dir, monkeypatch, strategy, *extra):
     """3 steps of 2 prompts, num_warmup_batches=2 (the rollouter may run 2 loader batches ahead), threshold 1; step
-    1's update waits until the rollouter has queued loader batches 2 and 3 (both from version 0)."""
+    1's update waits until the rollouter has queued loader batches 2 and 3 (both from version 0). ``extra``:
+    more overrides. Returns (per-step metrics, the batch each step trained, the trainer)."""
     from rlhf_core.trainer.fully_async import FullyAsyncTrainer
     from tests.rlhf_core.trainer.test_fully_async import _run
 
@@ -107,14 +109,14 @@ def _held_ahead_run(tmp_path, tiny_model_dir, monkeypatch, strategy):
     torch.manual_seed(0)
     cfg = _config(tmp_path, *SA, "trainer.v1.separate_async.num_warmup_batches=2",
                   "trainer.v1.sampler.max_off_policy_threshold=1",
-                  f"trainer.v1.sampler.max_off_policy_strategy={strategy}")
-    steps, _, _ = _run(cfg, tiny_model_dir, True)
-    return steps, trained
+                  f"trainer.v1.sampler.max_off_policy_strategy={strategy}", *extra)
+    steps, _, trainer = _run(cfg, tiny_model_dir, True)
+    return steps, trained, trainer
 
 
 @pytest.mark.slow
 def test_drop_evicts_the_groups_generated_ahead_and_wait_trains_them(tiny_model_dir, tmp_path, monkeypatch):
-    steps, trained = _held_ahead_run(tmp_path / "drop", tiny_model_dir, monkeypatch, "drop")
+    steps, trained, _ = _held_ahead_run(tmp_path / "drop", tiny_model_dir, monkeypatch, "drop")
     # loader batches 2 and 3 came from version 0; trained at versions 1 and 2 their spans are 2 and 3 > 1: both
     # groups of each are evicted and generated again by the version that trains them
     assert [steps[s].get("training/off_policy/evicted_samples", 0) for s in (1, 2, 3)] == [0, 2, 2]
@@ -122,7 +124,23 @@ def test_drop_evicts_the_groups_generated_ahead_and_wait_trains_them(tiny_model_
     for s in (1, 2, 3):
         assert trained[s]["min_global_steps"].tolist() == [s - 1] * 4, s  # every trained response: span 1
         assert steps[s]["fully_async/staleness"] == 0
-    wsteps, wtrained = _held_ahead_run(tmp_path / "wait", tiny_model_dir, monkeypatch, "wait")
+    wsteps, wtrained, _ = _held_ahead_run(tmp_path / "wait", tiny_model_dir, monkeypatch, "wait")
     assert all("training/off_policy/evicted_samples" not in wsteps[s] for s in (1, 2, 3))
     assert [wtrained[s]["min_global_steps"].tolist() for s in (2, 3)] == [[0] * 4, [0] * 4]  # trained as queued
     assert [wsteps[s]["fully_async/staleness"] for s in (1, 2, 3)] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_drop_with_partial_rollouts_regenerates_on_the_continuous_path(tiny_model_dir, tmp_path, monkeypatch):
+    # verl's separate_async is partial by default: the same held-ahead run with partial_rollout=True, the rollouter
+    # batching continuously (hf engine, no agent loop). Loader batches 2 and 3 (version 0) reach steps 2 and 3 with
+    # spans 2 and 3 > 1: evicted, their prompts generated again in one plain call (no partial segments) by the
+    # version that trains them, so both their first and their last tokens carry that version
+    steps, trained, trainer = _held_ahead_run(tmp_path, tiny_model_dir, monkeypatch, "drop",
+                                              "async_training.partial_rollout=True")
+    assert trainer.partial and trainer._stream_active  # the continuous path with partial rollouts
+    assert [steps[s].get("training/off_policy/evicted_samples", 0) for s in (1, 2, 3)] == [0, 2, 2]
+    assert [steps[s].get("training/off_policy/evicted_samples_staleness/max") for s in (2, 3)] == [2, 3]
+    for s in (1, 2, 3):
+        assert trained[s]["min_global_steps"].tolist() == [s - 1] * 4, s
+        assert trained[s]["max_global_steps"].tolist() == [s - 1] * 4, s
