@@ -67,7 +67,10 @@ def test_a_refused_rlhf_ppo_leaves_no_run_behind(rlhf_env, results_store, tmp_pa
     # (a runs row and an MLflow run) though nothing ran
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.chdir(tmp_path)
+    for name in ("train.parquet", "val.parquet"):  # present (a missing data file is refused first: rlhf_core.data.fs)
+        (tmp_path / name).touch()
     code = rlhf_main(["ppo", "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1",
+                      f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'val.parquet'}",
                       f"actor_rollout_ref.model.path={tmp_path / 'no_model'}"])
     out, err = capsys.readouterr()
     assert code == 1 and f"rlhf ppo: error: actor_rollout_ref.model.path='{tmp_path / 'no_model'}'" in err
