@@ -33,6 +33,7 @@ import yaml
 
 from rlhf_core.config.errors import ConfigError
 from rlhf_core.config.overrides import parse_override
+from flows.commented_yaml import Commented, emit, plain
 from flows.verl_script import OTHER_MODULES, Command, Script, read_script
 
 CONFIG_OF = {"ppo": "ppo_trainer", "sft": "sft_trainer", "evaluation": "evaluation"}
@@ -85,14 +86,6 @@ GPU_KEYS = re.compile(r"(^|\.)(n_gpus_per_node|nnodes|tensor_model_parallel_size
 GPU_ROLLOUTS = ("vllm", "sglang", "trtllm")
 """Keys (with a value above 1) and rollout engines a CPU run must change."""
 _CONFIG_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
-
-
-@dataclass(frozen=True)
-class Commented:
-    """A line written as a YAML comment: ``text`` then ``  # why``."""
-
-    text: str
-    why: str = ""
 
 
 @dataclass
@@ -348,7 +341,7 @@ def _finish(doc: dict[str, Any], conv: Conversion, script: Script, source: str) 
         doc[key] = doc.pop(key)
     from flows.from_verl_check import load_check, run_lists
 
-    lists, why_not = run_lists(_plain(doc), stages)
+    lists, why_not = run_lists(plain(doc), stages)
     for stage in ("sft", "ppo", "evaluation"):
         if stage in stages:
             active = [o for o in doc[stage]["overrides"] if isinstance(o, str)]
@@ -356,50 +349,11 @@ def _finish(doc: dict[str, Any], conv: Conversion, script: Script, source: str) 
             conv.loads.append(f"{stage}: {check}" + (f" (its overrides alone: {why_not})" if why_not else ""))
 
 
-def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, allow_unicode=True).strip()
-    return text.removesuffix("...").strip()
-
-
-def _emit(node: Any, indent: int = 0) -> list[str]:
-    """YAML lines for ``node`` (dicts, lists, scalars, :class:`Commented` entries as ``# ...`` lines)."""
-    pad = " " * indent
-    lines: list[str] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if isinstance(value, Commented):
-                lines.append(f"{pad}# {value.text}  # {value.why}")
-            elif isinstance(value, (dict, list)) and value:
-                empty = "" if _plain(value) else (" []" if isinstance(value, list) else " {}")  # all commented out
-                lines += [f"{pad}{key}:{empty}", *_emit(value, indent + 2)]
-            else:
-                lines.append(f"{pad}{key}: {_scalar(value)}")
-        return lines
-    for item in node:
-        if isinstance(item, Commented):
-            lines.append(f"{pad}# - {_scalar(item.text)}  # {item.why}")
-        elif isinstance(item, dict) and item:
-            sub = _emit(item, indent + 2)
-            lines += [f"{pad}- {sub[0].lstrip()}", *sub[1:]]
-        else:
-            lines.append(f"{pad}- {_scalar(item)}")
-    return lines
-
-
-def _plain(node: Any) -> Any:
-    """``node`` without its Commented entries: what the YAML text must load back as."""
-    if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items() if not isinstance(v, Commented)}
-    if isinstance(node, list):
-        return [_plain(v) for v in node if not isinstance(v, Commented)]
-    return node
-
-
 def render(conv: Conversion) -> str:
     """The experiment file's text: the report as a header comment, then the YAML (checked to load back equal)."""
     header = [f"# {line}".rstrip() for line in conv.report()]
-    text = "\n".join(header + [""] + _emit(conv.doc)) + "\n"
-    if yaml.safe_load(text) != _plain(conv.doc):  # pragma: no cover - a bug in _emit
+    text = "\n".join(header + [""] + emit(conv.doc)) + "\n"
+    if yaml.safe_load(text) != plain(conv.doc):  # pragma: no cover - a bug in emit
         raise AssertionError("from-verl: the YAML written does not load back as the experiment built")
     return text
 

@@ -19,6 +19,7 @@ from .distillation import distillation_errors
 from .off_policy import fully_async_config_errors, fully_async_only_errors, one_step_config_errors
 from .prefix_grouper import prefix_grouper_errors
 from .sequence_parallel import section_sp_size, sequence_parallel_errors
+from .warmup_style import convert_warmup_style
 
 A = "actor_rollout_ref"
 # (section, deprecated global key, per-worker key, dynamic-bsz flag, when the section is used)
@@ -72,41 +73,10 @@ def _is_interpolation(cfg: DictConfig, path: str) -> bool:
     return isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf)
 
 
-def lr_scheduler_type_of(lr_scheduler_type: str, warmup_style: str | None, section: str) -> str:
-    """The schedule of a PPO ``<section>``: the deprecated ``warmup_style`` when set, else ``lr_scheduler_type``.
-
-    verl 0.6 (``FSDPOptimizerConfig.__post_init__``) copies a non-null ``warmup_style`` onto ``lr_scheduler_type``.
-    Raises ConfigError naming both keys when both are set to different values (``lr_scheduler_type`` other than
-    its default ``constant`` counts as set: an explicit ``constant`` cannot be told from the default, and then
-    ``warmup_style`` wins, as in verl).
-    """
-    style, kind = warmup_style, lr_scheduler_type
-    if style is None:
-        return kind
-    if kind not in ("constant", style):
-        raise ConfigError(f"{section}.warmup_style={style!r} (deprecated) and {section}.lr_scheduler_type={kind!r} "
-                          f"disagree: set only {section}.lr_scheduler_type.")
-    return style
-
-
-def _convert_warmup_style(cfg: DictConfig) -> list[str]:
-    notes = []
-    for section in (f"{A}.actor.optim", "critic.optim"):
-        optim_cfg = OmegaConf.select(cfg, section)
-        if optim_cfg is None or optim_cfg.warmup_style not in ("constant", "cosine"):
-            continue  # unset, or a bad value the schema check reports with the choices
-        kind = lr_scheduler_type_of(optim_cfg.lr_scheduler_type, optim_cfg.warmup_style, section)
-        with open_dict(cfg):
-            OmegaConf.update(cfg, f"{section}.lr_scheduler_type", kind, merge=False)
-        note = f"{section}.warmup_style is deprecated; read as {section}.lr_scheduler_type={kind} (verl 0.6)."
-        warnings.warn(note, DeprecationWarning, stacklevel=3)
-        notes.append(note)
-    return notes
-
-
 def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool = False) -> list[str]:
     """Convert deprecated global ``*_micro_batch_size`` keys to ``*_per_gpu`` in place, with a warning, and
-    (PPO) a set ``optim.warmup_style`` onto ``optim.lr_scheduler_type`` (:func:`lr_scheduler_type_of`).
+    (PPO) a set ``optim.warmup_style`` onto ``optim.lr_scheduler_type``
+    (:func:`~rlhf_core.config.warmup_style.lr_scheduler_type_of`).
 
     Mirrors verl's workers: ``per_gpu = global // world_size``; the global key is then set to null.
     Run it before resolving: a per-GPU key that is still an interpolation (e.g. the critic's, which
@@ -117,7 +87,7 @@ def convert_deprecated(cfg: DictConfig, world_size: int | None = None, sft: bool
     world = world_size or world_size_of(cfg)
     from .rollout_corr import convert_rollout_is  # here: `python -m rlhf_core.config.rollout_corr` runs that module
 
-    notes, errors = ([] if sft else _convert_warmup_style(cfg) + convert_rollout_is(cfg)), []
+    notes, errors = ([] if sft else convert_warmup_style(cfg) + convert_rollout_is(cfg)), []
     if world <= 0:
         return notes  # the resource rules report the bad world size
     for section, old, new, _dyn, _when in (_SFT_MICRO if sft else _PPO_MICRO):

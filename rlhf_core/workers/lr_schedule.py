@@ -20,7 +20,7 @@ updates, ``T`` updates in all, ``m = min_lr_ratio`` and ``c = num_cycles`` (verl
 PPO (verl's FSDP workers): ``W = optim.lr_warmup_steps`` when ``>= 0``, else
 ``int(optim.lr_warmup_steps_ratio × optim.total_training_steps)``; ``optim.lr_scheduler_type`` is ``constant`` or
 ``cosine`` (the deprecated ``optim.warmup_style``, when set, takes its place, see
-:func:`rlhf_core.config.validate.lr_scheduler_type_of`); a null ``min_lr_ratio`` is 0. The scheduler is stepped
+:func:`rlhf_core.config.warmup_style.lr_scheduler_type_of`); a null ``min_lr_ratio`` is 0. The scheduler is stepped
 once per ``update_actor`` / ``update_critic`` call. ``optim.zero_indexed_step: False`` makes the cosine schedule
 count from 1 (its multiplier at update ``s`` is the one above at ``s + 1``: verl 0.9's
 ``get_cosine_schedule_with_warmup(zero_indexed_step=False)``, torchtitan's convention); verl's constant schedule
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlhf_core.config.validate import lr_scheduler_type_of
+from rlhf_core.config.warmup_style import lr_scheduler_type_of
 
 SCHEDULES = ("constant", "cosine", "wsd")
 
