@@ -70,6 +70,16 @@ def resolve_teachers(cfg: DictConfig) -> dict[str, DictConfig]:
     return {str(e.key): _with_defaults(cfg, n, e) for n, e in entries.items()}
 
 
+def teacher_sections(cfg: DictConfig) -> dict[str, str]:
+    """Routing key (as :func:`resolve_teachers` keys them: ``default`` for a single ``teacher_model``) → the config
+    path of that teacher's section, e.g. ``distillation.teacher_models.teacher_model``, so that errors name the key a
+    user wrote rather than the internal routing key. Assumes :func:`teacher_errors` found nothing."""
+    entries = _entries(cfg)
+    if list(entries) == [TEMPLATE]:
+        return {"default": f"{SECTION}.{TEMPLATE}"}
+    return {str(e.key): f"{SECTION}.{n}" for n, e in entries.items()}
+
+
 def teacher_errors(cfg: DictConfig) -> list[str]:
     """What is wrong with the teachers of an enabled ``distillation`` section (empty: nothing)."""
     entries = _entries(cfg)

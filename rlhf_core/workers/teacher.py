@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhf_core.config.distillation import resolve_teachers
+from rlhf_core.config.distillation import resolve_teachers, teacher_sections
 from rlhf_core.models.loading import load_causal_lm, to_torch_dtype
 from rlhf_core.protocol import Batch
 from rlhf_core.workers.batching import token_budget_partition
@@ -174,7 +174,8 @@ def check_teachers(config: Any) -> None:
     (verl requires the same tokenizer: the teacher scores the student's token ids). Loads the tokenizers only.
 
     Raises:
-        FileNotFoundError / ConfigError: naming the teacher's key, the path and the problem.
+        FileNotFoundError / ConfigError: naming the teacher's config key (``distillation.teacher_models.<name>.
+        model_path``), the path and the problem.
     """
     from rlhf_core.config.errors import ConfigError
     from rlhf_core.models.loading import check_local_path, load_tokenizer, local_path, model_tokenizer_path
@@ -189,8 +190,9 @@ def check_teachers(config: Any) -> None:
     mcfg = config.actor_rollout_ref.model
     student_path = model_tokenizer_path(mcfg)
     student = load_tokenizer(local_path(student_path), bool(mcfg.trust_remote_code)).get_vocab()
+    sections = teacher_sections(config)
     for key, t in teachers.items():
-        name = f"distillation teacher {key!r} model_path"
+        name = f"{sections[key]}.model_path"
         try:
             check_local_path(str(t.model_path))
         except FileNotFoundError as exc:

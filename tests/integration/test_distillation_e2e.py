@@ -63,7 +63,21 @@ def test_a_missing_teacher_is_refused_before_ray(tiny_model_dir, gsm8k_parquet, 
     from rlhf_core.workers.teacher import check_teachers
 
     cfg = _distill(tiny_model_dir, gsm8k_parquet, tmp_path, str(tmp_path / "no_teacher"))
-    with pytest.raises(FileNotFoundError, match=r"distillation teacher 'default' model_path=.*no_teacher"):
+    # the key the user wrote, not the internal routing key ('default') of a single teacher
+    with pytest.raises(FileNotFoundError,
+                       match=r"^distillation\.teacher_models\.teacher_model\.model_path=.*no_teacher.*does not exist"):
+        check_teachers(cfg)
+
+
+def test_a_missing_added_teacher_is_named_by_its_section(tiny_model_dir, gsm8k_parquet, tmp_path):  # noqa: F811
+    from rlhf_core.workers.teacher import check_teachers
+
+    # two teachers: teacher_model is dropped (verl), the first ('gsm') loads, the second ('geo') is missing, so the
+    # error must name geo's section rather than its routing key 'geo3k' or the template's section
+    cfg = _distill(tiny_model_dir, gsm8k_parquet, tmp_path, str(tiny_model_dir),
+                   f"+{D}teacher_models.gsm.model_path={tiny_model_dir}", f"+{D}teacher_models.gsm.key=openai/gsm8k",
+                   f"+{D}teacher_models.geo.model_path={tmp_path / 'no_geo'}", f"+{D}teacher_models.geo.key=geo3k")
+    with pytest.raises(FileNotFoundError, match=r"^distillation\.teacher_models\.geo\.model_path=.*no_geo"):
         check_teachers(cfg)
 
 
